@@ -1,0 +1,257 @@
+"""Load connector config YAML into validated pydantic models.
+
+One place reads config files: it keeps every key's line number, resolves
+``${env:NAME}`` and ``${file:path}`` references, validates the document with
+the pipeline model, and reports **every** problem at once as
+``file:line: path: message`` (like ``pipeline.yaml:14: sources[1].table: Field required``).
+Values are never echoed in errors, so a secret cannot leak through one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from connectors.exceptions import ConfigError, ConfigProblem
+
+M = TypeVar("M", bound=BaseModel)
+
+_REF = re.compile(r"\$(\$?)\{(env|file):([^}]*)\}")
+
+Path_ = tuple[str | int, ...]
+
+
+class _Yaml12BoolLoader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 booleans: only true/false, so ``on``/``no``/``yes`` stay strings.
+
+    YAML 1.1 (PyYAML's default) reads ``on: ...`` as ``True: ...`` and the
+    country code ``NO`` as ``False`` (the "Norway problem"); editors using the
+    JSON Schema from ``threes schema`` follow YAML 1.2, so do we.
+    """
+
+
+_Yaml12BoolLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12BoolLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+
+
+def format_path(path: Path_) -> str:
+    """Render a key path as ``sources[1].table``.
+
+    Args:
+        path: keys (str) and list indices (int), outermost first.
+
+    Returns:
+        The dotted path with list indices in brackets; ``""`` for the root.
+    """
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _compose(text: str, file: str | None) -> tuple[Any, dict[Path_, int]]:
+    """Parse YAML text into plain data plus a map from key path to 1-based line."""
+    try:
+        loader = _Yaml12BoolLoader(text)
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        msg = f"broken YAML: {exc.problem or exc}"
+        raise ConfigError([ConfigProblem("", msg, file, line)]) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError([ConfigProblem("", f"broken YAML: {exc}", file)]) from exc
+
+    lines: dict[Path_, int] = {}
+    problems: list[ConfigProblem] = []
+
+    def walk(n: yaml.Node, path: Path_) -> None:
+        lines.setdefault(path, n.start_mark.line + 1)
+        if isinstance(n, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, value_node in n.value:
+                key = key_node.value
+                if key in seen:
+                    problems.append(
+                        ConfigProblem(
+                            format_path((*path, key)), "duplicate key", file, key_node.start_mark.line + 1
+                        )
+                    )
+                seen.add(key)
+                lines[(*path, key)] = key_node.start_mark.line + 1
+                walk(value_node, (*path, key))
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                walk(item, (*path, i))
+
+    if node is not None:
+        walk(node, ())
+    if problems:
+        raise ConfigError(problems)
+    return data, lines
+
+
+def _resolve(
+    data: Any, path: Path_, base_dir: Path, environ: Mapping[str, str], problems: list[tuple[Path_, str]]
+) -> Any:
+    """Replace ``${env:NAME}`` / ``${file:path}`` in every string; ``$${`` escapes a literal ``${``."""
+    if isinstance(data, dict):
+        return {k: _resolve(v, (*path, k), base_dir, environ, problems) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_resolve(v, (*path, i), base_dir, environ, problems) for i, v in enumerate(data)]
+    if not isinstance(data, str) or "${" not in data:
+        return data
+
+    def substitute(m: re.Match[str]) -> str:
+        escaped, kind, ref = m.groups()
+        if escaped:
+            return m.group(0)[1:]
+        if kind == "env":
+            if ref not in environ:
+                problems.append((path, f"environment variable {ref} is not set (referenced as ${{env:{ref}}})"))
+                return ""
+            return environ[ref]
+        file_path = Path(ref).expanduser()
+        if not file_path.is_absolute():
+            file_path = base_dir / file_path
+        try:
+            return file_path.read_text().rstrip("\r\n")
+        except OSError as exc:
+            problems.append((path, f"cannot read ${{file:{ref}}}: {exc.strerror}"))
+            return ""
+
+    return _REF.sub(substitute, data)
+
+
+def _line_for(loc: tuple[Any, ...], data: Any, lines: dict[Path_, int]) -> tuple[Path_, int | None]:
+    """Map a pydantic error location to a document path and the nearest known line.
+
+    Pydantic inserts union tags (``sources.1.rds_source.table``) and validator
+    names into ``loc``; parts that are not keys of the document are dropped.
+    """
+    path: list[str | int] = []
+    node = data
+    for part in loc:
+        if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and part in node:
+            path.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and isinstance(part, str) and node.get("type") == part:
+            continue  # discriminated-union tag
+        elif isinstance(part, str) and not part.startswith(("function-", "tagged-union")):
+            path.append(part)  # a missing key: keep it in the path, line of the parent
+            node = None
+        else:
+            continue
+    for cut in range(len(path), -1, -1):
+        line = lines.get(tuple(path[:cut]))
+        if line is not None:
+            return tuple(path), line
+    return tuple(path), None
+
+
+def validate_data(
+    model: type[M],
+    data: Any,
+    *,
+    file: str | None = None,
+    lines: dict[Path_, int] | None = None,
+    environ: Mapping[str, str] | None = None,
+    base_dir: Path | None = None,
+) -> M:
+    """Resolve references in ``data`` and validate it against ``model``.
+
+    Args:
+        model: the pydantic model of the whole document.
+        data: the parsed document (dicts, lists, scalars).
+        file: the file name to put in errors, if any.
+        lines: key path -> line map from the YAML, if any.
+        environ: variables for ``${env:NAME}``; ``os.environ`` when ``None``.
+        base_dir: directory that relative ``${file:...}`` paths start from; the
+            current directory when ``None``.
+
+    Returns:
+        The validated model instance.
+
+    Raises:
+        ConfigError: with every problem found, each with its path and line.
+    """
+    lines = lines or {}
+    environ = os.environ if environ is None else environ
+    ref_problems: list[tuple[Path_, str]] = []
+    resolved = _resolve(data, (), base_dir or Path.cwd(), environ, ref_problems)
+    problems = [ConfigProblem(format_path(p), msg, file, lines.get(p)) for p, msg in ref_problems]
+    if not isinstance(resolved, dict):
+        problems.append(ConfigProblem("", "the document must be a mapping of keys to values", file, 1))
+        raise ConfigError(problems)
+    try:
+        instance = model.model_validate(resolved)
+    except ValidationError as exc:
+        for err in exc.errors(include_input=False, include_url=False):
+            path, line = _line_for(err["loc"], resolved, lines)
+            message = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                message = "unknown key (not allowed here; check the spelling)"
+            elif err["type"] == "union_tag_invalid":
+                path = (*path, "type")
+                line = lines.get(path, line)
+            problems.append(ConfigProblem(format_path(path), message, file, line))
+        raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path))) from None
+    # Cross-references (a connector naming a connection...) are checked once
+    # every field is valid, each problem with its own path and line.
+    check = getattr(instance, "reference_problems", None)
+    for ref_path, msg in check() if check else []:
+        problems.append(ConfigProblem(format_path(ref_path), msg, file, _line_for(ref_path, resolved, lines)[1]))
+    if problems:
+        raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path)))
+    return instance
+
+
+def load_yaml_model(
+    model: type[M], path: str | Path, *, environ: Mapping[str, str] | None = None
+) -> M:
+    """Read a YAML file and validate it against ``model``.
+
+    Args:
+        model: the pydantic model of the document.
+        path: the YAML file.
+        environ: variables for ``${env:NAME}``; ``os.environ`` when ``None``.
+
+    Returns:
+        The validated model.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, broken YAML, or invalid;
+            every problem is listed with file, line and key path.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError([ConfigProblem("", f"cannot read config file: {exc.strerror}", str(path))]) from exc
+    data, lines = _compose(text, str(path))
+    return validate_data(
+        model, data, file=str(path), lines=lines, environ=environ, base_dir=path.parent
+    )

@@ -1,0 +1,211 @@
+"""Config models shared by every part: Kafka, connections, policies, connector bases.
+
+All models forbid unknown keys (a typo is an error, not a silently ignored
+setting) and keep secrets in :class:`pydantic.SecretStr`, so ``repr``, logs and
+errors show ``**********``. Units are in the field names: ``_s`` seconds,
+``_ms`` milliseconds, ``_bytes`` bytes, ``records`` counts.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=200)]
+TopicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$", max_length=249)]
+
+_SECRET_WORDS = ("password", "secret", "token", "key.pem", "sasl.jaas")
+
+
+class StrictModel(BaseModel):
+    """Base of every config model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class KafkaConfig(StrictModel):
+    """How every part reaches Kafka.
+
+    ``client_config`` passes any other librdkafka property through
+    (https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md);
+    secrets belong in the typed fields, which are masked.
+    """
+
+    bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    client_config: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    schema_topic: TopicName = Field(
+        "_threes_schemas",
+        description="compacted topic holding Avro writer schemas keyed by fingerprint",
+    )
+    request_timeout_s: float = Field(10.0, gt=0, description="timeout of admin/metadata calls")
+
+    @field_validator("client_config")
+    @classmethod
+    def _no_secrets_in_passthrough(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if any(word in key.lower() for word in _SECRET_WORDS):
+                raise ValueError(
+                    f"'{key}' looks like a secret: use sasl_password (masked) instead of client_config"
+                )
+        return value
+
+    def librdkafka_config(self) -> dict[str, Any]:
+        """Return the librdkafka properties, secrets revealed (pass only to the client).
+
+        Returns:
+            A dict for ``confluent_kafka`` ``Producer``/``Consumer``/``AdminClient``.
+        """
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        if self.ssl_ca_location:
+            conf["ssl.ca.location"] = self.ssl_ca_location
+        conf.update(self.client_config)
+        return conf
+
+
+class RdsConnection(StrictModel):
+    """A relational database reached through SQLAlchemy (PostgreSQL, MySQL/MariaDB, SQLite).
+
+    A password written inside ``url`` is moved to ``password`` at load time, so
+    the URL can be printed safely.
+    """
+
+    type: Literal["rds"]
+    url: str = Field(description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host:5432/db")
+    password: SecretStr | None = None
+    pool_size: int = Field(5, ge=1, le=100)
+    connect_timeout_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _split_password(self) -> RdsConnection:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            parsed = make_url(self.url)
+        except ArgumentError as exc:
+            raise ValueError("url is not a valid SQLAlchemy URL (dialect+driver://user@host:port/db)") from exc
+        if parsed.password is not None:
+            if self.password is None:
+                self.password = SecretStr(str(parsed.password))
+            self.url = parsed.set(password=None).render_as_string(hide_password=False)
+        return self
+
+    def sqlalchemy_url(self) -> Any:
+        """Return the :class:`sqlalchemy.engine.URL` with the password set (pass only to SQLAlchemy)."""
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.url)
+        if self.password is not None:
+            url = url.set(password=self.password.get_secret_value())
+        return url
+
+
+class ElasticsearchConnection(StrictModel):
+    """An Elasticsearch cluster (client major version = server major version, 9.x)."""
+
+    type: Literal["elasticsearch"]
+    hosts: list[str] = Field(min_length=1, description="e.g. [http://127.0.0.1:9200]")
+    username: str | None = None
+    password: SecretStr | None = None
+    api_key: SecretStr | None = None
+    verify_certs: bool = True
+    ca_certs: str | None = None
+    request_timeout_s: float = Field(30.0, gt=0)
+
+
+class S3Connection(StrictModel):
+    """Amazon S3 or an S3-compatible server (MinIO, s3proxy) through boto3.
+
+    Without keys, boto3's default credential chain is used (instance role, ...).
+    """
+
+    type: Literal["s3"]
+    endpoint_url: str | None = Field(None, description="None for AWS; http://host:port otherwise")
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: SecretStr | None = None
+    session_token: SecretStr | None = None
+    path_style: bool = Field(False, description="path-style addressing (MinIO, s3proxy)")
+
+
+Connection = Annotated[
+    RdsConnection | ElasticsearchConnection | S3Connection, Field(discriminator="type")
+]
+
+
+class TopicSpec(StrictModel):
+    """How a topic is created when it is missing."""
+
+    partitions: int = Field(1, ge=1)
+    replication_factor: int = Field(1, ge=1)
+    configs: dict[str, str] = Field(default_factory=dict, description="topic configs, e.g. min.insync.replicas")
+
+
+class RetryPolicy(StrictModel):
+    """Bounded retries with jittered exponential backoff (tenacity ``wait_random_exponential``)."""
+
+    max_attempts: int = Field(8, ge=1)
+    initial_backoff_s: float = Field(0.2, gt=0)
+    max_backoff_s: float = Field(30.0, gt=0)
+
+
+class BatchPolicy(StrictModel):
+    """When a batch is flushed: whichever limit is reached first."""
+
+    max_records: int = Field(10_000, ge=1)
+    max_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    max_age_ms: int = Field(1_000, ge=1)
+
+
+class ConnectorConfig(StrictModel):
+    """Fields every connector has. Subclasses set ``type`` to a ``Literal`` registry key.
+
+    Class attributes:
+        implementation: ``"module:Class"`` of the connector, imported only when it runs.
+        connection_type: the ``type`` of connection the connector needs.
+        role: ``"source"`` or ``"sink"``.
+    """
+
+    implementation: ClassVar[str]
+    connection_type: ClassVar[str]
+    role: ClassVar[Literal["source", "sink"]]
+
+    name: Name
+    type: str
+    connection: Name = Field(description="name of an entry under `connections`")
+
+
+class SourceConnectorConfig(ConnectorConfig):
+    """Fields every source connector has."""
+
+    role: ClassVar[Literal["source", "sink"]] = "source"
+
+    topic: TopicName = Field(description="compacted topic the entities are written to")
+    topic_spec: TopicSpec = Field(default_factory=TopicSpec)
+    key: list[str] | None = Field(None, description="entity key field(s); default: the system's own key")
+    value_schema: str | None = Field(None, description="Avro schema (.avsc path or name in schemas/)")
+    poll_interval_s: float = Field(5.0, gt=0)
+    batch_records: int = Field(10_000, ge=1)
+
+
+class SinkConnectorConfig(ConnectorConfig):
+    """Fields every sink connector has."""
+
+    role: ClassVar[Literal["source", "sink"]] = "sink"
+
+    topics: list[TopicName] = Field(min_length=1, description="update topics this sink applies")

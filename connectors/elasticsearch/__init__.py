@@ -1,0 +1,1 @@
+"""Elasticsearch: ``ElasticsearchSource`` and ``ElasticsearchSink``."""

@@ -1,0 +1,1 @@
+"""Relational databases through SQLAlchemy: ``RdsSource`` and ``RdsSink``."""

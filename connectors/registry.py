@@ -1,0 +1,81 @@
+"""The connector registry: the ``threes.connectors`` entry-point group.
+
+Like Kafka Connect's plugin path, but the Python way: any installed
+distribution can add a connector by declaring, in its ``pyproject.toml``::
+
+    [project.entry-points."threes.connectors"]
+    my_source = "my_package.config:MySourceConfig"
+
+The entry point names the connector's *config model* (a subclass of
+:class:`~connectors.config.models.SourceConnectorConfig` or
+``SinkConnectorConfig``), whose ``implementation`` names the class that runs.
+Validating a config therefore imports no database, Elasticsearch or S3 client.
+The framework itself imports no technology subpackage.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from importlib.metadata import entry_points
+
+from connectors.config.models import ConnectorConfig
+from connectors.exceptions import FatalError
+
+GROUP = "threes.connectors"
+
+
+@functools.cache
+def config_models() -> dict[str, type[ConnectorConfig]]:
+    """Load every registered connector config model.
+
+    Returns:
+        Registry key (e.g. ``"rds_source"``) -> config model class, sorted by key.
+
+    Raises:
+        FatalError: an entry point cannot be imported or is not a connector config.
+    """
+    found: dict[str, type[ConnectorConfig]] = {}
+    for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
+        try:
+            model = ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must say which one
+            raise FatalError(f"connector plugin {ep.name!r} ({ep.value}) cannot be loaded: {exc}") from exc
+        if not (isinstance(model, type) and issubclass(model, ConnectorConfig)):
+            raise FatalError(f"connector plugin {ep.name!r} ({ep.value}) is not a ConnectorConfig subclass")
+        found[ep.name] = model
+    return found
+
+
+def models_for(role: str) -> list[type[ConnectorConfig]]:
+    """Config models of one role.
+
+    Args:
+        role: ``"source"`` or ``"sink"``.
+
+    Returns:
+        The registered models whose ``role`` matches, in registry-key order.
+    """
+    return [m for m in config_models().values() if m.role == role]
+
+
+def load_implementation(config: ConnectorConfig) -> type:
+    """Import the class that runs a connector.
+
+    Args:
+        config: a validated connector config.
+
+    Returns:
+        The class named by ``config.implementation`` (``"module:Class"``).
+
+    Raises:
+        FatalError: the module or class does not exist.
+    """
+    module_name, _, attr = config.implementation.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise FatalError(
+            f"connector {config.name!r} of type {config.type!r}: implementation "
+            f"{config.implementation!r} is not available: {exc}"
+        ) from exc

@@ -1,0 +1,50 @@
+"""Config models of the S3 connectors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from connectors.config.models import SinkConnectorConfig, SourceConnectorConfig
+
+
+class S3SourceConfig(SourceConnectorConfig):
+    """``s3_source``: rows of objects under a bucket/prefix into a compacted topic.
+
+    Example::
+
+        - name: airlines
+          type: s3_source
+          connection: s3
+          topic: state.airlines
+          bucket: reference
+          prefix: airlines/
+          format: csv
+          key: [carrier]
+    """
+
+    implementation = "connectors.s3.source:S3Source"
+    connection_type = "s3"
+
+    type: Literal["s3_source"]
+    bucket: str
+    prefix: str = ""
+    format: Literal["csv", "jsonl", "parquet", "avro"]
+    tombstones_on_delete: bool = Field(True, description="a deleted object yields tombstones for its keys")
+
+
+class S3SinkConfig(SinkConnectorConfig):
+    """``s3_sink``: update topics into objects named by topic, partition and first offset."""
+
+    implementation = "connectors.s3.sink:S3Sink"
+    connection_type = "s3"
+
+    type: Literal["s3_sink"]
+    bucket: str
+    prefix: str = ""
+    format: Literal["jsonl", "parquet", "avro"] = "parquet"
+    partition_by: str | None = Field(None, description="date field for dt=YYYY-MM-DD/ prefixes")
+    rotate_records: int = Field(100_000, ge=1)
+    rotate_bytes: int = Field(64 * 1024 * 1024, ge=1)
+    rotate_interval_s: float = Field(60.0, gt=0)

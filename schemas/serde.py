@@ -1,0 +1,162 @@
+"""The one Avro serde of threes: single-object encoding with fastavro.
+
+Wire format (Avro 1.x specification, "Single-object encoding")::
+
+    C3 01 | 8-byte CRC-64-AVRO fingerprint of the writer schema (little-endian) | Avro binary body
+
+The fingerprint is of the writer schema's Parsing Canonical Form. Writer
+schemas are kept in a :class:`~schemas.store.SchemaStore` (a compacted topic,
+keyed by fingerprint), so any reader can resolve one it has not seen. Readers
+may pass a *reader schema* and get Avro schema resolution (added fields with
+defaults, removed fields) as the specification defines it.
+
+Serializers and deserializers are callables ``(obj, ctx) -> bytes`` /
+``(data, ctx) -> obj`` like confluent-kafka's, ``ctx`` being optional and unused.
+A ``None`` value is a tombstone both ways.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any, Protocol
+
+import fastavro
+from fastavro.schema import fingerprint as _fastavro_fingerprint
+from fastavro.schema import to_parsing_canonical_form
+
+from schemas.exceptions import NotSingleObjectError, SerdeError
+
+MARKER = b"\xc3\x01"
+HEADER_BYTES = 10  # marker (2) + fingerprint (8)
+
+Schema = dict[str, Any] | list[Any] | str
+
+
+class SchemaResolver(Protocol):
+    """What a deserializer needs: the writer schema of a fingerprint."""
+
+    def get(self, fingerprint: bytes) -> Any:
+        """Return the parsed writer schema, or raise ``UnknownSchemaError``."""
+
+
+def parse(schema: Schema | str) -> Any:
+    """Parse an Avro schema given as a dict/list or as its JSON text.
+
+    Returns:
+        The fastavro parsed schema (named types expanded).
+
+    Raises:
+        SerdeError: the schema is not valid Avro.
+    """
+    if isinstance(schema, str) and schema.lstrip().startswith(("{", "[", '"')):
+        schema = json.loads(schema)
+    try:
+        return fastavro.parse_schema(schema)
+    except Exception as exc:  # fastavro raises SchemaParseException and plain errors
+        raise SerdeError(f"invalid Avro schema: {exc}") from exc
+
+
+def fingerprint(schema: Schema) -> bytes:
+    """CRC-64-AVRO (Rabin) fingerprint of a schema's Parsing Canonical Form.
+
+    Args:
+        schema: an Avro schema (dict, list, or JSON text).
+
+    Returns:
+        8 bytes, little-endian, exactly as they appear in single-object encoding.
+    """
+    pcf = to_parsing_canonical_form(parse(schema))
+    return bytes.fromhex(_fastavro_fingerprint(pcf, "CRC-64-AVRO"))
+
+
+def schema_json(schema: Schema) -> str:
+    """The schema as compact JSON, logical types and defaults kept (what readers need)."""
+    if isinstance(schema, str) and schema.lstrip().startswith(("{", "[", '"')):
+        schema = json.loads(schema)
+    return json.dumps(schema, separators=(",", ":"), sort_keys=True)
+
+
+def split(data: bytes) -> tuple[bytes, memoryview]:
+    """Split a single-object encoded message into fingerprint and body.
+
+    Args:
+        data: the message bytes.
+
+    Returns:
+        ``(fingerprint, body)``; fingerprint is 8 bytes.
+
+    Raises:
+        NotSingleObjectError: the bytes are shorter than the header or lack the marker.
+    """
+    if len(data) < HEADER_BYTES or data[:2] != MARKER:
+        head = bytes(data[:2]).hex() or "empty"
+        raise NotSingleObjectError(
+            f"not Avro single-object encoding (expected marker c301, found {head}, {len(data)} bytes)"
+        )
+    view = memoryview(data)
+    return bytes(view[2:HEADER_BYTES]), view[HEADER_BYTES:]
+
+
+class AvroSerializer:
+    """Encode dicts as single-object Avro with one writer schema.
+
+    Args:
+        schema: the writer schema.
+        store: where the writer schema is registered (once, on construction), or
+            ``None`` when the caller registers it.
+
+    Raises:
+        SerdeError: from ``__call__`` when a value does not match the schema; the
+            message names the field when fastavro does.
+    """
+
+    def __init__(self, schema: Schema, store: Any | None = None):
+        self.schema = parse(schema)
+        self.fingerprint = fingerprint(schema)
+        self.header = MARKER + self.fingerprint
+        if store is not None:
+            store.register(schema)
+
+    def __call__(self, obj: Any, ctx: Any = None) -> bytes | None:
+        """Encode ``obj``; ``None`` (tombstone) stays ``None``."""
+        if obj is None:
+            return None
+        buf = io.BytesIO()
+        buf.write(self.header)
+        try:
+            fastavro.schemaless_writer(buf, self.schema, obj, strict_allow_default=True)
+        except Exception as exc:  # ValueError/TypeError/fastavro errors: name the record problem
+            raise SerdeError(f"value does not match schema {self.schema.get('name', '')!s}: {exc}") from exc
+        return buf.getvalue()
+
+
+class AvroDeserializer:
+    """Decode single-object Avro, resolving the writer schema by fingerprint.
+
+    Args:
+        resolver: where writer schemas are found (a :class:`~schemas.store.SchemaStore`).
+        reader_schema: the schema the caller wants; ``None`` reads with the writer schema.
+    """
+
+    def __init__(self, resolver: SchemaResolver, reader_schema: Schema | None = None):
+        self.resolver = resolver
+        self.reader_schema = parse(reader_schema) if reader_schema is not None else None
+
+    def __call__(self, data: bytes | None, ctx: Any = None) -> Any:
+        """Decode ``data``; ``None`` (tombstone) stays ``None``.
+
+        Raises:
+            NotSingleObjectError: no single-object header.
+            UnknownSchemaError: the fingerprint is not registered anywhere.
+            SerdeError: the body does not decode with the writer schema, or does
+                not resolve to the reader schema.
+        """
+        if data is None:
+            return None
+        fp, body = split(data)
+        writer = self.resolver.get(fp)
+        try:
+            return fastavro.schemaless_reader(io.BytesIO(body), writer, self.reader_schema)
+        except Exception as exc:
+            raise SerdeError(f"cannot decode Avro body with writer schema {fp.hex()}: {exc}") from exc
