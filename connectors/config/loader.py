@@ -1,7 +1,8 @@
 """Load connector config YAML into validated pydantic models.
 
 One place reads config files: it keeps every key's line number, resolves
-``${env:NAME}`` and ``${file:path}`` references, validates the document with
+``${env:NAME}`` (``${env:NAME:-default}`` for a default, as in docker compose)
+and ``${file:path}`` (relative to the config file) references, validates the document with
 the pipeline model, and reports **every** problem at once as
 ``file:line: path: message`` (like ``pipeline.yaml:14: sources[1].table: Field required``).
 Values are never echoed in errors, so a secret cannot leak through one.
@@ -127,6 +128,9 @@ def _resolve(
         if escaped:
             return m.group(0)[1:]
         if kind == "env":
+            ref, has_default, default = ref.partition(":-")
+            if ref not in environ and has_default:
+                return default
             if ref not in environ:
                 problems.append((path, f"environment variable {ref} is not set (referenced as ${{env:{ref}}})"))
                 return ""
@@ -206,11 +210,19 @@ def validate_data(
     if not isinstance(resolved, dict):
         problems.append(ConfigProblem("", "the document must be a mapping of keys to values", file, 1))
         raise ConfigError(problems)
+    failed_refs = [p for p, _ in ref_problems]
+
+    def caused_by_ref(path: Path_) -> bool:
+        # a value that could not be resolved also fails validation: report the cause only
+        return any(path[: len(r)] == r or r[: len(path)] == path for r in failed_refs)
+
     try:
         instance = model.model_validate(resolved)
     except ValidationError as exc:
         for err in exc.errors(include_input=False, include_url=False):
             path, line = _line_for(err["loc"], resolved, lines)
+            if caused_by_ref(path):
+                continue
             message = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 message = "unknown key (not allowed here; check the spelling)"

@@ -102,7 +102,7 @@ class RdsConnection(StrictModel):
         if parsed.password is not None:
             if self.password is None:
                 self.password = SecretStr(str(parsed.password))
-            self.url = parsed.set(password=None).render_as_string(hide_password=False)
+            self.url = parsed._replace(password=None).render_as_string(hide_password=False)
         return self
 
     def sqlalchemy_url(self) -> Any:

@@ -236,10 +236,6 @@ def terminate(pid: int, marker: str, timeout: float, sig: int = signal.SIGTERM) 
         while is_alive(pid) and time.monotonic() < end:
             time.sleep(0.1)
     # Children of the group leader (Elasticsearch's server JVM) may outlive it briefly.
-    try:
-        os.killpg(pid, 0)
-    except OSError:
-        return
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
@@ -251,15 +247,14 @@ def terminate(pid: int, marker: str, timeout: float, sig: int = signal.SIGTERM) 
 
 
 def _signal_group(pid: int, sig: int) -> None:
+    """Signal the process group led by ``pid``, or only ``pid`` when it leads none."""
     try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
             os.kill(pid, sig)
-        except OSError:
-            pass
+    except OSError:
+        pass
 
 
 def run(
