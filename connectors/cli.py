@@ -117,12 +117,21 @@ def schema(
 
 
 def _mount_subcommands() -> None:
+    # Each part owns its command group; the modules import their heavy
+    # libraries (pyspark, clients) inside the commands, so `threes --help` stays fast.
     from connectors.local.cli import local_app
+    from connectors.runtime.cli import offsets_app, source_app
+    from stream_app.cli import stream_app
+    from sync_service.cli import sync_app
 
     app.add_typer(local_app, name="local", help="Install, start and stop the native local stack.")
+    app.add_typer(source_app, name="source")
+    app.add_typer(offsets_app, name="offsets")
+    app.add_typer(stream_app, name="stream")
+    app.add_typer(sync_app, name="sync")
 
 
-#MOUNT_mount_subcommands()
+_mount_subcommands()
 
 
 if __name__ == "__main__":  # pragma: no cover

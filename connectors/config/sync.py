@@ -1,0 +1,27 @@
+"""Config of the sync services (``sync:`` in connector config YAML).
+
+The ``sinks`` field is added by :func:`connectors.config.pipeline.pipeline_model`
+as a discriminated union of the registered sink config models.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from connectors.config.models import BatchPolicy, Name, RetryPolicy, StrictModel, TopicName
+
+
+class SyncServiceBase(StrictModel):
+    """A sync service: one consumer group writing update topics to targets."""
+
+    name: Name
+    group_id: str | None = Field(None, description="consumer group; default threes-sync-<name>")
+    batch: BatchPolicy = Field(default_factory=BatchPolicy)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    buffer_max_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="bound of buffered + in-flight record bytes"
+    )
+    dead_letter_topic: TopicName
+    stop_on_error: bool = Field(False, description="stop instead of sending a bad record to the DLQ")
+    static_membership: bool = False
+    metrics_port: int | None = Field(None, ge=1, le=65535)

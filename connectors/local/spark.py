@@ -1,0 +1,66 @@
+"""Spark's Kafka and Avro connector jars, resolved once into ``.threes/spark-jars``.
+
+``spark-sql-kafka-0-10_2.13`` and ``spark-avro_2.13`` 4.0.0 (matching
+``pyspark==4.0.0``) with their runtime dependencies, minus the jars pyspark
+already ships (see ``spark-pom.xml``). After the first resolution a
+SparkSession needs no network: pass the paths as ``spark.jars``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .common import HOST, Layout, LocalStackError
+from .maven import copy_dependencies
+
+logger = logging.getLogger(__name__)
+
+SPARK_VERSION = "4.0.0"
+
+
+def spark_jars_dir(layout: Layout) -> Path:
+    """Return the folder of the resolved jars."""
+    return layout.home / "spark-jars"
+
+
+def resolve_spark_jars(layout: Layout) -> list[Path]:
+    """Return the connector jars, resolving them with Maven on first use.
+
+    Args:
+        layout: The project-local folder.
+
+    Returns:
+        Absolute jar paths, sorted by name.
+
+    Raises:
+        LocalStackError: If Maven cannot resolve them (e.g. offline on first use).
+    """
+    layout.create()
+    target = copy_dependencies(layout, "spark-pom.xml", spark_jars_dir(layout), log_name="spark")
+    jars = sorted(target.glob("*.jar"))
+    if not any(j.name.startswith("spark-sql-kafka") for j in jars):
+        raise LocalStackError(
+            f"{target} lacks spark-sql-kafka; delete that folder and run up again"
+        )
+    return jars
+
+
+def local_spark_conf(jars: list[Path]) -> dict[str, str]:
+    """Return Spark settings for a local session that uses ``jars`` and binds to 127.0.0.1.
+
+    Also set the environment variable ``SPARK_LOCAL_IP=127.0.0.1`` (and
+    ``PYSPARK_PYTHON`` to your interpreter) before the session starts.
+
+    Args:
+        jars: Paths from :func:`resolve_spark_jars`.
+
+    Returns:
+        ``{"spark.jars": ..., "spark.driver.host": "127.0.0.1", ...}``.
+    """
+    return {
+        "spark.jars": ",".join(str(j) for j in jars),
+        "spark.driver.host": HOST,
+        "spark.driver.bindAddress": HOST,
+        "spark.ui.enabled": "false",
+    }

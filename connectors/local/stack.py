@@ -1,0 +1,314 @@
+"""Orchestration of the local stack: up, down, status, endpoints, Spark jars."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from .common import HOST, Layout, LocalStackError, wait_until
+from .elasticsearch import HTTP_PORT, Elasticsearch
+from .kafka import KAFKA_PORT, Kafka
+from .postgres import PG_DATABASE, PG_PASSWORD, PG_PORT, PG_USER, Postgres
+from .s3 import ACCESS_KEY_ID, REGION, S3_PORT, SECRET_ACCESS_KEY, S3
+from .service import Service
+from .spark import resolve_spark_jars, spark_jars_dir
+
+logger = logging.getLogger(__name__)
+
+SERVICES: tuple[str, ...] = ("kafka", "postgres", "elasticsearch", "s3", "spark")
+"""Every service name ``up`` accepts; ``spark`` means "resolve the Spark connector jars"."""
+
+# Start order: the slowest first (Elasticsearch takes ~40 s), waited for in parallel.
+_START_ORDER = ("elasticsearch", "kafka", "postgres", "s3", "spark")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where each service of the stack is reached.
+
+    Attributes:
+        kafka_bootstrap: Kafka ``bootstrap.servers`` (``host:port[,host:port]``).
+        postgres_url: SQLAlchemy URL, ``postgresql+psycopg://user:password@host:port/db``.
+        elasticsearch_url: Elasticsearch HTTP URL.
+        s3_endpoint_url: S3 endpoint URL (path-style addressing).
+        s3_access_key_id: S3 access key id.
+        s3_secret_access_key: S3 secret access key.
+        s3_region: S3 region name.
+    """
+
+    kafka_bootstrap: str
+    postgres_url: str
+    elasticsearch_url: str
+    s3_endpoint_url: str
+    s3_access_key_id: str
+    s3_secret_access_key: str
+    s3_region: str = REGION
+
+    @classmethod
+    def local(cls) -> Endpoints:
+        """Return the endpoints of the project-local services (no overrides)."""
+        return cls(
+            kafka_bootstrap=f"{HOST}:{KAFKA_PORT}",
+            postgres_url=(
+                f"postgresql+psycopg://{PG_USER}:{PG_PASSWORD}@{HOST}:{PG_PORT}/{PG_DATABASE}"
+            ),
+            elasticsearch_url=f"http://{HOST}:{HTTP_PORT}",
+            s3_endpoint_url=f"http://{HOST}:{S3_PORT}",
+            s3_access_key_id=ACCESS_KEY_ID,
+            s3_secret_access_key=SECRET_ACCESS_KEY,
+            s3_region=REGION,
+        )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Endpoints:
+        """Return the local endpoints with ``THREES_*`` environment overrides applied.
+
+        Args:
+            environ: Mapping to read (defaults to ``os.environ``, read at call time).
+        """
+        env = os.environ if environ is None else environ
+        base = cls.local()
+        values = {field: env.get(var) or getattr(base, field) for field, var in ENV_VARS.items()}
+        return cls(**values)
+
+    def as_env(self) -> dict[str, str]:
+        """Return the ``THREES_*`` variables that describe these endpoints."""
+        return {var: getattr(self, field) for field, var in ENV_VARS.items()}
+
+
+ENV_VARS: dict[str, str] = {
+    "kafka_bootstrap": "THREES_KAFKA_BOOTSTRAP",
+    "postgres_url": "THREES_POSTGRES_URL",
+    "elasticsearch_url": "THREES_ELASTICSEARCH_URL",
+    "s3_endpoint_url": "THREES_S3_ENDPOINT_URL",
+    "s3_access_key_id": "THREES_S3_ACCESS_KEY_ID",
+    "s3_secret_access_key": "THREES_S3_SECRET_ACCESS_KEY",
+    "s3_region": "THREES_S3_REGION",
+}
+"""Endpoints field -> environment variable that overrides it."""
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """State of one service.
+
+    Attributes:
+        name: Service name (``kafka``, ``postgres``, ``elasticsearch``, ``s3``).
+        running: Whether our process is alive (for an external service: whether it answers).
+        pid: Our process id, None when not running or external.
+        address: Where it is reached (no secrets).
+        since: When our process was started (UTC), None when not running or external.
+        log_path: The service's log file, None when external.
+        external: True when an environment variable points at a service we do not run.
+    """
+
+    name: str
+    running: bool
+    pid: int | None
+    address: str
+    since: datetime | None
+    log_path: Path | None
+    external: bool
+
+
+class LocalStack:
+    """The project-local services, run as native processes bound to 127.0.0.1.
+
+    Args:
+        home: Folder for all downloads, data, logs and PID records. Defaults to
+            ``$THREES_HOME`` or ``./.threes``, resolved when the object is created.
+    """
+
+    def __init__(self, home: Path | str | None = None) -> None:
+        if home is None:
+            home = os.environ.get("THREES_HOME") or ".threes"
+        self.home = Path(home).expanduser().resolve()
+        self.layout = Layout(self.home)
+        self._services: dict[str, Service] = {
+            cls.name: cls(self.layout) for cls in (Elasticsearch, Kafka, Postgres, S3)
+        }
+
+    # -- public API -----------------------------------------------------------------
+
+    def endpoints(self) -> Endpoints:
+        """Return the endpoints, with ``THREES_*`` environment overrides applied."""
+        return Endpoints.from_env()
+
+    def up(self, services: Sequence[str] | None = None) -> None:
+        """Install what is missing, start what is down and wait until all are healthy.
+
+        Idempotent: running services are only health-checked; stale PID records
+        are cleaned; half-done installs are repaired. Services given by an
+        environment override are not started, only waited for.
+
+        Args:
+            services: Subset of :data:`SERVICES`; all of them when None.
+
+        Raises:
+            LocalStackError: Unknown service, or one could not be installed,
+                started or reached (one message covering every failure).
+        """
+        names = self._select(services)
+        self.layout.create()
+        started = time.monotonic()
+        endpoints = self.endpoints()
+        errors: dict[str, str] = {}
+        with self._lock():
+            threads = [
+                threading.Thread(
+                    target=self._up_one, args=(name, endpoints, errors),
+                    name=f"threes-up-{name}", daemon=True,
+                )
+                for name in _START_ORDER if name in names
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        if errors:
+            raise LocalStackError("; ".join(errors[n] for n in _START_ORDER if n in errors))
+        logger.info("local stack up in %.1f s (logs in %s)", time.monotonic() - started,
+                    self.layout.logs)
+
+    def down(self) -> None:
+        """Stop the processes this stack started (by their PID records).
+
+        Each gets a graceful signal (PostgreSQL: ``pg_ctl stop -m fast``) and is
+        killed after a timeout. Processes that are not ours are never touched.
+        """
+        if not self.layout.run.exists():
+            return
+        with self._lock():
+            threads = [
+                threading.Thread(target=svc.stop, name=f"threes-down-{svc.name}", daemon=True)
+                for svc in self._services.values()
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+
+    def status(self) -> list[ServiceStatus]:
+        """Return the state of each server (kafka, postgres, elasticsearch, s3)."""
+        endpoints = self.endpoints()
+        result = []
+        for name in ("kafka", "postgres", "elasticsearch", "s3"):
+            svc = self._services[name]
+            address = svc.address(endpoints)
+            if self._is_external(svc):
+                try:
+                    svc.probe(endpoints)
+                    answering = True
+                except Exception:  # noqa: BLE001 - any failure means "not answering"
+                    answering = False
+                result.append(ServiceStatus(name, answering, None, address, None, None, True))
+                continue
+            record = svc.running()
+            result.append(
+                ServiceStatus(
+                    name=name,
+                    running=record is not None,
+                    pid=record.pid if record else None,
+                    address=address,
+                    since=record.started if record else None,
+                    log_path=svc.log,
+                    external=False,
+                )
+            )
+        return result
+
+    def spark_jars(self) -> list[Path]:
+        """Return the Spark Kafka + Avro connector jars, resolving them on first call.
+
+        Returns:
+            Absolute paths of the jars (with their runtime dependencies not
+            already in pyspark), usable as ``spark.jars`` offline.
+
+        Raises:
+            LocalStackError: If they are missing and Maven cannot resolve them.
+        """
+        target = spark_jars_dir(self.layout)
+        if target.is_dir():
+            return sorted(target.glob("*.jar"))
+        self.layout.create()
+        with self._lock():
+            return resolve_spark_jars(self.layout)
+
+    # -- internals ------------------------------------------------------------------
+
+    @staticmethod
+    def _select(services: Sequence[str] | None) -> set[str]:
+        if services is None:
+            return set(SERVICES)
+        if isinstance(services, str):
+            services = [services]
+        unknown = sorted(set(services) - set(SERVICES))
+        if unknown:
+            raise LocalStackError(
+                f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(SERVICES)}"
+            )
+        return set(services)
+
+    @staticmethod
+    def _is_external(svc: Service) -> bool:
+        return bool(os.environ.get(svc.env_var))
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Serialise up/down across processes with ``run/stack.lock``."""
+        self.layout.run.mkdir(parents=True, exist_ok=True)
+        with (self.layout.run / "stack.lock").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _up_one(self, name: str, endpoints: Endpoints, errors: dict[str, str]) -> None:
+        began = time.monotonic()
+        try:
+            if name == "spark":
+                jars = resolve_spark_jars(self.layout)
+                logger.info("spark: %d connector jars in %s", len(jars), spark_jars_dir(self.layout))
+                return
+            svc = self._services[name]
+            address = svc.address(endpoints)
+            if self._is_external(svc):
+                logger.info("%s: using %s (from %s)", name, address, svc.env_var)
+                wait_until(lambda: svc.probe(endpoints), timeout=svc.health_timeout,
+                           what=f"{svc.title} at {address} (from {svc.env_var})")
+                return
+            record = svc.running()
+            if record is None:
+                svc.install()
+                svc.prepare()
+                record = svc.start()
+            else:
+                logger.info("%s: already running (pid %d)", name, record.pid)
+            svc.bootstrap()
+            wait_until(
+                lambda: svc.probe(endpoints), timeout=svc.health_timeout, what=svc.title,
+                log=self._relative(svc.log), alive=lambda: svc.alive(record),
+            )
+            logger.info("%s: healthy at %s after %.1f s (pid %d, log %s)", name, address,
+                        time.monotonic() - began, record.pid, self._relative(svc.log))
+        except LocalStackError as exc:
+            errors[name] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - reported as one line, details in debug log
+            logger.debug("%s failed", name, exc_info=True)
+            errors[name] = f"{name}: unexpected error: {type(exc).__name__}: {exc}"
+
+    @staticmethod
+    def _relative(path: Path) -> Path:
+        try:
+            return path.relative_to(Path.cwd())
+        except ValueError:
+            return path

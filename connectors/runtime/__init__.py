@@ -1,0 +1,1 @@
+"""The source connector runtime: base classes, worker, offsets store (Kafka Connect-style)."""

@@ -1,0 +1,70 @@
+"""SparkSession construction: the one place the stream job's Spark settings are applied.
+
+Spark binds to a non-loopback address unless told otherwise (STACK.md), so a
+``local[...]`` master is pinned to 127.0.0.1; a cluster master keeps Spark's
+own networking. The Kafka and Avro connectors come either as jar files
+resolved beforehand (``jars``, offline) or as Maven coordinates resolved by
+Spark's Ivy at start-up (``spark.jars.packages``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from connectors.config.stream import SparkSettings
+
+log = logging.getLogger(__name__)
+
+SPARK_VERSION = "4.0.0"
+SPARK_PACKAGES = (
+    f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
+    f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
+)
+
+
+def spark_session(settings: SparkSettings, jars: Sequence[Path | str] | None = None) -> Any:
+    """Build (or return the running) SparkSession for the stream job.
+
+    Args:
+        settings: master, app name, driver memory and any ``spark.*`` conf.
+        jars: jar files of the Kafka and Avro connectors; ``None`` resolves
+            :data:`SPARK_PACKAGES` through Ivy instead (needs Maven Central).
+
+    Returns:
+        A :class:`pyspark.sql.SparkSession`.
+    """
+    from pyspark.sql import SparkSession
+
+    local = settings.master.startswith("local")
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers must import the project's dependencies: use this interpreter.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+    builder = (
+        SparkSession.builder.master(settings.master)
+        .appName(settings.app_name)
+        .config("spark.driver.memory", settings.driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    if local:
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
+    else:
+        builder = builder.config("spark.jars.packages", ",".join(SPARK_PACKAGES))
+    for key, value in settings.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    log.info("spark session master=%s version=%s", settings.master, spark.version)
+    return spark

@@ -1,0 +1,129 @@
+"""Shared fixtures: the real local stack and clients built through the project's own factories.
+
+Integration tests talk to real Kafka, PostgreSQL, Elasticsearch and an S3
+server. By default the session starts the native local stack
+(``threes local up``: idempotent, quick when it already runs). Environment
+variables point the tests at services that already run instead
+(``THREES_KAFKA_BOOTSTRAP``, ``THREES_POSTGRES_URL``, ``THREES_ELASTICSEARCH_URL``,
+``THREES_S3_ENDPOINT_URL`` ...; see ``threes local env``).
+
+Every test gets unique names (topics, tables, indices, buckets) so tests never
+see each other's data and need no cleanup between them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors import clients
+from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection, S3Connection
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark tests by folder: integration/ and e2e/ need the stack."""
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
+        if parts[0] in ("integration", "e2e"):
+            item.add_marker(pytest.mark.integration)
+        if parts[0] == "e2e":
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def stack() -> Any:
+    """The running local stack (started if needed); its endpoints via ``.endpoints()``."""
+    from connectors.local import LocalStack
+
+    local = LocalStack()
+    local.up(["kafka", "postgres", "elasticsearch", "s3"])
+    return local
+
+
+@pytest.fixture(scope="session")
+def endpoints(stack: Any) -> Any:
+    return stack.endpoints()
+
+
+@pytest.fixture(scope="session")
+def kafka(endpoints: Any) -> KafkaConfig:
+    """The pipeline-level Kafka config of the test stack."""
+    return KafkaConfig(bootstrap_servers=endpoints.kafka_bootstrap)
+
+
+@pytest.fixture(scope="session")
+def kafka_conf(kafka: KafkaConfig) -> dict[str, Any]:
+    """librdkafka properties of the test stack."""
+    return kafka.librdkafka_config()
+
+
+@pytest.fixture(scope="session")
+def pg(endpoints: Any) -> RdsConnection:
+    return RdsConnection(type="rds", url=endpoints.postgres_url)
+
+
+@pytest.fixture(scope="session")
+def pg_engine(pg: RdsConnection) -> Iterator[Any]:
+    engine = clients.sql_engine(pg)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def es_conn(endpoints: Any) -> ElasticsearchConnection:
+    return ElasticsearchConnection(type="elasticsearch", hosts=[endpoints.elasticsearch_url])
+
+
+@pytest.fixture(scope="session")
+def es(es_conn: ElasticsearchConnection) -> Iterator[Any]:
+    client = clients.elasticsearch_client(es_conn)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def s3_conn(endpoints: Any) -> S3Connection:
+    return S3Connection(
+        type="s3",
+        endpoint_url=endpoints.s3_endpoint_url,
+        region=endpoints.s3_region,
+        access_key_id=endpoints.s3_access_key_id,
+        secret_access_key=endpoints.s3_secret_access_key,
+        path_style=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def s3(s3_conn: S3Connection) -> Any:
+    return clients.s3_client(s3_conn)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for names of topics, tables, indices and buckets."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def topic(unique: str) -> str:
+    return f"test.{unique}"
+
+
+@pytest.fixture(scope="session")
+def spark(stack: Any) -> Iterator[Any]:
+    """One local SparkSession for the test session, with the Kafka and Avro connectors."""
+    from connectors.config.stream import SparkSettings
+    from stream_app.session import spark_session
+
+    session = spark_session(
+        SparkSettings(master="local[2]", app_name="threes-tests", driver_memory="2g"),
+        jars=stack.spark_jars(),
+    )
+    yield session
+    session.stop()
