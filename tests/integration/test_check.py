@@ -1,0 +1,53 @@
+"""`threes check` against the live stack, and against systems that are not there."""
+
+from __future__ import annotations
+
+import textwrap
+
+from typer.testing import CliRunner
+
+from connectors.cli import app
+
+
+def pipeline_yaml(tmp_path, endpoints, *, kafka=None, pg_port=None, bucket="missing-bucket"):
+    pg_url = endpoints.postgres_url if pg_port is None else endpoints.postgres_url.replace(":15432/", f":{pg_port}/")
+    text = textwrap.dedent(
+        f"""\
+        kafka:
+          bootstrap_servers: {kafka or endpoints.kafka_bootstrap}
+          request_timeout_s: 3
+        connections:
+          pg: {{type: rds, url: "{pg_url}", connect_timeout_s: 3}}
+          es: {{type: elasticsearch, hosts: ["{endpoints.elasticsearch_url}"]}}
+          s3:
+            type: s3
+            endpoint_url: {endpoints.s3_endpoint_url}
+            access_key_id: {endpoints.s3_access_key_id}
+            secret_access_key: {endpoints.s3_secret_access_key}
+            path_style: true
+        sources:
+          - {{name: airlines, type: s3_source, connection: s3, topic: state.airlines, bucket: {bucket}, format: csv}}
+        """
+    )
+    path = tmp_path / "check.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_check_all_ok(tmp_path, endpoints, s3, unique):
+    bucket = f"check-{unique}"
+    s3.create_bucket(Bucket=bucket)
+    result = CliRunner().invoke(app, ["check", str(pipeline_yaml(tmp_path, endpoints, bucket=bucket))])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("ok") >= 4 and "FAILED" not in result.output
+    assert "threes-secret-key" not in result.output and "threes:threes" not in result.output
+
+
+def test_check_says_what_failed_and_what_to_do(tmp_path, endpoints):
+    path = pipeline_yaml(tmp_path, endpoints, kafka="127.0.0.1:1", pg_port=1)
+    result = CliRunner().invoke(app, ["check", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 1
+    out = result.output
+    assert out.count("FAILED") == 3, out  # kafka, postgres, the missing bucket; Elasticsearch is fine
+    assert "threes local up" in out and "create bucket 'missing-bucket' first" in out
+    assert "Traceback" not in out and "threes-secret-key" not in out

@@ -1,0 +1,63 @@
+"""Compacted topics and the schema topic against the real broker."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
+
+from connectors import clients
+from connectors.exceptions import ConfigError
+from connectors.topics import ensure_compacted_topic, read_latest_per_key, topic_configs
+from schemas.exceptions import UnknownSchemaError
+from schemas.serde import AvroDeserializer, AvroSerializer, fingerprint
+from schemas.store import SchemaStore
+
+PLANE = {"type": "record", "name": "Plane", "fields": [{"name": "tailnum", "type": "string"}, {"name": "seats", "type": "int"}]}
+
+
+def test_compacted_topic_latest_value_per_key_after_overwrites_and_tombstone(kafka, kafka_conf, topic):
+    assert ensure_compacted_topic(kafka_conf, topic, partitions=3) is True
+    assert ensure_compacted_topic(kafka_conf, topic, partitions=3) is False  # idempotent
+    assert topic_configs(kafka_conf, topic)["cleanup.policy"] == "compact"
+
+    producer = clients.kafka_producer(kafka)
+    for key, value in [(b"a", b"1"), (b"b", b"1"), (b"a", b"2"), (b"c", b"1"), (b"b", None), (b"c", b"3"), (b"d", None)]:
+        producer.produce(topic, key=key, value=value)
+    assert producer.flush(30) == 0
+
+    assert read_latest_per_key(kafka_conf, topic) == {b"a": b"2", b"c": b"3"}
+
+
+def test_existing_non_compacted_topic_is_refused(kafka, kafka_conf, topic):
+    admin = clients.kafka_admin(kafka)
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"})])[
+        topic
+    ].result(30)
+    with pytest.raises(ConfigError, match=rf"topic '{topic}' exists with cleanup.policy='delete', not compacted"):
+        ensure_compacted_topic(kafka_conf, topic)
+
+
+def test_schema_topic_lets_a_new_reader_resolve_unseen_fingerprints(kafka_conf, topic):
+    writer_store = SchemaStore(kafka_conf, topic=f"{topic}.schemas")
+    data = AvroSerializer(PLANE, writer_store)({"tailnum": "N1", "seats": 55})
+
+    reader_store = SchemaStore(kafka_conf, topic=f"{topic}.schemas")  # a different process, in effect
+    assert AvroDeserializer(reader_store)(data) == {"tailnum": "N1", "seats": 55}
+    assert fingerprint(PLANE) in reader_store.schemas_json()
+    assert topic_configs(kafka_conf, f"{topic}.schemas")["cleanup.policy"] == "compact"
+
+    other = {**PLANE, "name": "NotRegistered"}
+    unregistered = AvroSerializer(other)({"tailnum": "N2", "seats": 1})
+    with pytest.raises(UnknownSchemaError, match=f"{fingerprint(other).hex()}.*not in schema topic"):
+        AvroDeserializer(reader_store)(unregistered)
+
+
+def test_produce_fails_clearly_when_kafka_is_unreachable():
+    from connectors.config.models import KafkaConfig
+    from connectors.exceptions import SetupError
+
+    dead = KafkaConfig(bootstrap_servers="127.0.0.1:1", request_timeout_s=2).librdkafka_config()
+    with pytest.raises(SetupError, match=r"Kafka at 127.0.0.1:1 did not answer.*threes local up"):
+        ensure_compacted_topic(dead, "never", timeout_s=2)
+    Producer(dead)  # constructing a client alone does not connect: no error until used
