@@ -23,5 +23,19 @@ class SyncServiceBase(StrictModel):
     )
     dead_letter_topic: TopicName
     stop_on_error: bool = Field(False, description="stop instead of sending a bad record to the DLQ")
-    static_membership: bool = False
+    group_instance_id: str | None = Field(
+        None,
+        description="static membership (KIP-345): a stable id per replica, e.g. ${env:HOSTNAME}; "
+        "a restart within session.timeout.ms then causes no rebalance",
+    )
+    max_poll_interval_ms: int = Field(
+        300_000, ge=10_000, description="librdkafka max.poll.interval.ms; the service polls every 100 ms"
+    )
+    revoke_timeout_s: float = Field(
+        60.0, gt=0, description="on revoke, how long in-flight writes may take before the commit"
+    )
     metrics_port: int | None = Field(None, ge=1, le=65535)
+
+    def consumer_group(self) -> str:
+        """The consumer group id (``group_id`` or ``threes-sync-<name>``)."""
+        return self.group_id or f"threes-sync-{self.name}"

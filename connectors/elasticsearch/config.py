@@ -36,7 +36,16 @@ class ElasticsearchSourceConfig(SourceConnectorConfig):
 
 
 class ElasticsearchSinkConfig(SinkConnectorConfig):
-    """``elasticsearch_sink``: update topics into an index, ``_id`` = key, external versioning."""
+    """``elasticsearch_sink``: update topics into an index, ``_id`` = key, external versioning.
+
+    Example::
+
+        - name: flights-search
+          type: elasticsearch_sink
+          connection: elasticsearch
+          topics: [updates.flights]
+          index: flights
+    """
 
     implementation = "connectors.elasticsearch.sink:ElasticsearchSink"
     connection_type = "elasticsearch"
@@ -44,3 +53,6 @@ class ElasticsearchSinkConfig(SinkConnectorConfig):
     type: Literal["elasticsearch_sink"]
     index: str
     max_concurrency: int = Field(4, ge=1, le=64, description="upper bound of parallel bulk requests")
+    chunk_records: int = Field(500, ge=1, le=100_000, description="actions per bulk request")
+    chunk_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="bytes per bulk request")
+    item_retries: int = Field(5, ge=0, description="retries of items answered 429 within one bulk write")

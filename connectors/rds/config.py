@@ -12,6 +12,14 @@ from connectors.config.models import SinkConnectorConfig, SourceConnectorConfig
 class RdsSourceConfig(SourceConnectorConfig):
     """``rds_source``: a table (or query) into a compacted topic, keyed by primary key.
 
+    Modes (Kafka Connect JDBC source's vocabulary): ``bulk`` re-reads the whole
+    table every ``poll_interval_s``; ``incrementing`` reads rows whose
+    ``incrementing_column`` grew; ``timestamp`` reads rows whose
+    ``timestamp_column`` moved (ties broken by the key); ``timestamp+incrementing``
+    breaks ties by ``incrementing_column``; ``query`` re-reads a custom SELECT
+    (``key`` and ``value_schema`` required). Deletes become tombstones through a
+    key-set reconciliation every ``reconcile_interval_s``.
+
     Example::
 
         - name: airports
@@ -36,8 +44,12 @@ class RdsSourceConfig(SourceConnectorConfig):
     commit_delay_s: float = Field(
         5.0, ge=0, description="rows are read only once older than this; bounds late commits"
     )
-    reconcile_interval_s: float = Field(
-        300.0, gt=0, description="how often the key set is compared to emit tombstones for deletes"
+    wait_for_open_transactions: bool = Field(
+        True,
+        description="PostgreSQL: never read past the start of the oldest open transaction (commit-safe watermark)",
+    )
+    reconcile_interval_s: float | None = Field(
+        300.0, gt=0, description="how often the key set is compared to emit tombstones for deletes; null: never"
     )
 
     @model_validator(mode="after")
@@ -45,8 +57,14 @@ class RdsSourceConfig(SourceConnectorConfig):
         if self.mode == "query":
             if not self.query:
                 raise ValueError("mode 'query' needs `query`")
+            if not self.key:
+                raise ValueError("mode 'query' needs `key` (the key columns of the query)")
+            if not self.value_schema:
+                raise ValueError("mode 'query' needs `value_schema` (the Avro schema of the query's rows)")
         elif not self.table:
             raise ValueError(f"mode '{self.mode}' needs `table`")
+        elif self.value_schema:
+            raise ValueError("`value_schema` is derived from the table; set it only with mode 'query'")
         if "incrementing" in self.mode and not self.incrementing_column:
             raise ValueError(f"mode '{self.mode}' needs `incrementing_column`")
         if "timestamp" in self.mode and not self.timestamp_column:
@@ -55,7 +73,18 @@ class RdsSourceConfig(SourceConnectorConfig):
 
 
 class RdsSinkConfig(SinkConnectorConfig):
-    """``rds_sink``: update topics into a table, conditional upsert by key and version."""
+    """``rds_sink``: update topics into a table, conditional upsert by key and version.
+
+    Example::
+
+        - name: flights-db
+          type: rds_sink
+          connection: postgres
+          topics: [updates.flights]
+          table: flights_enriched
+          key: [flight_id]
+          create_table: true
+    """
 
     implementation = "connectors.rds.sink:RdsSink"
     connection_type = "rds"
@@ -66,3 +95,10 @@ class RdsSinkConfig(SinkConnectorConfig):
     key: list[str] = Field(min_length=1, description="primary key column(s)")
     version_column: str = Field("_version", description="column holding the applied version")
     create_table: bool = Field(False, description="create the table from the Avro schema if missing")
+    value_schema: str | None = Field(
+        None, description="Avro schema (.avsc path or shipped name) to create the table before the first record"
+    )
+    max_concurrency: int = Field(4, ge=1, le=64, description="upper bound of concurrent transactions")
+    lock_timeout_s: float = Field(
+        5.0, gt=0, description="a lock wait longer than this is backpressure (the batch is retried later)"
+    )

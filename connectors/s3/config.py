@@ -35,7 +35,19 @@ class S3SourceConfig(SourceConnectorConfig):
 
 
 class S3SinkConfig(SinkConnectorConfig):
-    """``s3_sink``: update topics into objects named by topic, partition and first offset."""
+    """``s3_sink``: update topics into objects named by topic, partition and first offset.
+
+    Example::
+
+        - name: flights-archive
+          type: s3_sink
+          connection: s3
+          topics: [updates.flights]
+          bucket: lake
+          prefix: flights/
+          format: parquet
+          rotate_records: 100000
+    """
 
     implementation = "connectors.s3.sink:S3Sink"
     connection_type = "s3"
@@ -48,3 +60,11 @@ class S3SinkConfig(SinkConnectorConfig):
     rotate_records: int = Field(100_000, ge=1)
     rotate_bytes: int = Field(64 * 1024 * 1024, ge=1)
     rotate_interval_s: float = Field(60.0, gt=0)
+    max_concurrency: int = Field(4, ge=1, le=64, description="upper bound of concurrent uploads")
+    multipart_threshold_bytes: int = Field(
+        8 * 1024 * 1024, ge=5 * 1024 * 1024, description="objects at least this big use a multipart upload"
+    )
+    create_bucket: bool = Field(False, description="create the bucket if it is missing")
+    stale_upload_s: float = Field(
+        900.0, gt=0, description="at start, abort this sink's multipart uploads begun longer ago than this"
+    )

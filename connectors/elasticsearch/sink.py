@@ -1,0 +1,221 @@
+"""``ElasticsearchSink``: update topics into an index with bulk requests and external versioning."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from connectors import clients
+from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
+from connectors.runtime.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
+
+log = logging.getLogger(__name__)
+
+
+class ElasticsearchItemError(Exception):
+    """Elasticsearch refused one document of a bulk request (the item's status and reason)."""
+
+
+def doc_id(key: Any) -> str:
+    """The ``_id`` of a key: the scalar as text, a composite key's fields joined by ``|`` in schema order."""
+    if isinstance(key, dict):
+        return "|".join(str(v) for v in key.values())
+    return str(key)
+
+
+def _json_safe(value: Any) -> Any:
+    """Bytes become base64 text (Elasticsearch's ``binary``); the client's serializer does the rest."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class ElasticsearchSink(Sink):
+    """Apply update topics to an index: index by ``_id`` = key, delete on tombstone.
+
+    Delivery guarantee: at least once, effectively once in the index: every
+    action carries ``version`` = the update's version header with
+    ``version_type=external`` (Elasticsearch docs, "Index API: versioning"), so
+    Elasticsearch itself rejects an update that is not newer than the document
+    with a 409, which this sink counts as success. A replayed batch changes nothing.
+
+    Idempotency key: ``_id`` (the key; composite keys joined by ``|``) and the version.
+
+    Requests: the batch's newest update per key, in bulk requests of
+    ``chunk_records`` actions (the client's ``helpers.streaming_bulk``), sent
+    concurrently up to the adaptive concurrency limit. Per-item results are read
+    even when the HTTP status is 200: 2xx, 409 and a 404 on delete are success;
+    items answered 429 are retried alone (``item_retries``, with backoff) and,
+    if still refused, the whole batch is :class:`SinkBackpressureError`; 5xx
+    items make the batch :class:`RetriableError`; any other refusal (a field the
+    mapping rejects, ...) sends that record to the dead letter topic.
+
+    Backpressure: HTTP 429 on the request or on items, and slow answers, which
+    also lower the concurrency limit. Uses only APIs the minimal integ-test
+    server has (bulk, cluster health).
+
+    Example::
+
+        - name: flights-search
+          type: elasticsearch_sink
+          connection: elasticsearch
+          topics: [updates.flights]
+          index: flights
+          max_concurrency: 4
+    """
+
+    splits_requests = True
+
+    def __init__(self, config: Any, connection: Any, **kwargs: Any):
+        super().__init__(config, connection, **kwargs)
+        self.client: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def open(self) -> None:
+        """Create the client and the request pool, and check the cluster answers.
+
+        Raises:
+            SetupError: the cluster does not answer.
+        """
+        self.client = clients.elasticsearch_client(self.connection)
+        self._pool = ThreadPoolExecutor(max_workers=self.config.max_concurrency, thread_name_prefix=f"es-{self.name}")
+        self.check()
+
+    def check(self) -> None:
+        """``GET _cluster/health`` (``GET /`` answers 405 on the minimal server).
+
+        Raises:
+            SetupError: the cluster does not answer or refuses our credentials.
+        """
+        from elasticsearch import ApiError, TransportError
+
+        client = self.client or clients.elasticsearch_client(self.connection)
+        try:
+            client.cluster.health(timeout="5s")
+        except (ApiError, TransportError) as exc:
+            hosts = self.connection.hosts
+            raise SetupError(f"sink {self.name!r}: Elasticsearch {hosts} did not answer: {exc}") from exc
+
+    def close(self) -> None:
+        """Stop the request pool and close the client."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self.client is not None:
+            self.client.close()
+
+    def _action(self, record: SinkRecord) -> dict[str, Any]:
+        if record.version < 0:
+            raise ValueError(f"{record.where()}: version {record.version} is negative; Elasticsearch external "
+                             "versions are 0..2^63-1")
+        action: dict[str, Any] = {
+            "_index": self.config.index,
+            "_id": doc_id(record.key),
+            "version": record.version,
+            "version_type": "external",
+        }
+        if record.value is None:
+            action["_op_type"] = "delete"
+        else:
+            action["_op_type"] = "index"
+            action["_source"] = _json_safe(record.value)
+        return action
+
+    def write(self, batch: SinkBatch) -> list[RecordFailure]:
+        """Send the batch's newest update per key in concurrent bulk requests.
+
+        Raises:
+            SinkBackpressureError: 429 on a request, or on items after ``item_retries``.
+            RetriableError: the cluster cannot be reached, a 5xx, or 5xx items.
+            FatalError: the cluster refused the request itself (4xx other than 429).
+        """
+        assert self._pool is not None, "open() first"
+        failures: list[RecordFailure] = []
+        actions: list[tuple[SinkRecord, dict[str, Any]]] = []
+        for record in latest_per_key(batch.records):
+            try:
+                actions.append((record, self._action(record)))
+            except ValueError as exc:
+                failures.append(RecordFailure(record, exc))
+        n = self.config.chunk_records
+        chunks = [actions[i:i + n] for i in range(0, len(actions), n)]
+        futures = [self._pool.submit(self._send, chunk) for chunk in chunks]
+        errors: list[BaseException] = []
+        for future in futures:
+            try:
+                failures.extend(future.result())
+            except (SinkBackpressureError, RetriableError, FatalError) as exc:
+                errors.append(exc)
+        if errors:
+            # the strongest error wins: fatal stops, transient retries, backpressure waits
+            for kind in (FatalError, RetriableError):
+                for exc in errors:
+                    if isinstance(exc, kind) and not isinstance(exc, SinkBackpressureError):
+                        raise exc
+            raise errors[0]
+        return failures
+
+    def _send(self, chunk: list[tuple[SinkRecord, dict[str, Any]]]) -> list[RecordFailure]:
+        """One bulk request (plus its 429 item retries); returns the refused records."""
+        from elasticsearch import ApiError, TransportError, helpers
+
+        by_id = {action["_id"]: record for record, action in chunk}
+        failures: list[RecordFailure] = []
+        throttled = retry_items = 0
+        try:
+            with self.limiter.slot(len(chunk)):
+                results = list(
+                    helpers.streaming_bulk(
+                        self.client,
+                        [action for _r, action in chunk],
+                        chunk_size=len(chunk),
+                        max_chunk_bytes=self.config.chunk_bytes,
+                        raise_on_error=False,
+                        max_retries=self.config.item_retries,
+                        initial_backoff=0.5,
+                        max_backoff=10.0,
+                        retry_on_status=(429,),
+                    )
+                )
+        except ApiError as exc:
+            if exc.meta.status == 429:
+                self.limiter.backpressure()
+                raise SinkBackpressureError(2.0, f"sink {self.name!r}: Elasticsearch answered 429") from exc
+            if exc.meta.status >= 500:
+                raise RetriableError(f"sink {self.name!r}: Elasticsearch answered {exc.meta.status}: {exc}") from exc
+            raise FatalError(f"sink {self.name!r}: Elasticsearch refused a bulk request ({exc.meta.status}): "
+                             f"{exc}") from exc
+        except TransportError as exc:
+            raise RetriableError(f"sink {self.name!r}: Elasticsearch unreachable: {exc}") from exc
+        for ok, item in results:
+            if ok:
+                continue
+            op, info = next(iter(item.items()))
+            status = int(info.get("status", 0))
+            if status == 409 or (status == 404 and op == "delete"):
+                continue  # a newer version is already there / nothing to delete: the update is applied
+            if status == 429:
+                throttled += 1
+            elif status >= 500:
+                retry_items += 1
+            else:
+                record = by_id.get(str(info.get("_id")))
+                error = info.get("error") or {}
+                reason = error.get("reason") if isinstance(error, dict) else str(error)
+                etype = error.get("type") if isinstance(error, dict) else "error"
+                where = record.where() if record else info.get("_id")
+                exc = ElasticsearchItemError(f"{where}: index {self.config.index!r} refused _id "
+                                             f"{info.get('_id')!r} ({status} {etype}): {reason}")
+                if record is not None:
+                    failures.append(RecordFailure(record, exc))
+        if throttled:
+            self.limiter.backpressure()
+            raise SinkBackpressureError(2.0, f"sink {self.name!r}: {throttled} item(s) still answered 429")
+        if retry_items:
+            raise RetriableError(f"sink {self.name!r}: {retry_items} item(s) failed with 5xx")
+        return failures

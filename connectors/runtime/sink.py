@@ -1,0 +1,269 @@
+"""The sink contract: what the sync service hands a sink and what it expects back.
+
+After quix-streams' ``sinks/base`` (``add`` -> ``flush`` -> ``write(batch)``, one
+batch per topic partition) and Kafka Connect's ``SinkTask.put/flush``: the sync
+service (:mod:`sync_service`) consumes update topics, cuts one
+:class:`SinkBatch` per (topic, partition), and calls :meth:`Sink.write` from a
+worker thread. The offsets a batch covers are committed only after ``write``
+returned, so a sink never commits anything itself.
+
+What ``write`` may do, and what the runtime does about it:
+
+* return normally, with a list of :class:`RecordFailure` for records the target
+  refused for good (a field Elasticsearch rejects, a value the database
+  refuses): those go to the dead letter topic, stage ``write``; the batch is
+  done;
+* raise :class:`~connectors.exceptions.SinkBackpressureError` (HTTP 429, lock
+  timeout): the partitions feeding the sink are paused and the whole batch is
+  written again after ``retry_after`` seconds, without bound (the target is
+  alive, only busy);
+* raise :class:`~connectors.exceptions.RetriableError`: retried with jittered
+  exponential backoff up to the service's retry policy, then the service stops
+  without committing (nothing is lost, a restart resumes from the last commit);
+* raise :class:`~connectors.exceptions.FatalError`: the service stops without
+  committing the batch.
+
+Writing the same batch twice must change nothing (the update-topic contract of
+``connectors/updates.py``: a version per key, applied only when newer).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from connectors.config.models import BatchPolicy, SinkConnectorConfig
+
+
+@dataclass(slots=True)
+class SinkRecord:
+    """One decoded update record.
+
+    Attributes:
+        topic: the update topic.
+        partition: its partition.
+        offset: its offset.
+        key: the decoded Avro key (a scalar, or a dict for a composite key).
+        value: the decoded Avro value (a dict), or ``None`` for a tombstone (delete).
+        version: the ``version`` header (signed int64, monotonic per key).
+        timestamp_ms: the record's Kafka timestamp, epoch milliseconds.
+        size_bytes: bytes of key, value and headers as consumed.
+        value_schema: the parsed Avro writer schema of the value (``None`` for a tombstone).
+        value_fingerprint: its 8-byte fingerprint (``None`` for a tombstone).
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: Any
+    value: dict[str, Any] | None
+    version: int
+    timestamp_ms: int = 0
+    size_bytes: int = 0
+    value_schema: Any = None
+    value_fingerprint: bytes | None = None
+
+    @property
+    def is_delete(self) -> bool:
+        """``True`` for a tombstone."""
+        return self.value is None
+
+    @property
+    def key_id(self) -> str:
+        """A canonical string of the key: equal keys give equal strings, whatever their writer schema."""
+        if isinstance(self.key, dict):
+            return json.dumps(self.key, sort_keys=True, default=str, separators=(",", ":"))
+        return str(self.key)
+
+    def where(self) -> str:
+        """``topic[partition]@offset``, for error messages."""
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+
+@dataclass(slots=True)
+class SinkBatch:
+    """The decoded records of one (topic, partition) between two offsets, in offset order.
+
+    Attributes:
+        topic: the topic.
+        partition: the partition.
+        first_offset: the first offset the batch covers (the name of S3 objects).
+        last_offset: the last offset it covers (records that went to the dead
+            letter queue while decoding are covered but absent from ``records``).
+        records: the records to apply, in offset order.
+    """
+
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    records: list[SinkRecord] = field(default_factory=list)
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the records as consumed."""
+        return sum(r.size_bytes for r in self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFailure:
+    """A record the target refused for good: it goes to the dead letter topic (stage ``write``).
+
+    Attributes:
+        record: the refused record.
+        error: why, as an exception (its class name and message reach the DLQ headers).
+    """
+
+    record: SinkRecord
+    error: BaseException
+
+
+def latest_per_key(records: Sequence[SinkRecord]) -> list[SinkRecord]:
+    """Keep, per key, the record with the highest version (the last one on a tie).
+
+    One batch may hold several updates of a key; the target needs only the
+    newest, and a statement such as PostgreSQL's ``INSERT ... ON CONFLICT`` may
+    not touch one row twice. Ordering by (version, offset) makes an older update
+    that arrived later lose, as the update-topic contract wants.
+
+    Args:
+        records: records of one batch, in any order.
+
+    Returns:
+        One record per key, in the order of their offsets.
+    """
+    best: dict[str, SinkRecord] = {}
+    for record in records:
+        kid = record.key_id
+        seen = best.get(kid)
+        if seen is None or (record.version, record.offset) >= (seen.version, seen.offset):
+            best[kid] = record
+    return sorted(best.values(), key=lambda r: r.offset)
+
+
+class Limiter(Protocol):
+    """Concurrency to a target: how many requests may be in flight (see ``sync_service.concurrency``)."""
+
+    @property
+    def limit(self) -> int:
+        """Requests allowed in flight now."""
+
+    def slot(self, records: int = 1) -> Any:
+        """Context manager held around one request; measures its latency."""
+
+    def backpressure(self) -> None:
+        """Report that the target asked to slow down (HTTP 429, lock timeout)."""
+
+
+class FixedLimiter:
+    """A :class:`Limiter` with a constant limit (tests, tools that run a sink alone).
+
+    Args:
+        limit: requests allowed in flight.
+    """
+
+    def __init__(self, limit: int = 1):
+        self._limit = limit
+        self._sem = threading.BoundedSemaphore(limit)
+
+    @property
+    def limit(self) -> int:
+        """The constant limit."""
+        return self._limit
+
+    @contextmanager
+    def slot(self, records: int = 1) -> Iterator[None]:
+        """Hold one of ``limit`` slots for the duration of a request."""
+        with self._sem:
+            yield
+
+    def backpressure(self) -> None:
+        """Nothing to adapt."""
+
+
+class Sink(ABC):
+    """Base class of every sink connector (``{Technology}Sink``).
+
+    Subclasses implement :meth:`write`, and usually :meth:`open`, :meth:`check`
+    and :meth:`close`. The runtime calls ``open`` once, then ``write`` from up
+    to ``limiter.limit`` worker threads at once, each time with a batch of a
+    different partition, and ``close`` at shutdown. ``write`` must therefore be
+    thread-safe, and idempotent (see the module docstring).
+
+    Args:
+        config: the sink's validated config (a ``SinkConnectorConfig`` subclass).
+        connection: the connection config it names.
+        limiter: concurrency to the target; a fixed limit of 1 when ``None``.
+
+    Class attributes:
+        splits_requests: ``True`` when ``write`` sends several requests and holds
+            ``limiter.slot()`` around each itself; otherwise the runtime holds one
+            slot around the whole ``write``.
+    """
+
+    splits_requests: ClassVar[bool] = False
+
+    def __init__(self, config: SinkConnectorConfig, connection: Any, *, limiter: Limiter | None = None):
+        self.config = config
+        self.connection = connection
+        self.limiter: Limiter = limiter or FixedLimiter(1)
+        self.name = config.name
+
+    def open(self) -> None:  # noqa: B027 - optional hook
+        """Connect and prepare the target (create a table or index, clean up leftovers).
+
+        Raises:
+            SetupError: the target cannot be reached.
+            FatalError: the target cannot be prepared (missing table, no permission).
+        """
+
+    def check(self) -> None:  # noqa: B027 - optional hook
+        """Verify, without side effects, that the target answers and accepts our credentials.
+
+        Raises:
+            SetupError: it does not.
+        """
+
+    @abstractmethod
+    def write(self, batch: SinkBatch) -> list[RecordFailure]:
+        """Apply a batch durably: when this returns, every record is in the target or refused.
+
+        Args:
+            batch: decoded records of one (topic, partition), in offset order.
+
+        Returns:
+            The records the target refused for good (to the dead letter topic).
+
+        Raises:
+            SinkBackpressureError: the target is busy; the batch is written again later.
+            RetriableError: a transient failure; retried with backoff, bounded.
+            FatalError: the target cannot be written; the service stops.
+        """
+
+    def batch_policy(self, default: BatchPolicy) -> BatchPolicy:
+        """The batch limits for this sink's partitions (S3: one batch = one object).
+
+        Args:
+            default: the sync service's batch policy.
+
+        Returns:
+            The policy to use; ``default`` unless the sink has its own limits.
+        """
+        return default
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release clients and pools."""
+
+
+def monotonic_ms() -> float:
+    """Monotonic clock in milliseconds (batch ages)."""
+    return time.monotonic() * 1000.0

@@ -1,0 +1,475 @@
+"""The sync service: one consumer group applying update topics to sinks, with backpressure.
+
+One thread owns the consumer (poll, pause, resume, commit); worker threads
+(one pool per sink) decode and write batches. The loop, every ~100 ms:
+
+1. ``consume()`` up to 1,000 messages and buffer them per (sink, topic, partition);
+2. take the outcomes of finished writes: a durable batch advances the commit
+   position, a backpressured one waits ``retry_after`` seconds, a failed one
+   stops the service;
+3. cut the batches that are due (records, bytes or age) and hand them to the
+   sink's pool while the sink has fewer batches in flight than its adaptive
+   concurrency limit (:mod:`sync_service.concurrency`);
+4. pause the partitions that feed a sink which is over its share of the memory
+   bound, in backoff, or has a full buffer behind a batch in flight; resume
+   the others. Paused partitions deliver nothing, but the loop keeps calling
+   ``consume()``, so the group never evicts this member (``max.poll.interval.ms``);
+5. commit, per partition, the first offset that is not yet durable in every
+   sink reading it (Kafka Connect's ``preCommit``): offsets are committed only
+   after the writes they cover succeeded.
+
+On revoke (cooperative-sticky, KIP-429) the revoked partitions are flushed,
+their in-flight writes awaited, and their offsets committed before they go. On
+SIGTERM everything is flushed and committed, then the consumer leaves the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from connectors import clients, registry
+from connectors.config.models import KafkaConfig
+from connectors.exceptions import FatalError, SetupError
+from connectors.runtime.sink import Sink
+from schemas.serde import AvroDeserializer
+from schemas.store import SchemaStore
+from sync_service.batching import PartitionBuffer, message_size
+from sync_service.concurrency import AdaptiveConcurrency
+from sync_service.metrics import SyncMetrics
+from sync_service.writer import BatchWriter, Outcome
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+
+
+@dataclass
+class SinkSlot:
+    """A sink with its runtime state: pool, limiter, buffers, in-flight count."""
+
+    sink: Sink
+    writer: BatchWriter
+    limiter: AdaptiveConcurrency
+    pool: ThreadPoolExecutor
+    buffers: dict[TP, PartitionBuffer] = field(default_factory=dict)
+    inflight: int = 0
+    memory_paused: bool = False
+
+    def bytes(self) -> int:
+        """Buffered plus in-flight bytes of this sink."""
+        return sum(b.total_bytes for b in self.buffers.values())
+
+
+class SyncService:
+    """Consume update topics and apply them to sinks; commit only after durable writes.
+
+    Delivery guarantee: at least once into every target, and effectively once
+    in the targets' state, because every sink applies an update only when its
+    version is newer (``connectors/updates.py``).
+
+    Args:
+        kafka: the pipeline's Kafka config.
+        config: one ``sync`` entry (a ``SyncServiceConfig``).
+        connections: the pipeline's connections by name.
+        sinks: already built sinks (tests); built from ``config.sinks`` when ``None``.
+        schema_store: resolves Avro writer schemas; a :class:`SchemaStore` on
+            ``kafka.schema_topic`` when ``None``.
+
+    Raises:
+        SetupError: Kafka or a target cannot be reached (from :meth:`run`).
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        config: Any,
+        connections: dict[str, Any],
+        *,
+        sinks: list[Sink] | None = None,
+        schema_store: Any = None,
+    ):
+        self.kafka = kafka
+        self.config = config
+        self.metrics = SyncMetrics(config.name)
+        self._stop = threading.Event()
+        self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._fatal: BaseException | None = None
+        self._assigned: set[TP] = set()
+        self._paused: set[TP] = set()
+        self._committed: dict[TP, int] = {}
+        self._last_lag = 0.0
+        self._built_sinks = sinks
+        self._schema_store = schema_store
+        self._connections = connections
+        self.slots: list[SinkSlot] = []
+        self._by_topic: dict[str, list[SinkSlot]] = {}
+        self.consumer: Any = None
+        self.producer: Any = None
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def _build_sinks(self) -> list[Sink]:
+        if self._built_sinks is not None:
+            return self._built_sinks
+        sinks = []
+        for sink_config in self.config.sinks:
+            cls = registry.load_implementation(sink_config)
+            sinks.append(cls(sink_config, self._connections[sink_config.connection]))
+        return sinks
+
+    def _ensure_dead_letter_topic(self) -> None:
+        from confluent_kafka.admin import NewTopic
+
+        admin = clients.kafka_admin(self.kafka)
+        topic = self.config.dead_letter_topic
+        try:
+            meta = admin.list_topics(timeout=self.kafka.request_timeout_s)
+        except KafkaException as exc:
+            raise SetupError(f"Kafka at {self.kafka.bootstrap_servers} did not answer: {exc}",
+                             "check kafka.bootstrap_servers or run `threes local up`") from exc
+        if topic in meta.topics:
+            return
+        try:
+            admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(
+                self.kafka.request_timeout_s
+            )
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise SetupError(f"cannot create dead letter topic {topic!r}: {exc}") from exc
+
+    def open(self) -> None:
+        """Connect: sinks, schema store, dead letter producer, consumer (subscribed).
+
+        Raises:
+            SetupError: a system cannot be reached.
+            FatalError: a target cannot be prepared.
+        """
+        cfg = self.config
+        kconf = self.kafka.librdkafka_config()
+        store = self._schema_store or SchemaStore(kconf, self.kafka.schema_topic)
+        deserializer = AvroDeserializer(store)
+        self._ensure_dead_letter_topic()
+        self.producer = clients.kafka_producer(self.kafka, linger_ms=5)
+        for sink in self._build_sinks():
+            max_limit = int(getattr(sink.config, "max_concurrency", 1))
+            gauge = self.metrics.concurrency.labels(cfg.name, sink.name)
+            limiter = AdaptiveConcurrency(sink.name, max_limit, on_change=gauge.set)
+            sink.limiter = limiter
+            sink.open()
+            writer = BatchWriter(cfg.name, sink, deserializer, self.producer, cfg.dead_letter_topic,
+                                 cfg.retry, self.metrics, cfg.stop_on_error)
+            pool = ThreadPoolExecutor(max_workers=max_limit, thread_name_prefix=f"sink-{sink.name}")
+            slot = SinkSlot(sink, writer, limiter, pool)
+            self.slots.append(slot)
+            for topic in sink.config.topics:
+                self._by_topic.setdefault(topic, []).append(slot)
+        # the fetch queue is memory too: keep librdkafka's share to a quarter of the bound
+        queued_kb = max(1024, min(65536, cfg.buffer_max_bytes // 4 // 1024))
+        overrides: dict[str, Any] = {
+            "partition_assignment_strategy": "cooperative-sticky",
+            "enable_auto_offset_store": False,
+            "max_poll_interval_ms": cfg.max_poll_interval_ms,
+            "queued_max_messages_kbytes": queued_kb,
+        }
+        consumer_conf = {k.replace("_", "."): v for k, v in overrides.items()}
+        if cfg.group_instance_id:
+            consumer_conf["group.instance.id"] = cfg.group_instance_id
+        from confluent_kafka import Consumer
+
+        self.consumer = Consumer({**kconf, "group.id": cfg.consumer_group(), "enable.auto.commit": False,
+                                  "auto.offset.reset": "earliest", **consumer_conf})
+        self.consumer.subscribe(sorted(self._by_topic), on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+        log.info("sync service=%s group=%s topics=%s sinks=%s", cfg.name, cfg.consumer_group(),
+                 sorted(self._by_topic), [s.sink.name for s in self.slots])
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to flush, commit and exit (thread-safe; the SIGTERM handler calls it)."""
+        self._stop.set()
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Open (if needed) and run until :meth:`stop` or ``stop`` is set, then shut down cleanly.
+
+        Raises:
+            FatalError: a sink failed for good (transient errors past the retry
+                policy, a fatal target error, or a bad record with ``stop_on_error``);
+                what was durable was committed first.
+        """
+        if self.consumer is None:
+            self.open()
+        if stop is not None:
+            self._stop = stop
+        if self.config.metrics_port:
+            self.metrics.serve(self.config.metrics_port)
+        try:
+            while not self._stop.is_set() and self._fatal is None:
+                self.step()
+        finally:
+            self._shutdown()
+        if self._fatal is not None:
+            raise FatalError(f"sync service {self.config.name!r} stopped: {self._fatal}") from self._fatal
+
+    def step(self, timeout_s: float = 0.1) -> None:
+        """One turn of the loop (see the module docstring)."""
+        for msg in self.consumer.consume(num_messages=1000, timeout=timeout_s):
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error: %s", err)
+                    if err.fatal():
+                        raise SetupError(f"fatal Kafka consumer error: {err}")
+                continue
+            self._route(msg)
+        self._take_outcomes()
+        self._dispatch()
+        self._update_pauses()
+        self._commit(asynchronous=True)
+        if time.monotonic() - self._last_lag > 5.0:
+            self._update_lag()
+
+    def _route(self, msg: Any) -> None:
+        tp = (msg.topic(), msg.partition())
+        size = message_size(msg)
+        self.metrics.records_in.labels(self.config.name, tp[0]).inc()
+        for slot in self._by_topic.get(tp[0], ()):
+            buf = slot.buffers.get(tp)
+            if buf is None:
+                buf = slot.buffers[tp] = PartitionBuffer(
+                    slot.sink.name, tp[0], tp[1], slot.sink.batch_policy(self.config.batch)
+                )
+            buf.add(msg, size)
+
+    def _submit(self, slot: SinkSlot, job: Any) -> None:
+        slot.inflight += 1
+        job.waiting = False
+        future = slot.pool.submit(slot.writer.run, job)
+        future.add_done_callback(lambda f: self._outcomes.put(f.result()))
+
+    def _dispatch(self, only: set[TP] | None = None, force: bool = False) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            eager = force or slot.memory_paused
+            for tp, buf in slot.buffers.items():
+                if only is not None and tp not in only:
+                    continue
+                job = buf.inflight
+                if job is not None:
+                    if job.waiting and now >= job.not_before and slot.inflight < slot.limiter.limit:
+                        self._submit(slot, job)  # the backpressure delay passed: write it again
+                    continue
+                if not buf.records or slot.inflight >= slot.limiter.limit:
+                    continue
+                if eager or buf.due(now):
+                    self._submit(slot, buf.take())
+
+    def _take_outcomes(self) -> None:
+        while True:
+            try:
+                outcome = self._outcomes.get_nowait()
+            except queue.Empty:
+                return
+            self._apply_outcome(outcome)
+
+    def _slot(self, name: str) -> SinkSlot:
+        return next(s for s in self.slots if s.sink.name == name)
+
+    def _apply_outcome(self, outcome: Outcome) -> None:
+        job = outcome.job
+        slot = self._slot(job.sink)
+        slot.inflight -= 1
+        buf = slot.buffers.get((job.topic, job.partition))
+        if buf is None or buf.inflight is not job:
+            return  # the partition was revoked or lost meanwhile: its new owner writes it again
+        name, sink = self.config.name, slot.sink.name
+        if outcome.status == "done":
+            buf.complete()
+            self.metrics.records_out.labels(name, sink).inc(outcome.applied)
+            self.metrics.batch_latency.labels(name, sink).observe(outcome.elapsed_s)
+            if outcome.newest_timestamp_ms > 0:
+                age = max(0.0, time.time() - outcome.newest_timestamp_ms / 1000.0)
+                self.metrics.freshness.labels(name, sink).set(age)
+            log.info(
+                "sink=%s topic=%s partition=%d offsets=%d-%d records=%d applied=%d dead=%d attempts=%d elapsed_s=%.3f",
+                sink, job.topic, job.partition, job.first_offset, job.last_offset, len(job.raw),
+                outcome.applied, outcome.dead, job.attempts, outcome.elapsed_s,
+            )
+        elif outcome.status == "backpressure":
+            slot.limiter.backpressure()
+            self.metrics.retries.labels(name, sink).inc()
+            job.waiting = True
+            job.not_before = time.monotonic() + outcome.retry_after
+            log.warning("sink=%s topic=%s partition=%d offsets=%d-%d backpressure, pausing its partitions: %s",
+                        sink, job.topic, job.partition, job.first_offset, job.last_offset, outcome.error)
+        else:
+            log.error("sink=%s topic=%s partition=%d offsets=%d-%d failed: %s", sink, job.topic, job.partition,
+                      job.first_offset, job.last_offset, outcome.error)
+            self._fatal = outcome.error
+
+    # -- backpressure -------------------------------------------------------------------------
+
+    def _update_pauses(self) -> None:
+        bound = self.config.buffer_max_bytes // max(1, len(self.slots))
+        want: set[TP] = set()
+        total = 0
+        for slot in self.slots:
+            used = slot.bytes()
+            total += used
+            if used >= bound:
+                slot.memory_paused = True
+            elif used < bound // 2:
+                slot.memory_paused = False
+            backoff = any(b.inflight is not None and b.inflight.waiting for b in slot.buffers.values())
+            for tp, buf in slot.buffers.items():
+                if slot.memory_paused or backoff or (buf.inflight is not None and buf.full()):
+                    want.add(tp)
+        want &= self._assigned
+        self.metrics.buffered_bytes.labels(self.config.name).set(total)
+        pause = want - self._paused
+        resume = (self._paused - want) & self._assigned
+        if pause:
+            self.consumer.pause([TopicPartition(t, p) for t, p in sorted(pause)])
+            log.info("paused partitions=%s buffered_bytes=%d", sorted(pause), total)
+        if resume:
+            self.consumer.resume([TopicPartition(t, p) for t, p in sorted(resume)])
+            log.info("resumed partitions=%s buffered_bytes=%d", sorted(resume), total)
+        self._paused = want
+        self.metrics.paused.labels(self.config.name).set(len(want))
+
+    # -- commits --------------------------------------------------------------------------------
+
+    def _positions(self, tps: set[TP] | None = None) -> dict[TP, int]:
+        """Per partition, the first offset not yet durable in every sink reading it."""
+        out: dict[TP, int] = {}
+        for tp in tps if tps is not None else self._assigned:
+            offsets = []
+            for slot in self._by_topic.get(tp[0], ()):
+                buf = slot.buffers.get(tp)
+                offsets.append(buf.safe_offset() if buf is not None else None)
+            if offsets and all(o is not None for o in offsets):
+                out[tp] = min(offsets)  # type: ignore[type-var]
+        return out
+
+    def _commit(self, asynchronous: bool, tps: set[TP] | None = None) -> None:
+        todo = {tp: pos for tp, pos in self._positions(tps).items() if pos > self._committed.get(tp, -1)}
+        if not todo:
+            return
+        offsets = [TopicPartition(t, p, pos) for (t, p), pos in sorted(todo.items())]
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
+        except KafkaException as exc:
+            log.warning("commit of %s failed (retried at the next turn): %s", sorted(todo.items()), exc)
+            return
+        self._committed.update(todo)
+        log.debug("committed %s", sorted(todo.items()))
+
+    def _update_lag(self) -> None:
+        self._last_lag = time.monotonic()
+        lag: dict[str, int] = {}
+        for tp in list(self._assigned):
+            try:
+                _low, high = self.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            except KafkaException:
+                continue
+            if high is None or high < 0:
+                continue
+            committed = self._committed.get(tp, 0)
+            lag[tp[0]] = lag.get(tp[0], 0) + max(0, high - committed)
+        for topic, value in lag.items():
+            self.metrics.lag.labels(self.config.name, topic).set(value)
+
+    # -- rebalance ------------------------------------------------------------------------------
+
+    def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        tps = {(p.topic, p.partition) for p in partitions}
+        self._assigned |= tps
+        log.info("assigned partitions=%s", sorted(tps))
+
+    def _drain(self, tps: set[TP], timeout_s: float) -> bool:
+        """Flush the buffers of ``tps`` and wait for their writes; ``False`` on timeout or failure."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._fatal is None:
+            self._take_outcomes()
+            self._dispatch(only=tps, force=True)
+            busy = any(
+                (buf.records or buf.inflight is not None)
+                for slot in self.slots for tp, buf in slot.buffers.items() if tp in tps
+            )
+            if not busy:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def _forget(self, tps: set[TP]) -> None:
+        for slot in self.slots:
+            for tp in tps:
+                slot.buffers.pop(tp, None)
+        for tp in tps:
+            self._committed.pop(tp, None)
+        self._assigned -= tps
+        self._paused -= tps
+
+    def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        tps = {(p.topic, p.partition) for p in partitions}
+        drained = self._drain(tps, self.config.revoke_timeout_s)
+        self._commit(asynchronous=False, tps=tps & self._assigned)
+        if not drained:
+            log.warning("revoked partitions=%s before every write finished: the new owner writes them again "
+                        "(harmless, updates are versioned)", sorted(tps))
+        self._forget(tps)
+        log.info("revoked partitions=%s", sorted(tps))
+
+    def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        tps = {(p.topic, p.partition) for p in partitions}
+        log.warning("lost partitions=%s (no commit: another member owns them now)", sorted(tps))
+        self._forget(tps)
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        if self.consumer is None:
+            return
+        try:
+            if self._fatal is None and self._assigned:
+                # stop fetching but keep polling (membership) while the last writes finish
+                self.consumer.pause([TopicPartition(t, p) for t, p in sorted(self._assigned)])
+                deadline = time.monotonic() + self.config.revoke_timeout_s
+                while time.monotonic() < deadline and self._fatal is None:
+                    self._take_outcomes()
+                    self._dispatch(force=True)
+                    if not any(b.records or b.inflight for s in self.slots for b in s.buffers.values()):
+                        break
+                    self.consumer.consume(num_messages=1, timeout=0.05)
+            else:
+                self._wait_inflight(10.0)
+            self._commit(asynchronous=False)
+        except KafkaException as exc:
+            log.warning("final commit failed: %s", exc)
+        finally:
+            try:
+                self.consumer.close()
+            finally:
+                for slot in self.slots:
+                    slot.pool.shutdown(wait=True, cancel_futures=True)
+                    slot.sink.close()
+                if self.producer is not None:
+                    self.producer.flush(10.0)
+                self.consumer = None
+                log.info("sync service=%s stopped, committed=%s", self.config.name, sorted(self._committed.items()))
+
+    def _wait_inflight(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while any(s.inflight for s in self.slots) and time.monotonic() < deadline:
+            try:
+                self._apply_outcome(self._outcomes.get(timeout=0.1))
+            except queue.Empty:
+                continue

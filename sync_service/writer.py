@@ -1,0 +1,242 @@
+"""Run one batch through a sink in a worker thread: decode, write with retries, dead-letter.
+
+The outcome goes back to the runtime's loop (:mod:`sync_service.service`),
+which alone talks to the consumer (pause, resume, commit).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from connectors.config.models import RetryPolicy
+from connectors.dlq import DeadLetter
+from connectors.exceptions import FatalError, RetriableError, SinkBackpressureError, SkippableRecordError
+from connectors.runtime.sink import Sink, SinkBatch, SinkRecord
+from connectors.updates import version_of
+from schemas.serde import split
+from sync_service.batching import Job, message_size
+from sync_service.metrics import SyncMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What became of a job.
+
+    Attributes:
+        job: the job.
+        status: ``"done"``, ``"backpressure"`` (write it again after ``retry_after``)
+            or ``"failed"`` (stop the service).
+        applied: records applied (``done``).
+        dead: records dead-lettered (``done``).
+        elapsed_s: wall time of this attempt, seconds.
+        retry_after: seconds to wait (``backpressure``).
+        error: the error (``backpressure``/``failed``).
+        newest_timestamp_ms: Kafka timestamp of the newest applied record.
+    """
+
+    job: Job
+    status: str
+    applied: int = 0
+    dead: int = 0
+    elapsed_s: float = 0.0
+    retry_after: float = 0.0
+    error: BaseException | None = None
+    newest_timestamp_ms: int = 0
+
+
+def _is_transient(exc: BaseException) -> bool:
+    # backpressure is not retried here: the runtime pauses the partitions and
+    # writes the batch again later, without a bound (quix-streams does the same)
+    return isinstance(exc, RetriableError) and not isinstance(exc, SinkBackpressureError)
+
+
+class BatchWriter:
+    """Decodes and writes jobs of one sink; dead-letters what cannot be applied.
+
+    Args:
+        service: the sync service's name (``dlq.component`` is ``service/sink``).
+        sink: the sink.
+        deserializer: decodes keys and values (``AvroDeserializer``).
+        producer: the dead letter producer (``confluent_kafka.Producer``, thread-safe).
+        dead_letter_topic: where dead letters go.
+        retry: the retry policy for transient errors.
+        metrics: the service's metrics.
+        stop_on_error: raise instead of dead-lettering a bad record.
+    """
+
+    def __init__(
+        self,
+        service: str,
+        sink: Sink,
+        deserializer: Any,
+        producer: Any,
+        dead_letter_topic: str,
+        retry: RetryPolicy,
+        metrics: SyncMetrics,
+        stop_on_error: bool = False,
+    ):
+        self.service = service
+        self.sink = sink
+        self.deserializer = deserializer
+        self.producer = producer
+        self.dead_letter_topic = dead_letter_topic
+        self.retry = retry
+        self.metrics = metrics
+        self.stop_on_error = stop_on_error
+        self.component = f"{service}/{sink.name}"
+
+    # -- decode -------------------------------------------------------------------------------
+
+    def decode(self, job: Job) -> SinkBatch:
+        """Decode the job's messages; undecodable ones join ``job.dead`` (stage ``decode``).
+
+        Returns:
+            The batch of decodable records.
+        """
+        batch = SinkBatch(job.topic, job.partition, job.first_offset, job.last_offset)
+        for msg in job.raw:
+            try:
+                batch.records.append(self.decode_one(msg))
+            except SkippableRecordError as exc:
+                job.dead.append((msg, exc, "decode"))
+        return batch
+
+    def decode_one(self, msg: Any) -> SinkRecord:
+        """Decode one message into a :class:`SinkRecord`.
+
+        Raises:
+            SkippableRecordError: the key or value is not decodable Avro, or the
+                ``version`` header is missing or malformed; the message names the record.
+        """
+        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+        try:
+            version = version_of(msg.headers())
+        except ValueError as exc:
+            raise SkippableRecordError(f"{where}: {exc}") from exc
+        if version is None:
+            raise SkippableRecordError(f"{where}: no 'version' header (update-topic contract, connectors/updates.py)")
+        if msg.key() is None:
+            raise SkippableRecordError(f"{where}: no key (update records are keyed by the target key)")
+        try:
+            key = self.deserializer(msg.key())
+            raw_value = msg.value()
+            value = self.deserializer(raw_value)
+        except SkippableRecordError as exc:
+            raise SkippableRecordError(f"{where}: {exc}") from exc
+        if value is not None and not isinstance(value, dict):
+            raise SkippableRecordError(f"{where}: value is Avro {type(value).__name__}, a record is expected")
+        schema = fp = None
+        if raw_value is not None:
+            fp = split(raw_value)[0]
+            schema = self.deserializer.resolver.get(fp)
+        return SinkRecord(
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            key=key,
+            value=value,
+            version=version,
+            timestamp_ms=msg.timestamp()[1],
+            size_bytes=message_size(msg),
+            value_schema=schema,
+            value_fingerprint=fp,
+        )
+
+    # -- write --------------------------------------------------------------------------------
+
+    def run(self, job: Job) -> Outcome:
+        """Write a job (called in a worker thread); never raises.
+
+        Returns:
+            The outcome for the runtime.
+        """
+        start = time.monotonic()
+        try:
+            if job.decoded is None:
+                job.decoded = self.decode(job)
+            failures = self._write_with_retries(job.decoded, job)
+            by_offset = {m.offset(): m for m in job.raw}
+            for failure in failures:
+                job.dead.append((by_offset[failure.record.offset], failure.error, "write"))
+            if job.dead:
+                if self.stop_on_error:
+                    msg, exc, stage = job.dead[0]
+                    raise FatalError(
+                        f"{msg.topic()}[{msg.partition()}]@{msg.offset()} failed at {stage}: {exc} "
+                        "(stop_on_error is set)"
+                    ) from exc
+                self._dead_letter(job.dead)
+        except SinkBackpressureError as exc:
+            return Outcome(job, "backpressure", retry_after=exc.retry_after, error=exc,
+                           elapsed_s=time.monotonic() - start)
+        except Exception as exc:  # noqa: BLE001 - every other failure stops the service, reported once
+            return Outcome(job, "failed", error=exc, elapsed_s=time.monotonic() - start)
+        applied = len(job.decoded.records) - sum(1 for _m, _e, stage in job.dead if stage == "write")
+        newest = max((r.timestamp_ms for r in job.decoded.records), default=0)
+        return Outcome(job, "done", applied=applied, dead=len(job.dead), elapsed_s=time.monotonic() - start,
+                       newest_timestamp_ms=newest)
+
+    def _write_with_retries(self, batch: SinkBatch, job: Job) -> list[Any]:
+        if not batch.records:
+            return []
+
+        def before_sleep(state: Any) -> None:
+            self.metrics.retries.labels(self.service, self.sink.name).inc()
+            log.warning(
+                "sink=%s topic=%s partition=%d offsets=%d-%d attempt=%d failed, retrying in %.2f s: %s",
+                self.sink.name, batch.topic, batch.partition, batch.first_offset, batch.last_offset,
+                state.attempt_number, state.next_action.sleep if state.next_action else 0.0,
+                state.outcome.exception() if state.outcome else "",
+            )
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self.retry.max_attempts),
+            wait=wait_random_exponential(multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s),
+            retry=retry_if_exception(_is_transient),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                job.attempts += 1
+                if self.sink.splits_requests:
+                    return self.sink.write(batch)
+                with self.sink.limiter.slot(len(batch.records)):
+                    return self.sink.write(batch)
+        return []  # pragma: no cover - Retrying either returns or raises
+
+    # -- dead letters -------------------------------------------------------------------------
+
+    def _dead_letter(self, dead: list[tuple[Any, BaseException, str]]) -> None:
+        """Produce dead letters and wait for the broker's acknowledgement.
+
+        Raises:
+            RetriableError: the broker did not acknowledge them (the batch is not committed).
+        """
+        errors: list[Any] = []
+        for msg, exc, stage in dead:
+            letter = DeadLetter.from_exception(
+                exc, topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
+                stage=stage, component=self.component,
+            )
+            log.error("dead letter: %s[%d]@%d stage=%s %s: %s", msg.topic(), msg.partition(), msg.offset(),
+                      stage, letter.error_class, letter.message)
+            self.producer.produce(
+                self.dead_letter_topic,
+                key=msg.key(),
+                value=msg.value(),
+                headers=letter.headers(msg.headers()),
+                on_delivery=lambda err, _m: errors.append(err) if err else None,
+            )
+        remaining = self.producer.flush(30.0)
+        if remaining or errors:
+            raise RetriableError(f"dead letters not acknowledged by {self.dead_letter_topic!r}: {errors or 'timeout'}")
+        for _msg, _exc, stage in dead:
+            self.metrics.dlq.labels(self.service, stage).inc()
