@@ -1,0 +1,286 @@
+"""SQL column types to Avro types that Spark's ``from_avro`` reads, and position values to JSON.
+
+Public so that the RDS sink can map the other way with the same rules:
+
+============================  ================================================  =========================
+SQL (SQLAlchemy generic type)  Avro                                             Python value written
+============================  ================================================  =========================
+SmallInteger, Integer          ``int`` (``long`` when MySQL ``UNSIGNED``)        int
+BigInteger                     ``long`` (``decimal(20,0)`` when ``UNSIGNED``)    int
+Float / REAL                   ``double`` / ``float``                            float
+Numeric(p, s)                  ``bytes`` + ``decimal(p, s)`` (exact)             Decimal
+Numeric (unbounded)            ``bytes`` + ``decimal(38, 9)`` (see below)        Decimal
+Boolean                        ``boolean``                                       bool
+String, Text, Enum             ``string``                                        str
+Uuid                           ``string`` + ``uuid``                             str
+Date                           ``int`` + ``date``                                date
+Time                           ``long`` + ``time-micros``                        time
+DateTime(timezone=True)        ``long`` + ``timestamp-micros`` (UTC instant)     aware datetime
+DateTime(timezone=False)       ``long`` + ``local-timestamp-micros``             naive datetime
+JSON / JSONB                   ``string`` (the JSON text)                        str
+LargeBinary, BYTEA, BINARY     ``bytes``                                         bytes
+ARRAY of any of these          ``array`` of the nullable item type               list
+============================  ================================================  =========================
+
+A nullable column becomes the union ``["null", T]`` with default ``null``.
+Spark reads ``timestamp-micros`` as ``TimestampType``, ``local-timestamp-micros``
+as ``TimestampNTZType``, ``date`` as ``DateType`` and ``decimal`` as
+``DecimalType(p, s)`` (Spark's ``from_avro`` documentation, "Supported types").
+An unbounded ``numeric`` has no scale to declare: it is written as
+``decimal(38, 9)``, and a value with more than 9 fractional digits (or NaN) is
+an encoding error naming its column, never a rounded number. Any other type is
+refused with an error naming the column; cast it in a ``mode: query`` SELECT.
+
+Avro names allow ``[A-Za-z_][A-Za-z0-9_]*`` only (Avro specification, "Names"):
+a column such as ``unit price`` is the field ``unit_price``, and the original
+name is kept in the field's ``"sql.column"`` property.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+import re
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import types as sqltypes
+
+from connectors.exceptions import FatalError
+
+UNBOUNDED_DECIMAL = (38, 9)
+"""``(precision, scale)`` of an unbounded ``numeric`` column (38 is Spark's largest precision)."""
+
+_AVRO_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Converter = Callable[[Any], Any]
+
+
+def avro_name(name: str) -> str:
+    """Turn any SQL identifier into a valid Avro name.
+
+    Args:
+        name: a table or column name (may hold spaces, quotes, ``;``...).
+
+    Returns:
+        ``name`` itself when valid, else invalid characters replaced by ``_``
+        and a leading ``_`` when it starts with a digit.
+    """
+    if _AVRO_NAME.match(name):
+        return name
+    out = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return out if out and not out[0].isdigit() else f"_{out}"
+
+
+def _json_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _to_bytes(value: Any) -> bytes:
+    return bytes(value)
+
+
+def _naive(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo is None else value.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    # a naive value in a "with time zone" column (SQLite, MySQL) is taken as UTC
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+def avro_type_for_sql(sql_type: sqltypes.TypeEngine, where: str = "column") -> tuple[Any, Converter | None]:
+    """Map one SQL type to its Avro type and the converter of its Python values.
+
+    Args:
+        sql_type: a reflected or declared SQLAlchemy type.
+        where: names the column in the error (``column "amount" of table "t"``).
+
+    Returns:
+        ``(avro_type, converter)``: a non-null Avro type (dict or primitive name)
+        and a function applied to non-null values before encoding, or ``None``
+        when the driver's value is written as is.
+
+    Raises:
+        FatalError: a type without an Avro mapping (cast it in a custom query).
+    """
+    t = sql_type
+    if isinstance(t, sqltypes.ARRAY):
+        item, item_conv = avro_type_for_sql(t.item_type, where)
+        conv = (lambda v: [None if x is None else item_conv(x) for x in v]) if item_conv else list
+        return {"type": "array", "items": ["null", item]}, conv
+    if isinstance(t, sqltypes.Boolean):
+        return "boolean", None
+    if isinstance(t, sqltypes.BigInteger):
+        if getattr(t, "unsigned", False):
+            return {"type": "bytes", "logicalType": "decimal", "precision": 20, "scale": 0}, decimal.Decimal
+        return "long", None
+    if isinstance(t, sqltypes.Integer):
+        return ("long" if getattr(t, "unsigned", False) else "int"), None
+    if isinstance(t, sqltypes.Float):
+        is_single = type(t).__name__.upper() in ("REAL", "FLOAT4") or getattr(t, "precision", None) in range(1, 25)
+        return ("float" if is_single else "double"), None
+    if isinstance(t, sqltypes.Numeric):
+        precision, scale = t.precision, t.scale
+        if precision is None:
+            precision, scale = UNBOUNDED_DECIMAL
+        return {
+            "type": "bytes",
+            "logicalType": "decimal",
+            "precision": int(precision),
+            "scale": int(scale or 0),
+        }, None
+    if isinstance(t, sqltypes.DateTime):
+        if t.timezone:
+            return {"type": "long", "logicalType": "timestamp-micros"}, _aware
+        return {"type": "long", "logicalType": "local-timestamp-micros"}, _naive
+    if isinstance(t, sqltypes.Date):
+        return {"type": "int", "logicalType": "date"}, None
+    if isinstance(t, sqltypes.Time):
+        return {"type": "long", "logicalType": "time-micros"}, None
+    if isinstance(t, sqltypes.JSON):
+        return "string", _json_text
+    if isinstance(t, sqltypes.Uuid):
+        return {"type": "string", "logicalType": "uuid"}, str
+    if isinstance(t, (sqltypes.String, sqltypes.Enum)):
+        return "string", None
+    if isinstance(t, sqltypes._Binary):
+        return "bytes", _to_bytes
+    raise FatalError(
+        f"{where} has SQL type {t!r}, which has no Avro mapping; "
+        "select it cast to a supported type in a `mode: query` source"
+    )
+
+
+def avro_record_schema(
+    name: str,
+    columns: Iterable[tuple[str, sqltypes.TypeEngine, bool]],
+    *,
+    namespace: str = "threes.rds",
+    where: str = "table",
+    doc: str | None = None,
+) -> tuple[dict[str, Any], list[tuple[str, Converter]]]:
+    """Build an Avro record schema from columns.
+
+    Args:
+        name: the record name (made a valid Avro name).
+        columns: ``(column name, SQL type, nullable)`` in the order wanted.
+        namespace: Avro namespace of the record.
+        where: names the table in errors (``table "public.t"``).
+        doc: the record's ``doc``.
+
+    Returns:
+        ``(schema, converters)``: the schema (a dict, fields in column order,
+        each with ``"sql.column"`` = the original name) and ``(field name,
+        converter)`` for the fields whose values need converting.
+
+    Raises:
+        FatalError: a column type has no mapping, or two columns map to the same Avro name.
+    """
+    fields: list[dict[str, Any]] = []
+    converters: list[tuple[str, Converter]] = []
+    seen: dict[str, str] = {}
+    for col, sql_type, nullable in columns:
+        field_name = avro_name(col)
+        if field_name in seen:
+            raise FatalError(
+                f"{where}: columns {seen[field_name]!r} and {col!r} both become the Avro field "
+                f"{field_name!r}; rename one with a `mode: query` SELECT ... AS"
+            )
+        seen[field_name] = col
+        avro_type, conv = avro_type_for_sql(sql_type, f'column "{col}" of {where}')
+        f: dict[str, Any] = {"name": field_name, "type": ["null", avro_type] if nullable else avro_type}
+        if nullable:
+            f["default"] = None
+        f["sql.column"] = col
+        fields.append(f)
+        if conv is not None:
+            converters.append((field_name, conv))
+    schema: dict[str, Any] = {"type": "record", "name": avro_name(name), "namespace": namespace, "fields": fields}
+    if doc:
+        schema["doc"] = doc
+    return schema, converters
+
+
+def converters_for_schema(schema: dict[str, Any]) -> list[tuple[str, Converter]]:
+    """Converters for rows of a custom query checked against a given Avro schema.
+
+    Drivers return ``dict`` for JSON, ``memoryview`` for bytes...; this turns them
+    into what the field's Avro type takes (JSON text for strings, bytes).
+
+    Returns:
+        ``(field name, converter)`` for string and bytes fields.
+    """
+    out: list[tuple[str, Converter]] = []
+    for f in schema.get("fields", []):
+        types = f["type"] if isinstance(f["type"], list) else [f["type"]]
+        prims = [t if isinstance(t, str) else t.get("type") for t in types if t != "null"]
+        if prims == ["string"]:
+            out.append((f["name"], _json_text))
+        elif prims == ["bytes"] and not any(isinstance(t, dict) and t.get("logicalType") for t in types):
+            out.append((f["name"], _to_bytes))
+    return out
+
+
+def make_row_converter(
+    names: Sequence[str], converters: Sequence[tuple[str, Converter]]
+) -> Callable[[Sequence[Any]], dict[str, Any]]:
+    """A fast function from a DB row (a sequence in ``names`` order) to the Avro value dict."""
+    names = tuple(names)
+    if not converters:
+        return lambda row: dict(zip(names, row, strict=True))
+    conv = tuple(converters)
+
+    def convert(row: Sequence[Any]) -> dict[str, Any]:
+        d = dict(zip(names, row, strict=True))
+        for name, fn in conv:
+            v = d[name]
+            if v is not None:
+                d[name] = fn(v)
+        return d
+
+    return convert
+
+
+# -- positions: values of key / timestamp columns as JSON ---------------------------------------------
+
+
+def to_json_value(value: Any) -> Any:
+    """Encode a column value for a position (tagged, so it reads back as the same type)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dt.datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, dt.time):
+        return {"$time": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, uuid.UUID):
+        return {"$uuid": str(value)}
+    if isinstance(value, (bytes, memoryview)):
+        return {"$bytes": base64.b64encode(bytes(value)).decode()}
+    return {"$str": str(value)}
+
+
+def from_json_value(value: Any) -> Any:
+    """Decode what :func:`to_json_value` wrote."""
+    if not isinstance(value, dict) or len(value) != 1:
+        return value
+    (tag, text), = value.items()
+    decoders: dict[str, Callable[[str], Any]] = {
+        "$datetime": dt.datetime.fromisoformat,
+        "$date": dt.date.fromisoformat,
+        "$time": dt.time.fromisoformat,
+        "$decimal": decimal.Decimal,
+        "$uuid": uuid.UUID,
+        "$bytes": base64.b64decode,
+        "$str": str,
+    }
+    return decoders[tag](text) if tag in decoders else value

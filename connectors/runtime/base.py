@@ -1,0 +1,191 @@
+"""What a source connector author writes: a :class:`SourceTask` that yields :class:`SourceBatch` es.
+
+The model is Kafka Connect's ``SourceTask`` (``poll()`` returns records that
+each carry a *source offset*; the worker produces them and stores the offsets
+once the broker acknowledged them), with three Python-shaped changes:
+
+* ``poll()`` is a generator of batches for one polling cycle; the cycle ends
+  when the task has caught up with its system, and the worker sleeps
+  ``poll_interval_s`` before the next one. The position travels with the batch,
+  not with each record, so the hot loop stays cheap.
+* Records are plain ``(key, value)`` pairs of dicts (Avro records). ``value``
+  ``None`` is a tombstone. A key may also be ``bytes`` already encoded (the
+  tombstones that reconciliation finds in the state topic).
+* Deletes without change data capture: :meth:`SourceTask.reconcile` receives the
+  live keys of the state topic and yields tombstones for the keys whose entity
+  vanished (and may re-emit entities the topic lacks).
+
+A connector author never touches the producer, the offsets topic or the
+schema store: the worker (:mod:`connectors.runtime.worker`) owns them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from connectors.config.models import KafkaConfig, SourceConnectorConfig
+
+Key = Mapping[str, Any] | bytes
+Value = Mapping[str, Any] | None
+SourceRecord = tuple[Key, Value]
+"""``(key, value)``: key an Avro record as a dict (or encoded key bytes), value a dict or ``None`` (tombstone)."""
+
+
+@dataclass
+class SourceBatch:
+    """Records of one poll step and the source position right after them.
+
+    Attributes:
+        records: ``(key, value)`` pairs, in the order they must reach the topic.
+        position: the JSON-serializable source position once every record of
+            this batch (and of every batch before it) is acknowledged, or
+            ``None`` when this batch does not move the position (tombstones of
+            a reconciliation, for example).
+        headers: Kafka headers put on every record of the batch (the S3 source
+            names the object a row came from); ``None`` for none.
+        rows_read: rows read from the system for this batch, for progress and
+            metrics (may exceed ``len(records)`` when rows were skipped on purpose).
+    """
+
+    records: list[SourceRecord]
+    position: dict[str, Any] | None
+    headers: list[tuple[str, bytes]] | None = None
+    rows_read: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rows_read is None:
+            self.rows_read = len(self.records)
+
+
+@dataclass(frozen=True)
+class SourceSchemas:
+    """The Avro schemas a task writes: registered once in the schema store by the worker.
+
+    Attributes:
+        key: Avro record schema of the entity key (composite keys are several fields).
+        value: Avro record schema of the entity.
+    """
+
+    key: dict[str, Any]
+    value: dict[str, Any]
+
+
+@dataclass
+class TopicState:
+    """The live keys of a state topic, read to its end offsets by the worker for reconciliation.
+
+    Attributes:
+        live: encoded key bytes -> the value of the record's ``source_header``
+            header (``None`` when absent) for every key whose latest record is
+            not a tombstone.
+        encode_key: turns a key dict into the exact bytes the worker writes,
+            so a task compares keys as bytes, the way compaction does.
+    """
+
+    live: dict[bytes, str | None]
+    encode_key: Callable[[Mapping[str, Any]], bytes]
+    end_offsets: dict[int, int] = field(default_factory=dict)
+
+
+class SourceTask(ABC):
+    """Base of every source connector (``{Technology}Source``).
+
+    Subclasses set ``source_header`` when they tag records with where they came
+    from, implement :meth:`open`, :meth:`poll` and usually :meth:`reconcile`,
+    and translate transient failures of their system into
+    :class:`~connectors.exceptions.RetriableError` (the worker retries the cycle
+    with backoff) and permanent ones into :class:`~connectors.exceptions.FatalError`.
+
+    Args:
+        config: the connector's validated config model.
+        connection: the validated connection the config names.
+        kafka: the pipeline's Kafka config (read-only; the worker owns the clients).
+        task_id: this task's index, ``0 <= task_id < task_count``.
+        task_count: how many tasks the connector was split into.
+    """
+
+    source_header: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        config: SourceConnectorConfig,
+        connection: Any,
+        *,
+        kafka: KafkaConfig | None = None,
+        task_id: int = 0,
+        task_count: int = 1,
+    ):
+        self.config = config
+        self.connection = connection
+        self.kafka = kafka
+        self.task_id = task_id
+        self.task_count = task_count
+
+    @classmethod
+    def task_count_for(cls, config: SourceConnectorConfig) -> int:
+        """How many tasks this connector runs as (Kafka Connect's ``tasks.max``); 1 unless overridden."""
+        return 1
+
+    @property
+    def name(self) -> str:
+        """The connector's name from config."""
+        return self.config.name
+
+    @abstractmethod
+    def open(self, position: Mapping[str, Any] | None) -> SourceSchemas:
+        """Connect, check the source exists, and resume from ``position``.
+
+        Args:
+            position: the last position the worker stored for this task, or
+                ``None`` to start with a full snapshot.
+
+        Returns:
+            The key and value schemas of the records this task will yield.
+
+        Raises:
+            SetupError: the system cannot be reached.
+            ConfigError: the table/index/bucket does not fit the config.
+        """
+
+    @abstractmethod
+    def poll(self) -> Iterator[SourceBatch]:
+        """Yield batches until caught up with the system (one polling cycle).
+
+        Raises:
+            RetriableError: a transient failure; the worker retries the cycle and
+                the task resumes from its in-memory position.
+            FatalError: the task cannot go on.
+        """
+
+    def reconcile(self, state: TopicState) -> Iterator[SourceBatch]:
+        """Yield tombstones for keys live in the topic whose entity no longer exists.
+
+        The default yields nothing (a source without deletes).
+
+        Args:
+            state: live keys of the state topic, read after every record
+                produced so far was acknowledged.
+        """
+        return iter(())
+
+    def wants_reconcile(self) -> bool:
+        """Whether the last cycle found something only a reconciliation can settle.
+
+        The worker asks after every cycle, besides reconciling every
+        ``reconcile_interval_s``: a finished bulk snapshot, a changed S3 object.
+        """
+        return False
+
+    def describe_field(self, field: str) -> str:
+        """Name a value field for an error message (the RDS source says ``column "amount"``)."""
+        return f"field {field!r}"
+
+    def describe_key(self, key: Key) -> str:
+        """Name a record for an error message, e.g. ``table "t" key {'id': 5}``."""
+        return f"key {dict(key) if isinstance(key, Mapping) else key!r}"
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; called once, also after a failure."""

@@ -1,0 +1,158 @@
+"""Run the source tasks of a pipeline in this process, one thread per task.
+
+:class:`SourceWorker` starts and stops :class:`~connectors.runtime.worker.TaskRunner`
+threads. ``threes source run`` uses it directly (standalone mode: every task of
+the file) or through :mod:`connectors.runtime.distributed`, which lets Kafka's
+consumer group protocol decide which worker runs which task.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from connectors.config.models import SourceConnectorConfig
+from connectors.config.pipeline import PipelineBase
+from connectors.exceptions import ConfigError
+from connectors.registry import load_implementation
+from connectors.runtime.offsets import OFFSETS_TOPIC, OffsetStore, offsets_key
+from connectors.runtime.worker import RunnerStats, TaskRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of one connector.
+
+    Attributes:
+        config: the connector config.
+        task_id: task index.
+        task_count: tasks of the connector.
+    """
+
+    config: SourceConnectorConfig
+    task_id: int
+    task_count: int
+
+    @property
+    def key(self) -> str:
+        """The task's offsets key (connector name, ``name#i`` when split)."""
+        return offsets_key(self.config.name, self.task_id, self.task_count)
+
+
+def select_sources(pipeline: PipelineBase, names: Iterable[str] | None = None) -> list[SourceConnectorConfig]:
+    """The source configs of a pipeline, optionally only those named.
+
+    Raises:
+        ConfigError: a name is not a source of the pipeline.
+    """
+    sources = list(getattr(pipeline, "sources", []))
+    if not names:
+        return sources
+    wanted = list(names)
+    known = {s.name for s in sources}
+    missing = [n for n in wanted if n not in known]
+    if missing:
+        raise ConfigError(f"no source named {', '.join(map(repr, missing))} (have: {sorted(known)})")
+    return [s for s in sources if s.name in wanted]
+
+
+def task_specs(sources: Iterable[SourceConnectorConfig]) -> list[TaskSpec]:
+    """Split each connector into its tasks (``task_count_for`` of its implementation), sorted by key."""
+    specs: list[TaskSpec] = []
+    for cfg in sources:
+        count = max(1, int(load_implementation(cfg).task_count_for(cfg)))
+        specs.extend(TaskSpec(cfg, i, count) for i in range(count))
+    return sorted(specs, key=lambda s: s.key)
+
+
+class SourceWorker:
+    """Runs source tasks in threads of this process.
+
+    Args:
+        pipeline: the validated pipeline (Kafka config and connections).
+        offsets_topic: the compacted offsets topic.
+        offset_flush_interval_s: how often each task writes its position, seconds.
+        producer_overrides: librdkafka producer properties (``.`` as ``_``), e.g. ``linger_ms``.
+    """
+
+    def __init__(
+        self,
+        pipeline: PipelineBase,
+        *,
+        offsets_topic: str = OFFSETS_TOPIC,
+        offset_flush_interval_s: float = 1.0,
+        producer_overrides: Mapping[str, Any] | None = None,
+    ):
+        from schemas.store import SchemaStore
+
+        self.pipeline = pipeline
+        kconf = pipeline.kafka.librdkafka_config()
+        self.offsets = OffsetStore(kconf, offsets_topic, timeout_s=max(30.0, pipeline.kafka.request_timeout_s))
+        self.schema_store = SchemaStore(kconf, pipeline.kafka.schema_topic)
+        self.offset_flush_interval_s = offset_flush_interval_s
+        self.producer_overrides = dict(producer_overrides or {})
+        self.runners: dict[str, TaskRunner] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._stops: dict[str, threading.Event] = {}
+        self.finished: dict[str, RunnerStats] = {}
+
+    def start(self, spec: TaskSpec, once: bool = False) -> TaskRunner:
+        """Start one task in a new thread (no-op if it already runs here)."""
+        if spec.key in self._threads and self._threads[spec.key].is_alive():
+            return self.runners[spec.key]
+        runner = TaskRunner(
+            spec.config,
+            self.pipeline.connection(spec.config.connection),
+            kafka=self.pipeline.kafka,
+            offsets=self.offsets,
+            schema_store=self.schema_store,
+            task_id=spec.task_id,
+            task_count=spec.task_count,
+            offset_flush_interval_s=self.offset_flush_interval_s,
+            producer_overrides=self.producer_overrides,
+        )
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._run_one, args=(spec.key, runner, stop, once), name=f"source-{spec.key}", daemon=True
+        )
+        self.runners[spec.key] = runner
+        self._stops[spec.key] = stop
+        self._threads[spec.key] = thread
+        thread.start()
+        log.info("started source task=%s", spec.key)
+        return runner
+
+    def _run_one(self, key: str, runner: TaskRunner, stop: threading.Event, once: bool) -> None:
+        self.finished[key] = runner.run(stop, once)
+
+    def stop(self, keys: Iterable[str] | None = None, timeout_s: float | None = 120.0) -> None:
+        """Stop tasks (all when ``keys`` is ``None``) and wait until they stored their positions."""
+        chosen = list(self._threads) if keys is None else [k for k in keys if k in self._threads]
+        for key in chosen:
+            self._stops[key].set()
+        for key in chosen:
+            self._threads[key].join(timeout_s)
+            if self._threads[key].is_alive():
+                log.error("source task=%s did not stop within %s s", key, timeout_s)
+            else:
+                del self._threads[key]
+                del self._stops[key]
+
+    def running(self) -> list[str]:
+        """Keys of the tasks whose thread is alive."""
+        return [k for k, t in self._threads.items() if t.is_alive()]
+
+    def wait(self, stop: threading.Event, poll_s: float = 0.5) -> None:
+        """Block until every task ended or ``stop`` is set (then stop them all)."""
+        while self.running() and not stop.wait(poll_s):
+            pass
+        self.stop()
+
+    def stats(self) -> dict[str, RunnerStats]:
+        """Live stats of every task started here."""
+        return {k: r.stats for k, r in self.runners.items()}

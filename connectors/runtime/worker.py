@@ -1,0 +1,366 @@
+"""The source worker: runs source tasks, produces their records, stores their positions.
+
+One :class:`TaskRunner` per task, each in its own thread with its own
+idempotent producer (``acks=all``), so acknowledgements of one task never wait
+on another. The runner owns everything a connector author must not touch
+(Kafka Connect's ``WorkerSourceTask``):
+
+* the state topic, created compacted (an existing non-compacted one is refused);
+* the Avro serializers, with writer schemas registered in the schema store;
+* the produce loop: a full local queue (``BufferError``) is waited out by
+  serving delivery reports, never dropped;
+* positions: a batch's position is written to the offsets topic only once it
+  and every batch before it are acknowledged (:class:`PositionTracker`), at
+  most every ``offset_flush_interval_s`` and on stop;
+* retries of transient failures (tenacity, jittered exponential backoff) and
+  key-set reconciliation on the connector's schedule.
+
+A record that cannot be encoded stops its task with an error naming the
+connector, the record's key and the field: it is neither skipped nor is the
+position moved past it. Other tasks go on.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import fastavro
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from connectors import clients
+from connectors.config.models import KafkaConfig, RetryPolicy, SourceConnectorConfig
+from connectors.exceptions import FatalError, RetriableError, ThreesError
+from connectors.registry import load_implementation
+from connectors.runtime import metrics
+from connectors.runtime.base import SourceBatch, SourceTask, TopicState
+from connectors.runtime.offsets import OffsetStore, PositionTracker, offsets_key, require_position_shape
+from connectors.runtime.state import live_keys
+from connectors.topics import ensure_compacted_topic
+from schemas.exceptions import SerdeError
+from schemas.serde import AvroSerializer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunnerStats:
+    """Progress of one task, read by the CLI's progress bar (plain ints: torn reads are harmless).
+
+    Attributes:
+        rows_read: rows/documents read from the system.
+        produced: records handed to the producer.
+        acked: records acknowledged by the broker.
+        tombstones: tombstones produced.
+        commits: positions written to the offsets topic.
+        state: ``starting``, ``running``, ``caught_up``, ``stopped`` or ``failed``.
+        error: the error that stopped the task, if any.
+        position: the last position written.
+        cycles: completed polling cycles.
+    """
+
+    rows_read: int = 0
+    produced: int = 0
+    acked: int = 0
+    tombstones: int = 0
+    commits: int = 0
+    state: str = "starting"
+    error: str | None = None
+    position: dict[str, Any] | None = None
+    cycles: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def bad_fields(schema: Mapping[str, Any], record: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Find the fields of ``record`` that do not encode with their Avro field schema.
+
+    fastavro names the field of some errors and not others; writing each field
+    alone names it every time.
+
+    Args:
+        schema: the (unparsed) Avro record schema.
+        record: the value that failed to encode.
+
+    Returns:
+        ``(field name, error message)`` per failing field, in schema order.
+    """
+    found: list[tuple[str, str]] = []
+    for f in schema.get("fields", []):
+        probe = {"type": "record", "name": "probe", "fields": [f]}
+        try:
+            buf = io.BytesIO()
+            fastavro.schemaless_writer(buf, fastavro.parse_schema(probe), {f["name"]: record.get(f["name"])})
+        except Exception as exc:  # noqa: BLE001 - any encoding failure is what we look for
+            found.append((f["name"], str(exc)))
+    return found
+
+
+class TaskRunner:
+    """Run one source task until stopped (or caught up, with ``once``).
+
+    Args:
+        config: the connector config.
+        connection: the connection it names.
+        kafka: the pipeline's Kafka config.
+        offsets: the offsets store.
+        schema_store: where writer schemas are registered (``SchemaStore``).
+        task_id: task index.
+        task_count: tasks of this connector.
+        retry: backoff of transient failures (attempts per failure streak).
+        offset_flush_interval_s: how often positions are written, seconds (Kafka
+            Connect's ``offset.flush.interval.ms``).
+        producer_overrides: librdkafka properties for the producer (``.`` as ``_``).
+    """
+
+    def __init__(
+        self,
+        config: SourceConnectorConfig,
+        connection: Any,
+        *,
+        kafka: KafkaConfig,
+        offsets: OffsetStore,
+        schema_store: Any,
+        task_id: int = 0,
+        task_count: int = 1,
+        retry: RetryPolicy | None = None,
+        offset_flush_interval_s: float = 1.0,
+        producer_overrides: Mapping[str, Any] | None = None,
+    ):
+        self.config = config
+        self.kafka = kafka
+        self.offsets = offsets
+        self.schema_store = schema_store
+        self.key = offsets_key(config.name, task_id, task_count)
+        self.task_id = task_id
+        self.task_count = task_count
+        self.retry = retry or RetryPolicy()
+        self.offset_flush_interval_s = offset_flush_interval_s
+        self.producer_overrides = dict(producer_overrides or {})
+        impl = load_implementation(config)
+        self.task: SourceTask = impl(config, connection, kafka=kafka, task_id=task_id, task_count=task_count)
+        self.stats = RunnerStats()
+        self._tracker = PositionTracker()
+        self._producer: Any = None
+        self._written: dict[str, Any] | None = None
+        self._last_write = 0.0
+        self._reconcile_every: float | None = getattr(config, "reconcile_interval_s", None)
+        self._label = config.name
+
+    # -- public ---------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, once: bool = False) -> RunnerStats:
+        """Run the task; returns when ``stop`` is set, when caught up (``once``), or on a fatal error.
+
+        The error of a failed task is in ``stats.error`` (and logged); it is not raised,
+        so one failed task does not stop the others.
+        """
+        try:
+            self._run(stop, once)
+            self.stats.state = "stopped" if not once or stop.is_set() else "caught_up"
+        except (ThreesError, Exception) as exc:  # noqa: BLE001 - a task failure must not kill the worker
+            self.stats.state = "failed"
+            self.stats.error = str(exc)
+            metrics.ERRORS.labels(self._label, "fatal").inc()
+            log.error("source=%s task=%d failed: %s", self._label, self.task_id, exc, exc_info=not isinstance(
+                exc, ThreesError))
+        finally:
+            self._shutdown()
+        return self.stats
+
+    # -- loop -----------------------------------------------------------------------------------------
+
+    def _run(self, stop: threading.Event, once: bool) -> None:
+        cfg = self.config
+        kconf = self.kafka.librdkafka_config()
+        spec = cfg.topic_spec
+        ensure_compacted_topic(
+            kconf, cfg.topic, partitions=spec.partitions, replication_factor=spec.replication_factor,
+            configs=spec.configs, timeout_s=self.kafka.request_timeout_s,
+        )
+        position = require_position_shape(self.offsets.load(self.key), f"source {cfg.name!r}")
+        self._written = position
+        self.stats.position = position
+        log.info("source=%s task=%d topic=%s resuming from position=%s", cfg.name, self.task_id, cfg.topic,
+                 position if position is not None else "none (snapshot)")
+        schemas = self._retrying(stop, lambda: self.task.open(position))
+        self._value_schema = schemas.value
+        self.key_ser = AvroSerializer(schemas.key, self.schema_store)
+        self.value_ser = AvroSerializer(schemas.value, self.schema_store)
+        self._producer = clients.kafka_producer(self.kafka, **self.producer_overrides)
+        self.stats.state = "running"
+        last_reconcile: float | None = None
+        while not stop.is_set():
+            started = time.monotonic()
+            complete = self._retrying(stop, lambda: self._cycle(stop))
+            if not complete:
+                break
+            self.stats.cycles += 1
+            metrics.CYCLE_SECONDS.labels(self._label).observe(time.monotonic() - started)
+            due = self._reconcile_every is not None and (
+                last_reconcile is None or time.monotonic() - last_reconcile >= self._reconcile_every
+            )
+            if due or self.task.wants_reconcile():
+                self._retrying(stop, self._reconcile)
+                last_reconcile = time.monotonic()
+            if once:
+                break
+            self.stats.state = "caught_up"
+            self._idle(stop, cfg.poll_interval_s)
+            self.stats.state = "running"
+
+    def _retrying(self, stop: threading.Event, fn: Callable[[], Any]) -> Any:
+        policy = self.retry
+
+        def before_sleep(state: Any) -> None:
+            metrics.ERRORS.labels(self._label, "retriable").inc()
+            log.warning("source=%s transient failure (attempt %d of %d), retrying: %s", self._label,
+                        state.attempt_number, policy.max_attempts, state.outcome.exception())
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(RetriableError),
+            stop=stop_after_attempt(policy.max_attempts),
+            wait=wait_random_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s),
+            sleep=lambda s: stop.wait(s),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        return retrying(fn)
+
+    def _cycle(self, stop: threading.Event) -> bool:
+        """One polling cycle; ``False`` when interrupted by ``stop``."""
+        for batch in self.task.poll():
+            self._send(batch)
+            if stop.is_set():
+                return False
+        return True
+
+    def _reconcile(self) -> None:
+        self._drain()
+        live, ends = live_keys(
+            self.kafka.librdkafka_config(), self.config.topic, self.task.source_header, self.kafka.request_timeout_s
+        )
+        state = TopicState(live=live, encode_key=self.key_ser, end_offsets=ends)
+        before = self.stats.tombstones
+        for batch in self.task.reconcile(state):
+            self._send(batch)
+        log.info("source=%s reconciled topic=%s live_keys=%d tombstones=%d", self._label, self.config.topic,
+                 len(live), self.stats.tombstones - before)
+
+    def _idle(self, stop: threading.Event, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._producer.poll(min(0.2, remaining))
+            self._commit()
+
+    # -- produce --------------------------------------------------------------------------------------
+
+    def _send(self, batch: SourceBatch) -> None:
+        records = batch.records
+        pending = self._tracker.add(len(records), batch.position, f"source {self._label!r} topic {self.config.topic!r}")
+        on_delivery = pending.ack
+        produce = self._producer.produce
+        topic = self.config.topic
+        headers = batch.headers
+        key_ser, value_ser = self.key_ser, self.value_ser
+        tombstones = 0
+        for key, value in records:
+            try:
+                kb = key if key.__class__ is bytes else key_ser(key)
+                if value is None:
+                    vb = None
+                    tombstones += 1
+                else:
+                    vb = value_ser(value)
+            except SerdeError as exc:
+                raise self._encode_error(key, value, exc) from exc
+            try:
+                produce(topic, vb, kb, on_delivery=on_delivery, headers=headers)
+            except BufferError:
+                # the local queue is full: serve delivery reports until there is room; never drop
+                while True:
+                    self._producer.poll(0.05)
+                    try:
+                        produce(topic, vb, kb, on_delivery=on_delivery, headers=headers)
+                        break
+                    except BufferError:
+                        continue
+        n = len(records)
+        self.stats.rows_read += batch.rows_read or 0
+        self.stats.produced += n
+        self.stats.tombstones += tombstones
+        metrics.RECORDS_READ.labels(self._label).inc(batch.rows_read or 0)
+        if tombstones:
+            metrics.TOMBSTONES.labels(self._label).inc(tombstones)
+        self._producer.poll(0)
+        self._commit()
+
+    def _encode_error(self, key: Any, value: Any, exc: Exception) -> FatalError:
+        where = f"source {self._label!r} (topic {self.config.topic!r}) {self.task.describe_key(key)}"
+        if value is not None:
+            fields = bad_fields(self._value_schema, value)
+            if fields:
+                parts = "; ".join(f"{self.task.describe_field(f)}: {msg}" for f, msg in fields)
+                return FatalError(f"{where}: value cannot be encoded as Avro: {parts}")
+        return FatalError(f"{where}: record cannot be encoded as Avro: {exc}")
+
+    def _commit(self, force: bool = False) -> None:
+        """Write the newest acknowledged position (at most every flush interval unless forced)."""
+        _moved, acked = self._tracker.advance()
+        if acked:
+            self.stats.acked += acked
+            metrics.RECORDS_ACKED.labels(self._label).inc(acked)
+        metrics.IN_FLIGHT.labels(self._label).set(self.stats.produced - self.stats.acked)
+        position = self._tracker.committable
+        if position is None or position is self._written:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_write < self.offset_flush_interval_s:
+            return
+        value = self.offsets.encode(self.key, self.config.name, self.task_id, self.config.topic, position)
+        self._producer.produce(self.offsets.topic, value, self.key.encode())
+        self._written = position
+        self._last_write = now
+        self.stats.position = position
+        self.stats.commits += 1
+        metrics.POSITION_COMMITS.labels(self._label).inc()
+        log.debug("source=%s position=%s", self._label, position)
+
+    def _drain(self, timeout_s: float | None = None) -> None:
+        """Wait until every produced record is acknowledged (or failed), committing as acks arrive."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._tracker.in_flight > 0:
+            if deadline is not None and time.monotonic() > deadline:
+                raise RetriableError(f"source {self._label!r}: {self._tracker.in_flight} records not acknowledged "
+                                     f"within {timeout_s} s")
+            self._producer.poll(0.1)
+            if self._tracker.first_error():
+                break
+        self._commit()
+
+    def _shutdown(self) -> None:
+        try:
+            if self._producer is not None:
+                try:
+                    self._drain(timeout_s=60.0)
+                    self._commit(force=True)
+                except ThreesError as exc:
+                    # a failed delivery: positions stay before it (records replay on restart)
+                    log.error("source=%s on stop: %s", self._label, exc)
+                remaining = self._producer.flush(30.0)
+                if remaining:
+                    log.error("source=%s on stop: %d records/positions not acknowledged", self._label, remaining)
+                log.info("source=%s stopped rows_read=%d acked=%d tombstones=%d position=%s", self._label,
+                         self.stats.rows_read, self.stats.acked, self.stats.tombstones, self.stats.position)
+        finally:
+            try:
+                self.task.close()
+            except Exception as exc:  # noqa: BLE001 - closing must not hide the real error
+                log.warning("source=%s close failed: %s", self._label, exc)
