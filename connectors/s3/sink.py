@@ -225,8 +225,8 @@ class S3Sink(Sink):
         """``HeadBucket``.
 
         Raises:
-            SetupError: S3 does not answer.
-            FatalError: the bucket does not exist or is not ours.
+            SetupError: S3 does not answer or refuses our credentials.
+            FatalError: the bucket does not exist.
         """
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -234,7 +234,10 @@ class S3Sink(Sink):
         try:
             client.head_bucket(Bucket=self.config.bucket)
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("403", *_FATAL_CODES - {"NoSuchBucket"}):
+                raise SetupError(f"sink {self.name!r}: S3 refused our credentials for bucket "
+                                 f"{self.config.bucket!r} ({code})", "check the connection's keys") from exc
             raise FatalError(f"sink {self.name!r}: bucket {self.config.bucket!r} not usable ({code})") from exc
         except BotoCoreError as exc:
             raise SetupError(f"sink {self.name!r}: S3 {self.connection.endpoint_url or 'AWS'} did not answer: "

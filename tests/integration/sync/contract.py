@@ -1,0 +1,138 @@
+"""``SinkContract``: what every sink must do, against the real target.
+
+A sink test subclasses :class:`SinkContract` and provides two fixtures and one
+method:
+
+* ``sink``: an opened sink writing to a fresh table/index/prefix;
+* ``bad_sink``: the same sink with wrong credentials or address (not opened);
+* ``state(sink)``: the target's state as ``{key_id: (version, value)}``.
+
+The contract (CONVENTIONS.md, ``connectors/updates.py``): a batch is written
+once; a replayed batch changes nothing; a tombstone deletes; an older version
+never overwrites a newer one; ``check()`` fails fast on bad credentials.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import fastavro
+import pytest
+
+from connectors.exceptions import SetupError
+from connectors.runtime.sink import Sink, SinkBatch, SinkRecord
+from schemas.serde import fingerprint
+
+ITEM_SCHEMA = {
+    "type": "record",
+    "name": "Item",
+    "namespace": "threes.test",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "name", "type": "string"},
+        {"name": "qty", "type": "int"},
+        {"name": "updated_at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "note", "type": ["null", "string"], "default": None},
+    ],
+}
+PARSED = fastavro.parse_schema(ITEM_SCHEMA)
+FP = fingerprint(ITEM_SCHEMA)
+BASE_TIME = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def item(key: int, version: int, qty: int | None = None) -> dict[str, Any]:
+    """The value of key ``key`` at ``version`` (fields derived from both, so a test can recognise them)."""
+    return {
+        "id": key,
+        "name": f"item-{key}-v{version}",
+        "qty": qty if qty is not None else version * 10 + key % 7,
+        "updated_at": BASE_TIME + timedelta(seconds=version),
+        "note": None if key % 2 else f"n{key}",
+    }
+
+
+def record(key: int, version: int, offset: int, *, delete: bool = False, topic: str = "updates.items",
+           partition: int = 0) -> SinkRecord:
+    value = None if delete else item(key, version)
+    return SinkRecord(
+        topic=topic, partition=partition, offset=offset, key=key, value=value, version=version,
+        timestamp_ms=int(BASE_TIME.timestamp() * 1000) + offset, size_bytes=100,
+        value_schema=None if delete else PARSED, value_fingerprint=None if delete else FP,
+    )
+
+
+def batch(records: list[SinkRecord]) -> SinkBatch:
+    return SinkBatch(records[0].topic, records[0].partition, records[0].offset, records[-1].offset, records)
+
+
+def expected(key: int, version: int) -> dict[str, Any]:
+    return item(key, version)
+
+
+class SinkContract:
+    """Subclass with fixtures ``sink`` and ``bad_sink`` and a ``state`` method (see module docstring)."""
+
+    keys = 40
+
+    def state(self, sink: Sink) -> dict[str, tuple[int, dict[str, Any]]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def artifacts(self, sink: Sink) -> Any:
+        """What a replay must not change besides the state (S3: the object names). None by default."""
+        return None
+
+    def assert_value(self, got: dict[str, Any], want: dict[str, Any]) -> None:
+        for field in ("id", "name", "qty", "note"):
+            assert got[field] == want[field], (field, got, want)
+
+    def test_batch_is_written_once(self, sink: Sink) -> None:
+        recs = [record(k, 1, k) for k in range(self.keys)]
+        assert sink.write(batch(recs)) == []
+        state = self.state(sink)
+        assert sorted(state) == sorted(str(k) for k in range(self.keys))
+        for k in range(self.keys):
+            version, value = state[str(k)]
+            assert version == 1
+            self.assert_value(value, expected(k, 1))
+
+    def test_replayed_batch_changes_nothing(self, sink: Sink) -> None:
+        first = [record(k, 2, k) for k in range(self.keys)]
+        second = [record(k, 3, self.keys + k) for k in range(0, self.keys, 2)]
+        sink.write(batch(first))
+        sink.write(batch(second))
+        before, artifacts = self.state(sink), self.artifacts(sink)
+        sink.write(batch(first))  # replay of an older batch after a newer one
+        sink.write(batch(second))
+        assert self.state(sink) == before
+        assert self.artifacts(sink) == artifacts
+        assert before["0"][0] == 3 and before["1"][0] == 2
+
+    def test_tombstone_deletes(self, sink: Sink) -> None:
+        sink.write(batch([record(k, 1, k) for k in range(10)]))
+        sink.write(batch([record(k, 2, 10 + k, delete=True) for k in range(0, 10, 3)]))
+        state = self.state(sink)
+        assert sorted(state, key=int) == [str(k) for k in range(10) if k % 3]
+
+    def test_stale_tombstone_does_not_delete(self, sink: Sink) -> None:
+        sink.write(batch([record(k, 5, k) for k in range(4)]))
+        sink.write(batch([record(k, 4, 4 + k, delete=True) for k in range(4)]))
+        state = self.state(sink)
+        assert sorted(state, key=int) == ["0", "1", "2", "3"]
+        assert all(v == 5 for v, _ in state.values())
+
+    def test_older_version_never_overwrites_newer(self, sink: Sink) -> None:
+        sink.write(batch([record(k, 7, k) for k in range(6)]))
+        sink.write(batch([record(k, 6, 6 + k) for k in range(6)]))
+        # out of order inside one batch too: the newer version wins whatever the offsets
+        sink.write(batch([record(10, 9, 20), record(10, 8, 21)]))
+        state = self.state(sink)
+        for k in range(6):
+            assert state[str(k)][0] == 7
+            self.assert_value(state[str(k)][1], expected(k, 7))
+        assert state["10"][0] == 9
+        self.assert_value(state["10"][1], expected(10, 9))
+
+    def test_check_fails_fast_on_bad_credentials(self, bad_sink: Sink) -> None:
+        with pytest.raises(SetupError):
+            bad_sink.check()

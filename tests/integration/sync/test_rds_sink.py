@@ -1,0 +1,112 @@
+"""RdsSink against the real PostgreSQL (and SQLite, same contract)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, Text, select, text
+
+from connectors.config.models import RdsConnection
+from connectors.exceptions import SinkBackpressureError
+from connectors.rds.config import RdsSinkConfig
+from connectors.rds.sink import RdsSink
+from tests.integration.sync.contract import SinkContract, batch, record
+
+
+def rds_state(sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
+    table = Table(sink.config.table, MetaData(), autoload_with=sink.engine)
+    with sink.engine.connect() as conn:
+        rows = conn.execute(select(table)).mappings().all()
+    return {str(r["id"]): (r["_version"], dict(r)) for r in rows}
+
+
+def drop(engine: Any, name: str) -> None:
+    Table(name, MetaData()).drop(engine, checkfirst=True)
+
+
+def make_config(table: str, **extra: Any) -> RdsSinkConfig:
+    return RdsSinkConfig(name=f"rds-{table}", type="rds_sink", connection="db", topics=["updates.items"],
+                         table=table, key=["id"], create_table=True, **extra)
+
+
+class TestRdsSinkPostgres(SinkContract):
+    @pytest.fixture
+    def sink(self, pg: RdsConnection, unique: str) -> Iterator[RdsSink]:
+        s = RdsSink(make_config(f"items_{unique}"), pg)
+        s.open()
+        yield s
+        drop(s.engine, f"items_{unique}")
+        s.close()
+
+    @pytest.fixture
+    def bad_sink(self, pg: RdsConnection, unique: str) -> RdsSink:
+        bad = pg.model_copy(update={"password": None, "url": pg.url.replace("threes@", "threes:wrong@")})
+        return RdsSink(make_config(f"items_{unique}"), RdsConnection(type="rds", url=bad.url, connect_timeout_s=3))
+
+    def state(self, sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
+        return rds_state(sink)
+
+    def test_created_table_types(self, sink: RdsSink) -> None:
+        sink.write(batch([record(1, 1, 0)]))
+        cols = {c.name: c for c in Table(sink.config.table, MetaData(), autoload_with=sink.engine).c}
+        assert [c.name for c in cols.values() if c.primary_key] == ["id"]
+        assert isinstance(cols["id"].type, BigInteger) and isinstance(cols["qty"].type, Integer)
+        assert isinstance(cols["name"].type, Text) and cols["updated_at"].type.timezone is True
+        assert not cols["_version"].nullable
+
+    def test_refused_value_is_a_record_failure_and_the_rest_applies(self, sink: RdsSink) -> None:
+        recs = [record(k, 1, k) for k in range(20)]
+        recs[7].value["name"] = "bad\x00name"  # PostgreSQL text cannot hold NUL
+        failures = sink.write(batch(recs))
+        assert [f.record.offset for f in failures] == [7]
+        assert sorted(int(k) for k in rds_state(sink)) == [k for k in range(20) if k != 7]
+
+    def test_lock_held_is_backpressure(self, pg_engine: Any, pg: RdsConnection, unique: str) -> None:
+        s = RdsSink(make_config(f"items_{unique}", lock_timeout_s=0.5), pg)
+        s.open()
+        try:
+            s.write(batch([record(1, 1, 0)]))
+            with pg_engine.connect() as locker:
+                quoted = pg_engine.dialect.identifier_preparer.quote(f"items_{unique}")
+                locker.execute(text(f"LOCK TABLE {quoted} IN ACCESS EXCLUSIVE MODE"))
+                with pytest.raises(SinkBackpressureError):
+                    s.write(batch([record(1, 2, 1)]))
+                locker.rollback()
+            s.write(batch([record(1, 2, 1)]))
+            assert rds_state(s)["1"][0] == 2
+        finally:
+            drop(s.engine, f"items_{unique}")
+            s.close()
+
+    def test_existing_table_without_unique_key_is_refused(self, pg_engine: Any, pg: RdsConnection, unique: str) -> None:
+        from connectors.exceptions import FatalError
+
+        name = f"nokey_{unique}"
+        Table(name, MetaData(), Column("id", BigInteger), Column("_version", BigInteger)).create(pg_engine)
+        try:
+            s = RdsSink(make_config(name), pg)
+            with pytest.raises(FatalError, match="no primary key or unique index"):
+                s.open()
+            s.close()
+        finally:
+            drop(pg_engine, name)
+
+
+class TestRdsSinkSqlite(SinkContract):
+    @pytest.fixture
+    def sink(self, tmp_path: Path) -> Iterator[RdsSink]:
+        s = RdsSink(make_config("items"), RdsConnection(type="rds", url=f"sqlite:///{tmp_path / 'db.sqlite'}"))
+        s.open()
+        yield s
+        s.close()
+
+    @pytest.fixture
+    def bad_sink(self, tmp_path: Path) -> RdsSink:
+        return RdsSink(make_config("items"),
+                       RdsConnection(type="rds", url=f"sqlite:///{tmp_path / 'missing-dir' / 'db.sqlite'}"))
+
+    def state(self, sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
+        return rds_state(sink)
