@@ -106,6 +106,9 @@ class SyncService:
         self._paused: set[TP] = set()
         self._committed: dict[TP, int] = {}
         self._last_lag = 0.0
+        self._step_bytes = 0  # most bytes one consume() returned lately
+        # records per consume(): at most 1,000, and a 20th of the bound at 1 KiB per record
+        self._step_records = max(10, min(1000, config.buffer_max_bytes // 20 // 1024))
         self._built_sinks = sinks
         self._schema_store = schema_store
         self._connections = connections
@@ -170,6 +173,8 @@ class SyncService:
             slot = SinkSlot(sink, writer, limiter, pool)
             self.slots.append(slot)
             for topic in sink.config.topics:
+                if topic in self._by_topic:
+                    writer.decode_dlq_topics.discard(topic)
                 self._by_topic.setdefault(topic, []).append(slot)
         # the fetch queue is memory too: keep librdkafka's share to a quarter of the bound
         queued_kb = max(1024, min(65536, cfg.buffer_max_bytes // 4 // 1024))
@@ -184,6 +189,8 @@ class SyncService:
             consumer_conf["group.instance.id"] = cfg.group_instance_id
         from confluent_kafka import Consumer
 
+        # librdkafka's own log lines (rebalances, "leaving group") go through Python logging
+        consumer_conf["logger"] = logging.getLogger("sync_service.rdkafka")
         self.consumer = Consumer({**kconf, "group.id": cfg.consumer_group(), "enable.auto.commit": False,
                                   "auto.offset.reset": "earliest", **consumer_conf})
         self.consumer.subscribe(sorted(self._by_topic), on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -221,7 +228,9 @@ class SyncService:
 
     def step(self, timeout_s: float = 0.1) -> None:
         """One turn of the loop (see the module docstring)."""
-        for msg in self.consumer.consume(num_messages=1000, timeout=timeout_s):
+        msgs = self.consumer.consume(num_messages=self._step_records, timeout=timeout_s)
+        step_bytes = 0
+        for msg in msgs:
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
@@ -229,7 +238,9 @@ class SyncService:
                     if err.fatal():
                         raise SetupError(f"fatal Kafka consumer error: {err}")
                 continue
-            self._route(msg)
+            step_bytes += self._route(msg)
+        # the memory bound must hold after the next consume() too: keep one turn's bytes of headroom
+        self._step_bytes = max(int(self._step_bytes * 0.99), step_bytes)
         self._take_outcomes()
         self._dispatch()
         self._update_pauses()
@@ -237,7 +248,7 @@ class SyncService:
         if time.monotonic() - self._last_lag > 5.0:
             self._update_lag()
 
-    def _route(self, msg: Any) -> None:
+    def _route(self, msg: Any) -> int:
         tp = (msg.topic(), msg.partition())
         size = message_size(msg)
         self.metrics.records_in.labels(self.config.name, tp[0]).inc()
@@ -248,6 +259,7 @@ class SyncService:
                     slot.sink.name, tp[0], tp[1], slot.sink.batch_policy(self.config.batch)
                 )
             buf.add(msg, size)
+        return size
 
     def _submit(self, slot: SinkSlot, job: Any) -> None:
         slot.inflight += 1
@@ -318,7 +330,8 @@ class SyncService:
     # -- backpressure -------------------------------------------------------------------------
 
     def _update_pauses(self) -> None:
-        bound = self.config.buffer_max_bytes // max(1, len(self.slots))
+        share = self.config.buffer_max_bytes // max(1, len(self.slots))
+        bound = max(share // 4, share - self._step_bytes)
         want: set[TP] = set()
         total = 0
         for slot in self.slots:

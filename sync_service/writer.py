@@ -91,6 +91,9 @@ class BatchWriter:
         self.metrics = metrics
         self.stop_on_error = stop_on_error
         self.component = f"{service}/{sink.name}"
+        # when several sinks read a topic, one of them dead-letters its undecodable
+        # records, so each bad record reaches the dead letter topic once
+        self.decode_dlq_topics: set[str] = set(sink.config.topics)
 
     # -- decode -------------------------------------------------------------------------------
 
@@ -105,7 +108,10 @@ class BatchWriter:
             try:
                 batch.records.append(self.decode_one(msg))
             except SkippableRecordError as exc:
-                job.dead.append((msg, exc, "decode"))
+                if msg.topic() in self.decode_dlq_topics:
+                    job.dead.append((msg, exc, "decode"))
+                else:
+                    log.debug("sink=%s skips %s (dead-lettered by another sink of the topic)", self.sink.name, exc)
         return batch
 
     def decode_one(self, msg: Any) -> SinkRecord:
@@ -124,12 +130,10 @@ class BatchWriter:
             raise SkippableRecordError(f"{where}: no 'version' header (update-topic contract, connectors/updates.py)")
         if msg.key() is None:
             raise SkippableRecordError(f"{where}: no key (update records are keyed by the target key)")
-        try:
-            key = self.deserializer(msg.key())
-            raw_value = msg.value()
-            value = self.deserializer(raw_value)
-        except SkippableRecordError as exc:
-            raise SkippableRecordError(f"{where}: {exc}") from exc
+        # serde errors propagate as they are: their class names the problem in the dead letter
+        key = self.deserializer(msg.key())
+        raw_value = msg.value()
+        value = self.deserializer(raw_value)
         if value is not None and not isinstance(value, dict):
             raise SkippableRecordError(f"{where}: value is Avro {type(value).__name__}, a record is expected")
         schema = fp = None
@@ -222,10 +226,10 @@ class BatchWriter:
         """
         errors: list[Any] = []
         for msg, exc, stage in dead:
-            letter = DeadLetter.from_exception(
-                exc, topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
-                stage=stage, component=self.component,
-            )
+            where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+            text = str(exc) if where in str(exc) else f"{where}: {exc}"
+            letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), stage, type(exc).__name__,
+                                text[:4000], self.component)
             log.error("dead letter: %s[%d]@%d stage=%s %s: %s", msg.topic(), msg.partition(), msg.offset(),
                       stage, letter.error_class, letter.message)
             self.producer.produce(
