@@ -26,9 +26,13 @@ class AdaptiveConcurrency:
         name: the sink's name (logs).
         max_limit: the upper bound of requests in flight.
         initial: the starting limit (default: half of ``max_limit``, at least 1).
-        slow_factor: a request is *slow* when its latency per record exceeds this
-            many times the best latency per record in the window.
+        slow_factor: a request is *slow* when its latency exceeds this many times
+            what the best latency per record in the window predicts for its size...
+        slow_floor_s: ...and exceeds this many seconds (fast targets jitter; a
+            request under this is never slow).
         window: requests remembered for the best latency.
+        cooldown_s: after a decrease, further decreases wait this long (requests
+            already in flight answer late too; one decrease per congestion event, as TCP).
         on_change: called with the new limit whenever the integer limit changes
             (the metrics gauge).
 
@@ -42,7 +46,9 @@ class AdaptiveConcurrency:
         *,
         initial: int | None = None,
         slow_factor: float = 4.0,
+        slow_floor_s: float = 1.0,
         window: int = 50,
+        cooldown_s: float = 1.0,
         on_change: Callable[[int], None] | None = None,
     ):
         if max_limit < 1:
@@ -50,6 +56,9 @@ class AdaptiveConcurrency:
         self.name = name
         self.max_limit = max_limit
         self.slow_factor = slow_factor
+        self.slow_floor_s = slow_floor_s
+        self.cooldown_s = cooldown_s
+        self._last_decrease = float("-inf")
         self._window = window
         self._limit = float(initial if initial is not None else max(1, max_limit // 2))
         self._in_use = 0
@@ -68,6 +77,13 @@ class AdaptiveConcurrency:
     def in_use(self) -> int:
         """Requests in flight now."""
         return self._in_use
+
+    def _decrease(self, why: str) -> None:
+        now = time.monotonic()
+        if now - self._last_decrease < self.cooldown_s:
+            return
+        self._last_decrease = now
+        self._set(self._limit / 2, why)
 
     def _set(self, value: float, why: str) -> None:
         before = self.limit
@@ -116,13 +132,13 @@ class AdaptiveConcurrency:
             self._best.append(per_record)
             if len(self._best) > self._window:
                 del self._best[0]
-            best = min(self._best)
-            if len(self._best) >= 3 and per_record > self.slow_factor * best:
-                self._set(self._limit / 2, f"slow answer {latency_s:.3f} s")
+            predicted = min(self._best) * max(1, records)
+            if len(self._best) >= 3 and latency_s > max(self.slow_floor_s, self.slow_factor * predicted):
+                self._decrease(f"slow answer {latency_s:.3f} s")
             else:
                 self._set(self._limit + 1.0 / max(1.0, self._limit), "fast answers")
 
     def backpressure(self) -> None:
         """The target asked to slow down: halve the limit."""
         with self._cond:
-            self._set(self._limit / 2, "backpressure")
+            self._decrease("backpressure")

@@ -182,6 +182,7 @@ class SyncService:
             "partition_assignment_strategy": "cooperative-sticky",
             "enable_auto_offset_store": False,
             "max_poll_interval_ms": cfg.max_poll_interval_ms,
+            "session_timeout_ms": cfg.session_timeout_ms,
             "queued_max_messages_kbytes": queued_kb,
         }
         consumer_conf = {k.replace("_", "."): v for k, v in overrides.items()}
@@ -191,8 +192,11 @@ class SyncService:
 
         # librdkafka's own log lines (rebalances, "leaving group") go through Python logging
         consumer_conf["logger"] = logging.getLogger("sync_service.rdkafka")
-        self.consumer = Consumer({**kconf, "group.id": cfg.consumer_group(), "enable.auto.commit": False,
-                                  "auto.offset.reset": "earliest", **consumer_conf})
+        try:
+            self.consumer = Consumer({**kconf, "group.id": cfg.consumer_group(), "enable.auto.commit": False,
+                                      "auto.offset.reset": "earliest", **consumer_conf})
+        except KafkaException as exc:
+            raise SetupError(f"sync service {cfg.name!r}: cannot create the Kafka consumer: {exc}") from exc
         self.consumer.subscribe(sorted(self._by_topic), on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         log.info("sync service=%s group=%s topics=%s sinks=%s", cfg.name, cfg.consumer_group(),

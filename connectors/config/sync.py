@@ -6,7 +6,7 @@ as a discriminated union of the registered sink config models.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from connectors.config.models import BatchPolicy, Name, RetryPolicy, StrictModel, TopicName
 
@@ -31,10 +31,19 @@ class SyncServiceBase(StrictModel):
     max_poll_interval_ms: int = Field(
         300_000, ge=10_000, description="librdkafka max.poll.interval.ms; the service polls every 100 ms"
     )
+    session_timeout_ms: int = Field(
+        45_000, ge=1_000, description="librdkafka session.timeout.ms: a member silent this long is evicted"
+    )
     revoke_timeout_s: float = Field(
         60.0, gt=0, description="on revoke, how long in-flight writes may take before the commit"
     )
     metrics_port: int | None = Field(None, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _poll_interval_covers_session(self) -> SyncServiceBase:
+        if self.max_poll_interval_ms < self.session_timeout_ms:
+            raise ValueError("max_poll_interval_ms must be >= session_timeout_ms (a librdkafka rule)")
+        return self
 
     def consumer_group(self) -> str:
         """The consumer group id (``group_id`` or ``threes-sync-<name>``)."""
