@@ -19,19 +19,13 @@ import stat
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
-from .common import (
-    HOST,
-    LocalStackError,
-    as_user,
-    chown_tree,
-    ensure_system_user,
-    find_java,
-    is_root,
-    make_traversable,
-)
+from .common import HOST, LocalStackError
 from .maven import copy_artifact
+from .process import port_open
 from .service import Service
+from .system import as_user, chown_tree, ensure_system_user, find_java, is_root, make_traversable
 
 if TYPE_CHECKING:
     from .stack import Endpoints
@@ -65,9 +59,7 @@ def unzip(archive: Path, target: Path) -> None:
                 if mode and not stat.S_ISLNK(info.external_attr >> 16):
                     os.chmod(path, mode)
     except (zipfile.BadZipFile, OSError) as exc:
-        raise LocalStackError(
-            f"cannot unzip {archive} ({exc}); delete it and run up again"
-        ) from exc
+        raise LocalStackError(f"cannot unzip {archive} ({exc}); delete it and run up again") from exc
 
 
 class Elasticsearch(Service):
@@ -77,7 +69,7 @@ class Elasticsearch(Service):
     title = "Elasticsearch"
     env_var = "THREES_ELASTICSEARCH_URL"
     ports = (HTTP_PORT, TRANSPORT_PORT)
-    health_timeout = 120.0
+    health_timeout = 180.0
     stop_timeout = 45.0
 
     @property
@@ -100,7 +92,9 @@ class Elasticsearch(Service):
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         archive = copy_artifact(
-            self.layout, ES_ARTIFACT, self.layout.downloads / f"elasticsearch-{ES_VERSION}.zip",
+            self.layout,
+            ES_ARTIFACT,
+            self.layout.downloads / f"elasticsearch-{ES_VERSION}.zip",
             log_name="elasticsearch",
         )
         logger.info("elasticsearch: unzipping %s", archive.name)
@@ -153,10 +147,18 @@ class Elasticsearch(Service):
         return cmd, env, self.dir / "logs"
 
     def probe(self, endpoints: Endpoints) -> None:
-        """Wait (briefly) for cluster health yellow."""
+        """Wait (briefly) for cluster health yellow.
+
+        The TCP port is tried first: the client logs every refused connection
+        with a stack trace, which would flood the output during startup.
+        """
         from elasticsearch import Elasticsearch as Client
 
-        with Client(endpoints.elasticsearch_url, request_timeout=5) as client:
+        url = urlsplit(endpoints.elasticsearch_url)
+        port = url.port or (443 if url.scheme == "https" else 9200)
+        if not port_open(port, url.hostname or HOST, timeout=2):
+            raise LocalStackError(f"nothing listens on {url.hostname}:{port}")
+        with Client(endpoints.elasticsearch_url, request_timeout=5, max_retries=0) as client:
             client.cluster.health(wait_for_status="yellow", timeout="2s")
 
     def address(self, endpoints: Endpoints) -> str:

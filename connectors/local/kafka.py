@@ -15,9 +15,11 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import HOST, find_java, run
+from .common import HOST
 from .maven import copy_dependencies
+from .process import run
 from .service import Service
+from .system import find_java
 
 if TYPE_CHECKING:
     from .stack import Endpoints
@@ -127,8 +129,18 @@ class Kafka(Service):
         if not id_file.exists():
             id_file.write_text(_cluster_id())
         run(
-            [self._java(), *self._jvm_flags(), "-cp", f"{self.lib}/*", "kafka.tools.StorageTool",
-             "format", "-t", id_file.read_text().strip(), "-c", str(self.properties)],
+            [
+                self._java(),
+                *self._jvm_flags(),
+                "-cp",
+                f"{self.lib}/*",
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                id_file.read_text().strip(),
+                "-c",
+                str(self.properties),
+            ],
             what="format Kafka's KRaft storage",
             log=self.log,
             cwd=self.dir,
@@ -146,9 +158,16 @@ class Kafka(Service):
     def command(self) -> tuple[list[str], dict[str, str], Path]:
         """Return the broker's command line (``kafka.Kafka server.properties``)."""
         cmd = [
-            self._java(), *HEAP, "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-            "-XX:+ExitOnOutOfMemoryError", *self._jvm_flags(),
-            "-cp", f"{self.lib}/*", "kafka.Kafka", str(self.properties),
+            self._java(),
+            *HEAP,
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:+ExitOnOutOfMemoryError",
+            *self._jvm_flags(),
+            "-cp",
+            f"{self.lib}/*",
+            "kafka.Kafka",
+            str(self.properties),
         ]
         return cmd, {}, self.dir
 
@@ -157,8 +176,7 @@ class Kafka(Service):
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(
-            {"bootstrap.servers": endpoints.kafka_bootstrap, "log_level": 0,
-             "socket.connection.setup.timeout.ms": 3000}
+            {"bootstrap.servers": endpoints.kafka_bootstrap, "log_level": 0, "socket.connection.setup.timeout.ms": 3000}
         )
         admin.list_topics(timeout=5)
 

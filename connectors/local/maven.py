@@ -13,7 +13,8 @@ import threading
 from importlib import resources
 from pathlib import Path
 
-from .common import Layout, LocalStackError, run
+from .common import Layout, LocalStackError
+from .process import run
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +28,7 @@ _bootstrapped: set[Path] = set()
 def _mvn() -> str:
     exe = shutil.which("mvn")
     if exe is None:
-        raise LocalStackError(
-            "Maven (mvn) is not installed; install it (apt-get install -y maven) and retry"
-        )
+        raise LocalStackError("Maven (mvn) is not installed; install it (apt-get install -y maven) and retry")
     return exe
 
 
@@ -40,7 +39,7 @@ def _run_mvn(layout: Layout, args: list[str], *, what: str, log_name: str, cwd: 
     repository can trip over each other; after the first call the plugin and
     its dependencies are present and later calls only fetch disjoint artifacts.
     """
-    cmd = [_mvn(), "-B", "-q", f"-Dmaven.repo.local={layout.m2}", *args]
+    cmd = [_mvn(), "-B", "-q", "-Dstyle.color=never", f"-Dmaven.repo.local={layout.m2}", *args]
     log = layout.logs / f"maven-{log_name}.log"
     marker = layout.m2 / ".plugin-ready"
     if layout.m2 not in _bootstrapped and not marker.exists():
@@ -78,8 +77,12 @@ def copy_artifact(layout: Layout, coordinates: str, target: Path, *, log_name: s
     logger.info("downloading %s with Maven (first run only)", coordinates)
     _run_mvn(
         layout,
-        [f"{DEPENDENCY_PLUGIN}:copy", f"-Dartifact={coordinates}", f"-DoutputDirectory={tmp}",
-         "-Dmdep.overWriteReleases=true"],
+        [
+            f"{DEPENDENCY_PLUGIN}:copy",
+            f"-Dartifact={coordinates}",
+            f"-DoutputDirectory={tmp}",
+            "-Dmdep.overWriteReleases=true",
+        ],
         what=f"download {coordinates} with Maven",
         log_name=log_name,
         cwd=tmp,
@@ -120,8 +123,13 @@ def copy_dependencies(layout: Layout, pom_resource: str, target: Path, *, log_na
     logger.info("resolving %s with Maven (first run only)", pom_resource)
     _run_mvn(
         layout,
-        ["-f", str(pom), f"{DEPENDENCY_PLUGIN}:copy-dependencies", f"-DoutputDirectory={out}",
-         "-DincludeScope=runtime"],
+        [
+            "-f",
+            str(pom),
+            f"{DEPENDENCY_PLUGIN}:copy-dependencies",
+            f"-DoutputDirectory={out}",
+            "-DincludeScope=runtime",
+        ],
         what=f"resolve the jars of {pom_resource} with Maven",
         log_name=log_name,
         cwd=work,

@@ -10,26 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import (
-    HOST,
-    LocalStackError,
-    PidRecord,
-    chown_tree,
-    ensure_ports_free,
-    is_root,
-    make_traversable,
-    now,
-    owns,
-    run,
-    terminate,
-    wait_until,
-)
+from .common import HOST, LocalStackError, now, wait_until
+from .process import PidRecord, owns, run, terminate
 from .service import Service
+from .system import chown_tree, ensure_system_user, is_root, make_traversable
 
 if TYPE_CHECKING:
     from .stack import Endpoints
@@ -139,8 +127,12 @@ class Postgres(Service):
         apt_log = self.layout.logs / "apt.log"
         env = {"DEBIAN_FRONTEND": "noninteractive"}
         run(["apt-get", "update"], what="run apt-get update", log=apt_log, env=env)
-        run(["apt-get", "install", "-y", "--no-install-recommends", "postgresql"],
-            what="install PostgreSQL with apt-get", log=apt_log, env=env)
+        run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"],
+            what="install PostgreSQL with apt-get",
+            log=apt_log,
+            env=env,
+        )
         if self.bin_dir() is None:
             raise LocalStackError(f"apt-get installed PostgreSQL but {PG_ROOT}/*/bin is missing")
 
@@ -153,7 +145,7 @@ class Postgres(Service):
         self.dir.mkdir(parents=True, exist_ok=True)
         self.socket_dir.mkdir(exist_ok=True)
         self.log.touch()
-        user = pwd.getpwnam(self.os_user) if self.os_user else None
+        user = ensure_system_user(self.os_user) if self.os_user else None
         if user:
             make_traversable(self.dir)
             make_traversable(self.layout.logs)
@@ -172,11 +164,21 @@ class Postgres(Service):
                 os.chown(pwfile, user.pw_uid, user.pw_gid)
             try:
                 run(
-                    self._as_user([
-                        self._bin("initdb"), "-D", str(self.data), "-U", PG_USER,
-                        f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256",
-                        "-E", "UTF8", "--locale=C.UTF-8",
-                    ]),
+                    self._as_user(
+                        [
+                            self._bin("initdb"),
+                            "-D",
+                            str(self.data),
+                            "-U",
+                            PG_USER,
+                            f"--pwfile={pwfile}",
+                            "--auth-local=trust",
+                            "--auth-host=scram-sha-256",
+                            "-E",
+                            "UTF8",
+                            "--locale=C.UTF-8",
+                        ]
+                    ),
                     what="initialise the PostgreSQL data dir (initdb)",
                     log=self.log,
                     cwd=self.dir,
@@ -220,10 +222,9 @@ class Postgres(Service):
         Raises:
             LocalStackError: If the port is taken or the server does not start.
         """
-        ensure_ports_free(self.title, self.ports, self.env_var, self.layout.home)
+        self.check_ports()
         run(
-            self._as_user([self._bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log),
-                           "-w", "-t", "60", "start"]),
+            self._as_user([self._bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start"]),
             what=f"start PostgreSQL; see {self.log}",
             log=self.log,
             cwd=self.dir,
@@ -245,14 +246,11 @@ class Postgres(Service):
         """
         import psycopg
 
-        admin = (f"host={HOST} port={PG_PORT} user={PG_USER} password={PG_PASSWORD} "
-                 "dbname=postgres connect_timeout=3")
+        admin = f"host={HOST} port={PG_PORT} user={PG_USER} password={PG_PASSWORD} dbname=postgres connect_timeout=3"
 
         def create() -> None:
             with psycopg.connect(admin, autocommit=True) as conn:
-                found = conn.execute(
-                    "SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)
-                ).fetchone()
+                found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)).fetchone()
                 if not found:
                     logger.info("postgres: creating database %s", PG_DATABASE)
                     conn.execute(f'CREATE DATABASE "{PG_DATABASE}" OWNER "{PG_USER}"')
@@ -267,8 +265,19 @@ class Postgres(Service):
         logger.info("%s: stopping pid %d", self.name, record.pid)
         try:
             run(
-                self._as_user([self._bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w",
-                               "-t", str(int(self.stop_timeout)), "stop"]),
+                self._as_user(
+                    [
+                        self._bin("pg_ctl"),
+                        "-D",
+                        str(self.data),
+                        "-m",
+                        "fast",
+                        "-w",
+                        "-t",
+                        str(int(self.stop_timeout)),
+                        "stop",
+                    ]
+                ),
                 what="stop PostgreSQL",
                 log=self.log,
                 timeout=self.stop_timeout + 30,

@@ -11,10 +11,11 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import HOST, find_java
+from .common import HOST
 from .kafka import JAVA_17
 from .maven import copy_artifact
 from .service import Service
+from .system import find_java
 
 if TYPE_CHECKING:
     from .stack import Endpoints
@@ -74,8 +75,15 @@ class S3(Service):
     def command(self) -> tuple[list[str], dict[str, str], Path]:
         """Return ``java -jar s3proxy.jar --properties s3proxy.conf``."""
         java = find_java(17, prefer=(JAVA_17,)) / "bin" / "java"
-        cmd = [str(java), "-Xmx256m", "-XX:+ExitOnOutOfMemoryError", "-jar", str(self.jar),
-               "--properties", str(self.conf)]
+        cmd = [
+            str(java),
+            "-Xmx256m",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-jar",
+            str(self.jar),
+            "--properties",
+            str(self.conf),
+        ]
         return cmd, {}, self.dir
 
     def probe(self, endpoints: Endpoints) -> None:
@@ -89,8 +97,9 @@ class S3(Service):
             aws_access_key_id=endpoints.s3_access_key_id,
             aws_secret_access_key=endpoints.s3_secret_access_key,
             region_name=endpoints.s3_region,
-            config=Config(s3={"addressing_style": "path"}, connect_timeout=3, read_timeout=5,
-                          retries={"max_attempts": 1}),
+            config=Config(
+                s3={"addressing_style": "path"}, connect_timeout=3, read_timeout=5, retries={"max_attempts": 1}
+            ),
         )
         client.list_buckets()
 

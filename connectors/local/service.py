@@ -6,16 +6,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from .common import (
-    Layout,
-    PidRecord,
-    ensure_ports_free,
-    is_alive,
-    now,
-    owns,
-    spawn,
-    terminate,
-)
+from .common import Layout, now
+from .process import PidRecord, ensure_ports_free, is_alive, owns, spawn, terminate
 
 if TYPE_CHECKING:
     from .stack import Endpoints
@@ -103,13 +95,21 @@ class Service:
         """Whether the process behind ``record`` is still up."""
         return is_alive(record.pid)
 
+    def check_ports(self) -> None:
+        """Fail fast when a port is held by a process that is not ours.
+
+        Raises:
+            LocalStackError: Naming the port and the environment variable to use instead.
+        """
+        ensure_ports_free(self.title, self.ports, self.env_var, self.layout.home)
+
     def start(self) -> PidRecord:
         """Start the process (ports must be free) and record its PID.
 
         Raises:
             LocalStackError: If a port is taken or the process cannot start.
         """
-        ensure_ports_free(self.title, self.ports, self.env_var, self.layout.home)
+        self.check_ports()
         cmd, env, cwd = self.command()
         proc = spawn(cmd, log=self.log, cwd=cwd, env=env)
         record = PidRecord(proc.pid, now(), self.marker)

@@ -40,9 +40,7 @@ def resolve_spark_jars(layout: Layout) -> list[Path]:
     target = copy_dependencies(layout, "spark-pom.xml", spark_jars_dir(layout), log_name="spark")
     jars = sorted(target.glob("*.jar"))
     if not any(j.name.startswith("spark-sql-kafka") for j in jars):
-        raise LocalStackError(
-            f"{target} lacks spark-sql-kafka; delete that folder and run up again"
-        )
+        raise LocalStackError(f"{target} lacks spark-sql-kafka; delete that folder and run up again")
     return jars
 
 

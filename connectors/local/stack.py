@@ -17,7 +17,7 @@ from .common import HOST, Layout, LocalStackError, wait_until
 from .elasticsearch import HTTP_PORT, Elasticsearch
 from .kafka import KAFKA_PORT, Kafka
 from .postgres import PG_DATABASE, PG_PASSWORD, PG_PORT, PG_USER, Postgres
-from .s3 import ACCESS_KEY_ID, REGION, S3_PORT, SECRET_ACCESS_KEY, S3
+from .s3 import ACCESS_KEY_ID, REGION, S3, S3_PORT, SECRET_ACCESS_KEY
 from .service import Service
 from .spark import resolve_spark_jars, spark_jars_dir
 
@@ -57,9 +57,7 @@ class Endpoints:
         """Return the endpoints of the project-local services (no overrides)."""
         return cls(
             kafka_bootstrap=f"{HOST}:{KAFKA_PORT}",
-            postgres_url=(
-                f"postgresql+psycopg://{PG_USER}:{PG_PASSWORD}@{HOST}:{PG_PORT}/{PG_DATABASE}"
-            ),
+            postgres_url=(f"postgresql+psycopg://{PG_USER}:{PG_PASSWORD}@{HOST}:{PG_PORT}/{PG_DATABASE}"),
             elasticsearch_url=f"http://{HOST}:{HTTP_PORT}",
             s3_endpoint_url=f"http://{HOST}:{S3_PORT}",
             s3_access_key_id=ACCESS_KEY_ID,
@@ -164,10 +162,13 @@ class LocalStack:
         with self._lock():
             threads = [
                 threading.Thread(
-                    target=self._up_one, args=(name, endpoints, errors),
-                    name=f"threes-up-{name}", daemon=True,
+                    target=self._up_one,
+                    args=(name, endpoints, errors),
+                    name=f"threes-up-{name}",
+                    daemon=True,
                 )
-                for name in _START_ORDER if name in names
+                for name in _START_ORDER
+                if name in names
             ]
             for thread in threads:
                 thread.start()
@@ -175,8 +176,7 @@ class LocalStack:
                 thread.join()
         if errors:
             raise LocalStackError("; ".join(errors[n] for n in _START_ORDER if n in errors))
-        logger.info("local stack up in %.1f s (logs in %s)", time.monotonic() - started,
-                    self.layout.logs)
+        logger.info("local stack up in %.1f s (logs in %s)", time.monotonic() - started, self.layout.logs)
 
     def down(self) -> None:
         """Stop the processes this stack started (by their PID records).
@@ -252,9 +252,7 @@ class LocalStack:
             services = [services]
         unknown = sorted(set(services) - set(SERVICES))
         if unknown:
-            raise LocalStackError(
-                f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(SERVICES)}"
-            )
+            raise LocalStackError(f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(SERVICES)}")
         return set(services)
 
     @staticmethod
@@ -283,11 +281,15 @@ class LocalStack:
             address = svc.address(endpoints)
             if self._is_external(svc):
                 logger.info("%s: using %s (from %s)", name, address, svc.env_var)
-                wait_until(lambda: svc.probe(endpoints), timeout=svc.health_timeout,
-                           what=f"{svc.title} at {address} (from {svc.env_var})")
+                wait_until(
+                    lambda: svc.probe(endpoints),
+                    timeout=svc.health_timeout,
+                    what=f"{svc.title} at {address} (from {svc.env_var})",
+                )
                 return
             record = svc.running()
             if record is None:
+                svc.check_ports()
                 svc.install()
                 svc.prepare()
                 record = svc.start()
@@ -295,11 +297,20 @@ class LocalStack:
                 logger.info("%s: already running (pid %d)", name, record.pid)
             svc.bootstrap()
             wait_until(
-                lambda: svc.probe(endpoints), timeout=svc.health_timeout, what=svc.title,
-                log=self._relative(svc.log), alive=lambda: svc.alive(record),
+                lambda: svc.probe(endpoints),
+                timeout=svc.health_timeout,
+                what=svc.title,
+                log=self._relative(svc.log),
+                alive=lambda: svc.alive(record),
             )
-            logger.info("%s: healthy at %s after %.1f s (pid %d, log %s)", name, address,
-                        time.monotonic() - began, record.pid, self._relative(svc.log))
+            logger.info(
+                "%s: healthy at %s after %.1f s (pid %d, log %s)",
+                name,
+                address,
+                time.monotonic() - began,
+                record.pid,
+                self._relative(svc.log),
+            )
         except LocalStackError as exc:
             errors[name] = str(exc)
         except Exception as exc:  # noqa: BLE001 - reported as one line, details in debug log
