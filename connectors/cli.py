@@ -134,5 +134,22 @@ def _mount_subcommands() -> None:
 _mount_subcommands()
 
 
+def run() -> None:
+    """Console-script entry point: any error of threes ends as one clear red line, exit 1.
+
+    Commands raise :class:`~connectors.exceptions.ThreesError` subclasses freely;
+    this is the one place they become output (``--debug`` shows the traceback).
+    """
+    try:
+        app()
+    except ThreesError as exc:
+        if "--debug" in sys.argv:
+            raise
+        raise SystemExit(fail(exc).exit_code) from None
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]")
+        raise SystemExit(130) from None
+
+
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    run()

@@ -1,0 +1,30 @@
+"""The installed `threes` command: errors are one clear line, never a traceback."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+THREES = shutil.which("threes", path=str(Path(sys.executable).parent)) or "threes"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([THREES, *args], capture_output=True, text=True, timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+
+
+def test_missing_config_file_is_one_line():
+    result = run("validate", "/nonexistent/pipeline.yaml")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "/nonexistent/pipeline.yaml: cannot read config file: No such file or directory" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["--help"], ["local", "--help"], ["source", "--help"], ["stream", "--help"], ["sync", "--help"]])
+def test_every_command_group_is_mounted(command):
+    result = run(*command)
+    assert result.returncode == 0, result.stderr
+    assert "Usage: threes" in result.stdout
