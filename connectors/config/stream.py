@@ -1,32 +1,84 @@
-"""Config of the stream job (``stream:`` in connector config YAML)."""
+"""Config of the stream job (``stream:`` in connector config YAML).
+
+The job reads one event topic, enriches every event with lookups into
+GlobalKTable-like snapshots of compacted topics, and writes enriched events,
+update records for the sync service and dead letters back to Kafka. The
+models check what can be checked without the Avro schemas; field names are
+checked against the schemas when the job starts (:mod:`stream_app.plan`).
+
+Example::
+
+    stream:
+      events: {topic: flights, value_schema: schemas/flight.avsc, max_offsets_per_trigger: 50000}
+      snapshots:
+        - {name: airports, topics: [state.airports], key_schema: nycflights13/airport_key,
+           value_schema: nycflights13/airport}
+      lookups:
+        - {snapshot: airports, on: {origin: faa}, prefix: origin_}
+        - {snapshot: airports, on: {dest: faa}, prefix: dest_, how: inner, fields: [name, tz]}
+      enriched_topic: flights.enriched
+      updates:
+        - {topic: updates.flights, kind: projection, key: [flight_id], version: offset}
+        - {topic: updates.delays, kind: aggregation, group_by: [origin], event_time: time_hour,
+           window: 1 day, aggregations: {flights: count, mean_dep_delay: mean(dep_delay)}}
+      dead_letter_topic: flights.dlq
+      checkpoint_location: .threes/checkpoints/flights
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from connectors.config.models import Name, StrictModel, TopicName
 
+AGGREGATION = re.compile(r"^(?:count|(?P<fn>mean|sum|min|max)\((?P<field>[A-Za-z_][A-Za-z0-9_]*)\))$")
+"""An aggregation: ``count`` or ``mean(field)`` / ``sum(field)`` / ``min(field)`` / ``max(field)``."""
+
+_DURATION = re.compile(r"^\d+\s+(?:second|minute|hour|day|week)s?$")
+
 
 class EventsConfig(StrictModel):
-    """The event stream the job reads."""
+    """The event stream the job reads (Spark's Kafka source options)."""
 
     topic: TopicName
-    value_schema: str = Field(description="Avro schema of the events (.avsc path or name in schemas/)")
-    starting_offsets: Literal["earliest", "latest"] = "latest"
+    value_schema: str = Field(description="Avro reader schema of the events (.avsc path or name in schemas/)")
+    starting_offsets: Literal["earliest", "latest"] = Field(
+        "latest", description="where a job without a checkpoint starts; a checkpoint always wins"
+    )
     max_offsets_per_trigger: int | None = Field(None, ge=1, description="records per micro-batch, at most")
+    fail_on_data_loss: bool = Field(
+        True, description="fail when event offsets were deleted before being read (Spark's failOnDataLoss)"
+    )
 
 
 class SnapshotConfig(StrictModel):
-    """A GlobalKTable-like snapshot: the latest value per key of compacted topics."""
+    """A GlobalKTable-like snapshot: the latest value per key of compacted topics.
+
+    A key is expected in one partition of one topic (Kafka's key partitioning);
+    when several topics hold the same key, the record read last wins (topics
+    in list order, then partition, then offset).
+    """
 
     name: Name
     topics: list[TopicName] = Field(min_length=1)
-    key_schema: str = Field(description="Avro schema of the record keys")
-    value_schema: str = Field(description="Avro schema of the record values")
+    key_schema: str = Field(description="Avro reader schema of the record keys (a record)")
+    value_schema: str = Field(description="Avro reader schema of the record values (a record)")
     broadcast_max_rows: int = Field(
-        2_000_000, ge=0, description="above this many keys the job joins partitioned, not broadcast"
+        2_000_000, ge=0, description="above this many keys the job joins partitioned by key, not broadcast"
+    )
+    overlay_max_rows: int = Field(
+        50_000,
+        ge=1,
+        description="changes kept beside the broadcast base before they are merged into a new base (records)",
+    )
+    checkpoint_interval_s: float = Field(
+        300.0, gt=0, description="the snapshot (data + offsets) is checkpointed at most this often, seconds"
+    )
+    partitions: int | None = Field(
+        None, ge=1, description="partitions of a partitioned snapshot (default spark.sql.shuffle.partitions)"
     )
 
 
@@ -36,22 +88,67 @@ class LookupConfig(StrictModel):
     snapshot: Name
     on: dict[str, str] = Field(min_length=1, description="event field -> snapshot key field")
     how: Literal["left", "inner"] = "left"
-    prefix: str = Field(description="prefix of the joined columns, e.g. origin_")
+    prefix: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="prefix of the joined columns, e.g. origin_")
+    fields: list[str] | None = Field(None, min_length=1, description="snapshot value fields to join (default all)")
 
 
 class UpdateConfig(StrictModel):
-    """An update topic the job writes for the sync service (upserts with a version header)."""
+    """An update topic the job writes for the sync service (``connectors.updates`` contract).
+
+    ``projection``: one upsert per enriched event, keyed by ``key``; its
+    ``version`` is the event's Kafka offset (monotonic per key when the event
+    topic is keyed by the same entity), its Kafka timestamp in ms, or a numeric
+    event field. ``aggregation``: per ``group_by`` and event-time ``window``,
+    the ``aggregations``, emitted as upserts whenever they change (Spark state
+    store, RocksDB); the key is ``group_by`` + ``window_start``, the version the
+    group's event count, which grows with every change and is the same when a
+    micro-batch is replayed.
+    """
 
     topic: TopicName
     kind: Literal["projection", "aggregation"] = "projection"
-    key: list[str] = Field(min_length=1, description="key field(s) of the update records")
-    fields: list[str] | None = Field(None, description="projection: fields to keep (default all)")
-    group_by: list[str] | None = Field(None, description="aggregation: grouping fields")
-    aggregations: dict[str, str] | None = Field(
-        None, description="aggregation: output field -> 'count' | 'mean(field)' | 'sum(field)'"
+    key: list[str] | None = Field(None, min_length=1, description="projection: key field(s) of the update records")
+    fields: list[str] | None = Field(None, min_length=1, description="projection: fields to keep (default all)")
+    version: str = Field(
+        "offset", description="projection: 'offset' | 'timestamp' (Kafka, ms) | a numeric event field"
     )
-    event_time: str | None = Field(None, description="aggregation: event-time field for windows/watermarks")
-    watermark: str = "1 hour"
+    group_by: list[str] | None = Field(None, min_length=1, description="aggregation: grouping fields")
+    aggregations: dict[str, str] | None = Field(
+        None, description="aggregation: output field -> 'count' | 'mean(f)' | 'sum(f)' | 'min(f)' | 'max(f)'"
+    )
+    event_time: str | None = Field(None, description="aggregation: event-time field (an Avro timestamp)")
+    window: str = Field("1 day", description="aggregation: tumbling window, e.g. '1 day', '15 minutes'")
+    watermark: str = Field("1 hour", description="aggregation: how late an event may arrive, e.g. '1 hour'")
+
+    @field_validator("window", "watermark")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if not _DURATION.match(value.strip()):
+            raise ValueError("expected '<n> second(s)|minute(s)|hour(s)|day(s)|week(s)', e.g. '1 day'")
+        return value.strip()
+
+    @field_validator("aggregations")
+    @classmethod
+    def _aggregations(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for out, spec in (value or {}).items():
+            if not AGGREGATION.match(spec.replace(" ", "")):
+                raise ValueError(f"{out}: {spec!r} is not count, mean(field), sum(field), min(field) or max(field)")
+        return value
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> UpdateConfig:
+        if self.kind == "projection":
+            if not self.key:
+                raise ValueError("a projection needs `key` (the update records' key fields)")
+            extra = [n for n in ("group_by", "aggregations", "event_time") if getattr(self, n) is not None]
+        else:
+            missing = [n for n in ("group_by", "aggregations", "event_time") if not getattr(self, n)]
+            if missing:
+                raise ValueError(f"an aggregation needs {', '.join(missing)}")
+            extra = [n for n in ("key", "fields") if getattr(self, n) is not None]
+        if extra:
+            raise ValueError(f"{', '.join(extra)} not allowed for kind {self.kind}")
+        return self
 
 
 class SparkSettings(StrictModel):
@@ -74,15 +171,30 @@ class StreamJobConfig(StrictModel):
     updates: list[UpdateConfig] = Field(default_factory=list)
     dead_letter_topic: TopicName
     trigger_interval_s: float = Field(1.0, gt=0)
-    checkpoint_location: str
+    checkpoint_location: str = Field(description="Spark checkpoint folder (any Hadoop file system URL)")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="serve Prometheus metrics on this port")
     spark: SparkSettings = Field(default_factory=SparkSettings)
 
     @model_validator(mode="after")
-    def _lookups_name_snapshots(self) -> StreamJobConfig:
-        names = {s.name for s in self.snapshots}
+    def _references(self) -> StreamJobConfig:
+        names = [s.name for s in self.snapshots]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"snapshots: names must be unique, {dup} repeated")
         for i, lookup in enumerate(self.lookups):
             if lookup.snapshot not in names:
                 raise ValueError(
                     f"lookups[{i}].snapshot: no snapshot named {lookup.snapshot!r} (have: {sorted(names)})"
                 )
+        prefixes = [lk.prefix for lk in self.lookups]
+        if len(set(prefixes)) != len(prefixes):
+            raise ValueError("lookups: every lookup needs its own prefix")
+        topics = [u.topic for u in self.updates]
+        if len(set(topics)) != len(topics):
+            raise ValueError("updates: every update needs its own topic")
+        own = {self.events.topic, self.enriched_topic, self.dead_letter_topic}
+        if len(own) != 3:
+            raise ValueError("events.topic, enriched_topic and dead_letter_topic must differ")
+        if own & set(topics):
+            raise ValueError("an update topic may not be the events, enriched or dead letter topic")
         return self

@@ -1,0 +1,159 @@
+"""Enrichment: events joined to snapshots, a pure function of DataFrames.
+
+:func:`enrich` adds, per lookup, the snapshot's value fields under the
+lookup's prefix: ``left`` keeps events without a match (joined fields null),
+``inner`` drops them. The event side of a lookup may be any event field(s)
+(a foreign key), composite keys included, and the same snapshot may be used
+by several lookups (origin and destination airports).
+
+Two engines, chosen per snapshot by its size (``broadcast_max_rows``):
+
+* **broadcast**: all broadcast lookups of a batch run in one ``mapInArrow``
+  pass against the workers' cached base index plus the batch's overlay
+  (:mod:`stream_app.lookup`); the cost follows the events.
+* **partitioned**: a shuffle join against the base, a DataFrame cached and
+  hash-partitioned by lookup key (so only the events move), then a broadcast
+  join with the small overlay, whose rows win over the base's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from connectors.config.stream import LookupConfig
+from stream_app.lookup import ArrowLookup, lookup_function
+from stream_app.snapshot import DELETED, LK, SnapshotView, event_lookup_key
+
+
+@dataclass(frozen=True)
+class BoundLookup:
+    """A lookup bound to the snapshot view a micro-batch joins against.
+
+    Attributes:
+        config: the lookup from YAML.
+        view: the snapshot view.
+    """
+
+    config: LookupConfig
+    view: SnapshotView
+
+    def value_columns(self) -> list[str]:
+        """The snapshot fields this lookup joins."""
+        return list(self.config.fields or self.view.value_type.fieldNames())
+
+
+def joined_fields(lookup: BoundLookup) -> list[Any]:
+    """The Spark fields a lookup adds (nullable: a left join leaves them null)."""
+    from pyspark.sql import types as T
+
+    value_type = lookup.view.value_type
+    return [
+        T.StructField(f"{lookup.config.prefix}{name}", value_type[name].dataType, True)
+        for name in lookup.value_columns()
+    ]
+
+
+def enrich(events: Any, lookups: Sequence[BoundLookup], passthrough: str | None = None) -> Any:
+    """Join events to snapshots.
+
+    Args:
+        events: a DataFrame of events (their fields as columns; other columns
+            are carried along).
+        lookups: the lookups, in order; joined columns are appended in this order.
+        passthrough: name of a column whose non-null rows are never dropped by
+            an inner lookup (the job routes such rows to the dead letter topic).
+
+    Returns:
+        ``events``' columns followed by each lookup's prefixed columns.
+
+    Raises:
+        ValueError: a joined column name collides with an existing column, or a
+            lookup does not map every snapshot key field.
+    """
+    from pyspark.sql import functions as f
+
+    existing = set(events.columns)
+    for lookup in lookups:
+        for fld in joined_fields(lookup):
+            if fld.name in existing:
+                raise ValueError(f"joined column {fld.name!r} already exists: choose another prefix")
+            existing.add(fld.name)
+    if not lookups:
+        return events
+    columns = list(events.columns)
+    df = events
+    for i, lookup in enumerate(lookups):
+        key = event_lookup_key(lookup.config.on, lookup.view.key_type)
+        df = df.withColumn(f"__lk{i}", key).withColumn(f"__lh{i}", f.xxhash64(f.col(f"__lk{i}")))
+    broadcast = [(i, lk) for i, lk in enumerate(lookups) if lk.view.mode == "broadcast"]
+    if broadcast:
+        df = _broadcast_lookups(df, broadcast, passthrough)
+    for i, lookup in enumerate(lookups):
+        if lookup.view.mode != "broadcast":
+            df = _partitioned_lookup(df, i, lookup, passthrough)
+    out = columns + [fld.name for lookup in lookups for fld in joined_fields(lookup)]
+    return df.select(*out)
+
+
+def _broadcast_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passthrough: str | None) -> Any:
+    """All broadcast lookups in one ``mapInArrow`` pass."""
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    internal = {f"__{p}{i}" for i, _ in lookups for p in ("lk", "lh")}
+    fields = [fld for fld in df.schema.fields if fld.name not in internal]
+    specs = []
+    for i, lookup in lookups:
+        view = lookup.view
+        added = joined_fields(lookup)
+        fields += added
+        specs.append(
+            ArrowLookup(
+                token=view.token,
+                base=view.broadcast,
+                overlay=view.overlay_ipc(),
+                key_column=f"__lk{i}",
+                hash_column=f"__lh{i}",
+                value_columns=tuple(lookup.value_columns()),
+                out_names=tuple(fld.name for fld in added),
+                inner=lookup.config.how == "inner",
+            )
+        )
+    # Spark checks nullability of what comes back: carried columns may be null on passthrough rows
+    out_type = T.StructType([T.StructField(fld.name, fld.dataType, True) for fld in fields])
+    fn = lookup_function(specs, to_arrow_schema(out_type, timestamp_utc=True), passthrough)
+    return df.mapInArrow(fn, out_type)
+
+
+def _partitioned_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None) -> Any:
+    """One lookup as a shuffle join with the partitioned base, then the overlay on top."""
+    from pyspark.sql import functions as f
+
+    view = lookup.view
+    spark = df.sparkSession
+    values = lookup.value_columns()
+    key = f"__lk{i}"
+    base = view.base_df.select(f.col(LK).alias(key), f.struct(*values).alias(f"__b{i}"))
+    df = df.join(base, key, "left")
+    value = f.col(f"__b{i}")
+    overlay = view.overlay_df(spark)
+    if overlay is not None:
+        ov = overlay.select(
+            f.col(LK).alias(key),
+            f.struct(*values).alias(f"__o{i}"),
+            f.lit(True).alias(f"__oh{i}"),
+            f.col(DELETED).alias(f"__od{i}"),
+        )
+        df = df.join(f.broadcast(ov), key, "left")
+        value = f.when(f.col(f"__oh{i}").isNotNull(), f.when(~f.col(f"__od{i}"), f.col(f"__o{i}"))).otherwise(value)
+    df = df.withColumn(f"__v{i}", value)
+    if lookup.config.how == "inner":
+        cond = f.col(f"__v{i}").isNotNull()
+        if passthrough is not None:
+            cond = cond | f.col(passthrough).isNotNull()
+        df = df.filter(cond)
+    for name, fld in zip(values, joined_fields(lookup), strict=True):
+        df = df.withColumn(fld.name, f.col(f"__v{i}")[name])
+    return df

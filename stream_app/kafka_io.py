@@ -1,0 +1,180 @@
+"""Kafka from the stream job: Spark's Kafka source/sink options, offset ranges, watermarks.
+
+Offsets are ``{topic: {partition: offset}}`` where ``offset`` is the *next*
+offset to read (Kafka's position / high watermark convention), so a range
+``[start, end)`` is empty when ``start == end``. JSON renderings use Spark's
+``startingOffsets``/``endingOffsets`` format (``{"t":{"0":42}}``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from connectors.config.models import KafkaConfig
+from connectors.exceptions import SetupError
+
+log = logging.getLogger(__name__)
+
+Offsets = dict[str, dict[int, int]]
+
+_JAAS = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def spark_kafka_options(kafka: KafkaConfig) -> dict[str, str]:
+    """Options of Spark's Kafka source and sink (Java client properties, ``kafka.`` prefixed).
+
+    ``client_config`` holds librdkafka properties and is not passed on: the Java
+    client has other names for most of them.
+
+    Returns:
+        ``{"kafka.bootstrap.servers": ..., ...}``; the SASL password sits in
+        ``kafka.sasl.jaas.config``, which Spark redacts in its logs.
+    """
+    options = {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "kafka.security.protocol": kafka.security_protocol,
+        "kafka.request.timeout.ms": str(int(kafka.request_timeout_s * 1000)),
+    }
+    if kafka.sasl_mechanism:
+        options["kafka.sasl.mechanism"] = kafka.sasl_mechanism
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password else ""
+        options["kafka.sasl.jaas.config"] = (
+            f'{_JAAS[kafka.sasl_mechanism]} required username="{kafka.sasl_username or ""}" password="{password}";'
+        )
+    if kafka.ssl_ca_location:
+        options["kafka.ssl.truststore.type"] = "PEM"
+        options["kafka.ssl.truststore.location"] = kafka.ssl_ca_location
+    return options
+
+
+def offsets_json(offsets: Mapping[str, Mapping[int, int]]) -> str:
+    """Render offsets in Spark's JSON format, keys sorted (stable in logs and headers)."""
+    return json.dumps(
+        {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())},
+        separators=(",", ":"),
+    )
+
+
+def parse_offsets(text: str) -> Offsets:
+    """Inverse of :func:`offsets_json`."""
+    return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in json.loads(text).items()}
+
+
+def count_between(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapping[int, int]]) -> int:
+    """How many offsets lie in ``[start, end)`` over all partitions (records, an upper bound after compaction)."""
+    return sum(max(0, o - start.get(t, {}).get(p, 0)) for t, parts in end.items() for p, o in parts.items())
+
+
+def read_range(spark: Any, kafka: KafkaConfig, start: Offsets | None, end: Offsets) -> Any:
+    """Batch-read the records in ``[start, end)`` of some topics with Spark's Kafka source.
+
+    Args:
+        spark: the SparkSession.
+        kafka: the pipeline's Kafka config.
+        start: first offsets to read; ``None`` reads from the earliest offsets.
+            A partition missing from ``start`` is read from its earliest offset.
+        end: offsets to stop before (exclusive); partitions with nothing to read
+            are skipped.
+
+    Returns:
+        Spark's Kafka DataFrame (``key, value, topic, partition, offset,
+        timestamp, timestampType``), or ``None`` when the range is empty.
+    """
+    start = start or {}
+    wanted: Offsets = {}
+    first: dict[str, dict[str, int]] = {}
+    for topic, parts in end.items():
+        for partition, stop in parts.items():
+            begin = start.get(topic, {}).get(partition, -2)  # -2: earliest
+            if begin != -2 and begin >= stop:
+                continue
+            wanted.setdefault(topic, {})[partition] = stop
+            first.setdefault(topic, {})[str(partition)] = begin
+    if not wanted:
+        return None
+    reader = spark.read.format("kafka")
+    for key, value in spark_kafka_options(kafka).items():
+        reader = reader.option(key, value)
+    return (
+        reader.option("assign", json.dumps({t: sorted(p) for t, p in wanted.items()}))
+        .option("startingOffsets", json.dumps(first))
+        .option("endingOffsets", offsets_json(wanted))
+        # compaction deletes offsets inside a range: that is expected, not data loss
+        .option("failOnDataLoss", "false")
+        .load()
+    )
+
+
+class TopicWatermarks:
+    """Low/high watermarks of topics, through one long-lived consumer (cheap to ask every micro-batch).
+
+    Args:
+        kafka: the pipeline's Kafka config.
+        timeout_s: how long one metadata or watermark request may take, seconds.
+    """
+
+    def __init__(self, kafka: KafkaConfig, timeout_s: float | None = None):
+        from connectors import clients
+
+        self.timeout_s = timeout_s or kafka.request_timeout_s
+        self._consumer = clients.kafka_consumer(kafka, f"threes-stream-watermarks-{uuid.uuid4().hex}")
+        self._partitions: dict[str, list[int]] = {}
+
+    def partitions(self, topic: str, refresh: bool = False) -> list[int]:
+        """The partitions of ``topic``.
+
+        Raises:
+            SetupError: the topic does not exist or Kafka did not answer.
+        """
+        if refresh or topic not in self._partitions:
+            from confluent_kafka import KafkaException
+
+            try:
+                meta = self._consumer.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
+            except KafkaException as exc:
+                raise SetupError(f"Kafka did not answer metadata for topic {topic!r}: {exc}") from exc
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise SetupError(
+                    f"topic {topic!r} does not exist",
+                    "create it (the source connector creates its compacted topic) or fix the topic name",
+                )
+            self._partitions[topic] = sorted(meta.partitions)
+        return self._partitions[topic]
+
+    def _marks(self, topics: Iterable[str], which: int) -> Offsets:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        out: Offsets = {}
+        for topic in topics:
+            out[topic] = {}
+            for partition in self.partitions(topic):
+                try:
+                    marks = self._consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=self.timeout_s, cached=False
+                    )
+                except KafkaException as exc:
+                    raise SetupError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
+                if marks is None:
+                    raise SetupError(f"no answer for the offsets of {topic}[{partition}] within {self.timeout_s} s")
+                out[topic][partition] = marks[which]
+        return out
+
+    def end_offsets(self, topics: Iterable[str]) -> Offsets:
+        """High watermarks: the next offset to be written, per partition."""
+        return self._marks(topics, 1)
+
+    def start_offsets(self, topics: Iterable[str]) -> Offsets:
+        """Low watermarks: the first offset still stored, per partition."""
+        return self._marks(topics, 0)
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._consumer.close()

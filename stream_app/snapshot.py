@@ -1,0 +1,347 @@
+"""The snapshot as data: pure functions from compacted-topic records to the latest value per key.
+
+A snapshot is the latest value per key of one or more compacted topics, a
+record with a ``null`` value (tombstone) removing its key, exactly as log
+compaction would (Kafka documentation, "Log Compaction"; Kafka Streams'
+GlobalKTable). Its rows carry two internal columns beside the value fields:
+
+* ``__lk`` (string): the *lookup key*, rendered from the decoded key fields by
+  :func:`lookup_key` the same way on the event side, so a foreign key and a
+  snapshot key meet on equal strings whatever their Avro writer schema.
+* ``__lh`` (long): ``xxhash64(__lk)``, the hash the broadcast lookup indexes
+  (:mod:`stream_app.lookup`), which checks ``__lk`` on every hit.
+
+Nothing here has side effects: the Spark functions take and return
+DataFrames, the Arrow ones take and return tables, so unit tests call them on
+small frames. The live snapshot (reading Kafka, broadcasting, checkpointing)
+is :mod:`stream_app.snapshot_runtime`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+log = logging.getLogger(__name__)
+
+LK, LH = "__lk", "__lh"
+DELETED, TOPIC, PARTITION, OFFSET, RANK, ERROR = "__deleted", "__topic", "__partition", "__offset", "__rank", "__error"
+LOG_COLUMNS = (LK, LH, DELETED, TOPIC, PARTITION, OFFSET)
+"""Columns of an overlay log row before the value fields."""
+
+
+def _f() -> Any:
+    from pyspark.sql import functions
+
+    return functions
+
+
+def lookup_key(key: Any, key_type: Any) -> Any:
+    """The lookup key (string column) of a struct column holding the key fields.
+
+    A single string or integral key field is used as its string; anything else
+    (composite keys, other types) is rendered with ``to_json``, whose output is
+    fixed by the struct's field names and types. Both sides call this on a
+    struct of the snapshot key's field names and types, so equal keys give
+    equal strings. ``null`` when any key field is null (matches nothing).
+
+    Args:
+        key: a struct column with the key fields, in key schema order.
+        key_type: its :class:`pyspark.sql.types.StructType`.
+    """
+    from pyspark.sql import types as T
+
+    f = _f()
+    fields = key_type.fields
+    if len(fields) == 1 and isinstance(
+        fields[0].dataType, T.StringType | T.IntegerType | T.LongType | T.ShortType | T.ByteType
+    ):
+        return key[fields[0].name].cast("string")
+    present = f.lit(True)
+    for fld in fields:
+        present = present & key[fld.name].isNotNull()
+    return f.when(present, f.to_json(key))
+
+
+def event_lookup_key(on: Mapping[str, str], key_type: Any) -> Any:
+    """The lookup key of events for a lookup ``on`` (event field -> snapshot key field).
+
+    Event fields are cast to the key fields' types and named like them, so a
+    foreign key meets the snapshot key whatever its own name and integer width.
+
+    Raises:
+        ValueError: ``on`` does not name every key field exactly once.
+    """
+    f = _f()
+    by_key = {k: e for e, k in on.items()}
+    names = [fld.name for fld in key_type.fields]
+    if sorted(by_key) != sorted(names) or len(by_key) != len(on):
+        raise ValueError(f"lookup must map every snapshot key field {names} exactly once, got {dict(on)}")
+    key = f.struct(*[f.col(by_key[fld.name]).cast(fld.dataType).alias(fld.name) for fld in key_type.fields])
+    return lookup_key(key, key_type)
+
+
+def decode_records(
+    raw: Any,
+    writers: Mapping[bytes, str],
+    key_schema_json: str,
+    value_schema_json: str,
+    key_type: Any,
+    topic_rank: Mapping[str, int],
+) -> Any:
+    """Decode compacted-topic records (Spark's Kafka rows) in the JVM.
+
+    Args:
+        raw: Spark Kafka DataFrame (``key, value, topic, partition, offset``).
+        writers: known writer schemas, fingerprint -> JSON.
+        key_schema_json: reader schema of the keys.
+        value_schema_json: reader schema of the values.
+        key_type: Spark type of the decoded key.
+        topic_rank: topic -> position in the snapshot's topic list.
+
+    Returns:
+        ``__lk, __lh, __deleted, __topic, __partition, __offset, __rank,
+        __error, key, value, __v`` where ``__v`` is the decoded value struct
+        and ``__error`` the reason a record cannot be used (``null`` if it can).
+    """
+    from stream_app.avro import decode_avro
+
+    f = _f()
+    decoded_key = decode_avro(raw.key, writers, key_schema_json)
+    decoded = raw.select(
+        "key",
+        "value",
+        f.col("topic").alias(TOPIC),
+        f.col("partition").alias(PARTITION),
+        f.col("offset").alias(OFFSET),
+        decoded_key.alias("__k"),
+        decode_avro(raw.value, writers, value_schema_json).alias("__v"),
+    )
+    rank = f.lit(0)
+    for topic, position in sorted(topic_rank.items(), key=lambda kv: kv[1]):
+        rank = f.when(f.col(TOPIC) == topic, f.lit(position)).otherwise(rank)
+    lk = lookup_key(f.col("__k"), key_type)
+    error = (
+        f.when(f.col("key").isNull(), f.lit("record has no key"))
+        .when(f.col("__k").isNull(), _reason(f.col("key"), writers, "key"))
+        .when(f.col("value").isNotNull() & f.col("__v").isNull(), _reason(f.col("value"), writers, "value"))
+    )
+    return decoded.select(
+        lk.alias(LK),
+        f.xxhash64(lk).alias(LH),
+        f.col("value").isNull().alias(DELETED),
+        TOPIC,
+        PARTITION,
+        OFFSET,
+        rank.cast("int").alias(RANK),
+        error.alias(ERROR),
+        "key",
+        "value",
+        "__v",
+    )
+
+
+def _reason(col: Any, writers: Mapping[bytes, str], what: str) -> Any:
+    """Why a single-object encoded column did not decode (for the dead letter headers)."""
+    from stream_app.avro import fingerprint_hex
+
+    f = _f()
+    fp = fingerprint_hex(col)
+    known = [f.lit(k.hex()) for k in writers]
+    return (
+        f.when(fp.isNull(), f.lit(f"{what} is not Avro single-object encoding (no C3 01 marker)"))
+        .when(
+            ~fp.isin(*known) if known else f.lit(True),
+            f.concat(f.lit(f"{what} has an unknown writer schema fingerprint "), fp),
+        )
+        .otherwise(f.concat(f.lit(f"{what} does not decode with its writer schema "), fp))
+    )
+
+
+def latest_per_key(records: Any, value_columns: Sequence[str] | None = None, keep_deleted: bool = False) -> Any:
+    """The latest record per lookup key; tombstones remove their key.
+
+    Order: topic rank, then partition, then offset (Kafka keeps a key in one
+    partition, where offsets order its records). Records with ``__error`` set
+    are ignored (they went to the dead letter topic; they are not deletes).
+
+    Args:
+        records: output of :func:`decode_records`, or any frame with ``__lk``,
+            ``__lh``, ``__deleted``, ``__rank``, ``__partition``, ``__offset``
+            and the value (struct ``__v``, or flat ``value_columns``).
+        value_columns: flat value columns; ``None`` expands struct ``__v``.
+        keep_deleted: keep the tombstones (a change set to apply), else drop
+            them (a snapshot).
+
+    Returns:
+        ``__lk, __lh[, __deleted, __topic, __partition, __offset]`` and the value
+        fields, one row per key.
+    """
+    f = _f()
+    if ERROR in records.columns:
+        records = records.filter(f.col(ERROR).isNull())
+    if value_columns is None:
+        records = records.select("*", "__v.*").drop("__v")
+        value_columns = [c for c in records.columns if not c.startswith("__") and c not in ("key", "value")]
+    keep = [LH, DELETED, TOPIC, PARTITION, OFFSET, *value_columns]
+    present = [c for c in keep if c in records.columns]
+    latest = (
+        records.groupBy(LK)
+        .agg(f.max_by(f.struct(*present), f.struct(RANK, PARTITION, OFFSET)).alias("__r"))
+        .select(LK, "__r.*")
+    )
+    if keep_deleted:
+        return latest
+    return latest.filter(~f.col(DELETED)).select(LK, LH, *value_columns)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrow: the broadcast base and the overlay of recent changes live on the driver as Arrow tables.
+
+
+def dedupe_last(changes: pa.Table) -> pa.Table:
+    """Keep the last row per ``__lk`` (table order = read order).
+
+    Returns:
+        The rows kept, in their original order.
+    """
+    if changes.num_rows == 0:
+        return changes
+    numbered = changes.append_column("__row", pa.array(range(changes.num_rows), pa.int64()))
+    last = numbered.group_by(LK, use_threads=False).aggregate([("__row", "max")]).column("__row_max")
+    return changes.take(np.sort(last.to_numpy()))
+
+
+def apply_changes(base: pa.Table, changes: pa.Table) -> pa.Table:
+    """Apply a change set (updates and tombstones) to a snapshot table.
+
+    Args:
+        base: ``__lk, __lh`` + value columns, one row per key.
+        changes: the same columns plus ``__deleted``, one row per key
+            (:func:`dedupe_last`); extra log columns are ignored.
+
+    Returns:
+        The base without the changed keys, then the changed keys that are not
+        deleted: one row per key, the base's schema.
+    """
+    if changes.num_rows == 0:
+        return base
+    untouched = base.filter(pc.invert(pc.is_in(base.column(LK), value_set=changes.column(LK))))
+    live = changes.filter(pc.invert(changes.column(DELETED))).select(base.column_names).cast(base.schema)
+    return pa.concat_tables([untouched, live]).combine_chunks()
+
+
+def below(log_table: pa.Table, upto: Mapping[str, Mapping[int, int]]) -> pa.Table:
+    """The overlay log rows with an offset below ``upto`` for their topic-partition (replays)."""
+    if log_table.num_rows == 0:
+        return log_table
+    keep = pa.array([False] * log_table.num_rows)
+    for topic, parts in upto.items():
+        for partition, end in parts.items():
+            hit = pc.and_(
+                pc.and_(pc.equal(log_table.column(TOPIC), topic), pc.equal(log_table.column(PARTITION), partition)),
+                pc.less(log_table.column(OFFSET), end),
+            )
+            keep = pc.or_(keep, hit)
+    return log_table.filter(keep)
+
+
+def ipc_bytes(table: pa.Table) -> bytes:
+    """Serialize a table as an Arrow IPC stream (what the broadcast and the overlay carry)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+@dataclass
+class SnapshotView:
+    """What one micro-batch joins against: a base and an overlay of newer changes, at known offsets.
+
+    Attributes:
+        name: the snapshot's name.
+        key_type: Spark type of the key fields (the event side renders its
+            lookup key against it).
+        value_type: Spark type of the value fields (the joined columns).
+        offsets: the next offset per topic-partition this view covers.
+        mode: ``"broadcast"`` (base in an Arrow broadcast, looked up in Python
+            workers) or ``"partitioned"`` (base a cached DataFrame partitioned
+            by ``__lk``, joined by Spark).
+        base_rows: keys in the base.
+        token: identity of the base (workers cache one index per token).
+        broadcast: the Spark broadcast of the base as Arrow IPC bytes (broadcast mode).
+        base_df: the partitioned base (partitioned mode).
+        overlay: changes newer than the base, one row per key, ``__lk, __lh,
+            __deleted`` + value fields; a deleted row hides the base row.
+    """
+
+    name: str
+    key_type: Any
+    value_type: Any
+    offsets: dict[str, dict[int, int]]
+    mode: str
+    base_rows: int
+    token: str = ""
+    broadcast: Any = None
+    base_df: Any = None
+    overlay: pa.Table | None = None
+    _overlay_ipc: bytes | None = field(default=None, repr=False)
+    _overlay_df: Any = field(default=None, repr=False)
+
+    @property
+    def overlay_rows(self) -> int:
+        """Rows in the overlay."""
+        return 0 if self.overlay is None else self.overlay.num_rows
+
+    def overlay_ipc(self) -> bytes | None:
+        """The overlay as Arrow IPC bytes (shipped with the lookup function), ``None`` when empty."""
+        if self.overlay_rows and self._overlay_ipc is None:
+            self._overlay_ipc = ipc_bytes(self.overlay.select([LK, LH, DELETED, *self.value_type.fieldNames()]))
+        return self._overlay_ipc
+
+    def overlay_df(self, spark: Any) -> Any:
+        """The overlay as a small DataFrame (partitioned mode joins it by broadcast), ``None`` when empty."""
+        if self.overlay_rows and self._overlay_df is None:
+            self._overlay_df = spark.createDataFrame(
+                self.overlay.select([LK, DELETED, *self.value_type.fieldNames()])
+            )
+        return self._overlay_df
+
+    @classmethod
+    def from_dataframe(
+        cls, spark: Any, name: str, rows: Any, key_fields: Sequence[str], mode: str = "broadcast"
+    ) -> SnapshotView:
+        """A view over a DataFrame of live rows (key fields + value fields), no overlay.
+
+        For tests and one-off use: the runtime builds views from Kafka.
+
+        Args:
+            spark: the SparkSession.
+            name: the snapshot's name.
+            rows: one row per key, with the key fields and the value fields.
+            key_fields: the key field names, in key order.
+            mode: ``"broadcast"`` or ``"partitioned"``.
+        """
+        import uuid
+
+        from pyspark.sql import types as T
+
+        f = _f()
+        key_type = T.StructType([rows.schema[k] for k in key_fields])
+        value_type = T.StructType([fld for fld in rows.schema.fields if fld.name not in key_fields])
+        lk = lookup_key(f.struct(*key_fields), key_type)
+        table = rows.select(lk.alias(LK), f.xxhash64(lk).alias(LH), *value_type.fieldNames())
+        if mode == "broadcast":
+            arrow = table.toArrow()
+            return cls(
+                name, key_type, value_type, {}, mode, arrow.num_rows, uuid.uuid4().hex,
+                broadcast=spark.sparkContext.broadcast(ipc_bytes(arrow)),
+            )
+        base = table.repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), LK).cache()
+        return cls(name, key_type, value_type, {}, mode, base.count(), base_df=base)
