@@ -1,7 +1,76 @@
-"""``threes stream ...``: run the PySpark stream job."""
+"""``threes stream ...``: run the PySpark stream job, show the schemas it writes."""
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
+from connectors.exceptions import ThreesError
+
+log = logging.getLogger(__name__)
+
 stream_app = typer.Typer(help="Run the PySpark stream job (enrich events against snapshots).", no_args_is_help=True)
+
+ConfigArg = Annotated[Path, typer.Argument(help="connector config YAML", show_default=False)]
+
+
+def _stream(config: Path):  # noqa: ANN202 - the pipeline model is built at runtime
+    from connectors.cli import fail, load
+
+    pipeline = load(config)
+    if pipeline.stream is None:
+        raise fail(ThreesError(f"{config}: no `stream:` section"))
+    return pipeline
+
+
+def _jars() -> list[Path] | None:
+    """The connector jars of the local stack when resolved (offline); else Spark resolves them through Ivy."""
+    from connectors.local import LocalStack
+
+    stack = LocalStack()
+    return stack.spark_jars() if (stack.home / "spark-jars").is_dir() else None
+
+
+@stream_app.command()
+def run(
+    config: ConfigArg,
+    available_now: Annotated[
+        bool, typer.Option("--available-now", help="process the events there are now, then stop")
+    ] = False,
+    master: Annotated[str | None, typer.Option(help="Spark master URL, overrides stream.spark.master")] = None,
+) -> None:
+    """Run the stream job until stopped (Ctrl-C / SIGTERM stop it after the running micro-batch)."""
+    from connectors.cli import fail
+    from stream_app.job import StreamJob
+    from stream_app.session import spark_session
+
+    pipeline = _stream(config)
+    settings = pipeline.stream.spark
+    if master:
+        settings = settings.model_copy(update={"master": master})
+    try:
+        spark = spark_session(settings, _jars() if settings.master.startswith("local") else None)
+        StreamJob(pipeline.stream, pipeline.kafka, spark, base_dir=config.parent).run(available_now)
+    except ThreesError as exc:
+        raise fail(exc) from None
+
+
+@stream_app.command()
+def schemas(config: ConfigArg) -> None:
+    """Print the Avro schemas the job writes (enriched events, update keys and values) as JSON."""
+    from connectors.cli import fail
+    from stream_app.plan import build_plan
+
+    pipeline = _stream(config)
+    try:
+        plan = build_plan(pipeline.stream, None, config.parent)
+    except ThreesError as exc:
+        raise fail(exc) from None
+    out = {"enriched": {"topic": pipeline.stream.enriched_topic, "schema": plan.enriched.avro}}
+    for update in plan.updates:
+        out[update.config.topic] = {"key": update.key.avro, "value": update.value.avro}
+    typer.echo(json.dumps(out, indent=2))

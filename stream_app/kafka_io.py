@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -126,15 +127,16 @@ class TopicWatermarks:
 
         self.timeout_s = timeout_s or kafka.request_timeout_s
         self._consumer = clients.kafka_consumer(kafka, f"threes-stream-watermarks-{uuid.uuid4().hex}")
-        self._partitions: dict[str, list[int]] = {}
+        self._partitions: dict[str, tuple[float, list[int]]] = {}
 
-    def partitions(self, topic: str, refresh: bool = False) -> list[int]:
-        """The partitions of ``topic``.
+    def partitions(self, topic: str, max_age_s: float = 30.0) -> list[int]:
+        """The partitions of ``topic`` (metadata asked again after ``max_age_s`` seconds: partitions may be added).
 
         Raises:
             SetupError: the topic does not exist or Kafka did not answer.
         """
-        if refresh or topic not in self._partitions:
+        known = self._partitions.get(topic)
+        if known is None or time.monotonic() - known[0] > max_age_s:
             from confluent_kafka import KafkaException
 
             try:
@@ -146,8 +148,9 @@ class TopicWatermarks:
                     f"topic {topic!r} does not exist",
                     "create it (the source connector creates its compacted topic) or fix the topic name",
                 )
-            self._partitions[topic] = sorted(meta.partitions)
-        return self._partitions[topic]
+            known = (time.monotonic(), sorted(meta.partitions))
+            self._partitions[topic] = known
+        return known[1]
 
     def _marks(self, topics: Iterable[str], which: int) -> Offsets:
         from confluent_kafka import KafkaException, TopicPartition

@@ -129,8 +129,8 @@ def decode_records(
     lk = lookup_key(f.col("__k"), key_type)
     error = (
         f.when(f.col("key").isNull(), f.lit("record has no key"))
-        .when(f.col("__k").isNull(), _reason(f.col("key"), writers, "key"))
-        .when(f.col("value").isNotNull() & f.col("__v").isNull(), _reason(f.col("value"), writers, "value"))
+        .when(f.col("__k").isNull(), decode_error_reason(f.col("key"), writers, "key"))
+        .when(f.col("value").isNotNull() & f.col("__v").isNull(), decode_error_reason(f.col("value"), writers, "value"))
     )
     return decoded.select(
         lk.alias(LK),
@@ -147,7 +147,7 @@ def decode_records(
     )
 
 
-def _reason(col: Any, writers: Mapping[bytes, str], what: str) -> Any:
+def decode_error_reason(col: Any, writers: Mapping[bytes, str], what: str) -> Any:
     """Why a single-object encoded column did not decode (for the dead letter headers)."""
     from stream_app.avro import fingerprint_hex
 

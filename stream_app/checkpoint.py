@@ -1,0 +1,213 @@
+"""What the job keeps beside Spark's checkpoint: snapshot checkpoints and the snapshot offsets of each batch.
+
+Layout under ``checkpoint_location``::
+
+    events/                         Spark's checkpoint of the enrichment query
+    aggregations/<topic>/           Spark's checkpoint of each aggregation query
+    snapshots/<name>/v<ms>/data.parquet + _manifest.json
+    snapshot-offsets/<batch id>.json
+
+A snapshot checkpoint is the snapshot's data with the offsets it covers; a
+version is valid once its manifest exists (written last, by atomic rename), so
+a crash while writing leaves the previous version in use. A restart loads the
+newest valid version and reads only the topics' tail from its offsets, like a
+Kafka Streams state store restored from its checkpoint file.
+
+``snapshot-offsets`` records, before a micro-batch writes anything, which
+snapshot offsets it joins against; Spark replays an unfinished batch with the
+same batch id after a crash, and the job then joins against the same offsets.
+
+Files are written through ``pyarrow.fs`` (local paths, ``file://``, ``s3://``,
+``gs://``, ``hdfs://``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from stream_app.kafka_io import Offsets, offsets_json, parse_offsets
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointFs:
+    """Small-file and Parquet I/O in the checkpoint location.
+
+    Args:
+        location: the job's ``checkpoint_location`` (a path or a URI).
+
+    Raises:
+        ValueError: pyarrow has no file system for the URI's scheme (e.g. ``s3a://``).
+    """
+
+    def __init__(self, location: str):
+        if "://" in location and not location.startswith("file://"):
+            try:
+                self.fs, self.root = pafs.FileSystem.from_uri(location)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+                raise ValueError(f"no pyarrow file system for {location!r}: {exc}") from exc
+        else:
+            self.fs = pafs.LocalFileSystem()
+            self.root = os.path.abspath(location.removeprefix("file://"))
+        self.root = self.root.rstrip("/")
+
+    def path(self, *parts: str) -> str:
+        """A path under the root."""
+        return "/".join([self.root, *parts])
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Write a small file: to a temporary name, then renamed (atomic on local and HDFS)."""
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(data)
+        self.fs.move(tmp, path)
+
+    def read(self, path: str) -> bytes | None:
+        """A small file's bytes, ``None`` when it does not exist."""
+        try:
+            with self.fs.open_input_stream(path) as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None
+
+    def children(self, path: str) -> list[str]:
+        """Base names of the entries of a folder (empty when missing)."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        except FileNotFoundError:
+            return []
+        return sorted(info.base_name for info in infos)
+
+    def delete(self, path: str) -> None:
+        """Delete a file or a folder, quietly when missing."""
+        info = self.fs.get_file_info(path)
+        if info.type == pafs.FileType.Directory:
+            self.fs.delete_dir(path)
+        elif info.type == pafs.FileType.File:
+            self.fs.delete_file(path)
+
+
+@dataclass(frozen=True)
+class LoadedSnapshot:
+    """A snapshot read back from its checkpoint."""
+
+    table: pa.Table
+    offsets: Offsets
+    written_at: float  # epoch seconds
+
+
+class SnapshotCheckpoint:
+    """Checkpoints of one snapshot (data as Parquet + offsets).
+
+    Args:
+        fs: the checkpoint location.
+        name: the snapshot's name.
+        schema_id: identity of the snapshot's reader schemas; a checkpoint
+            written with others is ignored.
+        keep: how many versions to keep.
+    """
+
+    def __init__(self, fs: CheckpointFs, name: str, schema_id: str, keep: int = 2):
+        self.fs = fs
+        self.folder = fs.path("snapshots", name)
+        self.schema_id = schema_id
+        self.keep = keep
+
+    def save(self, table: pa.Table, offsets: Offsets) -> str:
+        """Write a new version; older ones beyond ``keep`` are deleted.
+
+        Returns:
+            The version's folder.
+        """
+        started = time.monotonic()
+        version = f"v{int(time.time() * 1000):015d}"
+        folder = f"{self.folder}/{version}"
+        self.fs.fs.create_dir(folder, recursive=True)
+        pq.write_table(table, f"{folder}/data.parquet", filesystem=self.fs.fs, compression="lz4")
+        manifest = {
+            "offsets": json.loads(offsets_json(offsets)),
+            "rows": table.num_rows,
+            "schema_id": self.schema_id,
+            "written_at": time.time(),
+        }
+        self.fs.write_atomic(f"{folder}/_manifest.json", json.dumps(manifest).encode())
+        for old in [v for v in self.fs.children(self.folder) if v.startswith("v")][: -self.keep]:
+            self.fs.delete(f"{self.folder}/{old}")
+        log.info(
+            "snapshot checkpoint written folder=%s keys=%d elapsed_s=%.2f", folder, table.num_rows,
+            time.monotonic() - started,
+        )
+        return folder
+
+    def load(self) -> LoadedSnapshot | None:
+        """The newest valid version, or ``None`` (none written, or written for other schemas)."""
+        for version in reversed([v for v in self.fs.children(self.folder) if v.startswith("v")]):
+            raw = self.fs.read(f"{self.folder}/{version}/_manifest.json")
+            if raw is None:
+                continue  # a version whose writing did not finish
+            manifest = json.loads(raw)
+            if manifest.get("schema_id") != self.schema_id:
+                log.info("snapshot checkpoint %s/%s was written for other schemas: not used", self.folder, version)
+                return None
+            table = pq.read_table(f"{self.folder}/{version}/data.parquet", filesystem=self.fs.fs)
+            return LoadedSnapshot(
+                table.combine_chunks(), parse_offsets(json.dumps(manifest["offsets"])), manifest["written_at"]
+            )
+        return None
+
+
+class BatchOffsetsLog:
+    """The snapshot offsets each micro-batch joined against, by batch id.
+
+    Args:
+        fs: the checkpoint location.
+        keep: how many recent batches to keep (only the last can be replayed).
+    """
+
+    def __init__(self, fs: CheckpointFs, keep: int = 100):
+        self.fs = fs
+        self.folder = fs.path("snapshot-offsets")
+        self.keep = keep
+
+    def record(self, batch_id: int, offsets: dict[str, Offsets]) -> None:
+        """Record a batch's snapshot offsets (before the batch writes anything)."""
+        data = {name: json.loads(offsets_json(o)) for name, o in offsets.items()}
+        self.fs.write_atomic(f"{self.folder}/{batch_id}.json", json.dumps(data).encode())
+        if batch_id >= self.keep and batch_id % 10 == 0:
+            for name in self.fs.children(self.folder):
+                stem = name.split(".", 1)[0]
+                if stem.isdigit() and int(stem) < batch_id - self.keep:
+                    self.fs.delete(f"{self.folder}/{name}")
+
+    def get(self, batch_id: int) -> dict[str, Offsets] | None:
+        """A batch's recorded snapshot offsets, ``None`` when it was never started."""
+        raw = self.fs.read(f"{self.folder}/{batch_id}.json")
+        if raw is None:
+            return None
+        return {name: parse_offsets(json.dumps(o)) for name, o in json.loads(raw).items()}
+
+
+def spark_path(location: str) -> str:
+    """A checkpoint location as Spark expects it (local paths made absolute)."""
+    return location if "://" in location else os.path.abspath(location)
+
+
+def child(location: str, *parts: str) -> str:
+    """A sub-folder of the checkpoint location, for Spark."""
+    return "/".join([spark_path(location).rstrip("/"), *parts])
+
+
+def describe(value: Any) -> str:
+    """Offsets for a log line."""
+    return offsets_json(value) if isinstance(value, dict) else str(value)

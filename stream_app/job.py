@@ -1,0 +1,385 @@
+"""The stream job's wiring: the one module with side effects (SparkSession use, readStream, writeStream).
+
+Two kinds of streaming query run in one Spark application, both Kafka to Kafka:
+
+* **enrich** (``foreachBatch``): before each micro-batch every snapshot
+  catches up with its topics; the batch's events are decoded in the JVM,
+  joined (:func:`stream_app.enrich.enrich`) and written in one pass as
+  enriched events, projection updates and dead letters (one Kafka write,
+  records routed by a ``topic`` column).
+* **aggregate** (one per aggregation update): reads the enriched topic and
+  keeps per-key, per-window aggregates in Spark's state store (RocksDB
+  provider), writing changed groups as update records.
+
+Delivery is at least once: Spark replays an unfinished micro-batch after a
+crash, with the same events, the same snapshot offsets (recorded before the
+batch writes) and the same aggregation state, so replayed records are
+identical and the update versions make them harmless to the sinks.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from connectors import clients
+from connectors.config.models import KafkaConfig
+from connectors.config.stream import StreamJobConfig
+from connectors.exceptions import ConfigError, ConfigProblem, FatalError
+from connectors.topics import ensure_compacted_topic, topic_configs
+from schemas.store import SchemaStore
+from stream_app import metrics
+from stream_app.avro import decode_avro, encode_avro
+from stream_app.checkpoint import BatchOffsetsLog, CheckpointFs, SnapshotCheckpoint, child
+from stream_app.enrich import BoundLookup, enrich
+from stream_app.kafka_io import TopicWatermarks, offsets_json, spark_kafka_options
+from stream_app.plan import JobPlan, build_plan
+from stream_app.records import dead_letter, explode_records, header, no_headers, record, write_records
+from stream_app.snapshot import ERROR, decode_error_reason
+from stream_app.snapshot_runtime import DeadLetterProducer, Snapshot
+from stream_app.updates import aggregate, aggregation_records, projection_records
+
+log = logging.getLogger(__name__)
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+class WriterSchemas:
+    """Writer schemas from the schema topic, read again whenever the topic grew (new writers appear live)."""
+
+    def __init__(self, kafka: KafkaConfig, watermarks: TopicWatermarks):
+        self.topic = kafka.schema_topic
+        self.store = SchemaStore(kafka.librdkafka_config(), self.topic)
+        self.watermarks = watermarks
+        self._end = watermarks.end_offsets([self.topic])
+
+    def __call__(self) -> dict[bytes, str]:
+        """Known writer schemas: fingerprint -> JSON."""
+        return self.store.schemas_json()
+
+    def refresh(self) -> None:
+        """Re-read the schema topic if it has new records."""
+        end = self.watermarks.end_offsets([self.topic])
+        if end != self._end:
+            self.store.refresh()
+            self._end = end
+
+
+class StreamJob:
+    """The stream job of one ``stream:`` config.
+
+    Args:
+        config: the ``stream:`` section.
+        kafka: the pipeline's Kafka config.
+        spark: a SparkSession (:func:`stream_app.session.spark_session`).
+        base_dir: where relative schema paths start (the config file's folder).
+    """
+
+    def __init__(self, config: StreamJobConfig, kafka: KafkaConfig, spark: Any, base_dir: Path | None = None):
+        self.config, self.kafka, self.spark, self.base_dir = config, kafka, spark, base_dir
+        self.plan: JobPlan | None = None
+        self.snapshots: dict[str, Snapshot] = {}
+        self.queries: list[Any] = []
+        self.batches = 0
+        self.last_batch: dict[str, Any] = {}
+        self._watermarks: TopicWatermarks | None = None
+        self._offsets_log: BatchOffsetsLog | None = None
+        self._options = spark_kafka_options(kafka)
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def start(self, available_now: bool = False) -> None:
+        """Check the config against schemas and topics, load every snapshot (readiness gate), start the queries.
+
+        Args:
+            available_now: process what the events topic holds now, then stop
+                (Spark's ``availableNow`` trigger), instead of running on.
+
+        Raises:
+            ConfigError: a field or topic in the config does not fit the schemas or Kafka.
+            SetupError: Kafka cannot be reached.
+        """
+        cfg = self.config
+        started = time.monotonic()
+        self.plan = plan = build_plan(cfg, self.spark, self.base_dir)
+        self._watermarks = TopicWatermarks(self.kafka)
+        self._check_topics()
+        writers = WriterSchemas(self.kafka, self._watermarks)
+        self._writers = writers
+        for schema in [plan.enriched] + [s for u in plan.updates for s in (u.key, u.value)]:
+            writers.store.register(schema.avro)
+        fs = self._checkpoint_fs()
+        self._offsets_log = BatchOffsetsLog(fs) if fs is not None else None
+        dead_letters = DeadLetterProducer(self.kafka, cfg.dead_letter_topic, cfg.name)
+        for snap_plan in plan.snapshots.values():
+            checkpoint = SnapshotCheckpoint(fs, snap_plan.config.name, snap_plan.schema_id) if fs else None
+            snapshot = Snapshot(
+                self.spark, self.kafka, snap_plan, writers, self._watermarks, checkpoint, dead_letters, cfg.name
+            )
+            snapshot.bootstrap()
+            self.snapshots[snapshot.name] = snapshot
+        log.info("job=%s snapshots ready count=%d keys=%d elapsed_s=%.2f", cfg.name, len(self.snapshots),
+                 sum(s.base_rows + s.overlay_rows for s in self.snapshots.values()), time.monotonic() - started)
+        if cfg.metrics_port:
+            metrics.serve(cfg.metrics_port)
+        self.queries.append(self._start_enrich(available_now))
+        aggregations = [u for u in plan.updates if u.config.kind == "aggregation"]
+        if aggregations and available_now:
+            # the aggregations read the enriched topic: let it be complete first
+            self.queries[0].awaitTermination()
+        if aggregations:
+            self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+            self.spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+            for update in aggregations:
+                self.queries.append(self._start_aggregation(update, available_now))
+
+    def _checkpoint_fs(self) -> CheckpointFs | None:
+        try:
+            return CheckpointFs(self.config.checkpoint_location)
+        except ValueError as exc:
+            log.warning("job=%s no snapshot checkpoints (%s): restarts read the snapshot topics from the start, "
+                        "and a replayed batch joins the current snapshot", self.config.name, exc)
+            return None
+
+    def _check_topics(self) -> None:
+        """Snapshot topics must be compacted; missing output topics are created."""
+        cfg, conf = self.config, self.kafka.librdkafka_config()
+        problems = []
+        for i, snap in enumerate(cfg.snapshots):
+            for topic in snap.topics:
+                self._watermarks.partitions(topic)  # SetupError when missing
+                policy = topic_configs(conf, topic).get("cleanup.policy", "")
+                if "compact" not in policy.split(","):
+                    problems.append(ConfigProblem(
+                        f"stream.snapshots[{i}].topics",
+                        f"topic {topic!r} has cleanup.policy={policy!r}: a snapshot reads compacted topics only",
+                    ))
+        if problems:
+            raise ConfigError(problems)
+        partitions = len(self._watermarks.partitions(cfg.events.topic))
+        from confluent_kafka.admin import NewTopic
+
+        admin = clients.kafka_admin(self.kafka)
+        existing = admin.list_topics(timeout=self.kafka.request_timeout_s).topics
+        missing = [t for t in (cfg.enriched_topic, cfg.dead_letter_topic) if t not in existing]
+        if missing:
+            futures = admin.create_topics([NewTopic(t, num_partitions=partitions) for t in missing])
+            for topic, future in futures.items():
+                try:
+                    future.result(self.kafka.request_timeout_s)
+                except Exception as exc:  # already created by a concurrent start is fine
+                    if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                        raise FatalError(f"cannot create topic {topic!r}: {exc}") from exc
+                log.info("created topic=%s partitions=%d", topic, partitions)
+        for update in cfg.updates:  # latest update per key is all a sink needs: compacted
+            ensure_compacted_topic(conf, update.topic, partitions=partitions)
+
+    def _read_stream(self, topic: str, starting: str) -> Any:
+        reader = self.spark.readStream.format("kafka")
+        for key, value in self._options.items():
+            reader = reader.option(key, value)
+        return reader.option("subscribe", topic).option("startingOffsets", starting)
+
+    def _trigger(self, writer: Any, available_now: bool) -> Any:
+        if available_now:
+            return writer.trigger(availableNow=True)
+        return writer.trigger(processingTime=f"{self.config.trigger_interval_s} seconds")
+
+    def _start_enrich(self, available_now: bool) -> Any:
+        events = self.config.events
+        reader = (
+            self._read_stream(events.topic, events.starting_offsets)
+            .option("includeHeaders", "true")
+            .option("failOnDataLoss", str(events.fail_on_data_loss).lower())
+        )
+        if events.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(events.max_offsets_per_trigger))
+        writer = (
+            reader.load()
+            .writeStream.foreachBatch(self.process_batch)
+            .option("checkpointLocation", child(self.config.checkpoint_location, "events"))
+            .queryName(f"{self.config.name}-enrich-{uuid.uuid4().hex[:6]}")
+        )
+        return self._trigger(writer, available_now).start()
+
+    def _start_aggregation(self, update: Any, available_now: bool) -> Any:
+        from pyspark.sql import functions as f
+
+        enriched = self.plan.enriched
+        stream = self._read_stream(self.config.enriched_topic, "earliest").option("failOnDataLoss", "false").load()
+        decoded = stream.select(
+            decode_avro(f.col("value"), {enriched.fingerprint: enriched.json}, enriched.json).alias("e")
+        )
+        events = decoded.filter(f.col("e").isNotNull()).select("e.*")
+        records = aggregation_records(aggregate(events, update), update)
+        writer = records.writeStream.format("kafka").outputMode("update")
+        for key, value in self._options.items():
+            writer = writer.option(key, value)
+        writer = writer.option(
+            "checkpointLocation", child(self.config.checkpoint_location, "aggregations", update.config.topic)
+        ).queryName(f"{self.config.name}-aggregate-{update.config.topic}-{uuid.uuid4().hex[:6]}")
+        return self._trigger(writer, available_now).start()
+
+    # -- one micro-batch -----------------------------------------------------------------------
+
+    def _views(self, batch_id: int) -> tuple[dict[str, Any], bool]:
+        """Catch every snapshot up and record the offsets; or, for a replayed batch, the recorded offsets."""
+        recorded = self._offsets_log.get(batch_id) if self._offsets_log else None
+        if recorded is not None:
+            return {n: s.view(recorded.get(n)) for n, s in self.snapshots.items()}, True
+        for snapshot in self.snapshots.values():
+            snapshot.catch_up()
+            snapshot.maybe_checkpoint()
+        views = {n: s.view() for n, s in self.snapshots.items()}
+        if self._offsets_log is not None:
+            self._offsets_log.record(batch_id, {n: v.offsets for n, v in views.items()})
+        return views, False
+
+    def _decode_events(self, batch: Any) -> Any:
+        from pyspark.sql import functions as f
+
+        writers = self._writers()
+        decoded = batch.select(
+            f.col("key").alias("__key"),
+            f.col("value").alias("__value"),
+            f.col("headers").alias("__headers"),
+            f.col("topic").alias("__topic"),
+            f.col("partition").alias("__partition"),
+            f.col("offset").alias("__offset"),
+            f.col("timestamp").alias("__timestamp"),
+            decode_avro(f.col("value"), writers, self.plan.events.json).alias("__v"),
+        )
+        error = f.when(f.col("__value").isNull(), f.lit("event has no value (null)")).when(
+            f.col("__v").isNull(), decode_error_reason(f.col("__value"), writers, "value")
+        )
+        return decoded.select("*", error.alias(ERROR), "__v.*").drop("__v")
+
+    def process_batch(self, batch: Any, batch_id: int) -> None:
+        """Enrich one micro-batch and write its enriched events, updates and dead letters (``foreachBatch``)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as f
+
+        cfg, plan = self.config, self.plan
+        started = time.monotonic()
+        views, replay = self._views(batch_id)
+        refreshed = time.monotonic()
+        self._writers.refresh()
+        seen_in = Observation(f"in-{batch_id}-{uuid.uuid4().hex[:6]}")
+        frame = self._decode_events(batch).observe(seen_in, f.count(f.lit(1)).alias("events"))
+        lookups = [BoundLookup(lookup, views[lookup.snapshot]) for lookup in cfg.lookups]
+        enriched = enrich(frame, lookups, passthrough=ERROR)
+
+        ok = f.col(ERROR).isNull()
+        snapshot_headers = [
+            header(f"snapshot.{name}", f.lit(offsets_json(view.offsets))) for name, view in sorted(views.items())
+        ]
+        headers = f.concat(f.coalesce(f.col("__headers"), no_headers()), f.array(*snapshot_headers)) if (
+            snapshot_headers
+        ) else f.coalesce(f.col("__headers"), no_headers())
+        value = encode_avro(
+            f.struct(*[fld["name"] for fld in plan.enriched.avro["fields"]]), plan.enriched.json,
+            plan.enriched.fingerprint,
+        )
+        records = [f.when(ok, record(cfg.enriched_topic, f.col("__key"), value, headers))]
+        for update in plan.updates:
+            if update.config.kind == "projection":
+                records += projection_records(update, cfg.dead_letter_topic, cfg.name, ok)
+        records.append(
+            f.when(
+                ~ok,
+                dead_letter(
+                    cfg.dead_letter_topic, "decode", "SkippableRecordError", f.col(ERROR), cfg.name,
+                    source_topic=f.col("__topic"), partition=f.col("__partition"), offset=f.col("__offset"),
+                    key=f.col("__key"), value=f.col("__value"), headers=f.col("__headers"),
+                ),
+            )
+        )
+        seen_out = Observation(f"out-{batch_id}-{uuid.uuid4().hex[:6]}")
+        out = explode_records(enriched, records).observe(
+            seen_out,
+            f.count_if(f.col("topic") == cfg.enriched_topic).alias("enriched"),
+            f.count_if(f.col("topic") == cfg.dead_letter_topic).alias("dead_letters"),
+            f.count(f.lit(1)).alias("records"),
+        )
+        write_records(out, self._options)
+        counts_in, counts = seen_in.get, seen_out.get
+        updates = counts["records"] - counts["enriched"] - counts["dead_letters"]
+        elapsed = time.monotonic() - started
+        self.batches += 1
+        self.last_batch = {
+            "batch_id": batch_id, "events": counts_in["events"], "enriched": counts["enriched"],
+            "dead_letters": counts["dead_letters"], "updates": updates, "replay": replay,
+            "snapshots": {n: v.offsets for n, v in views.items()}, "elapsed_s": elapsed,
+        }
+        metrics.BATCH_SECONDS.labels(cfg.name).observe(elapsed)
+        for kind in ("events", "enriched", "dead_letters", "updates"):
+            metrics.RECORDS.labels(cfg.name, kind).inc(self.last_batch[kind])
+        log.info(
+            "job=%s batch=%d events=%d enriched=%d dead_letters=%d updates=%d replay=%s snapshots=%s "
+            "refresh_s=%.2f elapsed_s=%.2f", cfg.name, batch_id, counts_in["events"], counts["enriched"],
+            counts["dead_letters"], updates, replay,
+            " ".join(f"{n}={offsets_json(v.offsets)}" for n, v in sorted(views.items())), refreshed - started, elapsed,
+        )
+
+    # -- running and stopping --------------------------------------------------------------------
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Wait for every query to end (``availableNow``) or the timeout; a failed query raises.
+
+        Returns:
+            Whether all queries have ended.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for query in self.queries:
+            if deadline is None:
+                query.awaitTermination()
+            elif not query.awaitTermination(max(1, round(deadline - time.monotonic()))):
+                return False
+        return True
+
+    def stop(self, checkpoint: bool = True, grace_s: float = 30.0) -> None:
+        """Stop the queries (after the running micro-batch, within ``grace_s``), checkpoint the snapshots.
+
+        Args:
+            checkpoint: write a last snapshot checkpoint, for a fast restart.
+            grace_s: how long to wait for a running micro-batch, seconds.
+        """
+        for query in self.queries:
+            deadline = time.monotonic() + grace_s
+            while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            query.stop()
+        self.queries = []
+        for snapshot in self.snapshots.values():
+            snapshot.close(checkpoint=checkpoint)
+        if self._watermarks is not None:
+            self._watermarks.close()
+            self._watermarks = None
+        log.info("job=%s stopped after %d micro-batches", self.config.name, self.batches)
+
+    def run(self, available_now: bool = False) -> None:
+        """Start, run until SIGINT/SIGTERM (or until done with ``available_now``), then stop cleanly.
+
+        Raises:
+            FatalError: a query failed (the checkpoint lets a restart resume).
+        """
+        stopping = threading.Event()
+        previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start(available_now)
+            while not stopping.is_set():
+                if available_now and self.await_termination(1):
+                    break
+                failed = [q for q in self.queries if not q.isActive and q.exception() is not None]
+                if failed:
+                    raise FatalError(f"query {failed[0].name} failed: {failed[0].exception()}")
+                stopping.wait(1.0)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.stop()

@@ -1,0 +1,72 @@
+"""Prometheus metrics of the stream job (prometheus-client, default registry).
+
+=========================================== =====================================================
+``threes_stream_snapshot_age_seconds``       time since the snapshot was last known to be at its
+                                             topics' end offsets (its staleness), per snapshot
+``threes_stream_snapshot_keys``              keys in the snapshot's base
+``threes_stream_snapshot_overlay_records``   records in its overlay (not yet merged into the base)
+``threes_stream_snapshot_refresh_seconds``   time to catch a snapshot up before a micro-batch
+``threes_stream_batch_seconds``              time of a micro-batch, refresh to written records
+``threes_stream_records_total``              records read/written per ``kind`` (``events``,
+                                             ``enriched``, ``dead_letters``, ``updates``)
+=========================================== =====================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_AGE = Gauge(
+    "threes_stream_snapshot_age_seconds", "Seconds since the snapshot was last at its topics' end offsets",
+    ["job", "snapshot"],
+)
+SNAPSHOT_KEYS = Gauge("threes_stream_snapshot_keys", "Keys in the snapshot base", ["job", "snapshot"])
+SNAPSHOT_OVERLAY = Gauge(
+    "threes_stream_snapshot_overlay_records", "Records in the snapshot overlay", ["job", "snapshot"]
+)
+SNAPSHOT_REFRESH = Histogram(
+    "threes_stream_snapshot_refresh_seconds", "Snapshot catch-up time before a micro-batch", ["job", "snapshot"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+BATCH_SECONDS = Histogram(
+    "threes_stream_batch_seconds", "Micro-batch time", ["job"], buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+)
+RECORDS = Counter("threes_stream_records_total", "Records read or written", ["job", "kind"])
+
+
+@dataclass(frozen=True)
+class SnapshotMetrics:
+    """The metric children of one snapshot."""
+
+    keys: Any
+    overlay: Any
+    refresh: Any
+
+
+def snapshot_metrics(job: str, snapshot: str, age_s: Callable[[], float]) -> SnapshotMetrics:
+    """The metrics of a snapshot; its age is computed when scraped.
+
+    Args:
+        job: the job's name.
+        snapshot: the snapshot's name.
+        age_s: returns the snapshot's current age, seconds.
+    """
+    SNAPSHOT_AGE.labels(job, snapshot).set_function(age_s)
+    return SnapshotMetrics(
+        SNAPSHOT_KEYS.labels(job, snapshot),
+        SNAPSHOT_OVERLAY.labels(job, snapshot),
+        SNAPSHOT_REFRESH.labels(job, snapshot),
+    )
+
+
+def serve(port: int) -> None:
+    """Serve ``/metrics`` on ``port`` (all interfaces, as Prometheus scrapes from elsewhere)."""
+    start_http_server(port)
+    log.info("metrics on http://0.0.0.0:%d/metrics", port)

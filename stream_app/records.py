@@ -1,0 +1,112 @@
+"""Output records as Spark columns: ``struct<topic, key, value, headers>`` for Spark's Kafka sink.
+
+Every output of a micro-batch (enriched event, update records, dead letters)
+is one such struct, so one pass over the batch writes all of them (the row
+``topic`` column routes each record). Headers follow the project contracts:
+the update ``version`` (:mod:`connectors.updates`: 8-byte big-endian int64)
+and the dead letter headers (:mod:`connectors.dlq`), built here in the JVM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from connectors.updates import VERSION_HEADER
+
+HEADER_TYPE = "struct<key:string,value:binary>"
+RECORD_FIELDS = ("topic", "key", "value", "headers")
+
+
+def _f() -> Any:
+    from pyspark.sql import functions
+
+    return functions
+
+
+def header(name: str, value: Any) -> Any:
+    """One Kafka header: ``name`` and a binary (or string, encoded UTF-8) column."""
+    f = _f()
+    return f.struct(f.lit(name).alias("key"), value.cast("binary").alias("value"))
+
+
+def no_headers() -> Any:
+    """An empty header array of the right type."""
+    f = _f()
+    return f.array().cast(f"array<{HEADER_TYPE}>")
+
+
+def version_bytes(version: Any) -> Any:
+    """A long column as the ``version`` header value: 8 bytes, big-endian (two's complement)."""
+    f = _f()
+    return f.unhex(f.lpad(f.hex(version.cast("long")), 16, "0"))
+
+
+def record(topic: str, key: Any, value: Any, headers: Any) -> Any:
+    """A Kafka record struct for Spark's Kafka sink."""
+    f = _f()
+    return f.struct(f.lit(topic).alias("topic"), key.alias("key"), value.alias("value"), headers.alias("headers"))
+
+
+def update_record(topic: str, key: Any, value: Any, version: Any) -> Any:
+    """An update record (``connectors.updates`` contract): key, value, ``version`` header."""
+    f = _f()
+    return record(topic, key, value, f.array(header(VERSION_HEADER, version_bytes(version))))
+
+
+def dead_letter(
+    topic: str,
+    stage: str,
+    error_class: str,
+    message: Any,
+    component: str,
+    *,
+    source_topic: Any,
+    partition: Any,
+    offset: Any,
+    key: Any,
+    value: Any,
+    headers: Any = None,
+) -> Any:
+    """A dead letter record (``connectors.dlq`` contract): original key, value and headers kept.
+
+    Args:
+        topic: the dead letter topic.
+        stage: where it failed (``decode``, ``transform``).
+        error_class: the error's class name.
+        message: a string column, why it failed.
+        component: who dead-lettered it (the job's name).
+        source_topic: original topic (string column).
+        partition: original partition (int column).
+        offset: original offset (long column).
+        key: original key bytes.
+        value: original value bytes.
+        headers: original headers (appended after ours), or ``None``.
+    """
+    f = _f()
+    ours = f.array(
+        header("dlq.topic", source_topic),
+        header("dlq.partition", partition.cast("string")),
+        header("dlq.offset", offset.cast("string")),
+        header("dlq.stage", f.lit(stage)),
+        header("dlq.error.class", f.lit(error_class)),
+        header("dlq.error.message", message),
+        header("dlq.component", f.lit(component)),
+        header("dlq.timestamp_ms", f.unix_millis(f.current_timestamp()).cast("string")),
+    )
+    all_headers = ours if headers is None else f.concat(ours, f.coalesce(headers, no_headers()))
+    return record(topic, key, value, all_headers)
+
+
+def explode_records(df: Any, records: Sequence[Any]) -> Any:
+    """One output row per non-null record column: ``topic, key, value, headers``."""
+    f = _f()
+    return df.select(f.inline(f.filter(f.array(*records), lambda r: r.isNotNull())))
+
+
+def write_records(records: Any, options: dict[str, str]) -> None:
+    """Write a batch of ``topic, key, value, headers`` rows with Spark's Kafka sink (at least once)."""
+    writer = records.write.format("kafka")
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    writer.save()

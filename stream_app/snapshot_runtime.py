@@ -1,0 +1,474 @@
+"""The live snapshot: loaded behind a readiness gate, caught up before every micro-batch, checkpointed.
+
+A :class:`Snapshot` keeps, on the driver:
+
+* a **base**: the latest value per key up to ``base_offsets``, either an
+  Arrow table shipped once to the executors as a broadcast (up to
+  ``broadcast_max_rows`` keys) or a cached DataFrame partitioned by key;
+* an **overlay log**: every record read since the base (updates and
+  tombstones, with their offsets), in read order.
+
+Before each micro-batch :meth:`Snapshot.catch_up` reads only the new offset
+ranges ``[offsets, end offsets)`` from Kafka (decoded in the JVM) into the
+overlay, so a refresh costs what was written since the last one, not the
+snapshot's size. When the overlay passes ``overlay_max_rows`` it is merged
+into a new base (one broadcast, or one cached DataFrame). This is the base +
+delta design of log-structured stores (LSM trees) and of Kafka Streams'
+restore-then-tail, with Spark broadcasts as the shipping medium.
+
+Because the overlay keeps offsets, :meth:`Snapshot.view` can give the
+snapshot *as of* earlier offsets: a micro-batch replayed after a crash joins
+against exactly what it joined the first time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from connectors import clients
+from connectors.config.models import KafkaConfig
+from connectors.dlq import DeadLetter
+from connectors.exceptions import RetriableError
+from stream_app import metrics
+from stream_app.checkpoint import SnapshotCheckpoint
+from stream_app.kafka_io import Offsets, TopicWatermarks, count_between, offsets_json, read_range
+from stream_app.plan import SnapshotPlan
+from stream_app.snapshot import (
+    DELETED,
+    ERROR,
+    LH,
+    LK,
+    OFFSET,
+    PARTITION,
+    RANK,
+    TOPIC,
+    SnapshotView,
+    apply_changes,
+    below,
+    decode_records,
+    dedupe_last,
+    ipc_bytes,
+    latest_per_key,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _nullable(table: pa.Table) -> pa.Table:
+    """The same table with every field nullable (tables from different Spark plans then concatenate)."""
+    schema = pa.schema([fld.with_nullable(True) for fld in table.schema])
+    return table if table.schema.equals(schema) else table.cast(schema)
+
+
+def _covers(upto: Mapping[str, Mapping[int, int]], base: Mapping[str, Mapping[int, int]]) -> bool:
+    return all(upto.get(t, {}).get(p, 0) >= o for t, parts in base.items() for p, o in parts.items())
+
+
+class DeadLetterProducer:
+    """Sends undecodable snapshot records to the dead letter topic (``connectors.dlq`` headers).
+
+    Only bad records of the compacted topics come here (rare); bad events are
+    dead-lettered by Spark in the micro-batch itself.
+    """
+
+    def __init__(self, kafka: KafkaConfig, topic: str, component: str, timeout_s: float = 30.0):
+        self.kafka, self.topic, self.component, self.timeout_s = kafka, topic, component, timeout_s
+        self._producer: Any = None
+
+    def send(self, rows: pa.Table, stage: str) -> int:
+        """Produce one dead letter per row (``__topic, __partition, __offset, __error, key, value``).
+
+        Returns:
+            How many were sent.
+
+        Raises:
+            RetriableError: the broker did not acknowledge them in time.
+        """
+        if rows.num_rows == 0:
+            return 0
+        if self._producer is None:
+            self._producer = clients.kafka_producer(self.kafka)
+        for row in rows.select([TOPIC, PARTITION, OFFSET, ERROR, "key", "value"]).to_pylist():
+            letter = DeadLetter(
+                row[TOPIC], row[PARTITION], row[OFFSET], stage, "SkippableRecordError", row[ERROR], self.component
+            )
+            log.warning("dead letter topic=%s partition=%d offset=%d reason=%s", row[TOPIC], row[PARTITION],
+                        row[OFFSET], row[ERROR])
+            self._producer.produce(self.topic, key=row["key"], value=row["value"], headers=letter.headers())
+        if self._producer.flush(self.timeout_s):
+            raise RetriableError(f"dead letters to {self.topic} not acknowledged within {self.timeout_s} s")
+        return rows.num_rows
+
+
+class Snapshot:
+    """One GlobalKTable-like snapshot of compacted topics (see module docstring).
+
+    Args:
+        spark: the SparkSession.
+        kafka: the pipeline's Kafka config.
+        plan: the snapshot's config and schemas.
+        writers: returns the known writer schemas (fingerprint -> JSON).
+        watermarks: end offsets of the topics.
+        checkpoint: where its checkpoints go, or ``None``.
+        dead_letters: where undecodable records go.
+        job: the job's name (metric label).
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        kafka: KafkaConfig,
+        plan: SnapshotPlan,
+        writers: Callable[[], dict[bytes, str]],
+        watermarks: TopicWatermarks,
+        checkpoint: SnapshotCheckpoint | None,
+        dead_letters: DeadLetterProducer,
+        job: str = "stream",
+    ):
+        self.spark, self.kafka, self.plan, self.writers = spark, kafka, plan, writers
+        self.cfg = plan.config
+        self.name = self.cfg.name
+        self.watermarks, self.checkpoint, self.dead_letters = watermarks, checkpoint, dead_letters
+        self.rank = {t: i for i, t in enumerate(self.cfg.topics)}
+        self.value_names = list(plan.value.spark_type.fieldNames())
+        self.offsets: Offsets = {}
+        self.base_offsets: Offsets = {}
+        self.mode = "broadcast"
+        self.base_rows = 0
+        self.caught_up_at = 0.0  # epoch seconds at which the snapshot was known to reach the end offsets
+        self._base: pa.Table | None = None
+        self._base_df: Any = None
+        self._broadcast: Any = None
+        self._token = ""
+        self._log: pa.Table | None = None
+        self._view: SnapshotView | None = None
+        self._last_checkpoint = (time.monotonic(), None)
+        self._checkpoint_thread: threading.Thread | None = None
+        self._metrics = metrics.snapshot_metrics(job, self.name, lambda: time.time() - self.caught_up_at)
+
+    # -- reading Kafka ------------------------------------------------------------------------
+
+    def _decode(self, raw: Any) -> Any:
+        return decode_records(
+            raw, self.writers(), self.plan.key.json, self.plan.value.json, self.plan.key.spark_type, self.rank
+        )
+
+    def _empty_base(self) -> pa.Table:
+        from pyspark.sql import types as T
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        spark_type = T.StructType(
+            [T.StructField(LK, T.StringType()), T.StructField(LH, T.LongType()), *self.plan.value.spark_type.fields]
+        )
+        return _nullable(to_arrow_schema(spark_type, timestamp_utc=True).empty_table())
+
+    def _dead_letter_errors(self, decoded: Any, stage: str = "snapshot") -> int:
+        bad = decoded.filter(decoded[ERROR].isNotNull()).select(TOPIC, PARTITION, OFFSET, ERROR, "key", "value")
+        return self.dead_letters.send(bad.toArrow(), stage)
+
+    def _read_changes(self, start: Offsets, ends: Offsets, pending: int) -> pa.Table:
+        """Records in ``[start, ends)``: the whole log when small, else the latest per key (tombstones kept)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as f
+
+        raw = read_range(self.spark, self.kafka, start, ends)
+        if raw is None:
+            return self._empty_base().append_column(DELETED, pa.array([], pa.bool_()))
+        decoded = self._decode(raw)
+        if pending > self.cfg.overlay_max_rows:
+            seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
+            observed = decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors"))
+            changes = latest_per_key(observed, keep_deleted=True).toArrow()
+            if seen.get["errors"]:
+                self._dead_letter_errors(decoded)
+            return _nullable(changes.sort_by([(TOPIC, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")]))
+        rows = decoded.select(LK, LH, DELETED, TOPIC, PARTITION, OFFSET, RANK, ERROR, "key", "value", "__v.*")
+        table = rows.toArrow().sort_by([(RANK, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")])
+        errors = table.column(ERROR).is_valid()
+        if pc.any(errors).as_py():
+            self.dead_letters.send(table.filter(errors), "snapshot")
+            table = table.filter(pc.invert(errors))
+        return _nullable(table.select([LK, LH, DELETED, TOPIC, PARTITION, OFFSET, *self.value_names]))
+
+    # -- the base ---------------------------------------------------------------------------
+
+    def _set_base(self, table: pa.Table | None = None, df: Any = None, rows: int | None = None) -> None:
+        """Install a new base (Arrow table or DataFrame), broadcast or partitioned by its size."""
+        old_broadcast, old_df = self._broadcast, self._base_df
+        if rows is None:
+            rows = table.num_rows if table is not None else df.count()
+        if rows <= self.cfg.broadcast_max_rows:
+            table = _nullable(table if table is not None else df.toArrow())
+            self.mode, self._base, self._base_df = "broadcast", table, None
+            self._token = uuid.uuid4().hex
+            self._broadcast = self.spark.sparkContext.broadcast(ipc_bytes(table))
+        else:
+            if df is None:
+                df = self.spark.createDataFrame(table)
+            partitions = self.cfg.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+            df = df.repartition(partitions, LK).persist()
+            rows = df.count()
+            self.mode, self._base, self._base_df, self._broadcast = "partitioned", None, df, None
+        self.base_rows = rows
+        self._view = None
+        if old_broadcast is not None:
+            old_broadcast.unpersist()
+        if old_df is not None:
+            old_df.unpersist()
+
+    def _apply(self, changes: pa.Table) -> None:
+        """Apply a change set (one row per key, ``__deleted``) to the base."""
+        if changes.num_rows == 0:
+            return
+        if self.mode == "broadcast":
+            base = self._base if self._base is not None else self._empty_base()
+            self._set_base(apply_changes(base, changes))
+            return
+        from pyspark.sql import functions as f
+
+        delta = self.spark.createDataFrame(changes.select([LK, LH, DELETED, *self.value_names]))
+        live = delta.filter(~f.col(DELETED)).drop(DELETED)
+        self._set_base(df=self._base_df.join(delta.select(LK), LK, "left_anti").unionByName(live))
+
+    def merge(self) -> None:
+        """Fold the overlay into a new base (the base then covers :attr:`offsets`)."""
+        if self._log is not None and self._log.num_rows:
+            started = time.monotonic()
+            self._apply(dedupe_last(self._log))
+            log.info("snapshot=%s merged overlay records=%d keys=%d mode=%s elapsed_s=%.2f", self.name,
+                     self._log.num_rows, self.base_rows, self.mode, time.monotonic() - started)
+        self._log = None
+        self.base_offsets = {t: dict(p) for t, p in self.offsets.items()}
+        self._view = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def bootstrap(self) -> dict[str, Any]:
+        """The readiness gate: load the snapshot up to the end offsets its topics have now.
+
+        Loads the newest usable checkpoint and reads the topics' tail from its
+        offsets, or reads the topics from their earliest offsets.
+
+        Returns:
+            ``keys``, ``source`` (``checkpoint`` | ``topics``), ``records`` read,
+            ``elapsed_s``.
+
+        Raises:
+            SetupError: a topic is missing or Kafka does not answer.
+        """
+        started, now = time.monotonic(), time.time()
+        ends = self.watermarks.end_offsets(self.cfg.topics)
+        loaded = self._usable_checkpoint(ends)
+        if loaded is not None:
+            self._set_base(loaded.table)
+            self.offsets = {t: dict(p) for t, p in loaded.offsets.items() if t in self.rank}
+            self.base_offsets = {t: dict(p) for t, p in self.offsets.items()}
+            records = self.catch_up(ends, at=now, merge=False)
+            source = "checkpoint"
+        else:
+            records = count_between({}, ends)
+            raw = read_range(self.spark, self.kafka, None, ends)
+            if raw is None:
+                self._set_base(self._empty_base())
+            else:
+                self._load_all(raw, records)
+            self.offsets = {t: dict(p) for t, p in ends.items()}
+            self.base_offsets = {t: dict(p) for t, p in ends.items()}
+            self.caught_up_at = now
+            source = "topics"
+        elapsed = time.monotonic() - started
+        keys = self.base_rows + (self._log.num_rows if self._log is not None else 0)
+        log.info("snapshot=%s ready keys=%d mode=%s source=%s records_read=%d offsets=%s elapsed_s=%.2f", self.name,
+                 self.base_rows, self.mode, source, records, offsets_json(self.offsets), elapsed)
+        self._update_metrics()
+        if source == "topics":
+            self.maybe_checkpoint(force=True)
+        return {"keys": keys, "source": source, "records": records, "elapsed_s": elapsed}
+
+    def _load_all(self, raw: Any, records: int) -> None:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as f
+
+        decoded = self._decode(raw)
+        seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
+        latest = latest_per_key(decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors")))
+        if records <= self.cfg.broadcast_max_rows:
+            self._set_base(latest.toArrow())
+        else:  # maybe too big to broadcast: count it on the executors first
+            self._set_base(df=latest)
+        if seen.get["errors"]:
+            log.warning("snapshot=%s has %d undecodable records", self.name, seen.get["errors"])
+            self._dead_letter_errors(decoded)
+
+    def _usable_checkpoint(self, ends: Offsets) -> Any:
+        """The newest checkpoint if it still describes the topics, else ``None`` (read them all)."""
+        if self.checkpoint is None:
+            return None
+        loaded = self.checkpoint.load()
+        if loaded is None:
+            return None
+        starts = self.watermarks.start_offsets(self.cfg.topics)
+        for topic, parts in loaded.offsets.items():
+            for partition, offset in parts.items():
+                low = starts.get(topic, {}).get(partition, 0)
+                high = ends.get(topic, {}).get(partition, 0)
+                if not low <= offset <= high:
+                    log.warning("snapshot=%s checkpoint offset %s[%d]=%d outside [%d, %d]: reading the topics",
+                                self.name, topic, partition, offset, low, high)
+                    return None
+        age = time.time() - loaded.written_at
+        retention = self._tombstone_retention_s()
+        if retention is not None and age >= retention:
+            log.warning("snapshot=%s checkpoint is %.0f s old, past delete.retention.ms (%.0f s): tombstones may "
+                        "be gone, reading the topics", self.name, age, retention)
+            return None
+        return loaded
+
+    def _tombstone_retention_s(self) -> float | None:
+        from connectors.topics import topic_configs
+
+        values = []
+        for topic in self.cfg.topics:
+            value = topic_configs(self.kafka.librdkafka_config(), topic).get("delete.retention.ms")
+            if value is not None:
+                values.append(int(value) / 1000)
+        return min(values) if values else None
+
+    def catch_up(self, ends: Offsets | None = None, at: float | None = None, merge: bool = True) -> int:
+        """Read what was written since the last refresh (updates and tombstones) into the overlay.
+
+        Args:
+            ends: offsets to read up to; the topics' current end offsets when ``None``.
+            at: when ``ends`` were read (epoch seconds), for the age metric.
+            merge: fold the overlay into a new base when it is too big.
+
+        Returns:
+            How many offsets were read (records, at most).
+        """
+        at = time.time() if at is None else at
+        ends = ends or self.watermarks.end_offsets(self.cfg.topics)
+        pending = count_between(self.offsets, ends)
+        if pending == 0:
+            self.caught_up_at = at
+            self._update_metrics()
+            return 0
+        started = time.monotonic()
+        changes = self._read_changes(self.offsets, ends, pending)
+        if pending > self.cfg.overlay_max_rows:
+            self.merge()
+            self._apply(changes.select([LK, LH, DELETED, *self.value_names]))
+            self.offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
+            self.base_offsets = {t: dict(p) for t, p in self.offsets.items()}
+        else:
+            self._log = changes if self._log is None else pa.concat_tables([self._log, changes])
+            self.offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
+            if merge and self._log.num_rows > self.cfg.overlay_max_rows:
+                self.merge()
+        self._view = None
+        self.caught_up_at = at
+        elapsed = time.monotonic() - started
+        self._metrics.refresh.observe(elapsed)
+        self._update_metrics()
+        log.info("snapshot=%s refresh records=%d overlay=%d keys=%d offsets=%s elapsed_s=%.2f", self.name,
+                 changes.num_rows, self.overlay_rows, self.base_rows, offsets_json(self.offsets), elapsed)
+        return pending
+
+    @property
+    def overlay_rows(self) -> int:
+        """Records in the overlay log."""
+        return 0 if self._log is None else self._log.num_rows
+
+    def view(self, upto: Offsets | None = None) -> SnapshotView:
+        """The snapshot to join a micro-batch against: now, or as of ``upto`` (a replayed batch).
+
+        When the base is already newer than ``upto`` (its overlay was merged,
+        or a restart caught up past it), the current snapshot is given and a
+        warning says so.
+        """
+        if upto is not None and upto != self.offsets:
+            if _covers(upto, self.base_offsets):
+                overlay = dedupe_last(below(self._log, upto)) if self._log is not None else None
+                return self._make_view(upto, overlay)
+            log.warning("snapshot=%s replayed batch wanted offsets %s, the base is at %s: joining the current "
+                        "snapshot", self.name, offsets_json(upto), offsets_json(self.base_offsets))
+        if self._view is None:
+            overlay = dedupe_last(self._log) if self._log is not None else None
+            self._view = self._make_view(self.offsets, overlay)
+        return self._view
+
+    def _make_view(self, offsets: Offsets, overlay: pa.Table | None) -> SnapshotView:
+        return SnapshotView(
+            name=self.name,
+            key_type=self.plan.key.spark_type,
+            value_type=self.plan.value.spark_type,
+            offsets={t: dict(p) for t, p in offsets.items()},
+            mode=self.mode,
+            base_rows=self.base_rows,
+            token=self._token,
+            broadcast=self._broadcast,
+            base_df=self._base_df,
+            overlay=overlay if overlay is not None and overlay.num_rows else None,
+        )
+
+    def maybe_checkpoint(self, force: bool = False) -> bool:
+        """Checkpoint the snapshot (merged, with its offsets) when the interval has passed.
+
+        Broadcast snapshots are written by a background thread (the Arrow
+        table is immutable); partitioned ones are collected and written here.
+
+        Returns:
+            Whether a checkpoint was started.
+        """
+        if self.checkpoint is None:
+            return False
+        last_at, last_offsets = self._last_checkpoint
+        if last_offsets == self.offsets or (
+            not force and time.monotonic() - last_at < self.cfg.checkpoint_interval_s
+        ):
+            return False
+        if self._checkpoint_thread is not None and self._checkpoint_thread.is_alive():
+            if not force:
+                return False
+            self._checkpoint_thread.join()
+        self.merge()
+        offsets = {t: dict(p) for t, p in self.base_offsets.items()}
+        self._last_checkpoint = (time.monotonic(), offsets)
+        table = self._base if self.mode == "broadcast" else _nullable(self._base_df.toArrow())
+        checkpoint = self.checkpoint
+
+        def save() -> None:
+            try:
+                checkpoint.save(table, offsets)
+            except Exception:  # the next interval tries again; a restart without it reads the topics
+                log.exception("snapshot=%s checkpoint failed", self.name)
+
+        self._checkpoint_thread = threading.Thread(target=save, name=f"snapshot-checkpoint-{self.name}", daemon=True)
+        self._checkpoint_thread.start()
+        return True
+
+    def wait_checkpoint(self, timeout_s: float | None = None) -> None:
+        """Wait for a checkpoint being written."""
+        if self._checkpoint_thread is not None:
+            self._checkpoint_thread.join(timeout_s)
+
+    def close(self, checkpoint: bool = True) -> None:
+        """Write a last checkpoint (optional), wait for it, and release the broadcast/cache."""
+        if checkpoint:
+            self.maybe_checkpoint(force=True)
+        self.wait_checkpoint()
+        if self._broadcast is not None:
+            self._broadcast.unpersist()
+        if self._base_df is not None:
+            self._base_df.unpersist()
+
+    def _update_metrics(self) -> None:
+        self._metrics.keys.set(self.base_rows)
+        self._metrics.overlay.set(self.overlay_rows)

@@ -1,0 +1,129 @@
+"""Update records for the sync service: projections of enriched events and stateful aggregations.
+
+Both follow the update-topic contract (:mod:`connectors.updates`): key, value
+(never ``null`` here: the job only upserts), and a ``version`` header that
+grows per key and is the same when a micro-batch is replayed, so a sink that
+applies only newer versions turns replays and duplicates into no-ops.
+
+* A **projection** writes one upsert per enriched event. Its version is the
+  event's offset, its Kafka timestamp (ms), or a numeric event field: all read
+  from the event, hence identical on replay.
+* An **aggregation** groups enriched events per key fields and event-time
+  window in Spark's state store (RocksDB provider), emitting changed groups
+  each micro-batch (``update`` output mode). Its version is the group's event
+  count: every change adds at least one event, and the state store restores
+  the same counts when a batch is replayed. The watermark bounds the state:
+  a window is dropped once the watermark passes its end, and later events for
+  it are ignored (Spark's event-time semantics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stream_app.avro import encode_avro
+from stream_app.plan import UpdatePlan
+from stream_app.records import dead_letter, update_record
+
+COUNT = "__count"
+
+
+def _f() -> Any:
+    from pyspark.sql import functions
+
+    return functions
+
+
+def projection_version(plan: UpdatePlan) -> Any:
+    """The version column of a projection (``__offset``, ``__timestamp`` are the event's Kafka metadata)."""
+    f = _f()
+    source = plan.config.version
+    if source == "offset":
+        return f.col("__offset")
+    if source == "timestamp":
+        return f.unix_millis(f.col("__timestamp"))
+    return f.col(source).cast("long")
+
+
+def projection_records(plan: UpdatePlan, dead_letter_topic: str, component: str, ok: Any) -> list[Any]:
+    """The update record of an enriched event, and the dead letter when its key is incomplete.
+
+    Args:
+        plan: the projection.
+        dead_letter_topic: where an event without a complete update key goes.
+        component: the job's name (``dlq.component``).
+        ok: a boolean column, true for events that were decoded (others are
+            already dead-lettered).
+
+    Returns:
+        Two record columns (each null when it does not apply).
+    """
+    f = _f()
+    key_fields = list(plan.config.key or [])
+    value_fields = [fld["name"] for fld in plan.value.avro["fields"]]
+    complete = f.lit(True)
+    for name in key_fields:
+        complete = complete & f.col(name).isNotNull()
+    key = encode_avro(f.struct(*key_fields), plan.key.json, plan.key.fingerprint)
+    value = encode_avro(f.struct(*value_fields), plan.value.json, plan.value.fingerprint)
+    upsert = f.when(ok & complete, update_record(plan.config.topic, key, value, projection_version(plan)))
+    missing = f.concat_ws(", ", *[f.when(f.col(n).isNull(), f.lit(n)) for n in key_fields])
+    bad = f.when(
+        ok & ~complete,
+        dead_letter(
+            dead_letter_topic,
+            "transform",
+            "SkippableRecordError",
+            f.concat(f.lit(f"update topic {plan.config.topic}: key field(s) null: "), missing),
+            component,
+            source_topic=f.col("__topic"),
+            partition=f.col("__partition"),
+            offset=f.col("__offset"),
+            key=f.col("__key"),
+            value=f.col("__value"),
+            headers=f.col("__headers"),
+        ),
+    )
+    return [upsert, bad]
+
+
+def aggregate(enriched: Any, plan: UpdatePlan) -> Any:
+    """Aggregate enriched events per ``group_by`` and event-time window (stateful on a stream).
+
+    Args:
+        enriched: enriched events (streaming or not) with the event-time field.
+        plan: the aggregation.
+
+    Returns:
+        ``window`` (struct start/end), the group fields, ``__count`` and the
+        aggregation outputs.
+    """
+    f = _f()
+    cfg = plan.config
+    fns = {"mean": f.avg, "sum": f.sum, "min": f.min, "max": f.max}
+    outputs = [f.count(f.lit(1)).alias(COUNT)]
+    for out, fn, source in plan.aggregations:
+        outputs.append(f.count(f.lit(1)).alias(out) if fn == "count" else fns[fn](f.col(source)).alias(out))
+    return (
+        enriched.withWatermark(cfg.event_time, cfg.watermark)
+        .groupBy(f.window(cfg.event_time, cfg.window).alias("window"), *(cfg.group_by or []))
+        .agg(*outputs)
+    )
+
+
+def aggregation_records(aggregated: Any, plan: UpdatePlan) -> Any:
+    """Update records of aggregated groups: ``topic, key, value, headers`` (version = event count)."""
+    f = _f()
+    group_by = list(plan.config.group_by or [])
+    types = {fld["name"]: fld["type"] for fld in plan.value.avro["fields"]}
+    columns = [f.col(n) for n in group_by] + [
+        f.col("window.start").alias("window_start"),
+        f.col("window.end").alias("window_end"),
+    ]
+    for out, _fn, _source in plan.aggregations:
+        target = types[out] if isinstance(types[out], str) else [t for t in types[out] if t != "null"][0]
+        columns.append(f.col(out).cast(target) if target in ("long", "double") else f.col(out))
+    key = encode_avro(f.struct(*[f.col(n) for n in group_by], f.col("window.start").alias("window_start")),
+                      plan.key.json, plan.key.fingerprint)
+    value = encode_avro(f.struct(*columns), plan.value.json, plan.value.fingerprint)
+    return aggregated.select(update_record(plan.config.topic, key, value, f.col(COUNT)).alias("r")).select("r.*")
