@@ -129,6 +129,7 @@ def _mount_subcommands() -> None:
     app.add_typer(offsets_app, name="offsets")
     app.add_typer(stream_app, name="stream")
     app.add_typer(sync_app, name="sync")
+    __import__("connectors.demo.cli", fromlist=["register"]).register(app)  # replay, demo, docs
 
 
 _mount_subcommands()
