@@ -44,9 +44,10 @@ class RdsSourceConfig(SourceConnectorConfig):
     commit_delay_s: float = Field(
         5.0, ge=0, description="rows are read only once older than this; bounds late commits"
     )
-    wait_for_open_transactions: bool = Field(
-        True,
-        description="PostgreSQL: never read past the start of the oldest open transaction (commit-safe watermark)",
+    hold_for_transactions: Literal["writers", "all", "none"] = Field(
+        "writers",
+        description="PostgreSQL: never read past the start of the oldest open transaction that has written "
+        "(writers), of any open transaction (all), or rely on commit_delay_s alone (none)",
     )
     reconcile_interval_s: float | None = Field(
         300.0, gt=0, description="how often the key set is compared to emit tombstones for deletes; null: never"

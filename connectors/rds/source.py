@@ -12,14 +12,23 @@ last`` up to "now" loses a row whose transaction started (``updated_at =
 now()`` is the *transaction start* on PostgreSQL) before the poll and commits
 after it: the row appears behind the watermark. This source reads only rows
 with ``ts < bound`` where ``bound = min(db_now - commit_delay_s, start of the
-oldest open transaction)``; the second term (PostgreSQL,
-``pg_stat_activity.xact_start`` of the database's client backends, visible for
-the connector's role or with ``pg_read_all_stats``) makes the bound exact for
-timestamps written with ``now()``/``clock_timestamp()``, whatever the
-transaction's length; ``commit_delay_s`` covers clocks of other writers and
-sessions the role cannot see. Rows with equal timestamps are ordered by the key
-(or ``incrementing_column``), so a page boundary inside a tie loses nothing.
-(The same idea as transactional-outbox pollers that read only below
+oldest open transaction)``. On PostgreSQL the second term comes from
+``pg_stat_activity.xact_start`` of the database's client backends (visible for
+the connector's role, or any role with ``pg_read_all_stats``):
+
+* ``hold_for_transactions: writers`` (default) counts the transactions that
+  already hold a transaction id, i.e. have written: a writer's rows carry
+  ``now()`` >= its start, so however long it stays open, its rows are read
+  after it commits. A transaction that reads for longer than
+  ``commit_delay_s`` *before its first write* is the one case left to the delay
+  (PostgreSQL assigns the transaction id lazily, at the first write).
+* ``all`` counts every open transaction (exact, but a long report or
+  ``pg_dump`` then holds the watermark for its whole length; a warning says so).
+* ``none`` relies on ``commit_delay_s`` alone (the bound other databases get).
+
+Rows with equal timestamps are ordered by the key (or ``incrementing_column``),
+so a page boundary inside a tie loses nothing. (The same idea as
+transactional-outbox pollers that read only below
 ``pg_snapshot_xmin(pg_current_snapshot())``, expressed as a time bound because
 the cursor is a timestamp column.)
 
@@ -78,6 +87,7 @@ _pg_activity = table(
     column("pid"),
     column("datname"),
     column("backend_type"),
+    column("backend_xid"),
 )
 
 
@@ -325,17 +335,19 @@ class RdsSource(SourceTask):
         if self.dialect == "postgresql":
             oldest = None
             now = conn.execute(select(func.statement_timestamp())).scalar_one()
-            if cfg.wait_for_open_transactions:
+            if cfg.hold_for_transactions != "none":
                 act = _pg_activity.c
-                oldest = conn.execute(
-                    select(func.min(act.xact_start)).where(
-                        act.datname == func.current_database(),
-                        act.pid != func.pg_backend_pid(),
-                        act.xact_start.is_not(None),
-                        act.backend_type == "client backend",
-                    )
-                ).scalar_one()
+                conditions = [
+                    act.datname == func.current_database(),
+                    act.pid != func.pg_backend_pid(),
+                    act.xact_start.is_not(None),
+                    act.backend_type == "client backend",
+                ]
+                if cfg.hold_for_transactions == "writers":
+                    conditions.append(act.backend_xid.is_not(None))
+                oldest = conn.execute(select(func.min(act.xact_start)).where(*conditions)).scalar_one()
             bound = now - delay
+            log.debug("source=%s db_now=%s oldest_open_transaction=%s", cfg.name, now, oldest)
             if oldest is not None and oldest < bound:
                 held = (now - oldest).total_seconds()
                 if held > _HELD_BACK_WARN_S and time.monotonic() - self._last_held_warning > _HELD_BACK_WARN_S:

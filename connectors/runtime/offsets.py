@@ -186,23 +186,30 @@ class PositionTracker:
         self._pending.append(pending)
         return pending
 
-    def advance(self) -> tuple[dict[str, Any] | None, int]:
+    def advance(self, raise_errors: bool = True) -> tuple[dict[str, Any] | None, int]:
         """Drop fully acknowledged batches from the head.
+
+        Args:
+            raise_errors: raise when the head batch failed; ``False`` on shutdown,
+                where the positions before the failure are still stored.
 
         Returns:
             ``(position, records)``: the newest committable position (``None``
             if it did not move) and how many records became acknowledged.
 
         Raises:
-            FatalError: a record of the head batch failed delivery (retries of
-                the idempotent producer exhausted): nothing past it is committed.
+            FatalError: a record of the head batch failed (delivery retries of the
+                idempotent producer exhausted, or it could not be encoded): nothing
+                from that batch on is committed.
         """
         moved: dict[str, Any] | None = None
         acked = 0
+        failed: str | None = None
         while self._pending and self._pending[0].outstanding <= 0:
             head = self._pending[0]
             if head.error is not None:
-                raise FatalError(head.error)
+                failed = head.error
+                break
             self._pending.popleft()
             acked += head.records
             if head.position is not None:
@@ -210,7 +217,16 @@ class PositionTracker:
         if moved is not None:
             self._committable = moved
         self._acked_records += acked
+        if failed is not None and raise_errors:
+            raise FatalError(failed)
         return moved, acked
+
+    def abandon(self, pending: _Pending, not_produced: int, error: str) -> None:
+        """Mark a batch that stopped half-way: its unproduced records owe no ack, and it never commits."""
+        pending.outstanding -= not_produced
+        pending.records -= not_produced
+        if pending.error is None:
+            pending.error = error
 
     def first_error(self) -> str | None:
         """The first delivery error of any batch still tracked (it stops the task)."""

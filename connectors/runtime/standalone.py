@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.config.models import SourceConnectorConfig
+from connectors.config.models import RetryPolicy, SourceConnectorConfig
 from connectors.config.pipeline import PipelineBase
 from connectors.exceptions import ConfigError
 from connectors.registry import load_implementation
@@ -78,6 +78,7 @@ class SourceWorker:
         offsets_topic: the compacted offsets topic.
         offset_flush_interval_s: how often each task writes its position, seconds.
         producer_overrides: librdkafka producer properties (``.`` as ``_``), e.g. ``linger_ms``.
+        retry: backoff of transient failures of every task (default :class:`RetryPolicy` ()).
     """
 
     def __init__(
@@ -87,6 +88,7 @@ class SourceWorker:
         offsets_topic: str = OFFSETS_TOPIC,
         offset_flush_interval_s: float = 1.0,
         producer_overrides: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
     ):
         from schemas.store import SchemaStore
 
@@ -96,6 +98,7 @@ class SourceWorker:
         self.schema_store = SchemaStore(kconf, pipeline.kafka.schema_topic)
         self.offset_flush_interval_s = offset_flush_interval_s
         self.producer_overrides = dict(producer_overrides or {})
+        self.retry = retry
         self.runners: dict[str, TaskRunner] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._stops: dict[str, threading.Event] = {}
@@ -115,6 +118,7 @@ class SourceWorker:
             task_count=spec.task_count,
             offset_flush_interval_s=self.offset_flush_interval_s,
             producer_overrides=self.producer_overrides,
+            retry=self.retry,
         )
         stop = threading.Event()
         thread = threading.Thread(

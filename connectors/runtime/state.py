@@ -10,6 +10,7 @@ a restart or a second worker sees the same set.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -63,10 +64,17 @@ def live_keys(
     )
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in pending])
+        last_progress = time.monotonic()
         while pending:
-            msgs = consumer.consume(10_000, timeout=timeout_s)
+            # consume() waits for the whole batch or the timeout: keep the timeout short
+            msgs = consumer.consume(10_000, timeout=0.2)
             if not msgs:
-                raise RetriableError(f"topic {topic!r}: no record within {timeout_s} s before its end offsets {ends}")
+                if time.monotonic() - last_progress > timeout_s:
+                    raise RetriableError(
+                        f"topic {topic!r}: no record within {timeout_s} s before its end offsets {ends}"
+                    )
+                continue
+            last_progress = time.monotonic()
             for msg in msgs:
                 if msg.error():
                     raise RetriableError(f"topic {topic!r}: {msg.error()}")

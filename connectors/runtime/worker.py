@@ -271,7 +271,7 @@ class TaskRunner:
         headers = batch.headers
         key_ser, value_ser = self.key_ser, self.value_ser
         tombstones = 0
-        for key, value in records:
+        for i, (key, value) in enumerate(records):
             try:
                 kb = key if key.__class__ is bytes else key_ser(key)
                 if value is None:
@@ -280,7 +280,11 @@ class TaskRunner:
                 else:
                     vb = value_ser(value)
             except SerdeError as exc:
-                raise self._encode_error(key, value, exc) from exc
+                error = self._encode_error(key, value, exc)
+                # nothing of this batch from here on is produced, and its position is never stored
+                self._tracker.abandon(pending, len(records) - i, str(error))
+                self.stats.produced += i
+                raise error from exc
             try:
                 produce(topic, vb, kb, on_delivery=on_delivery, headers=headers)
             except BufferError:
@@ -311,9 +315,9 @@ class TaskRunner:
                 return FatalError(f"{where}: value cannot be encoded as Avro: {parts}")
         return FatalError(f"{where}: record cannot be encoded as Avro: {exc}")
 
-    def _commit(self, force: bool = False) -> None:
+    def _commit(self, force: bool = False, raise_errors: bool = True) -> None:
         """Write the newest acknowledged position (at most every flush interval unless forced)."""
-        _moved, acked = self._tracker.advance()
+        _moved, acked = self._tracker.advance(raise_errors)
         if acked:
             self.stats.acked += acked
             metrics.RECORDS_ACKED.labels(self._label).inc(acked)
@@ -333,7 +337,7 @@ class TaskRunner:
         metrics.POSITION_COMMITS.labels(self._label).inc()
         log.debug("source=%s position=%s", self._label, position)
 
-    def _drain(self, timeout_s: float | None = None) -> None:
+    def _drain(self, timeout_s: float | None = None, raise_errors: bool = True) -> None:
         """Wait until every produced record is acknowledged (or failed), committing as acks arrive."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._tracker.in_flight > 0:
@@ -341,18 +345,18 @@ class TaskRunner:
                 raise RetriableError(f"source {self._label!r}: {self._tracker.in_flight} records not acknowledged "
                                      f"within {timeout_s} s")
             self._producer.poll(0.1)
-            if self._tracker.first_error():
+            if raise_errors and self._tracker.first_error():
                 break
-        self._commit()
+        self._commit(raise_errors=raise_errors)
 
     def _shutdown(self) -> None:
         try:
             if self._producer is not None:
                 try:
-                    self._drain(timeout_s=60.0)
-                    self._commit(force=True)
+                    # store what is acknowledged, up to (not past) a failed batch: records replay on restart
+                    self._drain(timeout_s=60.0, raise_errors=False)
+                    self._commit(force=True, raise_errors=False)
                 except ThreesError as exc:
-                    # a failed delivery: positions stay before it (records replay on restart)
                     log.error("source=%s on stop: %s", self._label, exc)
                 remaining = self._producer.flush(30.0)
                 if remaining:

@@ -1,0 +1,389 @@
+"""RdsSource against real PostgreSQL and Kafka (plus SQLite for quick local use)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, Numeric, Table, Text, inspect, select, text
+
+from connectors.config.models import RdsConnection
+from connectors.exceptions import ConfigError
+from connectors.runtime.offsets import OffsetStore
+from connectors.topics import ensure_compacted_topic
+from tests.conftest import ROOT
+from tests.integration.sources.contract import SourceContract, count_records, run_once, topic_state
+
+UTC = dt.UTC
+
+
+def _pipeline(kafka: Any, pg: RdsConnection, **source: Any) -> Any:
+    from connectors.config import pipeline_from_dict
+
+    return pipeline_from_dict({
+        "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+        "connections": {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}},
+        "sources": [{"type": "rds_source", "connection": "pg", "commit_delay_s": 0, **source}],
+    })
+
+
+class TestRdsSourceContract(SourceContract):
+    """The source contract on a PostgreSQL table in ``timestamp`` mode."""
+
+    def setup_system(self, ctx: dict[str, Any]) -> None:
+        engine = ctx["request"].getfixturevalue("pg_engine")
+        ctx["engine"] = engine
+        ctx["pg"] = ctx["request"].getfixturevalue("pg")
+        ctx["table"] = f"src_{ctx['unique']}"
+        with engine.begin() as c:
+            c.execute(text(
+                f"CREATE TABLE {ctx['table']} (id integer PRIMARY KEY, name text NOT NULL, amount numeric(12,2), "
+                "born date, doc jsonb, updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            ))
+
+    def connections(self, ctx: dict[str, Any]) -> dict[str, Any]:
+        pg = ctx["pg"]
+        return {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}}
+
+    def bad_connections(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        secret = "wrong-secret-4711"
+        return {"pg": {"type": "rds", "url": ctx["pg"].url, "password": secret}}, secret
+
+    def source_config(self, ctx: dict[str, Any]) -> dict[str, Any]:
+        return {"name": ctx["name"], "type": "rds_source", "connection": "pg", "topic": ctx["topic"],
+                "table": ctx["table"], "mode": "timestamp", "timestamp_column": "updated_at",
+                "commit_delay_s": 0, "batch_records": 7}
+
+    def make_row(self, i: int, version: int = 0) -> dict[str, Any]:
+        return {"id": i, "name": f"n{i}v{version}", "amount": decimal.Decimal(f"{i * 3 + version}.{i % 100:02d}"),
+                "born": dt.date(2000, 1, 1) + dt.timedelta(days=i), "doc": {"i": i, "v": version, "t": "é"}}
+
+    def upsert(self, ctx: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        with ctx["engine"].begin() as c:
+            for r in rows:
+                c.execute(text(
+                    f"INSERT INTO {ctx['table']} (id, name, amount, born, doc) "
+                    "VALUES (:id, :name, :amount, :born, CAST(:doc AS jsonb)) ON CONFLICT (id) DO UPDATE SET "
+                    "name = excluded.name, amount = excluded.amount, born = excluded.born, doc = excluded.doc, "
+                    "updated_at = clock_timestamp()"
+                ), {**r, "doc": json.dumps(r["doc"])})
+
+    def delete(self, ctx: dict[str, Any], keys: list[tuple]) -> None:
+        with ctx["engine"].begin() as c:
+            c.execute(text(f"DELETE FROM {ctx['table']} WHERE id = ANY(:ids)"), {"ids": [k[0] for k in keys]})
+
+    def system_state(self, ctx: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
+        with ctx["engine"].connect() as c:
+            rows = c.execute(text(f"SELECT id, name, amount, born, doc, updated_at FROM {ctx['table']}")).mappings()
+            return {
+                (r["id"],): {**r, "doc": json.dumps(r["doc"], separators=(",", ":"), ensure_ascii=False)}
+                for r in rows
+            }
+
+
+# -- modes ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["bulk", "incrementing", "timestamp+incrementing", "query"])
+def test_modes_copy_the_table(mode: str, pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
+                              unique: str, tmp_path: Any) -> None:
+    table = f"modes_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id bigserial PRIMARY KEY, name text, "
+                       "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"))
+        c.execute(text(f"INSERT INTO {table} (name) SELECT 'r' || g FROM generate_series(1, 25) g"))
+    source: dict[str, Any] = {"name": f"m-{unique}", "topic": f"state.{unique}", "mode": mode, "batch_records": 10}
+    if mode == "query":
+        schema = {"type": "record", "name": "q", "fields": [{"name": "id", "type": "long"},
+                                                             {"name": "name", "type": ["null", "string"]}]}
+        (tmp_path / "q.avsc").write_text(json.dumps(schema))
+        source.update(query=f"SELECT id, upper(name) AS name FROM {table} WHERE id % 5 <> 0", key=["id"],
+                      value_schema=str(tmp_path / "q.avsc"))
+    else:
+        source.update(table=table, incrementing_column="id", timestamp_column="updated_at")
+        if mode == "bulk":
+            source.pop("incrementing_column")
+            source.pop("timestamp_column")
+        elif mode == "incrementing":
+            source.pop("timestamp_column")
+    pipeline = _pipeline(kafka, pg, **source)
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    state = topic_state(kafka_conf, f"state.{unique}")
+    if mode == "query":
+        assert state == {(i,): {"id": i, "name": f"R{i}"} for i in range(1, 26) if i % 5}
+    else:
+        assert sorted(state) == [(i,) for i in range(1, 26)]
+        assert all(v["name"] == f"r{k[0]}" for k, v in state.items())
+
+    # more rows, one update, one delete: a second run brings the topic to the table's state
+    with pg_engine.begin() as c:
+        c.execute(text(f"INSERT INTO {table} (name) SELECT 'r' || g FROM generate_series(26, 30) g"))
+        c.execute(text(f"DELETE FROM {table} WHERE id = 3"))
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    state = topic_state(kafka_conf, f"state.{unique}")
+    expected_ids = [i for i in range(1, 31) if i != 3 and (mode != "query" or i % 5)]
+    assert sorted(state) == [(i,) for i in expected_ids]
+    assert s.tombstones == 1
+
+
+# -- commit-safe watermark ---------------------------------------------------------------------------------
+
+
+def _naive_poll(engine: Any, table: str, last: dt.datetime | None) -> tuple[list[int], dt.datetime | None]:
+    """What a naive timestamp poller does (Kafka Connect JDBC ``timestamp`` mode): ts > last AND ts < now()."""
+    with engine.connect() as c:
+        rows = c.execute(text(
+            f"SELECT id, updated_at FROM {table} WHERE (CAST(:last AS timestamptz) IS NULL OR updated_at > :last) "
+            "AND updated_at < statement_timestamp() ORDER BY updated_at"
+        ), {"last": last}).all()
+    return [r.id for r in rows], (rows[-1].updated_at if rows else last)
+
+
+def test_long_transaction_loses_no_row(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
+                                       unique: str) -> None:
+    table = f"late_{unique}"
+    with pg_engine.begin() as c:
+        # DEFAULT now(): the transaction's *start* time, the usual way updated_at is written
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text, "
+                       "updated_at timestamptz NOT NULL DEFAULT now())"))
+    pipeline = _pipeline(kafka, pg, name=f"late-{unique}", topic=f"state.{unique}", table=table,
+                         mode="timestamp", timestamp_column="updated_at", commit_delay_s=0,
+                         reconcile_interval_s=None)
+
+    long_tx = pg_engine.connect()
+    tx = long_tx.begin()
+    long_tx.execute(text(f"INSERT INTO {table} (id, v) VALUES (1, 'committed late')"))  # updated_at = T0
+    with pg_engine.begin() as c:
+        c.execute(text(f"INSERT INTO {table} (id, v) VALUES (2, 'committed at once')"))  # updated_at = T1 > T0
+
+    # both pollers run while the long transaction is still open
+    naive_seen, naive_last = _naive_poll(pg_engine, table, None)
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    tx.commit()
+    long_tx.close()
+    naive_more, _ = _naive_poll(pg_engine, table, naive_last)
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+
+    # the naive poller moved its watermark past T0 and never sees row 1 ...
+    assert naive_seen == [2]
+    assert 1 not in naive_more
+    # ... this source held its watermark below the open transaction and has both
+    assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(1,), (2,)]
+
+
+# -- identifiers ---------------------------------------------------------------------------------------------
+
+
+def test_identifier_injection_is_quoted(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
+                                        unique: str) -> None:
+    victim = f"victim_{unique}"
+    evil = f'evil"; DROP TABLE {victim}; --{unique}'
+    md = MetaData()
+    Table(victim, md, Column("id", Integer, primary_key=True))
+    Table(evil, md, Column('id"; DROP TABLE x; --', Integer, primary_key=True),
+          Column("unit price", Numeric(8, 2)), Column("select", Text), Column("c;--", Text))
+    md.create_all(pg_engine)
+    with pg_engine.begin() as c:
+        c.execute(md.tables[evil].insert(), [
+            {'id"; DROP TABLE x; --': i, "unit price": decimal.Decimal("1.25") * i, "select": f"s{i}", "c;--": "x"}
+            for i in range(1, 4)
+        ])
+    pipeline = _pipeline(kafka, pg, name=f"evil-{unique}", topic=f"state.{unique}", table=evil, mode="incrementing",
+                         incrementing_column='id"; DROP TABLE x; --')
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    assert inspect(pg_engine).has_table(victim), "the victim table must survive"
+    state = topic_state(kafka_conf, f"state.{unique}")
+    assert state[(2,)] == {"id___DROP_TABLE_x____": 2, "unit_price": decimal.Decimal("2.50"), "select": "s2",
+                           "c___": "x"}
+
+
+def test_missing_table_is_a_config_error(pg: RdsConnection, kafka: Any, unique: str) -> None:
+    pipeline = _pipeline(kafka, pg, name=f"nt-{unique}", topic=f"state.{unique}", table=f"no_such_{unique}")
+    (s,) = run_once(pipeline).values()
+    assert s.state == "failed"
+    assert f"no_such_{unique}" in s.error and "does not exist" in s.error
+
+
+# -- encoding errors ---------------------------------------------------------------------------------------------
+
+
+def test_unencodable_value_stops_without_advancing(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
+                                                   unique: str) -> None:
+    table = f"enc_{unique}"
+    name = f"enc-{unique}"
+    with pg_engine.begin() as c:
+        # unbounded numeric is written as decimal(38, 9): 10 fractional digits cannot be encoded exactly
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, amount numeric)"))
+        c.execute(text(f"INSERT INTO {table} VALUES (1, 1.5), (2, 1.0000000001), (3, 2.5)"))
+    pipeline = _pipeline(kafka, pg, name=name, topic=f"state.{unique}", table=table, mode="incrementing",
+                         incrementing_column="id", batch_records=1)
+    (s,) = run_once(pipeline).values()
+    assert s.state == "failed"
+    for part in (name, table, "{'id': 2}", 'column "amount"'):
+        assert part in s.error, f"{part!r} missing from: {s.error}"
+    # the position stays before the bad row: id 1 acknowledged, nothing past it
+    assert OffsetStore(kafka_conf).load(name) == {"mode": "incrementing", "after": [1]}
+    assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(1,)]
+
+    # once the value is fixed, the next run resumes at the bad row and goes on
+    with pg_engine.begin() as c:
+        c.execute(text(f"UPDATE {table} SET amount = 1.000000001 WHERE id = 2"))
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    state = topic_state(kafka_conf, f"state.{unique}")
+    assert state == {(1,): {"id": 1, "amount": decimal.Decimal("1.5")},
+                     (2,): {"id": 2, "amount": decimal.Decimal("1.000000001")},
+                     (3,): {"id": 3, "amount": decimal.Decimal("2.5")}}
+
+
+# -- types --------------------------------------------------------------------------------------------------------
+
+
+def test_types_round_trip(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str) -> None:
+    table = f"types_{unique}"
+    u = uuid.uuid4()
+    with pg_engine.begin() as c:
+        c.execute(text(
+            f"CREATE TABLE {table} (id bigint PRIMARY KEY, small smallint, big bigint, price numeric(20,6), "
+            "ratio double precision, flag boolean, at timestamptz, local_at timestamp, day date, "
+            "doc jsonb, raw bytea, uid uuid, tags text[], note varchar(10))"
+        ))
+        c.execute(text(
+            f"INSERT INTO {table} VALUES (1, 7, 9007199254740993, 12345678901234.123456, 0.5, true, "
+            "'2024-02-29 23:59:59.123456+02', '2024-02-29 23:59:59.5', '1999-12-31', "
+            "'{\"a\": [1, 2], \"b\": null}', '\\xdeadbeef', :u, ARRAY['x', NULL], 'hi'), "
+            "(2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+        ), {"u": u})
+    pipeline = _pipeline(kafka, pg, name=f"types-{unique}", topic=f"state.{unique}", table=table)
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    state = topic_state(kafka_conf, f"state.{unique}")
+    assert state[(1,)] == {
+        "id": 1, "small": 7, "big": 9007199254740993, "price": decimal.Decimal("12345678901234.123456"),
+        "ratio": 0.5, "flag": True,
+        "at": dt.datetime(2024, 2, 29, 21, 59, 59, 123456, tzinfo=UTC),
+        "local_at": dt.datetime(2024, 2, 29, 23, 59, 59, 500000),
+        "day": dt.date(1999, 12, 31), "doc": '{"a":[1,2],"b":null}', "raw": b"\xde\xad\xbe\xef",
+        "uid": u, "tags": ["x", None], "note": "hi",
+    }
+    assert state[(2,)] == {"id": 2, **{k: None for k in state[(1,)] if k != "id"}}
+
+
+# -- topics ------------------------------------------------------------------------------------------------------
+
+
+def test_existing_non_compacted_topic_is_refused(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
+                                                 unique: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"state.{unique}"
+    admin = AdminClient(kafka_conf)
+    admin.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "delete"})])[topic].result(30)
+    table = f"nc_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY)"))
+    (s,) = run_once(_pipeline(kafka, pg, name=f"nc-{unique}", topic=topic, table=table)).values()
+    assert s.state == "failed"
+    assert "not compacted" in s.error and topic in s.error
+    with pytest.raises(ConfigError):
+        ensure_compacted_topic(kafka_conf, topic)
+
+
+def test_topic_is_created_with_configured_spec(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
+                                               unique: str) -> None:
+    from connectors.topics import end_offsets, topic_configs
+
+    table = f"spec_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
+        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 50) g"))
+    topic = f"state.{unique}"
+    pipeline = _pipeline(kafka, pg, name=f"spec-{unique}", topic=topic, table=table,
+                         topic_spec={"partitions": 3, "configs": {"min.cleanable.dirty.ratio": "0.2"}})
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    configs = topic_configs(kafka_conf, topic)
+    assert configs["cleanup.policy"] == "compact"
+    assert configs["min.cleanable.dirty.ratio"] == "0.2"
+    ends = end_offsets(kafka_conf, topic)
+    assert len(ends) == 3 and sum(ends.values()) == 50 and all(v > 0 for v in ends.values())
+
+
+# -- SQLite, CLI ---------------------------------------------------------------------------------------------------
+
+
+def test_sqlite_for_quick_local_use(tmp_path: Any, kafka: Any, kafka_conf: Any, unique: str) -> None:
+    from connectors import clients
+    from connectors.config import pipeline_from_dict
+
+    db = tmp_path / "local.db"
+    conn = RdsConnection(type="rds", url=f"sqlite:///{db}")
+    engine = clients.sql_engine(conn)
+    with engine.begin() as c:
+        c.execute(text("CREATE TABLE planes (tailnum TEXT PRIMARY KEY, year INTEGER, seats INTEGER)"))
+        c.execute(text("INSERT INTO planes VALUES ('N10156', 2004, 55), ('N102UW', 1998, 182), ('N103US', 1999, 182)"))
+    pipeline = pipeline_from_dict({
+        "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+        "connections": {"local": {"type": "rds", "url": f"sqlite:///{db}"}},
+        "sources": [{"name": f"planes-{unique}", "type": "rds_source", "connection": "local",
+                     "topic": f"state.{unique}", "table": "planes"}],
+    })
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    with engine.begin() as c:
+        c.execute(text("DELETE FROM planes WHERE tailnum = 'N102UW'"))
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    assert topic_state(kafka_conf, f"state.{unique}") == {
+        ("N10156",): {"tailnum": "N10156", "year": 2004, "seats": 55},
+        ("N103US",): {"tailnum": "N103US", "year": 1999, "seats": 182},
+    }
+    with engine.connect() as c:
+        assert c.execute(select(text("count(*)")).select_from(text("planes"))).scalar_one() == 2
+    engine.dispose()
+
+
+def test_cli_once_offsets_list_and_reset(tmp_path: Any, pg_engine: Any, pg: RdsConnection, kafka: Any,
+                                         kafka_conf: Any, unique: str) -> None:
+    table = f"cli_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
+        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' || g FROM generate_series(1, 30) g"))
+    name = f"cli-{unique}"
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(
+        f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
+        f"connections:\n  pg:\n    type: rds\n    url: {pg.url}\n    password: ${{env:PGPASS}}\n"
+        f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: state.{unique}\n"
+        f"    table: {table}\n    mode: incrementing\n    incrementing_column: id\n"
+    )
+    env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
+    threes = [sys.executable, "-m", "connectors.cli"]
+    done = subprocess.run([*threes, "source", "run", str(cfg), "--once"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"{name}: caught_up rows_read=30 acked=30" in done.stdout
+    listed = subprocess.run([*threes, "offsets", "list", str(cfg), "--json"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    (entry,) = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert entry["connector"] == name and entry["position"] == {"mode": "incrementing", "after": [30]}
+    reset = subprocess.run([*threes, "offsets", "reset", str(cfg), "--connector", name, "--yes"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert reset.returncode == 0, reset.stderr
+    assert OffsetStore(kafka_conf).load(name) is None
+    again = subprocess.run([*threes, "source", "run", str(cfg), "--once"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert count_records(kafka_conf, f"state.{unique}") == 60  # re-snapshot after the reset
