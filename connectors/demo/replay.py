@@ -238,7 +238,9 @@ def key_schema_for(value_schema: dict[str, Any], key: Sequence[str]) -> dict[str
             raise ConfigError(f"key field {name!r} is not in schema {value_schema.get('name')}")
         typ = fields[name]["type"]
         if isinstance(typ, list) and "null" in typ:
-            raise ConfigError(f"key field {name!r} is nullable in schema {value_schema.get('name')}: a key needs a value")
+            raise ConfigError(
+                f"key field {name!r} is nullable in schema {value_schema.get('name')}: a key needs a value"
+            )
         out.append({"name": name, "type": typ})
     full = value_schema["name"]
     name = full.rsplit(".", 1)[-1] + "Key"
