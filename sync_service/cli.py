@@ -28,6 +28,16 @@ def run(
     target's trouble never holds up another's. Exits 1 when a service stops on
     an error (after committing what was durable).
     """
+    # handlers first: a SIGTERM while starting up also stops cleanly
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.warning("signal %d: flushing, committing and stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
     from connectors.cli import fail, load
     from connectors.exceptions import ThreesError
     from sync_service.service import SyncService
@@ -37,14 +47,6 @@ def run(
     if not chosen:
         names = [s.name for s in pipeline.sync]
         raise fail(ThreesError(f"no sync service named {service!r} in {config} (have: {names})"))
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.warning("signal %d: flushing, committing and stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     errors: list[BaseException] = []
 
     def run_one(svc_config: object) -> None:

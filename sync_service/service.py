@@ -469,6 +469,7 @@ class SyncService:
             else:
                 self._wait_inflight(10.0)
             self._commit(asynchronous=False)
+            log.info("sync service=%s committed=%s", self.config.name, sorted(self._committed.items()))
         except KafkaException as exc:
             log.warning("final commit failed: %s", exc)
         finally:
@@ -481,7 +482,7 @@ class SyncService:
                 if self.producer is not None:
                     self.producer.flush(10.0)
                 self.consumer = None
-                log.info("sync service=%s stopped, committed=%s", self.config.name, sorted(self._committed.items()))
+                log.info("sync service=%s stopped", self.config.name)
 
     def _wait_inflight(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
