@@ -173,7 +173,34 @@ def load_reference(
     out.print(summary)
 
 
+def docs(
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="write here (e.g. docs/config-reference.md); default stdout")
+    ] = None,
+    check: Annotated[bool, typer.Option("--check", help="exit 1 when --output differs from the models")] = False,
+) -> None:
+    """Generate the config reference (Markdown) from the config models and the installed connectors."""
+    from connectors.cli import console
+    from connectors.demo.config_docs import render
+
+    text = render()
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    if check:
+        current = output.read_text() if output.is_file() else ""
+        if current != text:
+            console.print(f"[red]{output} is out of date[/red]: run `threes docs -o {output}`")
+            raise typer.Exit(1)
+        console.print(f"{output} is current")
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    console.print(f"wrote {output}")
+
+
 def register(app: typer.Typer) -> None:
     """Mount this module's commands on the ``threes`` app."""
     app.command("replay")(replay)
     app.command("load-reference")(load_reference)
+    app.command("docs")(docs)
