@@ -1,0 +1,105 @@
+"""Pure parts of the sinks: newest-per-key, object names and encodings, Avro to SQL types."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import UTC, datetime
+
+import fastavro
+import pyarrow.parquet as pq
+import pytest
+from sqlalchemy import JSON, BigInteger, DateTime, Integer, Numeric, Text
+
+from connectors.exceptions import FatalError
+from connectors.rds.sink_types import sql_type, table_from_avro
+from connectors.runtime.sink import SinkBatch, SinkRecord, latest_per_key
+from connectors.s3.config import S3SinkConfig
+from connectors.s3.sink import S3Sink, encode_avro, encode_jsonl, encode_parquet, object_key
+
+SCHEMA = {"type": "record", "name": "Item", "namespace": "t", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+    {"name": "tags", "type": {"type": "array", "items": "string"}},
+    {"name": "note", "type": ["null", "string"], "default": None},
+]}
+PARSED = fastavro.parse_schema(SCHEMA)
+
+
+def rec(key, version, offset, value=None, fp=b"f" * 8) -> SinkRecord:
+    return SinkRecord("t", 0, offset, key, value, version, timestamp_ms=1_714_564_800_000,
+                      value_schema=PARSED if value is not None else None,
+                      value_fingerprint=fp if value is not None else None)
+
+
+def test_latest_per_key_keeps_highest_version_then_last_offset() -> None:
+    records = [rec(1, 5, 0, {}), rec(2, 1, 1, {}), rec(1, 3, 2, {}), rec(2, 1, 3), rec({"a": 1, "b": 2}, 1, 4, {}),
+               rec({"b": 2, "a": 1}, 2, 5, {})]
+    out = latest_per_key(records)
+    assert [(r.offset, r.version) for r in out] == [(0, 5), (3, 1), (5, 2)]
+
+
+def test_object_key_is_deterministic_and_sorts_by_offset() -> None:
+    assert object_key("p/", "updates.x", 2, 17, "parquet") == "p/updates.x/partition=2/updates.x+2+00000000000000000017.parquet"
+    assert object_key("", "u", 0, 5, "jsonl", "2024-05-01") == "u/partition=0/dt=2024-05-01/u+0+00000000000000000005.jsonl"
+    assert object_key("", "u", 0, 9, "avro") < object_key("", "u", 0, 10, "avro")
+
+
+def value(i: int) -> dict:
+    from decimal import Decimal
+
+    return {"id": i, "at": datetime(2024, 5, i + 1, tzinfo=UTC), "price": Decimal("1.25"), "tags": ["a"],
+            "note": None}
+
+
+def test_encodings_round_trip() -> None:
+    records = [rec(0, 1, 10, value(0)), rec(1, 2, 11)]  # an upsert and a tombstone
+    lines = [json.loads(line) for line in encode_jsonl(records).splitlines()]
+    assert lines[0]["value"]["price"] == "1.25" and lines[0]["value"]["at"].startswith("2024-05-01")
+    assert lines[1] == {"topic": "t", "partition": 0, "offset": 11, "timestamp_ms": 1_714_564_800_000, "key": "1",
+                        "version": 2, "deleted": True, "value": None}
+    rows = pq.read_table(io.BytesIO(encode_parquet(records))).to_pylist()
+    assert rows[0]["value"]["id"] == 0 and rows[1]["deleted"] and rows[1]["value"] is None
+    avro_rows = list(fastavro.reader(io.BytesIO(encode_avro(records, PARSED))))
+    assert avro_rows[0]["value"] == value(0) and avro_rows[1]["value"] is None
+
+
+def test_objects_split_by_date_and_by_writer_schema() -> None:
+    cfg = S3SinkConfig(name="s", type="s3_sink", connection="c", topics=["t"], bucket="b", format="avro",
+                       partition_by="at")
+    sink = S3Sink(cfg, None)
+    records = [rec(0, 1, 100, value(0)), rec(1, 1, 101, value(1)), rec(2, 1, 102, value(0), fp=b"g" * 8),
+               rec(3, 1, 103)]
+    objects = sink.objects(SinkBatch("t", 0, 100, 103, records))
+    assert [(k.split("/", 2)[2], [r.offset for r in rs]) for k, rs, _s in objects] == [
+        ("dt=2024-05-01/t+0+00000000000000000100.avro", [100]),
+        ("dt=2024-05-02/t+0+00000000000000000101.avro", [101]),
+        # the tombstone has no date field: its Kafka timestamp's date, and the writer schema before it
+        ("dt=2024-05-01/t+0+00000000000000000102.avro", [102, 103]),
+    ]
+    names = [k for k, _r, _s in objects]
+    assert len(names) == len(set(names))
+    assert sink.batch_policy(None).max_records == cfg.rotate_records
+
+
+def test_avro_to_sql_types() -> None:
+    assert isinstance(sql_type("long")[0], BigInteger) and isinstance(sql_type("int")[0], Integer)
+    assert sql_type(["null", "string"])[1] is True and isinstance(sql_type(["null", "string"])[0], Text)
+    ts = sql_type({"type": "long", "logicalType": "timestamp-micros"})[0]
+    assert isinstance(ts, DateTime) and ts.timezone
+    dec = sql_type({"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2})[0]
+    assert isinstance(dec, Numeric) and (dec.precision, dec.scale) == (9, 2)
+    assert isinstance(sql_type({"type": "array", "items": "int"})[0], JSON)
+    with pytest.raises(FatalError, match="several non-null"):
+        sql_type(["null", "int", "string"])
+
+
+def test_table_from_avro_has_key_and_version_columns() -> None:
+    t = table_from_avro("items", SCHEMA, ["id"], "_version")
+    assert [c.name for c in t.primary_key.columns] == ["id"]
+    assert t.c._version.nullable is False and isinstance(t.c.tags.type, JSON)
+    composite = table_from_avro("x", SCHEMA, ["id", "region"], "_version", key_sample={"region": "eu"})
+    assert [c.name for c in composite.primary_key.columns] == ["id", "region"]
+    with pytest.raises(FatalError, match="key column 'nope'"):
+        table_from_avro("x", SCHEMA, ["nope"], "_version")
