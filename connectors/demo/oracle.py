@@ -123,7 +123,8 @@ def enriched_flights(
         )
         out = merged.drop(columns=[f"__key_{k}" for k in keys])
         out[f"_match_{lk.prefix}"] = out[f"_match_{lk.prefix}"].notna().to_numpy()
-    return out
+    matches = [c for c in out.columns if c.startswith("_match_")]
+    return out[[c for c in out.columns if c not in matches] + matches]
 
 
 def enriched_columns(lookups: Sequence[Lookup] = LOOKUPS) -> list[str]:
