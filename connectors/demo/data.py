@@ -119,7 +119,7 @@ def open_csv(path: str | Path) -> IO[bytes]:
     return io.BytesIO(data)
 
 
-def _non_null(avro_type: Any) -> tuple[Any, bool]:
+def non_null(avro_type: Any) -> tuple[Any, bool]:
     """The non-null branch of a field type and whether the field is nullable."""
     if isinstance(avro_type, list):
         branches = [b for b in avro_type if b != "null"]
@@ -187,7 +187,7 @@ def arrow_schema(avro_schema: dict[str, Any], columns: Sequence[str] | None = No
         raise ConfigError(f"field(s) {missing} are not in Avro schema {avro_schema.get('name')}")
     out = []
     for name in names:
-        base, nullable = _non_null(fields[name]["type"])
+        base, nullable = non_null(fields[name]["type"])
         out.append(pa.field(name, arrow_type(base), nullable=nullable))
     return pa.schema(out)
 

@@ -8,7 +8,9 @@ schema topic (:mod:`schemas.serde`). Records are produced in the rows' order,
 either as fast as the producer goes or at a fixed rate (events per second,
 paced in small steps so a burst never runs ahead of the schedule by more than
 about 10 ms). The Kafka record timestamp is the produce time, which is what
-event -> sink latencies are measured from.
+event -> sink latencies are measured from. A record's partition is the CRC-32
+of its key bytes modulo the partition count (:func:`partition_for`), so equal
+keys share a partition and anyone holding a key knows where it went.
 
 Delivery: ``acks=all`` with an idempotent producer (:func:`connectors.clients.kafka_producer`),
 so a record acknowledged is in the log once; :meth:`Replayer.run` returns only after
@@ -20,199 +22,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from connectors import clients
-from connectors.config.models import KafkaConfig, RdsConnection
+from connectors.config.models import KafkaConfig
+from connectors.demo.rows import Row, RowSource, arrow_rows, csv_source, filter_table, sql_source, table_source
 from connectors.exceptions import ConfigError, RetriableError, SetupError
 
 log = logging.getLogger(__name__)
 
-Row = dict[str, Any]
-
-
-# -- rows ------------------------------------------------------------------------------------------
-
-
-def _python_column(col: Any) -> list[Any]:
-    """An Arrow column as Python values, nulls as ``None``, timestamps as epoch integers.
-
-    Arrow's ``to_pylist`` builds one Python object per value through Arrow
-    scalars; going through NumPy is several times faster on 336,776 rows.
-    Timestamps stay integers in the column's unit (what Avro's
-    ``timestamp-micros`` holds), which fastavro writes as they are.
-    """
-    import pyarrow as pa
-
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if pa.types.is_timestamp(col.type):
-        col = col.cast(pa.int64())
-    if pa.types.is_date(col.type) or pa.types.is_binary(col.type):
-        return col.to_pylist()
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        return col.to_numpy(zero_copy_only=False).tolist()
-    if col.null_count:
-        nulls = col.is_null().to_numpy(zero_copy_only=False).nonzero()[0].tolist()
-        values = col.fill_null(0 if not pa.types.is_boolean(col.type) else False).to_numpy(
-            zero_copy_only=False
-        ).tolist()
-        for i in nulls:
-            values[i] = None
-        return values
-    return col.to_numpy(zero_copy_only=False).tolist()
-
-
-def arrow_rows(table: Any, batch_rows: int = 20_000) -> Iterator[Row]:
-    """Yield the rows of an Arrow table as dicts, one batch of columns converted at a time."""
-    names = table.column_names
-    for batch in table.to_batches(max_chunksize=batch_rows):
-        columns = [_python_column(batch.column(i)) for i in range(batch.num_columns)]
-        for values in zip(*columns, strict=True):
-            yield dict(zip(names, values, strict=True))
-
-
-def filter_table(table: Any, match: Mapping[str, Sequence[str]] | None = None, limit: int | None = None) -> Any:
-    """Keep the rows whose columns hold one of the given values, then the first ``limit`` of them.
-
-    Args:
-        table: an Arrow table.
-        match: column -> accepted values written as text (``{"month": ["1"], "day": ["1", "2"]}``);
-            every column must match (AND), any listed value (OR).
-        limit: at most this many rows.
-
-    Raises:
-        ConfigError: a column is not in the table, or a value does not parse as its type.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    for column, values in (match or {}).items():
-        if column not in table.column_names:
-            raise ConfigError(f"--match {column}=...: no column {column!r} (have: {', '.join(table.column_names)})")
-        typ = table.schema.field(column).type
-        try:
-            wanted = pa.array(list(values), pa.string()).cast(typ)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ConfigError(f"--match {column}={','.join(values)}: not values of type {typ}: {exc}") from exc
-        table = table.filter(pc.is_in(table.column(column), value_set=wanted))
-    if limit is not None:
-        table = table.slice(0, limit)
-    return table
-
-
-@dataclass
-class RowSource:
-    """Rows to replay and how many there are (for the progress bar).
-
-    Attributes:
-        rows: the rows, as dicts of the value schema's fields.
-        total: how many rows ``rows`` yields, or ``None`` when unknown.
-        description: what they are, for logs and the progress bar.
-    """
-
-    rows: Iterable[Row]
-    total: int | None
-    description: str
-
-
-def csv_source(
-    path: str | Path,
-    value_schema: dict[str, Any],
-    *,
-    match: Mapping[str, Sequence[str]] | None = None,
-    limit: int | None = None,
-    null_values: Sequence[str] = ("NA",),
-) -> RowSource:
-    """The rows of a CSV file (or a ``.zip`` holding one), typed by the value schema.
-
-    Raises:
-        ConfigError: the file is missing or does not match the schema (see
-            :func:`connectors.demo.data.read_csv`).
-    """
-    from connectors.demo.data import read_csv
-
-    table = filter_table(read_csv(path, value_schema, null_values=null_values), match, limit)
-    return RowSource(arrow_rows(table), table.num_rows, str(path))
-
-
-def table_source(table: Any, description: str, *, match: Mapping[str, Sequence[str]] | None = None,
-                 limit: int | None = None) -> RowSource:
-    """The rows of an Arrow table already in memory (e.g. a dataset table read once)."""
-    table = filter_table(table, match, limit)
-    return RowSource(arrow_rows(table), table.num_rows, description)
-
-
-def sql_source(
-    conn: RdsConnection,
-    table: str,
-    value_schema: dict[str, Any],
-    *,
-    schema_name: str | None = None,
-    match: Mapping[str, Sequence[str]] | None = None,
-    limit: int | None = None,
-    order_by: Sequence[str] | None = None,
-) -> RowSource:
-    """The rows of a SQL table, selected with SQLAlchemy Core (identifiers are quoted, never spliced).
-
-    Rows are streamed from a server-side cursor, 5,000 at a time.
-
-    Args:
-        conn: the database.
-        table: the table name.
-        value_schema: the record schema; its fields must be columns of the table.
-        schema_name: the database schema of the table.
-        match: column -> accepted values (``IN``), as for CSV files.
-        limit: at most this many rows.
-        order_by: columns to order by (default: the table's primary key, else none).
-
-    Raises:
-        ConfigError: the table or a field's column does not exist.
-        SetupError: the database cannot be reached.
-    """
-    from sqlalchemy import MetaData, Table, func, select
-    from sqlalchemy.exc import NoSuchTableError, SQLAlchemyError
-
-    engine = clients.sql_engine(conn)
-    try:
-        tbl = Table(table, MetaData(), schema=schema_name, autoload_with=engine)
-    except NoSuchTableError as exc:
-        engine.dispose()
-        raise ConfigError(f"table {table!r} does not exist") from exc
-    except SQLAlchemyError as exc:
-        engine.dispose()
-        raise SetupError(f"cannot read table {table!r}: {exc}") from exc
-    names = [f["name"] for f in value_schema["fields"]]
-    missing = [n for n in names if n not in tbl.c]
-    if missing:
-        engine.dispose()
-        raise ConfigError(f"table {table!r} has no column(s) {missing} of schema {value_schema.get('name')}")
-    stmt = select(*(tbl.c[n] for n in names))
-    for column, values in (match or {}).items():
-        if column not in tbl.c:
-            engine.dispose()
-            raise ConfigError(f"--match {column}=...: table {table!r} has no column {column!r}")
-        stmt = stmt.where(tbl.c[column].in_([tbl.c[column].type.python_type(v) for v in values]))
-    order = [tbl.c[c] for c in order_by] if order_by else list(tbl.primary_key.columns)
-    if order:
-        stmt = stmt.order_by(*order)
-    if limit is not None:
-        stmt = stmt.limit(limit)
-    with engine.connect() as db:
-        total = db.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
-
-    def rows() -> Iterator[Row]:
-        try:
-            with engine.connect() as db:
-                result = db.execution_options(stream_results=True, yield_per=5_000).execute(stmt)
-                for row in result.mappings():
-                    yield dict(row)
-        finally:
-            engine.dispose()
-
-    return RowSource(rows(), total, f"table {table}")
+__all__ = [
+    "ReplayStats", "Replayer", "Row", "RowSource", "arrow_rows", "csv_source", "ensure_event_topic", "filter_table",
+    "key_schema_for", "partition_for", "sql_source", "table_source", "topic_partitions",
+]
 
 
 # -- keys and schemas ------------------------------------------------------------------------------
@@ -283,6 +108,27 @@ def ensure_event_topic(kafka: KafkaConfig, topic: str, partitions: int) -> bool:
 
 
 # -- the replayer ------------------------------------------------------------------------------------
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition of a key: CRC-32 of the key bytes modulo the partition count.
+
+    The same rule as librdkafka's ``consistent`` partitioner, made explicit so
+    that whoever holds a key (the demo's checks) knows its partition.
+    """
+    return zlib.crc32(key) % partitions
+
+
+def topic_partitions(kafka: KafkaConfig, topic: str) -> int:
+    """How many partitions a topic has.
+
+    Raises:
+        SetupError: the topic does not exist.
+    """
+    meta = clients.kafka_admin(kafka).list_topics(topic, timeout=kafka.request_timeout_s).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise SetupError(f"topic {topic!r} does not exist")
+    return len(meta.partitions)
 
 
 @dataclass
@@ -400,6 +246,7 @@ class Replayer:
         stats = stats or ReplayStats()
         stats.total = source.total
         ensure_event_topic(self.kafka, self.topic, self.partitions)
+        partitions = topic_partitions(self.kafka, self.topic)
         producer = clients.kafka_producer(self.kafka, linger_ms=50, batch_num_messages=10_000,
                                           queue_buffering_max_messages=200_000)
 
@@ -426,7 +273,8 @@ class Replayer:
                 raise ConfigError(f"{source.description}: row {index + 1} does not match the schema: {exc}") from exc
             while True:
                 try:
-                    producer.produce(self.topic, value=value, key=key, on_delivery=delivered)
+                    producer.produce(self.topic, value=value, key=key, partition=partition_for(key, partitions),
+                                     on_delivery=delivered)
                     break
                 except BufferError:
                     producer.poll(0.05)  # the local queue is full: let deliveries drain it

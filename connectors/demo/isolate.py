@@ -1,0 +1,101 @@
+"""A copy of a pipeline YAML whose every topic, table, index, prefix and group carries a suffix.
+
+Tests (and parallel demo runs) need their own topics and sinks: this rewrites
+the YAML document, before validation, so every name the pipeline owns is
+unique to one run while the connections, schemas and everything else stay
+as written:
+
+* topics: ``state.airports`` -> ``state.airports.<suffix>`` (every topic key:
+  sources, the stream job's events, snapshots, enriched, dead letter and
+  update topics, the sinks' topics and dead letter topics);
+* tables and indices: ``airports`` -> ``airports_<suffix>``;
+* S3 prefixes: ``archive/`` -> ``<suffix>/archive/`` (buckets are kept: creating
+  one per test would be slow on some servers);
+* the stream job's checkpoint folder, its name, the sync services' consumer
+  groups; metrics ports are removed (two runs cannot share a port).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_SUFFIX = re.compile(r"^[a-z0-9]{1,16}$")
+
+
+def _topic(name: str, suffix: str) -> str:
+    return f"{name}.{suffix}"
+
+
+def _name(name: str, suffix: str) -> str:
+    return f"{name}_{suffix}"
+
+
+def isolate(document: dict[str, Any], suffix: str) -> dict[str, Any]:
+    """Rewrite a pipeline document (parsed YAML, not validated) with unique names.
+
+    Args:
+        document: the parsed YAML of a pipeline.
+        suffix: lowercase letters and digits, at most 16.
+
+    Returns:
+        A new document; ``document`` is not changed.
+
+    Raises:
+        ValueError: a bad suffix.
+    """
+    if not _SUFFIX.match(suffix):
+        raise ValueError(f"suffix {suffix!r}: use 1-16 lowercase letters and digits")
+    doc = copy.deepcopy(document)
+    for source in doc.get("sources") or []:
+        source["topic"] = _topic(source["topic"], suffix)
+        for key in ("table", "index"):
+            if key in source:
+                source[key] = _name(source[key], suffix)
+        if "prefix" in source:
+            source["prefix"] = f"{suffix}/{source['prefix']}"
+    stream = doc.get("stream")
+    if stream:
+        stream["name"] = _name(stream.get("name", "stream"), suffix)
+        stream["events"]["topic"] = _topic(stream["events"]["topic"], suffix)
+        for snap in stream.get("snapshots") or []:
+            snap["topics"] = [_topic(t, suffix) for t in snap["topics"]]
+        for key in ("enriched_topic", "dead_letter_topic"):
+            stream[key] = _topic(stream[key], suffix)
+        for update in stream.get("updates") or []:
+            update["topic"] = _topic(update["topic"], suffix)
+        stream["checkpoint_location"] = f"{stream['checkpoint_location'].rstrip('/')}-{suffix}"
+        stream.pop("metrics_port", None)
+    for service in doc.get("sync") or []:
+        service["group_id"] = f"{service.get('group_id') or 'threes-sync-' + service['name']}-{suffix}"
+        service["dead_letter_topic"] = _topic(service["dead_letter_topic"], suffix)
+        service.pop("metrics_port", None)
+        for sink in service.get("sinks") or []:
+            sink["topics"] = [_topic(t, suffix) for t in sink["topics"]]
+            for key in ("table", "index"):
+                if key in sink:
+                    sink[key] = _name(sink[key], suffix)
+            if "prefix" in sink:
+                sink["prefix"] = f"{suffix}/{sink['prefix']}"
+    return doc
+
+
+def write_isolated(source: str | Path, target: str | Path, suffix: str) -> Path:
+    """Write an isolated copy of the pipeline YAML ``source`` to ``target`` (see :func:`isolate`).
+
+    Relative schema paths keep working only for shipped schema names; the
+    example YAML uses those.
+
+    Returns:
+        ``target`` as a :class:`~pathlib.Path`.
+    """
+    from connectors.config.loader import _Yaml12BoolLoader
+
+    document = yaml.load(Path(source).read_text(), Loader=_Yaml12BoolLoader)  # noqa: S506 - a SafeLoader subclass
+    target = Path(target)
+    target.write_text(yaml.safe_dump(isolate(document, suffix), sort_keys=False))
+    return target

@@ -1,0 +1,158 @@
+"""The pipeline's long-running parts as child processes of the real ``threes`` commands.
+
+``threes source run``, ``threes stream run`` and ``threes sync run`` each run
+in a process group of their own (so the Spark JVM the stream job starts is
+stopped with it), logging to a file. Stopping sends SIGTERM, which every
+command handles by flushing and committing, waits, then kills the group of
+whichever did not stop in time. Only processes started here are signalled,
+by their own process-group id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from connectors.exceptions import FatalError
+
+log = logging.getLogger(__name__)
+
+
+def threes_command() -> list[str]:
+    """How to run ``threes`` with this interpreter (the console script next to it, else ``-m``)."""
+    script = Path(sys.executable).with_name("threes")
+    if script.is_file():
+        return [str(script)]
+    return [sys.executable, "-c", "from connectors.cli import run; run()"]
+
+
+@dataclass
+class Child:
+    """One started command.
+
+    Attributes:
+        name: ``sources``, ``stream`` or ``sync``.
+        args: the ``threes`` arguments.
+        log_path: its stdout and stderr.
+        process: the running process.
+        started: ``time.monotonic()`` at start.
+    """
+
+    name: str
+    args: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    started: float
+    _log: IO[bytes] | None = None
+
+    def alive(self) -> bool:
+        """Whether it still runs."""
+        return self.process.poll() is None
+
+    def tail(self, lines: int = 15) -> str:
+        """The last lines of its log (for an error message)."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+class PipelineProcesses:
+    """Start, watch and stop the pipeline's commands.
+
+    Args:
+        config: the pipeline YAML the commands read.
+        log_dir: where each command's log goes (``<name>.log``).
+        env: extra environment variables for the children.
+    """
+
+    def __init__(self, config: Path, log_dir: Path, env: dict[str, str] | None = None):
+        self.config = Path(config)
+        self.log_dir = Path(log_dir)
+        self.env = {**os.environ, **(env or {})}
+        self.children: dict[str, Child] = {}
+
+    def start(self, name: str, args: Sequence[str]) -> Child:
+        """Start ``threes -v <args>`` as ``name``.
+
+        Raises:
+            FatalError: a command of that name already runs.
+        """
+        if name in self.children and self.children[name].alive():
+            raise FatalError(f"{name} already runs (pid {self.children[name].process.pid})")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        handle = log_path.open("ab")
+        command = [*threes_command(), "-v", *args]
+        process = subprocess.Popen(  # noqa: S603 - our own console script with our own arguments
+            command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+            start_new_session=True,
+        )
+        child = Child(name, list(args), log_path, process, time.monotonic(), handle)
+        self.children[name] = child
+        log.info("started %s pid=%d log=%s: threes %s", name, process.pid, log_path, " ".join(args))
+        return child
+
+    def start_pipeline(self) -> None:
+        """Start the sources, the stream job and the sync services of the config."""
+        config = str(self.config)
+        self.start("sources", ["source", "run", config])
+        self.start("stream", ["stream", "run", config])
+        self.start("sync", ["sync", "run", config])
+
+    def check(self) -> None:
+        """Raise when a child has exited (they all run until stopped).
+
+        Raises:
+            FatalError: naming the command, its exit code and the end of its log.
+        """
+        for child in self.children.values():
+            code = child.process.poll()
+            if code is not None:
+                raise FatalError(
+                    f"`threes {' '.join(child.args)}` exited with code {code}; the end of {child.log_path}:\n"
+                    f"{child.tail()}"
+                )
+
+    def stop(self, timeout_s: float = 60.0) -> dict[str, int | None]:
+        """SIGTERM every child, wait up to ``timeout_s`` for all, then SIGKILL the groups still there.
+
+        Returns:
+            name -> exit code (``None`` when it had to be killed).
+        """
+        for child in self.children.values():
+            if child.alive():
+                _signal_group(child.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        codes: dict[str, int | None] = {}
+        for name, child in self.children.items():
+            try:
+                codes[name] = child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) did not stop within %.0f s: killing its process group",
+                            name, child.process.pid, timeout_s)
+                _signal_group(child.process.pid, signal.SIGKILL)
+                child.process.wait(10)
+                codes[name] = None
+            # the group may hold a child (the Spark JVM) that outlives its parent briefly
+            _signal_group(child.process.pid, signal.SIGTERM)
+            if child._log is not None:
+                child._log.close()
+        self.children.clear()
+        return codes
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
