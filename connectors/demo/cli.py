@@ -199,8 +199,74 @@ def docs(
     console.print(f"wrote {output}")
 
 
+def _parse_days(days: list[str] | None) -> list[tuple[int, int, int]] | None:
+    from connectors.exceptions import ConfigError
+
+    if not days:
+        return None
+    out = []
+    for text in (d for item in days for d in item.split(",")):
+        try:
+            y, m, d = (int(x) for x in text.strip().split("-"))
+        except ValueError:
+            raise ConfigError(f"--day {text!r}: expected YYYY-MM-DD") from None
+        out.append((y, m, d))
+    return out
+
+
+EXAMPLE = "examples/nycflights13/pipeline.yaml"
+
+
+def demo(
+    config: Annotated[Path, typer.Option("--config", "-c", help="the pipeline YAML")] = Path(EXAMPLE),
+    as_json: Annotated[bool, typer.Option("--json", help="also print the summary as one JSON line, last")] = False,
+    rate: Annotated[float | None, typer.Option("--rate", "-r", help="replay rate, flights/s (default: max)")] = None,
+    day: Annotated[
+        list[str] | None, typer.Option("--day", help="only the flights of YYYY-MM-DD (repeatable; default: all)")
+    ] = None,
+    no_changes: Annotated[bool, typer.Option("--no-changes", help="skip the mid-stream reference changes")] = False,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="skip the comparison with the oracle")] = False,
+    keep_running: Annotated[
+        bool, typer.Option("--keep-running", help="leave sources, stream job and sync service running")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="seconds from the first flight until every sink is complete")] = 900,
+) -> None:
+    """Run the nycflights13 pipeline end to end on the local stack and summarise it.
+
+    Starts (or reuses) the stack, cleans the pipeline's topics and sinks, loads the reference data, starts the
+    sources, the stream job and the sync service, replays the flights while renaming an airline (S3) and an
+    airport (PostgreSQL), waits until every sink holds every flight, and compares the sinks with an oracle
+    computed with pandas from the CSV files.
+    """
+    import json
+    import sys
+
+    from rich.live import Live
+
+    from connectors.cli import console, fail, out
+    from connectors.demo.run import DemoOptions, DemoRun
+    from connectors.demo.view import live, summary_table
+    from connectors.exceptions import ThreesError
+
+    try:
+        options = DemoOptions(config=config, days=_parse_days(day), rate=rate, changes=not no_changes,
+                              verify=not no_verify, keep_running=keep_running, timeout_s=timeout)
+        with Live(console=console, refresh_per_second=2, transient=False) as view:
+            run = DemoRun(options, on_update=lambda state: view.update(live(state)))
+            summary = run.run()
+    except ThreesError as exc:
+        raise fail(exc) from None
+    out.print(summary_table(summary))
+    if as_json:
+        sys.stdout.flush()
+        print(json.dumps(summary, default=str, separators=(",", ":")))
+    if summary.get("oracle") and not summary["oracle"].get("all_match"):
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     """Mount this module's commands on the ``threes`` app."""
     app.command("replay")(replay)
     app.command("load-reference")(load_reference)
     app.command("docs")(docs)
+    app.command("demo")(demo)

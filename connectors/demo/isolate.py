@@ -12,13 +12,16 @@ as written:
 * S3 prefixes: ``archive/`` -> ``<suffix>/archive/`` (buckets are kept: creating
   one per test would be slow on some servers);
 * the stream job's checkpoint folder, its name, the sync services' consumer
-  groups; metrics ports are removed (two runs cannot share a port).
+  groups; metrics ports get the numbers ``port()`` hands out, or are removed
+  (two runs cannot share a port).
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +38,30 @@ def _name(name: str, suffix: str) -> str:
     return f"{name}_{suffix}"
 
 
-def isolate(document: dict[str, Any], suffix: str) -> dict[str, Any]:
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the kernel's choice for an ephemeral bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port(section: dict[str, Any], port: Callable[[], int] | None) -> None:
+    if "metrics_port" not in section:
+        return
+    if port is None:
+        section.pop("metrics_port")
+    else:
+        section["metrics_port"] = port()
+
+
+def isolate(document: dict[str, Any], suffix: str, port: Callable[[], int] | None = None) -> dict[str, Any]:
     """Rewrite a pipeline document (parsed YAML, not validated) with unique names.
 
     Args:
         document: the parsed YAML of a pipeline.
         suffix: lowercase letters and digits, at most 16.
+        port: gives a metrics port for each one the document declares (e.g.
+            :func:`free_port`); ``None`` removes them.
 
     Returns:
         A new document; ``document`` is not changed.
@@ -69,11 +90,11 @@ def isolate(document: dict[str, Any], suffix: str) -> dict[str, Any]:
         for update in stream.get("updates") or []:
             update["topic"] = _topic(update["topic"], suffix)
         stream["checkpoint_location"] = f"{stream['checkpoint_location'].rstrip('/')}-{suffix}"
-        stream.pop("metrics_port", None)
+        _port(stream, port)
     for service in doc.get("sync") or []:
         service["group_id"] = f"{service.get('group_id') or 'threes-sync-' + service['name']}-{suffix}"
         service["dead_letter_topic"] = _topic(service["dead_letter_topic"], suffix)
-        service.pop("metrics_port", None)
+        _port(service, port)
         for sink in service.get("sinks") or []:
             sink["topics"] = [_topic(t, suffix) for t in sink["topics"]]
             for key in ("table", "index"):
@@ -84,7 +105,9 @@ def isolate(document: dict[str, Any], suffix: str) -> dict[str, Any]:
     return doc
 
 
-def write_isolated(source: str | Path, target: str | Path, suffix: str) -> Path:
+def write_isolated(
+    source: str | Path, target: str | Path, suffix: str, port: Callable[[], int] | None = None
+) -> Path:
     """Write an isolated copy of the pipeline YAML ``source`` to ``target`` (see :func:`isolate`).
 
     Relative schema paths keep working only for shipped schema names; the
@@ -97,5 +120,5 @@ def write_isolated(source: str | Path, target: str | Path, suffix: str) -> Path:
 
     document = yaml.load(Path(source).read_text(), Loader=_Yaml12BoolLoader)  # noqa: S506 - a SafeLoader subclass
     target = Path(target)
-    target.write_text(yaml.safe_dump(isolate(document, suffix), sort_keys=False))
+    target.write_text(yaml.safe_dump(isolate(document, suffix, port), sort_keys=False))
     return target

@@ -102,12 +102,17 @@ class PipelineProcesses:
         log.info("started %s pid=%d log=%s: threes %s", name, process.pid, log_path, " ".join(args))
         return child
 
-    def start_pipeline(self) -> None:
-        """Start the sources, the stream job and the sync services of the config."""
-        config = str(self.config)
-        self.start("sources", ["source", "run", config])
-        self.start("stream", ["stream", "run", config])
-        self.start("sync", ["sync", "run", config])
+    def start_sources(self, offsets_topic: str = "_threes_offsets") -> Child:
+        """Start every source of the config (``threes source run``) with its positions in ``offsets_topic``."""
+        return self.start("sources", ["source", "run", str(self.config), "--offsets-topic", offsets_topic])
+
+    def start_stream(self) -> Child:
+        """Start the stream job (``threes stream run``)."""
+        return self.start("stream", ["stream", "run", str(self.config)])
+
+    def start_sync(self) -> Child:
+        """Start every sync service of the config (``threes sync run``)."""
+        return self.start("sync", ["sync", "run", str(self.config)])
 
     def check(self) -> None:
         """Raise when a child has exited (they all run until stopped).

