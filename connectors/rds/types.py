@@ -85,11 +85,13 @@ def _to_bytes(value: Any) -> bytes:
     return bytes(value)
 
 
-def _naive(value: dt.datetime) -> dt.datetime:
+def ensure_naive(value: dt.datetime) -> dt.datetime:
+    """A datetime without time zone (an aware one converted to UTC first)."""
     return value if value.tzinfo is None else value.astimezone(dt.UTC).replace(tzinfo=None)
 
 
-def _aware(value: dt.datetime) -> dt.datetime:
+def ensure_aware(value: dt.datetime) -> dt.datetime:
+    """A datetime with time zone (a naive one taken as UTC)."""
     # a naive value in a "with time zone" column (SQLite, MySQL) is taken as UTC
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
@@ -137,8 +139,8 @@ def avro_type_for_sql(sql_type: sqltypes.TypeEngine, where: str = "column") -> t
         }, None
     if isinstance(t, sqltypes.DateTime):
         if t.timezone:
-            return {"type": "long", "logicalType": "timestamp-micros"}, _aware
-        return {"type": "long", "logicalType": "local-timestamp-micros"}, _naive
+            return {"type": "long", "logicalType": "timestamp-micros"}, ensure_aware
+        return {"type": "long", "logicalType": "local-timestamp-micros"}, ensure_naive
     if isinstance(t, sqltypes.Date):
         return {"type": "int", "logicalType": "date"}, None
     if isinstance(t, sqltypes.Time):
@@ -205,6 +207,20 @@ def avro_record_schema(
     if doc:
         schema["doc"] = doc
     return schema, converters
+
+
+DRIVER_EXACT_TIMESTAMPS = frozenset({"postgresql"})
+"""Dialects whose driver returns aware datetimes for ``timestamptz`` and naive ones for ``timestamp``:
+:func:`ensure_aware` / :func:`ensure_naive` are not needed there (one Python call per value saved)."""
+
+
+def drop_needless_converters(
+    converters: Sequence[tuple[str, Converter]], dialect: str
+) -> list[tuple[str, Converter]]:
+    """Remove the timestamp converters a dialect's driver makes unnecessary (see :data:`DRIVER_EXACT_TIMESTAMPS`)."""
+    if dialect not in DRIVER_EXACT_TIMESTAMPS:
+        return list(converters)
+    return [(f, fn) for f, fn in converters if fn not in (ensure_aware, ensure_naive)]
 
 
 def converters_for_schema(schema: dict[str, Any]) -> list[tuple[str, Converter]]:
