@@ -43,7 +43,7 @@ from connectors.config import pipeline_from_dict
 from connectors.config.models import KafkaConfig, RdsConnection
 from connectors.local.stack import Endpoints
 from connectors.runtime.standalone import SourceWorker, task_specs
-from connectors.topics import ensure_compacted_topic, end_offsets
+from connectors.topics import end_offsets, ensure_compacted_topic
 from schemas.serde import AvroSerializer
 from schemas.store import SchemaStore
 
@@ -191,9 +191,11 @@ def main() -> None:
     Console().print(out)
     print(f"ratio rds_source/baseline = {ratio:.3f} (target >= 0.8); rds_source {rate['rds_source']:,.0f} rows/s "
           "(target >= 100,000)")
-    print(json.dumps({"benchmark": "rds_source", "rows": args.rows, "rounds": args.rounds,
-                      "baseline_rows_per_s": round(rate["baseline"]), "rds_source_rows_per_s": round(rate["rds_source"]),
-                      "ratio": round(ratio, 3)}))
+    print(json.dumps({
+        "benchmark": "rds_source", "rows": args.rows, "rounds": args.rounds,
+        "baseline_rows_per_s": round(rate["baseline"]), "rds_source_rows_per_s": round(rate["rds_source"]),
+        "ratio": round(ratio, 3),
+    }))
 
 
 if __name__ == "__main__":
