@@ -25,8 +25,13 @@ def doc_id(key: Any) -> str:
     return str(key)
 
 
+_NESTED = (bytes, dict, list)
+
+
 def _json_safe(value: Any) -> Any:
     """Bytes become base64 text (Elasticsearch's ``binary``); the client's serializer does the rest."""
+    if isinstance(value, dict) and not any(isinstance(v, _NESTED) for v in value.values()):
+        return value  # flat documents (the common case) are used as they are
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     if isinstance(value, dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 import zlib
@@ -183,10 +184,10 @@ class RdsSink(Sink):
                         return []  # only deletes, and no table yet: nothing to delete
                     self._create(sample.value_schema, sample)
         failures: list[RecordFailure] = []
-        rows: list[tuple[SinkRecord, dict[str, Any] | None]] = []
+        rows: list[tuple[SinkRecord, tuple[Any, ...] | None]] = []
         for record in records:
             try:
-                rows.append((record, self._row(record)))
+                rows.append((record, self._values(record)))
             except ValueError as exc:
                 failures.append(RecordFailure(record, exc))
         start = time.monotonic()
@@ -206,18 +207,68 @@ class RdsSink(Sink):
             raise ValueError(f"{record.where()}: scalar key {key!r} for the composite table key {self.config.key}")
         return {self.config.key[0]: key}
 
+    def _layout(self) -> tuple[frozenset[str], dict[str, Any], Any, list[int], tuple[str, ...] | None]:
+        """What the per-record code needs, cached per reflected table (it runs once per record).
+
+        Returns:
+            Column names, a row of NULLs, a getter of a row's values in column
+            order, JSON column positions, and the value fields that map 1:1 onto
+            the columns (``None`` when the version column is not last).
+        """
+        table = self.table
+        assert table is not None
+        if getattr(self, "_layout_of", None) is not table:
+            names = [c.name for c in table.c]
+            getter = operator.itemgetter(*names)
+            self._layout_cache = (
+                frozenset(names),
+                dict.fromkeys(names),
+                getter if len(names) > 1 else (lambda row: (getter(row),)),
+                [i for i, c in enumerate(table.c) if isinstance(c.type, JSON)],
+                tuple(names[:-1]) if names[-1] == self.config.version_column else None,
+            )
+            self._layout_of = table
+        return self._layout_cache
+
+    def _values(self, record: SinkRecord) -> tuple[Any, ...] | None:
+        """The upsert's values in column order (``None`` for a delete).
+
+        Fast path: a value whose fields are the table's columns in order, with
+        the key equal to the record's key, is used as it is (no dict is built).
+        """
+        value = record.value
+        if value is None:
+            self._key_values(record)  # a delete still needs a valid key
+            return None
+        _names, _nulls, values_of, _json, direct = self._layout()
+        key = record.key
+        if (direct is not None and len(self.config.key) == 1 and not isinstance(key, dict)
+                and tuple(value) == direct and value[self.config.key[0]] == key):
+            return (*value.values(), record.version)
+        row = self._row(record)
+        assert row is not None
+        return values_of(row)
+
     def _row(self, record: SinkRecord) -> dict[str, Any] | None:
-        """The row of an upsert (``None`` for a delete: key and version only)."""
-        assert self.table is not None
-        keys = self._key_values(record)
+        """The full row of an upsert, absent fields NULL (``None`` for a delete: key and version only)."""
+        key = record.key
+        if isinstance(key, dict) or len(self.config.key) != 1:
+            keys = self._key_values(record)
+        else:
+            keys = {self.config.key[0]: key}
         if record.value is None:
             return None
-        unknown = [f for f in record.value if f not in self.table.c]
-        if unknown:
+        names, nulls, _get, _json, _direct = self._layout()
+        if not names.issuperset(record.value):
+            unknown = sorted(set(record.value) - names)
             raise ValueError(f"{record.where()}: field(s) {unknown} are not columns of table {self._qualified()!r}")
-        return {**record.value, **keys, self.config.version_column: record.version}
+        row = nulls.copy()
+        row.update(record.value)
+        row.update(keys)
+        row[self.config.version_column] = record.version
+        return row
 
-    def _apply(self, rows: list[tuple[SinkRecord, dict[str, Any] | None]], failures: list[RecordFailure]) -> None:
+    def _apply(self, rows: list[tuple[SinkRecord, tuple[Any, ...] | None]], failures: list[RecordFailure]) -> None:
         """Apply ``rows`` in one transaction; on a data error, bisect to find the refused records."""
         if not rows:
             return
@@ -231,9 +282,9 @@ class RdsSink(Sink):
             self._apply(rows[:mid], failures)
             self._apply(rows[mid:], failures)
 
-    def _transaction(self, rows: list[tuple[SinkRecord, dict[str, Any] | None]]) -> None:
+    def _transaction(self, rows: list[tuple[SinkRecord, tuple[Any, ...] | None]]) -> None:
         assert self.table is not None
-        upserts = [row for _r, row in rows if row is not None]
+        upserts = [values for _r, values in rows if values is not None]
         deletes = [{**self._key_values(r), "_v": r.version} for r, row in rows if row is None]
         try:
             with self.engine.begin() as conn:
@@ -243,7 +294,8 @@ class RdsSink(Sink):
                     if upserts:
                         self._pg_upsert(conn, upserts)
                 elif upserts:
-                    conn.execute(self._upsert_statement(), upserts)
+                    names = [c.name for c in self.table.c]
+                    conn.execute(self._upsert_statement(), [dict(zip(names, v, strict=True)) for v in upserts])
                 if deletes:
                     t = self.table
                     cond = [t.c[k] == bindparam(f"k_{i}") for i, k in enumerate(self.config.key)]
@@ -302,7 +354,7 @@ class RdsSink(Sink):
             where=t.c[v] < stmt.excluded[v],
         )
 
-    def _pg_upsert(self, conn: Any, rows: list[dict[str, Any]]) -> None:
+    def _pg_upsert(self, conn: Any, rows: list[tuple[Any, ...]]) -> None:
         """COPY into a session temporary table, then one conditional ``INSERT ... SELECT``."""
         from psycopg import sql
         from psycopg.types.json import Jsonb
@@ -319,14 +371,18 @@ class RdsSink(Sink):
                 else sql.Identifier(self.config.table)
             cur.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) "
                                 "ON COMMIT DELETE ROWS").format(sql.Identifier(stage_name), target))
-            json_cols = {c.name for c in t.c if isinstance(c.type, JSON)}
+            json_at = self._layout()[3]
             copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(
                 sql.Identifier(stage_name), sql.SQL(", ").join(map(sql.Identifier, cols))
             )
             with cur.copy(copy_sql) as copy:
-                for row in rows:
-                    copy.write_row([Jsonb(row[c]) if c in json_cols and row.get(c) is not None else row.get(c)
-                                    for c in cols])
+                for values in rows:
+                    if json_at:
+                        values = list(values)
+                        for i in json_at:
+                            if values[i] is not None:
+                                values[i] = Jsonb(values[i])
+                    copy.write_row(values)
         stage = Table(stage_name, MetaData(), *[Column(c.name, c.type) for c in t.c], prefixes=["TEMPORARY"])
         others = [c for c in cols if c not in self.config.key and c != v]
         stmt = pg_insert(t).from_select(cols, select(*[stage.c[c] for c in cols]))

@@ -141,13 +141,27 @@ def latest_per_key(records: Sequence[SinkRecord]) -> list[SinkRecord]:
     Returns:
         One record per key, in the order of their offsets.
     """
-    best: dict[str, SinkRecord] = {}
+    best: dict[Any, SinkRecord] = {}
     for record in records:
-        kid = record.key_id
+        key = record.key
+        # scalar keys are their own identity (the common case, kept fast); records use key_id
+        kid = record.key_id if isinstance(key, dict) else (type(key), key)
         seen = best.get(kid)
-        if seen is None or (record.version, record.offset) >= (seen.version, seen.offset):
+        if seen is None or record.version > seen.version or (
+            record.version == seen.version and record.offset >= seen.offset
+        ):
             best[kid] = record
-    return sorted(best.values(), key=lambda r: r.offset)
+    if len(best) == len(records):
+        return list(records) if _in_offset_order(records) else sorted(records, key=_offset)
+    return sorted(best.values(), key=_offset)
+
+
+def _offset(record: SinkRecord) -> int:
+    return record.offset
+
+
+def _in_offset_order(records: Sequence[SinkRecord]) -> bool:
+    return all(a.offset < b.offset for a, b in zip(records, records[1:], strict=False))
 
 
 class Limiter(Protocol):

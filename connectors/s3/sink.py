@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import logging
 import uuid
 from collections.abc import Iterable
@@ -95,10 +94,15 @@ def envelope(record: SinkRecord) -> dict[str, Any]:
 
 
 def encode_jsonl(records: Iterable[SinkRecord]) -> bytes:
-    """JSON Lines, one envelope per line (dates ISO 8601, decimals as text, bytes base64)."""
-    return b"".join(
-        json.dumps(envelope(r), default=_json_default, separators=(",", ":")).encode() + b"\n" for r in records
-    )
+    """JSON Lines, one envelope per line (dates RFC 3339, decimals as text, bytes base64), with orjson.
+
+    Raises:
+        TypeError: a value JSON cannot represent (orjson's ``JSONEncodeError`` is a ``TypeError``).
+    """
+    import orjson
+
+    dumps, option = orjson.dumps, orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
+    return b"".join(dumps(envelope(r), default=_json_default, option=option) for r in records)
 
 
 def encode_parquet(records: list[SinkRecord]) -> bytes:
