@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from connectors.config.models import SinkConnectorConfig, SourceConnectorConfig
 
 
 class S3SourceConfig(SourceConnectorConfig):
     """``s3_source``: rows of objects under a bucket/prefix into a compacted topic.
+
+    ``key`` (the row field(s) that identify an entity) is required. Without
+    ``value_schema`` the schema comes from the data: a CSV header (every field a
+    nullable string), a JSON Lines object's value types, a Parquet file's Arrow
+    schema, an Avro file's writer schema - of the first object in key order,
+    logged at start.
 
     Example::
 
@@ -31,7 +37,17 @@ class S3SourceConfig(SourceConnectorConfig):
     bucket: str
     prefix: str = ""
     format: Literal["csv", "jsonl", "parquet", "avro"]
+    csv_delimiter: str = Field(",", min_length=1, max_length=1)
     tombstones_on_delete: bool = Field(True, description="a deleted object yields tombstones for its keys")
+    min_age_s: float = Field(
+        0.0, ge=0, description="read an object only once its last change is this old (writers that rewrite in steps)"
+    )
+
+    @model_validator(mode="after")
+    def _needs_key(self) -> S3SourceConfig:
+        if not self.key:
+            raise ValueError("s3_source needs `key`: the row field(s) identifying an entity")
+        return self
 
 
 class S3SinkConfig(SinkConnectorConfig):
