@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from connectors.config.models import SinkConnectorConfig, SourceConnectorConfig
 
 
 class ElasticsearchSourceConfig(SourceConnectorConfig):
     """``elasticsearch_source``: an index into a compacted topic, keyed by ``_id``.
+
+    ``incremental`` reads the documents whose ``updated_field`` moved (a ``date``
+    or numeric epoch-milliseconds field the writers set), ``snapshot`` re-reads
+    the whole index every ``snapshot_interval_s``. Without ``value_schema`` the
+    Avro schema is derived from the index mapping.
 
     Example::
 
@@ -32,7 +37,19 @@ class ElasticsearchSourceConfig(SourceConnectorConfig):
     updated_field: str | None = Field(None, description="field for incremental reads")
     page_size: int = Field(1_000, ge=1, le=10_000)
     snapshot_interval_s: float = Field(300.0, gt=0)
-    reconcile_interval_s: float = Field(300.0, gt=0)
+    commit_delay_s: float = Field(
+        5.0, ge=0, description="incremental: read documents only once updated_field is this old "
+        "(covers refresh_interval and writers' clocks)",
+    )
+    reconcile_interval_s: float | None = Field(
+        300.0, gt=0, description="incremental: how often the _id set is compared to emit tombstones; null: never"
+    )
+
+    @model_validator(mode="after")
+    def _incremental_needs_field(self) -> ElasticsearchSourceConfig:
+        if self.mode == "incremental" and not self.updated_field:
+            raise ValueError("mode 'incremental' needs `updated_field`")
+        return self
 
 
 class ElasticsearchSinkConfig(SinkConnectorConfig):
