@@ -14,6 +14,9 @@ RECORDS_ACKED = Counter(
 TOMBSTONES = Counter("threes_source_tombstones", "tombstones produced (deletes found)", ["connector"])
 POSITION_COMMITS = Counter("threes_source_position_commits", "positions written to the offsets topic", ["connector"])
 ERRORS = Counter("threes_source_errors", "errors by kind (retriable, fatal)", ["connector", "kind"])
+QUEUE_FULL = Counter(
+    "threes_source_queue_full", "times the producer queue was full and reading waited (backpressure)", ["connector"]
+)
 IN_FLIGHT = Gauge("threes_source_in_flight_records", "records produced and not yet acknowledged", ["connector"])
 CYCLE_SECONDS = Histogram(
     "threes_source_cycle_seconds",

@@ -62,6 +62,7 @@ class RunnerStats:
         error: the error that stopped the task, if any.
         position: the last position written.
         cycles: completed polling cycles.
+        queue_full: times the producer's local queue was full and the task waited (backpressure).
     """
 
     rows_read: int = 0
@@ -73,6 +74,7 @@ class RunnerStats:
     error: str | None = None
     position: dict[str, Any] | None = None
     cycles: int = 0
+    queue_full: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
@@ -288,14 +290,7 @@ class TaskRunner:
             try:
                 produce(topic, vb, kb, on_delivery=on_delivery, headers=headers)
             except BufferError:
-                # the local queue is full: serve delivery reports until there is room; never drop
-                while True:
-                    self._producer.poll(0.05)
-                    try:
-                        produce(topic, vb, kb, on_delivery=on_delivery, headers=headers)
-                        break
-                    except BufferError:
-                        continue
+                self._produce_when_room(topic, vb, kb, on_delivery=on_delivery, headers=headers)
         n = len(records)
         self.stats.rows_read += batch.rows_read or 0
         self.stats.produced += n
@@ -305,6 +300,18 @@ class TaskRunner:
             metrics.TOMBSTONES.labels(self._label).inc(tombstones)
         self._producer.poll(0)
         self._commit()
+
+    def _produce_when_room(self, topic: str, value: bytes | None, key: bytes, **kwargs: Any) -> None:
+        """Produce after the local queue was found full: serve delivery reports until there is room; never drop."""
+        self.stats.queue_full += 1
+        metrics.QUEUE_FULL.labels(self._label).inc()
+        while True:
+            self._producer.poll(0.05)
+            try:
+                self._producer.produce(topic, value, key, **kwargs)
+                return
+            except BufferError:
+                continue
 
     def _encode_error(self, key: Any, value: Any, exc: Exception) -> FatalError:
         where = f"source {self._label!r} (topic {self.config.topic!r}) {self.task.describe_key(key)}"
@@ -329,7 +336,10 @@ class TaskRunner:
         if not force and now - self._last_write < self.offset_flush_interval_s:
             return
         value = self.offsets.encode(self.key, self.config.name, self.task_id, self.config.topic, position)
-        self._producer.produce(self.offsets.topic, value, self.key.encode())
+        try:
+            self._producer.produce(self.offsets.topic, value, self.key.encode())
+        except BufferError:
+            self._produce_when_room(self.offsets.topic, value, self.key.encode())
         self._written = position
         self._last_write = now
         self.stats.position = position

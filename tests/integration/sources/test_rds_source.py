@@ -320,6 +320,29 @@ def test_topic_is_created_with_configured_spec(pg_engine: Any, pg: RdsConnection
     assert len(ends) == 3 and sum(ends.values()) == 50 and all(v > 0 for v in ends.values())
 
 
+def test_full_producer_queue_is_waited_out(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
+                                           unique: str) -> None:
+    from connectors.runtime.standalone import SourceWorker, task_specs
+
+    table = f"q_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
+        c.execute(text(f"INSERT INTO {table} SELECT g, repeat('x', 100) FROM generate_series(1, 1000) g"))
+    pipeline = _pipeline(kafka, pg, name=f"q-{unique}", topic=f"state.{unique}", table=table, batch_records=500)
+    # a local queue of 20 messages: the loop must wait for deliveries again and again, and drop nothing
+    worker = SourceWorker(pipeline, producer_overrides={"queue_buffering_max_messages": 20})
+    for spec in task_specs(pipeline.sources):
+        worker.start(spec, once=True)
+    import threading
+
+    worker.wait(threading.Event())
+    (s,) = worker.stats().values()
+    assert s.state == "caught_up", s.error
+    assert s.queue_full > 0
+    assert s.acked == 1000
+    assert count_records(kafka_conf, f"state.{unique}") == 1000
+
+
 # -- SQLite, CLI ---------------------------------------------------------------------------------------------------
 
 
