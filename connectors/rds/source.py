@@ -32,6 +32,11 @@ transactional-outbox pollers that read only below
 ``pg_snapshot_xmin(pg_current_snapshot())``, expressed as a time bound because
 the cursor is a timestamp column.)
 
+``incrementing`` mode has no time to bound: an id taken by a transaction that
+commits after a larger id was read is behind the cursor. Reconciliation (below)
+re-emits such rows, so they arrive late (within ``reconcile_interval_s``) but
+arrive; use a timestamp mode where that delay matters.
+
 **Deletes** become tombstones without CDC privileges: :meth:`RdsSource.reconcile`
 streams the table's keys, compares them (as encoded key bytes) with the live
 keys of the state topic, yields tombstones for keys that vanished and re-emits
