@@ -37,8 +37,8 @@ def test_index_and_search_a_document(es, unique):
     assert [(h["_id"], h["_source"]["seats"]) for h in hits] == [("N10156", 55)]
     # external versioning, as the sinks use it: a stale version is rejected with 409
     es.index(index=index, id="v", document={"n": 2}, version=2, version_type="external", refresh=True)
-    from elasticsearch import ConflictError
     import pytest
+    from elasticsearch import ConflictError
 
     with pytest.raises(ConflictError):
         es.index(index=index, id="v", document={"n": 1}, version=1, version_type="external")

@@ -99,6 +99,7 @@ def test_reference_to_missing_or_wrong_connection(tmp_path):
         "    topic: state.airlines\n"
         "    bucket: b\n"
         "    format: csv\n"
+        "    key: [carrier]\n"
     )
     with pytest.raises(ConfigError) as exc:
         load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
