@@ -38,7 +38,7 @@ from stream_app.avro import decode_avro, encode_avro
 from stream_app.checkpoint import BatchOffsetsLog, CheckpointFs, SnapshotCheckpoint, child
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.kafka_io import TopicWatermarks, offsets_json, spark_kafka_options
-from stream_app.plan import JobPlan, build_plan
+from stream_app.plan import JobPlan, build_plan, writers_for
 from stream_app.records import dead_letter, explode_records, header, no_headers, record, write_records
 from stream_app.snapshot import ERROR, decode_error_reason
 from stream_app.snapshot_runtime import DeadLetterProducer, Snapshot
@@ -46,6 +46,7 @@ from stream_app.updates import aggregate, aggregation_records, projection_record
 
 log = logging.getLogger(__name__)
 
+V1_SOURCES = "avro,csv,json,orc,parquet,text"  # Spark's default list without kafka
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
@@ -243,7 +244,7 @@ class StreamJob:
     def _decode_events(self, batch: Any) -> Any:
         from pyspark.sql import functions as f
 
-        writers = self._writers()
+        writers = writers_for(self._writers(), self.plan.events.avro)
         decoded = batch.select(
             f.col("key").alias("__key"),
             f.col("value").alias("__value"),
@@ -266,6 +267,10 @@ class StreamJob:
 
         cfg, plan = self.config, self.plan
         started = time.monotonic()
+        # Kafka's V1 batch writer runs its input plan outside the command's query execution, so the
+        # observed counts below would never arrive; the V2 writer runs it inside. The batch's session
+        # belongs to this query only.
+        batch.sparkSession.conf.set("spark.sql.sources.useV1SourceList", V1_SOURCES)
         views, replay = self._views(batch_id)
         refreshed = time.monotonic()
         self._writers.refresh()

@@ -89,6 +89,48 @@ def spark_type(spark: Any, schema: Schema) -> Any:
     return StructType.fromJson(json.loads(sql_type.dataType().json()))
 
 
+_NAMES: dict[bytes, str | None] = {}
+
+
+def full_name(schema: Any) -> str | None:
+    """The full name of a named Avro schema (``None`` for unnamed ones)."""
+    if not isinstance(schema, dict) or "name" not in schema:
+        return None
+    name, namespace = schema["name"], schema.get("namespace")
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
+def writers_for(writers: dict[bytes, str], reader: dict[str, Any]) -> dict[bytes, str]:
+    """The writer schemas Avro resolution can map to ``reader``: same full name, or one of its aliases.
+
+    The schema topic is shared by every producer of the cluster; decoding with
+    one ``when`` branch per writer schema of *every* entity would make each
+    plan grow with the cluster. Named-type resolution needs matching names
+    anyway (Avro specification, "Schema Resolution").
+
+    Args:
+        writers: fingerprint -> writer schema JSON (all known).
+        reader: the reader schema.
+
+    Returns:
+        The subset that can resolve to ``reader``.
+    """
+    wanted = {full_name(reader)}
+    namespace = reader.get("namespace") or ""
+    for alias in reader.get("aliases", []):
+        wanted.add(alias if "." in alias or not namespace else f"{namespace}.{alias}")
+    out = {}
+    for fp, text in writers.items():
+        if fp not in _NAMES:
+            try:
+                _NAMES[fp] = full_name(json.loads(text))
+            except ValueError:
+                _NAMES[fp] = None
+        if _NAMES[fp] in wanted:
+            out[fp] = text
+    return out
+
+
 def _base_type(avro_type: Any) -> Any:
     """The non-null branch of an optional type."""
     if isinstance(avro_type, list):

@@ -106,7 +106,7 @@ def explode_records(df: Any, records: Sequence[Any]) -> Any:
 
 def write_records(records: Any, options: dict[str, str]) -> None:
     """Write a batch of ``topic, key, value, headers`` rows with Spark's Kafka sink (at least once)."""
-    writer = records.write.format("kafka")
+    writer = records.write.format("kafka").mode("append")
     for key, value in options.items():
         writer = writer.option(key, value)
     writer.save()

@@ -40,7 +40,7 @@ from connectors.exceptions import RetriableError
 from stream_app import metrics
 from stream_app.checkpoint import SnapshotCheckpoint
 from stream_app.kafka_io import Offsets, TopicWatermarks, count_between, offsets_json, read_range
-from stream_app.plan import SnapshotPlan
+from stream_app.plan import SnapshotPlan, writers_for
 from stream_app.snapshot import (
     DELETED,
     ERROR,
@@ -157,8 +157,10 @@ class Snapshot:
     # -- reading Kafka ------------------------------------------------------------------------
 
     def _decode(self, raw: Any) -> Any:
+        writers = self.writers()
+        relevant = {**writers_for(writers, self.plan.key.avro), **writers_for(writers, self.plan.value.avro)}
         return decode_records(
-            raw, self.writers(), self.plan.key.json, self.plan.value.json, self.plan.key.spark_type, self.rank
+            raw, relevant, self.plan.key.json, self.plan.value.json, self.plan.key.spark_type, self.rank
         )
 
     def _empty_base(self) -> pa.Table:
