@@ -13,7 +13,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from typing import Any
@@ -73,35 +72,37 @@ def test_kill9_during_load_loses_no_row(tmp_path: Any, pg_engine: Any, pg: Any, 
     env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     cmd = [sys.executable, "-m", "connectors.cli", "source", "run", str(cfg)]
 
-    # the load: chunks of CHUNK rows, one transaction each (all rows of a chunk share now())
-    loaded = threading.Event()
-    pause = 2.5 * KILLS / max(1, ROWS // CHUNK)  # spread the load over the kill loop
+    def insert(n: int) -> None:
+        # one transaction per chunk: all its rows share now(), and commit while the source reads
+        with pg_engine.begin() as c:
+            c.execute(text(f"INSERT INTO {table} (payload) SELECT md5(g::text) FROM generate_series(1, :n) g"),
+                      {"n": n})
 
-    def load() -> None:
-        for start in range(0, ROWS, CHUNK):
-            n = min(CHUNK, ROWS - start)
-            with pg_engine.begin() as c:
-                c.execute(text(f"INSERT INTO {table} (payload) SELECT md5(g::text) FROM generate_series(1, :n) g"),
-                          {"n": n})
-            time.sleep(pause)
-        loaded.set()
-
-    loader = threading.Thread(target=load, daemon=True)
-    loader.start()
     store = OffsetStore(kafka_conf)
     positions: list[Any] = []
     rng = random.Random(4)
+    per_kill = -(-ROWS // KILLS)
+    loaded = 0
     for _ in range(KILLS):
+        before = store.load(name)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            time.sleep(rng.uniform(2.0, 4.0))
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            # this cycle's share of the load, written while the source runs
+            share = min(per_kill, ROWS - loaded)
+            for start in range(0, share, CHUNK):
+                insert(min(CHUNK, share - start))
+            loaded += share
+            # kill only a working process: once it stored a newer position, at a random moment soon after
+            deadline = time.monotonic() + 120
+            while store.load(name) == before and time.monotonic() < deadline:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                time.sleep(0.2)
+            time.sleep(rng.uniform(0.0, 0.8))
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(30)
         positions.append(store.load(name))
-    loader.join(300)
-    assert loaded.is_set()
+    assert loaded == ROWS
 
     # a last run catches up with everything committed
     done = subprocess.run([*cmd, "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -110,8 +111,8 @@ def test_kill9_during_load_loses_no_row(tmp_path: Any, pg_engine: Any, pg: Any, 
     keys = _all_keys(kafka_conf, topic)
     missing = set(range(1, ROWS + 1)) - set(keys)
     assert not missing, f"{len(missing)} rows never reached the topic, e.g. {sorted(missing)[:10]}"
-    # the kills hit a working process: the stored position moved between most restarts
-    moved = sum(1 for a, b in zip(positions, positions[1:], strict=False) if a != b)
-    assert moved >= KILLS // 3, positions
+    # every kill hit a process that had made progress since its start
+    moved = sum(1 for a, b in zip([None, *positions], positions, strict=False) if a != b)
+    assert moved == KILLS, positions
     print(f"kill9: rows={ROWS} kills={KILLS} records={len(keys)} duplicates={len(keys) - ROWS} "
           f"position_moves={moved}")
