@@ -52,6 +52,10 @@ class RdsSourceConfig(SourceConnectorConfig):
     reconcile_interval_s: float | None = Field(
         300.0, gt=0, description="how often the key set is compared to emit tombstones for deletes; null: never"
     )
+    tasks: int = Field(
+        1, ge=1, le=64, description="split the rows over this many tasks by abs(key % tasks) (single integer key); "
+        "run them on several workers with `threes source run --group`",
+    )
 
     @model_validator(mode="after")
     def _mode_needs(self) -> RdsSourceConfig:

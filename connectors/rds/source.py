@@ -130,6 +130,11 @@ class RdsSource(SourceTask):
     config: RdsSourceConfig
     connection: RdsConnection
 
+    @classmethod
+    def task_count_for(cls, config: RdsSourceConfig) -> int:  # type: ignore[override]
+        """``tasks`` of the config: each reads the rows whose ``abs(key % tasks)`` is its index."""
+        return config.tasks
+
     def __init__(self, config: RdsSourceConfig, connection: RdsConnection, **kwargs: Any):
         super().__init__(config, connection, **kwargs)
         self.engine: Any = None
@@ -250,6 +255,13 @@ class RdsSource(SourceTask):
         else:  # bulk, query: a full scan paged by key
             order = list(self.key_cols)
         self.order_cols = order
+        self.split = None
+        if self.task_count > 1:
+            if len(self.key_cols) != 1 or not _is_integer(self.key_cols[0].type):
+                raise ConfigError(f"source {cfg.name!r}: `tasks: {self.task_count}` splits rows by an integer key; "
+                                  f"{self.where} has the key {self.key_columns}")
+            k = self.key_cols[0]
+            self.split = func.abs(k % literal(self.task_count)) == literal(self.task_id)
         positions = {id(c): i for i, c in enumerate(columns)}
         self.order_idx = [positions[id(c)] for c in order]
 
@@ -274,6 +286,8 @@ class RdsSource(SourceTask):
 
     def _page_statement(self, bound: Any, limit: int) -> Any:
         stmt = select(*self.columns)
+        if self.split is not None:
+            stmt = stmt.where(self.split)
         if self.cursor is not None:
             if len(self.order_cols) == 1:
                 c = self.order_cols[0]
@@ -408,6 +422,10 @@ class RdsSource(SourceTask):
 
     # -- reconcile ------------------------------------------------------------------------------------
 
+    def reconciles(self) -> bool:
+        """Task 0 reconciles the whole table for every task of the connector."""
+        return self.task_id == 0
+
     def wants_reconcile(self) -> bool:
         """After every completed full scan (``bulk``/``query``) unless ``reconcile_interval_s`` is null."""
         return self._scan_finished and self.config.reconcile_interval_s is not None
@@ -476,6 +494,12 @@ class RdsSource(SourceTask):
         """Dispose of the engine's pool."""
         if self.engine is not None:
             self.engine.dispose()
+
+
+def _is_integer(sql_type: Any) -> bool:
+    from sqlalchemy import types as sqltypes
+
+    return isinstance(sql_type, sqltypes.Integer)
 
 
 def _reason(exc: BaseException) -> str:

@@ -171,6 +171,10 @@ class SourceTask(ABC):
         """
         return iter(())
 
+    def reconciles(self) -> bool:
+        """Whether this task takes part in reconciliation (one task may do it for all of its connector)."""
+        return True
+
     def wants_reconcile(self) -> bool:
         """Whether the last cycle found something only a reconciliation can settle.
 

@@ -206,7 +206,7 @@ class TaskRunner:
             due = self._reconcile_every is not None and (
                 last_reconcile is None or time.monotonic() - last_reconcile >= self._reconcile_every
             )
-            if due or self.task.wants_reconcile():
+            if (due or self.task.wants_reconcile()) and self.task.reconciles():
                 self._retrying(stop, self._reconcile)
                 last_reconcile = time.monotonic()
             if once:

@@ -134,6 +134,39 @@ def test_modes_copy_the_table(mode: str, pg_engine: Any, pg: RdsConnection, kafk
     assert s.tombstones == 1
 
 
+def test_tasks_split_the_table(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str) -> None:
+    table = f"split_{unique}"
+    name = f"split-{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
+        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' || g FROM generate_series(-20, 40) g"))
+    pipeline = _pipeline(kafka, pg, name=name, topic=f"state.{unique}", table=table, mode="incrementing",
+                         incrementing_column="id", tasks=3, batch_records=7)
+    stats = run_once(pipeline)
+    assert sorted(stats) == [f"{name}#0", f"{name}#1", f"{name}#2"]
+    assert all(s.state == "caught_up" for s in stats.values()), {k: s.error for k, s in stats.items()}
+    # every task read its share (task 0's reconciliation may re-emit rows of the others still in flight)
+    assert all(s.rows_read > 0 for s in stats.values())
+    assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(i,) for i in range(-20, 41)]
+    with pg_engine.begin() as c:
+        c.execute(text(f"DELETE FROM {table} WHERE id IN (-20, 0, 7)"))
+        c.execute(text(f"INSERT INTO {table} VALUES (41, 'v41')"))
+    stats = run_once(pipeline)
+    assert sum(s.tombstones for s in stats.values()) == 3
+    state = topic_state(kafka_conf, f"state.{unique}")
+    assert sorted(state) == [(i,) for i in range(-20, 42) if i not in (-20, 0, 7)]
+    stored = OffsetStore(kafka_conf).load_all()
+    assert {f"{name}#0", f"{name}#1", f"{name}#2"} <= set(stored)
+
+
+def test_tasks_need_an_integer_key(pg_engine: Any, pg: RdsConnection, kafka: Any, unique: str) -> None:
+    table = f"splitk_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (code text PRIMARY KEY)"))
+    stats = run_once(_pipeline(kafka, pg, name=f"sk-{unique}", topic=f"state.{unique}", table=table, tasks=2))
+    assert all(s.state == "failed" and "integer key" in s.error for s in stats.values())
+
+
 # -- commit-safe watermark ---------------------------------------------------------------------------------
 
 
