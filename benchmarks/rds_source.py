@@ -2,13 +2,16 @@
 
 Usage::
 
-    python benchmarks/rds_source.py [--rows 1000000] [--rounds 1] [--keep-table]
+    python benchmarks/rds_source.py [--rows 1000000] [--rounds 1] [--tasks 2]
 
 Both sides read the same table (``bench_rds_source_<rows>``, created once in the
 database ``threes_bench`` with ``generate_series`` and reused by later runs),
 encode key and value with the project's Avro serde, and produce with the same
 idempotent ``acks=all`` producer from :func:`connectors.clients.kafka_producer`
 to a fresh compacted topic each:
+
+Both sides are timed from before their own setup (topic creation, schema
+registration, producer) to the last acknowledgement.
 
 * **baseline**: one psycopg server-side cursor (``itersize`` 10,000), a dict per
   row, the serde, ``produce`` with ``BufferError`` handled, one delivery callback
@@ -17,6 +20,10 @@ to a fresh compacted topic each:
   up (``--once``): keyset pages of ``batch_records`` rows, positions tracked per
   batch and written to the offsets topic, metrics; reconciliation off (the
   baseline has none).
+
+* **rds_source_N_tasks** (``--tasks N``): the same source with ``tasks: N``, each
+  task in its own process (what N workers of a ``--group`` do), timed from the
+  start of the tasks to the last acknowledgement.
 
 The sides alternate (baseline first) ``--rounds`` times; the best round of each
 counts. Prints a table and, last, one JSON line with both rates and their ratio.
@@ -94,6 +101,7 @@ VALUE_SCHEMA = {
 def run_baseline(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int) -> float:
     import psycopg
 
+    t0 = time.perf_counter()  # like the source's run: its own setup (topic, schemas, producer) counts
     kconf = kafka.librdkafka_config()
     topic = f"bench.baseline.{uuid.uuid4().hex[:8]}"
     ensure_compacted_topic(kconf, topic)
@@ -108,7 +116,6 @@ def run_baseline(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int)
             errors.append(err)
 
     url = conn.sqlalchemy_url()
-    t0 = time.perf_counter()
     with psycopg.connect(host=url.host, port=url.port, user=url.username, password=url.password,
                          dbname=url.database) as pgc:
         with pgc.cursor(name="bench") as cur:
@@ -141,17 +148,55 @@ def run_baseline(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int)
     return elapsed
 
 
-def run_rds_source(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int) -> float:
-    name = f"bench-{uuid.uuid4().hex[:8]}"
-    topic = f"bench.rds_source.{name}"
-    pipeline = pipeline_from_dict({
+def _pipeline_doc(conn: RdsConnection, table: str, kafka: KafkaConfig, name: str, topic: str,
+                  tasks: int) -> dict[str, Any]:
+    return {
         "kafka": kafka.model_dump(mode="json", exclude_none=True),
         "connections": {"pg": {"type": "rds", "url": conn.url, "password": conn.password.get_secret_value()}},
         "sources": [{"name": name, "type": "rds_source", "connection": "pg", "topic": topic, "table": table,
-                     "mode": "bulk", "batch_records": PAGE, "reconcile_interval_s": None}],
-    })
+                     "mode": "bulk", "batch_records": PAGE, "reconcile_interval_s": None, "tasks": tasks,
+                     "topic_spec": {"partitions": max(1, tasks)}}],
+    }
+
+
+def _run_one_task(doc: dict[str, Any], task_id: int) -> tuple[str, int, str | None]:
+    """Child process: run one task of the source until caught up (what a worker of a --group does)."""
+    logging.basicConfig(level=logging.WARNING)
+    pipeline = pipeline_from_dict(doc)
     worker = SourceWorker(pipeline)
+    spec = [s for s in task_specs(pipeline.sources) if s.task_id == task_id][0]
+    worker.start(spec, once=True)
+    worker.wait(threading.Event())
+    (stats,) = worker.stats().values()
+    return stats.state, stats.acked, stats.error
+
+
+def run_rds_source_tasks(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int, tasks: int) -> float:
+    """The source split into ``tasks`` tasks, each in its own worker process (processes started before timing)."""
+    import multiprocessing as mp
+
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    topic = f"bench.rds_source.{name}"
+    doc = _pipeline_doc(conn, table, kafka, name, topic, tasks)
+    ensure_compacted_topic(kafka.librdkafka_config(), topic, partitions=tasks)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(tasks) as pool:
+        pool.map(abs, range(tasks))  # warm the worker processes (imports) outside the timing
+        t0 = time.perf_counter()
+        results = pool.starmap(_run_one_task, [(doc, i) for i in range(tasks)])
+        elapsed = time.perf_counter() - t0
+    assert all(state == "caught_up" for state, _, _ in results), results
+    assert sum(acked for _, acked, _ in results) == rows, results
+    assert sum(end_offsets(kafka.librdkafka_config(), topic).values()) == rows
+    return elapsed
+
+
+def run_rds_source(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int) -> float:
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+    topic = f"bench.rds_source.{name}"
+    pipeline = pipeline_from_dict(_pipeline_doc(conn, table, kafka, name, topic, 1))
     t0 = time.perf_counter()
+    worker = SourceWorker(pipeline)
     for spec in task_specs(pipeline.sources):
         worker.start(spec, once=True)
     worker.wait(threading.Event())
@@ -167,6 +212,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--tasks", type=int, default=1,
+                        help="also run the source split into this many tasks, one worker process each")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     endpoints = Endpoints.from_env()
@@ -174,9 +221,14 @@ def main() -> None:
     conn, table = ensure_table(endpoints.postgres_url, args.rows)
 
     results: dict[str, list[float]] = {"baseline": [], "rds_source": []}
+    tasks_side = f"rds_source_{args.tasks}_tasks"
+    if args.tasks > 1:
+        results[tasks_side] = []
     for _ in range(args.rounds):
         results["baseline"].append(run_baseline(conn, table, kafka, args.rows))
         results["rds_source"].append(run_rds_source(conn, table, kafka, args.rows))
+        if args.tasks > 1:
+            results[tasks_side].append(run_rds_source_tasks(conn, table, kafka, args.rows, args.tasks))
 
     best = {k: min(v) for k, v in results.items()}
     rate = {k: args.rows / s for k, s in best.items()}
@@ -186,16 +238,22 @@ def main() -> None:
     out.add_column("seconds", justify="right")
     out.add_column("rows/s", justify="right")
     out.add_column("all rounds (s)")
-    for side in ("baseline", "rds_source"):
+    for side in results:
         out.add_row(side, f"{best[side]:.2f}", f"{rate[side]:,.0f}", ", ".join(f"{s:.2f}" for s in results[side]))
     Console().print(out)
     print(f"ratio rds_source/baseline = {ratio:.3f} (target >= 0.8); rds_source {rate['rds_source']:,.0f} rows/s "
           "(target >= 100,000)")
-    print(json.dumps({
+    summary = {
         "benchmark": "rds_source", "rows": args.rows, "rounds": args.rounds,
         "baseline_rows_per_s": round(rate["baseline"]), "rds_source_rows_per_s": round(rate["rds_source"]),
         "ratio": round(ratio, 3),
-    }))
+    }
+    if args.tasks > 1:
+        summary.update({"tasks": args.tasks, "rds_source_tasks_rows_per_s": round(rate[tasks_side]),
+                        "tasks_ratio": round(rate[tasks_side] / rate["baseline"], 3)})
+        print(f"{args.tasks} tasks in {args.tasks} processes: {rate[tasks_side]:,.0f} rows/s, "
+              f"{rate[tasks_side] / rate['baseline']:.2f} x the one-loop baseline")
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
