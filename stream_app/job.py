@@ -40,12 +40,13 @@ from stream_app.enrich import BoundLookup, enrich
 from stream_app.kafka_io import TopicWatermarks, offsets_json, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, writers_for
 from stream_app.records import dead_letter, explode_records, header, no_headers, record, write_records
-from stream_app.snapshot import ERROR, decode_error_reason
+from stream_app.snapshot import ERROR, corrupt_to_null, decode_error_reason
 from stream_app.snapshot_runtime import DeadLetterProducer, Snapshot
 from stream_app.updates import aggregate, aggregation_records, projection_records
 
 log = logging.getLogger(__name__)
 
+SOURCE_HEADER = "source"  # on enriched events: "topic:partition:offset" of the event they enrich
 V1_SOURCES = "avro,csv,json,orc,parquet,text"  # Spark's default list without kafka
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -85,6 +86,7 @@ class StreamJob:
         self.config, self.kafka, self.spark, self.base_dir = config, kafka, spark, base_dir
         self.plan: JobPlan | None = None
         self.snapshots: dict[str, Snapshot] = {}
+        self.readiness: dict[str, dict[str, Any]] = {}  # per snapshot: keys, source, records read, elapsed_s
         self.queries: list[Any] = []
         self.batches = 0
         self.last_batch: dict[str, Any] = {}
@@ -122,7 +124,7 @@ class StreamJob:
             snapshot = Snapshot(
                 self.spark, self.kafka, snap_plan, writers, self._watermarks, checkpoint, dead_letters, cfg.name
             )
-            snapshot.bootstrap()
+            self.readiness[snapshot.name] = snapshot.bootstrap()
             self.snapshots[snapshot.name] = snapshot
         log.info("job=%s snapshots ready count=%d keys=%d elapsed_s=%.2f", cfg.name, len(self.snapshots),
                  sum(s.base_rows + s.overlay_rows for s in self.snapshots.values()), time.monotonic() - started)
@@ -212,12 +214,19 @@ class StreamJob:
         from pyspark.sql import functions as f
 
         enriched = self.plan.enriched
-        stream = self._read_stream(self.config.enriched_topic, "earliest").option("failOnDataLoss", "false").load()
-        decoded = stream.select(
-            decode_avro(f.col("value"), {enriched.fingerprint: enriched.json}, enriched.json).alias("e")
+        stream = (
+            self._read_stream(self.config.enriched_topic, "earliest")
+            .option("failOnDataLoss", "false")
+            .option("includeHeaders", "true")
+            .load()
         )
-        events = decoded.filter(f.col("e").isNotNull()).select("e.*")
-        records = aggregation_records(aggregate(events, update), update)
+        decoded = stream.select(
+            decode_avro(f.col("value"), {enriched.fingerprint: enriched.json}, enriched.json).alias("e"),
+            f.filter("headers", lambda h: h["key"] == SOURCE_HEADER)[0]["value"].cast("string").alias("__source"),
+        )
+        decoded = decoded.withColumn("e", corrupt_to_null(f.col("e"), enriched.json))
+        events = decoded.filter(f.col("e").isNotNull()).select("e.*", "__source")
+        records = aggregation_records(aggregate(events, update, dedupe_on="__source"), update)
         writer = records.writeStream.format("kafka").outputMode("update")
         for key, value in self._options.items():
             writer = writer.option(key, value)
@@ -255,6 +264,7 @@ class StreamJob:
             f.col("timestamp").alias("__timestamp"),
             decode_avro(f.col("value"), writers, self.plan.events.json).alias("__v"),
         )
+        decoded = decoded.withColumn("__v", corrupt_to_null(f.col("__v"), self.plan.events.json))
         error = f.when(f.col("__value").isNull(), f.lit("event has no value (null)")).when(
             f.col("__v").isNull(), decode_error_reason(f.col("__value"), writers, "value")
         )
@@ -280,12 +290,10 @@ class StreamJob:
         enriched = enrich(frame, lookups, passthrough=ERROR)
 
         ok = f.col(ERROR).isNull()
-        snapshot_headers = [
+        ours = [header(SOURCE_HEADER, f.concat_ws(":", "__topic", "__partition", "__offset"))] + [
             header(f"snapshot.{name}", f.lit(offsets_json(view.offsets))) for name, view in sorted(views.items())
         ]
-        headers = f.concat(f.coalesce(f.col("__headers"), no_headers()), f.array(*snapshot_headers)) if (
-            snapshot_headers
-        ) else f.coalesce(f.col("__headers"), no_headers())
+        headers = f.concat(f.coalesce(f.col("__headers"), no_headers()), f.array(*ours))
         value = encode_avro(
             f.struct(*[fld["name"] for fld in plan.enriched.avro["fields"]]), plan.enriched.json,
             plan.enriched.fingerprint,

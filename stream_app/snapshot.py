@@ -87,6 +87,34 @@ def event_lookup_key(on: Mapping[str, str], key_type: Any) -> Any:
     return lookup_key(key, key_type)
 
 
+def corrupt_to_null(decoded: Any, reader_schema_json: str) -> Any:
+    """``null`` where a PERMISSIVE ``from_avro`` hid a corrupt body behind a struct of nulls.
+
+    Spark's ``from_avro`` in PERMISSIVE mode returns, for a record struct, a
+    row whose fields are all null rather than a null struct when the body does
+    not decode. Such a row is told apart by a null in a field the reader schema
+    requires (not a union with ``null``); when no field is required, a corrupt
+    body cannot be told from a record of nulls and passes as one.
+
+    Args:
+        decoded: the struct column ``from_avro``/``decode_avro`` gave (use it
+            from a previous projection: it is referenced twice).
+        reader_schema_json: the reader schema.
+    """
+    import json
+
+    from stream_app.avro_schemas import is_optional
+
+    f = _f()
+    required = [fld["name"] for fld in json.loads(reader_schema_json)["fields"] if not is_optional(fld["type"])]
+    if not required:
+        return decoded
+    missing = f.lit(True)
+    for name in required:
+        missing = missing & decoded[name].isNull()
+    return f.when(decoded.isNotNull() & ~missing, decoded)
+
+
 def decode_records(
     raw: Any,
     writers: Mapping[bytes, str],
@@ -122,6 +150,11 @@ def decode_records(
         f.col("offset").alias(OFFSET),
         decoded_key.alias("__k"),
         decode_avro(raw.value, writers, value_schema_json).alias("__v"),
+    )
+    decoded = decoded.select(
+        "key", "value", TOPIC, PARTITION, OFFSET,
+        corrupt_to_null(f.col("__k"), key_schema_json).alias("__k"),
+        corrupt_to_null(f.col("__v"), value_schema_json).alias("__v"),
     )
     rank = f.lit(0)
     for topic, position in sorted(topic_rank.items(), key=lambda kv: kv[1]):

@@ -87,12 +87,15 @@ def projection_records(plan: UpdatePlan, dead_letter_topic: str, component: str,
     return [upsert, bad]
 
 
-def aggregate(enriched: Any, plan: UpdatePlan) -> Any:
+def aggregate(enriched: Any, plan: UpdatePlan, dedupe_on: str | None = None) -> Any:
     """Aggregate enriched events per ``group_by`` and event-time window (stateful on a stream).
 
     Args:
         enriched: enriched events (streaming or not) with the event-time field.
         plan: the aggregation.
+        dedupe_on: a column identifying the source event (``topic:partition:offset``);
+            events seen before within the watermark are dropped, so an enriched
+            event written twice (at-least-once, a replayed batch) counts once.
 
     Returns:
         ``window`` (struct start/end), the group fields, ``__count`` and the
@@ -104,11 +107,10 @@ def aggregate(enriched: Any, plan: UpdatePlan) -> Any:
     outputs = [f.count(f.lit(1)).alias(COUNT)]
     for out, fn, source in plan.aggregations:
         outputs.append(f.count(f.lit(1)).alias(out) if fn == "count" else fns[fn](f.col(source)).alias(out))
-    return (
-        enriched.withWatermark(cfg.event_time, cfg.watermark)
-        .groupBy(f.window(cfg.event_time, cfg.window).alias("window"), *(cfg.group_by or []))
-        .agg(*outputs)
-    )
+    events = enriched.withWatermark(cfg.event_time, cfg.watermark)
+    if dedupe_on is not None:
+        events = events.dropDuplicatesWithinWatermark([dedupe_on])
+    return events.groupBy(f.window(cfg.event_time, cfg.window).alias("window"), *(cfg.group_by or [])).agg(*outputs)
 
 
 def aggregation_records(aggregated: Any, plan: UpdatePlan) -> Any:
