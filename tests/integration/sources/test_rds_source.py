@@ -443,3 +443,93 @@ def test_cli_once_offsets_list_and_reset(tmp_path: Any, pg_engine: Any, pg: RdsC
                            text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert count_records(kafka_conf, f"state.{unique}") == 60  # re-snapshot after the reset
+
+
+def test_sigterm_flushes_and_stores_the_position(tmp_path: Any, pg_engine: Any, pg: RdsConnection, kafka: Any,
+                                                 kafka_conf: Any, unique: str) -> None:
+    import signal
+    import time
+
+    table = f"term_{unique}"
+    name = f"term-{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
+        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 500) g"))
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(
+        f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
+        f"connections:\n  pg:\n    type: rds\n    url: {pg.url}\n    password: ${{env:PGPASS}}\n"
+        f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: state.{unique}\n"
+        f"    table: {table}\n    mode: incrementing\n    incrementing_column: id\n    poll_interval_s: 0.2\n"
+        # no reconciliation: it could emit the new rows first (without moving the position), by design
+        f"    reconcile_interval_s: null\n"
+    )
+    env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, "-m", "connectors.cli", "--debug", "source", "run", str(cfg)], cwd=ROOT,
+                            env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store = OffsetStore(kafka_conf)
+    try:
+        deadline = time.monotonic() + 60
+        while store.load(name) != {"mode": "incrementing", "after": [500]}:
+            assert time.monotonic() < deadline and proc.poll() is None, "the source did not catch up"
+            time.sleep(0.2)
+        with pg_engine.begin() as c:
+            c.execute(text(f"INSERT INTO {table} SELECT g, 'w' FROM generate_series(501, 520) g"))
+        deadline = time.monotonic() + 30
+        while count_records(kafka_conf, f"state.{unique}") < 520:
+            assert time.monotonic() < deadline, "the new rows did not arrive"
+            time.sleep(0.1)
+        # SIGTERM right away, before the next periodic position write: stopping must write it
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert proc.returncode == 0, err[-2000:]
+    assert f"{name}: stopped" in out
+    assert store.load(name) == {"mode": "incrementing", "after": [520]}, out + err[-3000:]
+
+
+def test_lost_database_connections_are_retried(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
+                                               unique: str) -> None:
+    import threading
+    import time
+
+    from connectors.runtime.standalone import SourceWorker, task_specs
+
+    table = f"lost_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
+        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 100) g"))
+    pipeline = _pipeline(kafka, pg, name=f"lost-{unique}", topic=f"state.{unique}", table=table, mode="incrementing",
+                         incrementing_column="id", poll_interval_s=0.2)
+    worker = SourceWorker(pipeline)
+    (spec,) = task_specs(pipeline.sources)
+    runner = worker.start(spec)
+    stop = threading.Event()
+    try:
+        deadline = time.monotonic() + 60
+        while runner.stats.acked < 100:
+            assert time.monotonic() < deadline, runner.stats
+            time.sleep(0.1)
+        # the database drops every connection of the source (a failover, a restart)
+        for _ in range(3):
+            with pg_engine.begin() as c:
+                c.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                               "current_database() AND pid <> pg_backend_pid() AND application_name = ''"
+                               " AND backend_type = 'client backend'"))
+                c.execute(text(f"INSERT INTO {table} SELECT g, 'w' FROM generate_series(CAST(:a AS int), CAST(:b AS int)) g"),
+                          {"a": 101 + _ * 10, "b": 110 + _ * 10})
+            time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while runner.stats.acked < 130:
+            assert runner.stats.state != "failed", runner.stats.error
+            assert time.monotonic() < deadline, runner.stats
+            time.sleep(0.1)
+        assert runner.stats.state in ("running", "caught_up")
+    finally:
+        stop.set()
+        worker.stop()
+    assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(i,) for i in range(1, 131)]
