@@ -230,6 +230,7 @@ def demo(
         bool, typer.Option("--keep-running", help="leave sources, stream job and sync service running")
     ] = False,
     timeout: Annotated[float, typer.Option(help="seconds from the first flight until every sink is complete")] = 900,
+    offsets_topic: Annotated[str, typer.Option(help="compacted topic of the sources' positions")] = "_threes_offsets",
 ) -> None:
     """Run the nycflights13 pipeline end to end on the local stack and summarise it.
 
@@ -239,6 +240,7 @@ def demo(
     computed with pandas from the CSV files.
     """
     import json
+    import signal
     import sys
 
     from rich.live import Live
@@ -248,12 +250,20 @@ def demo(
     from connectors.demo.view import live, summary_table
     from connectors.exceptions import ThreesError
 
+    def stop_on_sigterm(signum: int, _frame: object) -> None:
+        # unwind through DemoRun.run's `finally`, which stops the pipeline's processes
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         options = DemoOptions(config=config, days=_parse_days(day), rate=rate, changes=not no_changes,
-                              verify=not no_verify, keep_running=keep_running, timeout_s=timeout)
-        with Live(console=console, refresh_per_second=2, transient=False) as view:
-            run = DemoRun(options, on_update=lambda state: view.update(live(state)))
-            summary = run.run()
+                              verify=not no_verify, keep_running=keep_running, timeout_s=timeout,
+                              offsets_topic=offsets_topic)
+        if console.is_terminal:
+            with Live(console=console, refresh_per_second=2, transient=False) as view:
+                summary = DemoRun(options, on_update=lambda state: view.update(live(state))).run()
+        else:  # a log file or a pipe: a plain progress line every 10 s instead of redrawing
+            summary = DemoRun(options, on_update=_line_printer(console)).run()
     except ThreesError as exc:
         raise fail(exc) from None
     out.print(summary_table(summary))
@@ -262,6 +272,31 @@ def demo(
         print(json.dumps(summary, default=str, separators=(",", ":")))
     if summary.get("oracle") and not summary["oracle"].get("all_match"):
         raise typer.Exit(1)
+
+
+def _line_printer(console: Any, every_s: float = 10.0) -> Any:
+    """An ``on_update`` that prints one progress line per phase change or every ``every_s`` seconds."""
+    import time
+
+    last = {"at": 0.0, "phase": ""}
+
+    def update(state: Any) -> None:
+        now = time.time()
+        if state.phase == last["phase"] and now - last["at"] < every_s:
+            return
+        last.update(at=now, phase=state.phase)
+        p = state.progress
+        text = f"[demo] {state.phase}"
+        if state.state_topics and p is None:
+            text += " state topics " + ", ".join(f"{t}={n}" for t, n in sorted(state.state_topics.items()))
+        if p is not None:
+            text += (f" events_in={state.events_in}/{state.total} enriched={p.enriched_out} es_docs={p.es_docs} "
+                     f"route_stats_flights={p.pg_flights} s3_objects={p.s3_objects} lag={p.lag}")
+        if state.message:
+            text += f" ({state.message})"
+        console.print(text, highlight=False, soft_wrap=True)
+
+    return update
 
 
 def register(app: typer.Typer) -> None:

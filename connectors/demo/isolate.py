@@ -8,7 +8,10 @@ as written:
 * topics: ``state.airports`` -> ``state.airports.<suffix>`` (every topic key:
   sources, the stream job's events, snapshots, enriched, dead letter and
   update topics, the sinks' topics and dead letter topics);
-* tables and indices: ``airports`` -> ``airports_<suffix>``;
+* the tables sources read keep their names in a database schema of their own
+  (``threes_<suffix>.airports``): RdsSource names its Avro records after the
+  table (``threes.rds.airports``), which the reader schemas list as aliases;
+* indices and the sinks' tables: ``flights`` -> ``flights_<suffix>``;
 * S3 prefixes: ``archive/`` -> ``<suffix>/archive/`` (buckets are kept: creating
   one per test would be slow on some servers);
 * the stream job's checkpoint folder, its name, the sync services' consumer
@@ -36,6 +39,11 @@ def _topic(name: str, suffix: str) -> str:
 
 def _name(name: str, suffix: str) -> str:
     return f"{name}_{suffix}"
+
+
+def database_schema(suffix: str) -> str:
+    """The database schema holding an isolated run's reference tables."""
+    return f"threes_{suffix}"
 
 
 def free_port() -> int:
@@ -74,9 +82,10 @@ def isolate(document: dict[str, Any], suffix: str, port: Callable[[], int] | Non
     doc = copy.deepcopy(document)
     for source in doc.get("sources") or []:
         source["topic"] = _topic(source["topic"], suffix)
-        for key in ("table", "index"):
-            if key in source:
-                source[key] = _name(source[key], suffix)
+        if source.get("type") == "rds_source":
+            source["schema_name"] = database_schema(suffix)
+        if "index" in source:
+            source["index"] = _name(source["index"], suffix)
         if "prefix" in source:
             source["prefix"] = f"{suffix}/{source['prefix']}"
     stream = doc.get("stream")

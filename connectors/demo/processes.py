@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,13 +58,18 @@ class Child:
         """Whether it still runs."""
         return self.process.poll() is None
 
-    def tail(self, lines: int = 15) -> str:
-        """The last lines of its log (for an error message)."""
+    def tail(self, lines: int = 8, width: int = 300) -> str:
+        """The end of its log for an error message: the last distinct error lines, else the last lines.
+
+        Lines are cut at ``width`` characters (Spark prints query plans on one line).
+        """
         try:
             text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        return "\n".join(text[-lines:])
+        errors = [t for t in text if re.search(r"(Error|Exception)\b", t) and not t.lstrip().startswith("at ")]
+        picked = list(dict.fromkeys(errors))[-lines:] if errors else text[-lines:]
+        return "\n".join(t if len(t) <= width else t[:width] + " ..." for t in picked)
 
 
 class PipelineProcesses:

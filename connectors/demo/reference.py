@@ -112,6 +112,11 @@ def load_sql(
     wanted = records(frame, columns)
     engine = clients.sql_engine(conn)
     try:
+        if schema_name and engine.dialect.name == "postgresql":
+            from sqlalchemy.schema import CreateSchema
+
+            with engine.begin() as db:
+                db.execute(CreateSchema(schema_name, if_not_exists=True))
         tbl.create(engine, checkfirst=True)
         with engine.begin() as db:
             # one loader at a time per table; the sources read committed rows only
