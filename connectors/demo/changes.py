@@ -35,7 +35,7 @@ class ReferenceChange:
         new_value: its new value.
         flight_field: the flight field that selects the affected flights (``carrier``).
         enriched_column: the enriched field that carries the value (``airline_name``).
-        at_fraction: apply when this fraction of the flights has been enriched.
+        at_fraction: apply when this fraction of the flights has been replayed.
         old_value: the value before (set when applied).
         applied_at: ``time.time()`` when the system of record held the change.
         state_at: when the source had written it to the state topic.
@@ -128,11 +128,11 @@ class ChangeDriver:
                 return self._deserializer(raw_value).get(change.column)
         return None
 
-    def poll(self, enriched_out: int) -> None:
-        """Apply the changes that are due, and time the ones on their way."""
+    def poll(self, replayed: int) -> None:
+        """Apply the changes that are due (by flights replayed so far), and time the ones on their way."""
         for change in self.changes:
             if change.applied_at is None:
-                if enriched_out >= change.at_fraction * self.total:
+                if replayed >= change.at_fraction * self.total:
                     self._apply(change)
                 continue
             if change.state_at is None and self._state_value(change) == change.new_value:

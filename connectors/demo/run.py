@@ -301,7 +301,7 @@ class DemoRun:
             if tick % 2 == 0 or len(completed) == 4:
                 sampler.poll()
                 self.state.latencies = sampler.latencies()
-            driver.poll(progress.enriched_out)
+            driver.poll(stats.produced)
             self.on_update(self.state)
             if len(completed) == 4 and not _waiting_for_changes(driver, progress.at, completed):
                 break
