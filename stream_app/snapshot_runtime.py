@@ -287,7 +287,7 @@ class Snapshot:
             self.caught_up_at = now
             source = "topics"
         elapsed = time.monotonic() - started
-        keys = self.base_rows + (self._log.num_rows if self._log is not None else 0)
+        keys = self.live_keys()
         log.info("snapshot=%s ready keys=%d mode=%s source=%s records_read=%d offsets=%s elapsed_s=%.2f", self.name,
                  self.base_rows, self.mode, source, records, offsets_json(self.offsets), elapsed)
         self._update_metrics()
@@ -382,6 +382,14 @@ class Snapshot:
         log.info("snapshot=%s refresh records=%d overlay=%d keys=%d offsets=%s elapsed_s=%.2f", self.name,
                  changes.num_rows, self.overlay_rows, self.base_rows, offsets_json(self.offsets), elapsed)
         return pending
+
+    def live_keys(self) -> int:
+        """Keys in the snapshot, overlay applied (exact for a broadcast base; base + overlay otherwise)."""
+        if self._log is None or self._log.num_rows == 0:
+            return self.base_rows
+        if self.mode != "broadcast":
+            return self.base_rows + self._log.num_rows
+        return apply_changes(self._base, dedupe_last(self._log)).num_rows
 
     @property
     def overlay_rows(self) -> int:

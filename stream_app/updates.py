@@ -124,7 +124,7 @@ def aggregation_records(aggregated: Any, plan: UpdatePlan) -> Any:
     ]
     for out, _fn, _source in plan.aggregations:
         target = types[out] if isinstance(types[out], str) else [t for t in types[out] if t != "null"][0]
-        columns.append(f.col(out).cast(target) if target in ("long", "double") else f.col(out))
+        columns.append((f.col(out).cast(target) if target in ("long", "double") else f.col(out)).alias(out))
     key = encode_avro(f.struct(*[f.col(n) for n in group_by], f.col("window.start").alias("window_start")),
                       plan.key.json, plan.key.fingerprint)
     value = encode_avro(f.struct(*columns), plan.value.json, plan.value.fingerprint)

@@ -180,3 +180,11 @@ def end_offsets(kafka_conf, topic: str) -> dict[int, int]:
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in meta.partitions}
     finally:
         consumer.close()
+
+
+@pytest.fixture(autouse=True)
+def _job_logs(caplog):
+    """Keep the job's INFO lines (readiness, refreshes, batches): pytest shows them when a test fails."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="stream_app")

@@ -8,7 +8,7 @@ import pytest
 
 from connectors.dlq import DeadLetter
 
-from .conftest import airport, flight, offsets_header
+from .conftest import flight, offsets_header
 
 pytestmark = pytest.mark.spark
 
