@@ -7,30 +7,10 @@ is just a strange name. Pages are keyset-paginated (``WHERE (order cols) > (last
 values) ORDER BY ... LIMIT batch_records``) so a crash resumes within a table
 scan, and each page is its own short transaction.
 
-**Commit-safe watermark** (timestamp modes). A naive poller that reads ``ts >
-last`` up to "now" loses a row whose transaction started (``updated_at =
-now()`` is the *transaction start* on PostgreSQL) before the poll and commits
-after it: the row appears behind the watermark. This source reads only rows
-with ``ts < bound`` where ``bound = min(db_now - commit_delay_s, start of the
-oldest open transaction)``. On PostgreSQL the second term comes from
-``pg_stat_activity.xact_start`` of the database's client backends (visible for
-the connector's role, or any role with ``pg_read_all_stats``):
-
-* ``hold_for_transactions: writers`` (default) counts the transactions that
-  already hold a transaction id, i.e. have written: a writer's rows carry
-  ``now()`` >= its start, so however long it stays open, its rows are read
-  after it commits. A transaction that reads for longer than
-  ``commit_delay_s`` *before its first write* is the one case left to the delay
-  (PostgreSQL assigns the transaction id lazily, at the first write).
-* ``all`` counts every open transaction (exact, but a long report or
-  ``pg_dump`` then holds the watermark for its whole length; a warning says so).
-* ``none`` relies on ``commit_delay_s`` alone (the bound other databases get).
-
-Rows with equal timestamps are ordered by the key (or ``incrementing_column``),
-so a page boundary inside a tie loses nothing. (The same idea as
-transactional-outbox pollers that read only below
-``pg_snapshot_xmin(pg_current_snapshot())``, expressed as a time bound because
-the cursor is a timestamp column.)
+**Commit-safe watermark** (timestamp modes): rows are read only below
+:func:`connectors.rds.reading.commit_safe_bound`, so a long transaction's rows
+are not skipped (details there). Rows with equal timestamps are ordered by the
+key (or ``incrementing_column``), so a page boundary inside a tie loses nothing.
 
 ``incrementing`` mode has no time to bound: an id taken by a transaction that
 commits after a larger id was read is behind the cursor. Reconciliation (below)
@@ -46,7 +26,6 @@ rows the topic lacks (an ``incrementing`` row committed late, a row with a
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -54,14 +33,12 @@ from typing import Any
 
 from sqlalchemy import (
     Column,
-    DateTime,
     MetaData,
     Table,
     column,
     func,
     literal,
     select,
-    table,
     text,
     tuple_,
 )
@@ -71,6 +48,7 @@ from connectors import clients
 from connectors.config.models import RdsConnection
 from connectors.exceptions import ConfigError, FatalError, RetriableError
 from connectors.rds.config import RdsSourceConfig
+from connectors.rds.reading import BATCHES_PER_QUERY, commit_safe_bound, stream_rows
 from connectors.rds.types import (
     avro_name,
     avro_record_schema,
@@ -85,17 +63,8 @@ from connectors.runtime.base import SourceBatch, SourceSchemas, SourceTask, Topi
 log = logging.getLogger(__name__)
 
 _RECONCILE_CHUNK = 1_000
-_BATCHES_PER_QUERY = 50  # rows of one query (one transaction) = batch_records * this
 _HELD_BACK_WARN_S = 60.0
 
-_pg_activity = table(
-    "pg_stat_activity",
-    column("xact_start", DateTime(timezone=True)),
-    column("pid"),
-    column("datname"),
-    column("backend_type"),
-    column("backend_xid"),
-)
 
 
 class RdsSource(SourceTask):
@@ -312,7 +281,7 @@ class RdsSource(SourceTask):
             FatalError: the database rejected the query.
         """
         cfg = self.config
-        per_query = cfg.batch_records * _BATCHES_PER_QUERY
+        per_query = cfg.batch_records * BATCHES_PER_QUERY
         to_value, key_fields, order_idx = self.to_value, self.key_fields, self.order_idx
         single_key = key_fields[0] if len(key_fields) == 1 else None
         scanning = cfg.mode in ("bulk", "query")
@@ -350,75 +319,20 @@ class RdsSource(SourceTask):
             yield SourceBatch([], self._position())
 
     def _stream(self, conn: Any, stmt: Any) -> Iterator[list[Any]]:
-        """Rows of a Core statement in lists of ``batch_records``, through a server-side cursor.
-
-        The SQL is built by SQLAlchemy (quoted identifiers, bound parameters).
-        On PostgreSQL it runs on a psycopg named cursor directly: psycopg
-        already returns the exact Python types (Decimal, aware datetime), and
-        skipping SQLAlchemy's ``Row`` layer halves the per-row cost. Other
-        dialects stream through SQLAlchemy (``stream_results``), whose result
-        processing SQLite needs for datetimes and decimals. The transaction
-        ends with the statement, which reads at most ``_BATCHES_PER_QUERY``
-        batches, so no snapshot is held for a whole table scan.
-        """
-        size = self.config.batch_records
-        if self.dialect != "postgresql":
-            try:
-                result = conn.execution_options(stream_results=True).execute(stmt)
-                yield from result.partitions(size)
-            finally:
-                conn.rollback()
-            return
-        compiled = stmt.compile(dialect=self.engine.dialect)
-        dbapi_conn = conn.connection.driver_connection
-        error_class = self.engine.dialect.loaded_dbapi.Error
-        try:
-            with dbapi_conn.cursor(name="threes_source") as cur:
-                cur.itersize = size
-                cur.execute(str(compiled), compiled.params)
-                while True:
-                    rows = cur.fetchmany(size)
-                    if not rows:
-                        break
-                    yield rows
-        except error_class as exc:
-            # the same exception classes as through SQLAlchemy (OperationalError -> retriable); no parameters shown
-            raise DBAPIError.instance(str(compiled), None, exc, error_class, hide_parameters=True) from exc
-        finally:
-            dbapi_conn.rollback()
+        return stream_rows(conn, stmt, self.engine.dialect, self.config.batch_records)
 
     def _upper_bound(self, conn: Any) -> Any:
         """The commit-safe upper bound of the timestamp column (exclusive), in the database's clock."""
         cfg = self.config
-        delay = dt.timedelta(seconds=cfg.commit_delay_s)
-        if self.dialect == "postgresql":
-            oldest = None
-            now = conn.execute(select(func.statement_timestamp())).scalar_one()
-            if cfg.hold_for_transactions != "none":
-                act = _pg_activity.c
-                conditions = [
-                    act.datname == func.current_database(),
-                    act.pid != func.pg_backend_pid(),
-                    act.xact_start.is_not(None),
-                    act.backend_type == "client backend",
-                ]
-                if cfg.hold_for_transactions == "writers":
-                    conditions.append(act.backend_xid.is_not(None))
-                oldest = conn.execute(select(func.min(act.xact_start)).where(*conditions)).scalar_one()
-            bound = now - delay
-            log.debug("source=%s db_now=%s oldest_open_transaction=%s", cfg.name, now, oldest)
-            if oldest is not None and oldest < bound:
-                held = (now - oldest).total_seconds()
-                if held > _HELD_BACK_WARN_S and time.monotonic() - self._last_held_warning > _HELD_BACK_WARN_S:
-                    self._last_held_warning = time.monotonic()
-                    log.warning("source=%s watermark held back %.0f s by a transaction open since %s "
-                                "(it may still commit rows older than that)", cfg.name, held, oldest)
-                bound = oldest
-            return bound
-        now = conn.execute(select(func.current_timestamp(type_=DateTime))).scalar_one()
-        if isinstance(now, str):  # SQLite without type processing
-            now = dt.datetime.fromisoformat(now)
-        return now - delay
+        bound, oldest, now = commit_safe_bound(conn, self.dialect, cfg.commit_delay_s, cfg.hold_for_transactions)
+        if oldest is not None and oldest <= bound:
+            held = (now - oldest).total_seconds()
+            if held > _HELD_BACK_WARN_S and time.monotonic() - self._last_held_warning > _HELD_BACK_WARN_S:
+                self._last_held_warning = time.monotonic()
+                log.warning("source=%s watermark held back %.0f s by a transaction open since %s "
+                            "(it may still commit rows older than that)", cfg.name, held, oldest)
+        log.debug("source=%s db_now=%s oldest_open_transaction=%s bound=%s", cfg.name, now, oldest, bound)
+        return bound
 
     # -- reconcile ------------------------------------------------------------------------------------
 

@@ -1,0 +1,137 @@
+"""How RdsSource reads: the commit-safe upper bound of a timestamp cursor, and streamed pages.
+
+**Commit-safe watermark.** A naive poller that reads ``ts > last`` up to "now"
+loses a row whose transaction started (``updated_at = now()`` is the
+*transaction start* on PostgreSQL) before the poll and commits after it: the
+row appears behind the watermark. RdsSource reads only rows with ``ts < bound``
+where ``bound = min(db_now - commit_delay_s, start of the oldest open
+transaction)``. On PostgreSQL the second term comes from
+``pg_stat_activity.xact_start`` of the database's client backends (visible for
+the connector's role, or any role with ``pg_read_all_stats``):
+
+* ``hold_for_transactions: writers`` (default) counts the transactions that
+  already hold a transaction id, i.e. have written: a writer's rows carry
+  ``now()`` >= its start, so however long it stays open, its rows are read
+  after it commits. A transaction that reads for longer than
+  ``commit_delay_s`` *before its first write* is the one case left to the delay
+  (PostgreSQL assigns the transaction id lazily, at the first write).
+* ``all`` counts every open transaction (exact, but a long report or
+  ``pg_dump`` then holds the watermark for its whole length).
+* ``none`` relies on ``commit_delay_s`` alone (the bound other databases get).
+
+The same idea as transactional-outbox pollers that read only below
+``pg_snapshot_xmin(pg_current_snapshot())``, expressed as a time bound because
+the cursor is a timestamp column.
+
+**Streaming.** Each query reads at most :data:`BATCHES_PER_QUERY` batches
+through a server-side cursor, then the caller continues after the last key with
+a new query: a table scan holds no snapshot for its whole length, and a crash
+resumes after the last stored key.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import DateTime, column, func, select, table
+from sqlalchemy.exc import DBAPIError
+
+BATCHES_PER_QUERY = 50
+"""Rows of one query (one transaction) = ``batch_records`` * this."""
+
+_pg_activity = table(
+    "pg_stat_activity",
+    column("xact_start", DateTime(timezone=True)),
+    column("pid"),
+    column("datname"),
+    column("backend_type"),
+    column("backend_xid"),
+)
+
+
+def commit_safe_bound(
+    conn: Any, dialect: str, commit_delay_s: float, hold_for_transactions: str = "writers"
+) -> tuple[Any, Any, Any]:
+    """The exclusive upper bound for a timestamp cursor, in the database's clock (see module docstring).
+
+    Args:
+        conn: a SQLAlchemy connection (its transaction is left open; the caller ends it).
+        dialect: the engine's dialect name (``postgresql``, ``mysql``, ``sqlite``...).
+        commit_delay_s: seconds a row must be old before it is read.
+        hold_for_transactions: ``writers``, ``all`` or ``none`` (PostgreSQL only).
+
+    Returns:
+        ``(bound, oldest, now)``: the bound; the start of the oldest open
+        transaction that holds it back (``None`` if none, or not PostgreSQL);
+        the database's current time.
+    """
+    delay = dt.timedelta(seconds=commit_delay_s)
+    if dialect == "postgresql":
+        now = conn.execute(select(func.statement_timestamp())).scalar_one()
+        oldest = None
+        if hold_for_transactions != "none":
+            act = _pg_activity.c
+            conditions = [
+                act.datname == func.current_database(),
+                act.pid != func.pg_backend_pid(),
+                act.xact_start.is_not(None),
+                act.backend_type == "client backend",
+            ]
+            if hold_for_transactions == "writers":
+                conditions.append(act.backend_xid.is_not(None))
+            oldest = conn.execute(select(func.min(act.xact_start)).where(*conditions)).scalar_one()
+        bound = now - delay
+        if oldest is not None and oldest < bound:
+            return oldest, oldest, now
+        return bound, oldest, now
+    now = conn.execute(select(func.current_timestamp(type_=DateTime))).scalar_one()
+    if isinstance(now, str):  # SQLite without type processing
+        now = dt.datetime.fromisoformat(now)
+    return now - delay, None, now
+
+
+def stream_rows(conn: Any, stmt: Any, dialect: Any, size: int) -> Iterator[list[Any]]:
+    """Rows of a Core statement in lists of ``size``, through a server-side cursor; the transaction ends after.
+
+    The SQL is built by SQLAlchemy (quoted identifiers, bound parameters). On
+    PostgreSQL it runs on a psycopg named cursor directly: psycopg already
+    returns the exact Python types (Decimal, aware datetime), and skipping
+    SQLAlchemy's ``Row`` layer halves the per-row cost. Other dialects stream
+    through SQLAlchemy (``stream_results``), whose result processing SQLite
+    needs for datetimes and decimals.
+
+    Args:
+        conn: a SQLAlchemy connection.
+        stmt: a Core ``Select``.
+        dialect: the engine's dialect object.
+        size: rows per list.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: the same subclasses as through SQLAlchemy
+            (``OperationalError`` for a lost connection...), without parameters.
+    """
+    if dialect.name != "postgresql":
+        try:
+            result = conn.execution_options(stream_results=True).execute(stmt)
+            yield from result.partitions(size)
+        finally:
+            conn.rollback()
+        return
+    compiled = stmt.compile(dialect=dialect)
+    dbapi_conn = conn.connection.driver_connection
+    error_class = dialect.loaded_dbapi.Error
+    try:
+        with dbapi_conn.cursor(name="threes_source") as cur:
+            cur.itersize = size
+            cur.execute(str(compiled), compiled.params)
+            while True:
+                rows = cur.fetchmany(size)
+                if not rows:
+                    break
+                yield rows
+    except error_class as exc:
+        raise DBAPIError.instance(str(compiled), None, exc, error_class, hide_parameters=True) from exc
+    finally:
+        dbapi_conn.rollback()
