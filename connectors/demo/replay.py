@@ -29,14 +29,23 @@ from typing import Any
 
 from connectors import clients
 from connectors.config.models import KafkaConfig
-from connectors.demo.rows import Row, RowSource, arrow_rows, csv_source, filter_table, sql_source, table_source
+from connectors.demo.rows import (
+    Row,
+    RowSource,
+    arrow_rows,
+    csv_source,
+    filter_table,
+    sort_table,
+    sql_source,
+    table_source,
+)
 from connectors.exceptions import ConfigError, RetriableError, SetupError
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "ReplayStats", "Replayer", "Row", "RowSource", "arrow_rows", "csv_source", "ensure_event_topic", "filter_table",
-    "key_schema_for", "partition_for", "sql_source", "table_source", "topic_partitions",
+    "key_schema_for", "partition_for", "sort_table", "sql_source", "table_source", "topic_partitions",
 ]
 
 

@@ -100,6 +100,18 @@ def select_days(table: Any, days: Sequence[tuple[int, int, int]]) -> Any:
     return table.filter(pc.is_in(stamp, value_set=wanted))
 
 
+def sort_table(table: Any, by: Sequence[str]) -> Any:
+    """The rows ordered by some columns, ascending; ties keep their order (Arrow's sort is stable).
+
+    Raises:
+        ConfigError: a column is not in the table.
+    """
+    missing = [c for c in by if c not in table.column_names]
+    if missing:
+        raise ConfigError(f"--order-by: no column(s) {missing} (have: {', '.join(table.column_names)})")
+    return table.sort_by([(c, "ascending") for c in by]) if by else table
+
+
 @dataclass
 class RowSource:
     """Rows to replay and how many there are (for the progress bar).
@@ -122,8 +134,17 @@ def csv_source(
     match: Mapping[str, Sequence[str]] | None = None,
     limit: int | None = None,
     null_values: Sequence[str] = ("NA",),
+    order_by: Sequence[str] = (),
 ) -> RowSource:
     """The rows of a CSV file (or a ``.zip`` holding one), typed by the value schema.
+
+    Args:
+        path: the file.
+        value_schema: the record schema the rows are read as.
+        match: column -> accepted values (see :func:`filter_table`).
+        limit: at most this many rows (after ``match`` and ``order_by``).
+        null_values: texts read as null.
+        order_by: columns to sort by before replaying (file order when empty).
 
     Raises:
         ConfigError: the file is missing or does not match the schema (see
@@ -131,7 +152,8 @@ def csv_source(
     """
     from connectors.demo.data import read_csv
 
-    table = filter_table(read_csv(path, value_schema, null_values=null_values), match, limit)
+    table = sort_table(filter_table(read_csv(path, value_schema, null_values=null_values), match), order_by)
+    table = filter_table(table, None, limit)
     return RowSource(arrow_rows(table), table.num_rows, str(path))
 
 

@@ -141,11 +141,14 @@ class DemoRun:
             done()
         self.pipeline = pipeline = load_pipeline(opts.config)
         targets = Targets.of(pipeline)
+        from connectors.demo.rows import select_days, sort_table
+
         flights = read_table("flights")
         if opts.days:
-            from connectors.demo.rows import select_days
-
             flights = select_days(flights, opts.days)
+        # in event-time order, as a live feed would deliver them (the file lists January, then
+        # October to December, then February to September)
+        flights = sort_table(flights, ["time_hour"])
         self.state.total = total = flights.num_rows
         if total == 0:
             raise FatalError(f"no flights on the days {list(opts.days or [])}")

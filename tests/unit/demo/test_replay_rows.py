@@ -68,3 +68,19 @@ def test_every_flight_row_encodes_and_decodes_to_the_same_values() -> None:
         assert {k: v for k, v in back.items() if k != "time_hour"} == {k: v for k, v in row.items() if k != "time_hour"}
         n += 1
     assert n == source.total == 684
+
+
+def test_flights_csv_is_not_in_time_order_and_sorting_makes_it_so() -> None:
+    from connectors.demo.rows import sort_table
+
+    flights = data.read_table("flights")
+    months = flights.column("month").to_pylist()
+    runs = [m for i, m in enumerate(months) if i == 0 or months[i - 1] != m]
+    assert runs == [1, 10, 11, 12, 2, 3, 4, 5, 6, 7, 8, 9]  # R's string sort of months
+    ordered = sort_table(flights, ["time_hour"])
+    stamps = ordered.column("time_hour").cast(pa.int64()).to_pylist()
+    assert stamps == sorted(stamps) and ordered.num_rows == flights.num_rows
+    first_hour = ordered.slice(0, 10).column("flight").to_pylist()
+    assert first_hour == flights.slice(0, 10).column("flight").to_pylist()  # ties keep file order
+    with pytest.raises(ConfigError, match="no column"):
+        sort_table(flights, ["when"])
