@@ -83,10 +83,11 @@ def enrich(events: Any, lookups: Sequence[BoundLookup], passthrough: str | None 
     if not lookups:
         return events
     columns = list(events.columns)
-    df = events
-    for i, lookup in enumerate(lookups):
-        key = event_lookup_key(lookup.config.on, lookup.view.key_type)
-        df = df.withColumn(f"__lk{i}", key).withColumn(f"__lh{i}", f.xxhash64(f.col(f"__lk{i}")))
+    keys = [event_lookup_key(lookup.config.on, lookup.view.key_type).alias(f"__lk{i}") for i, lookup in
+            enumerate(lookups)]
+    hashes = [f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}") for i in range(len(lookups))]
+    # two projections: the hash reads the key computed by the first
+    df = events.select("*", *keys).select("*", *hashes)
     broadcast = [(i, lk) for i, lk in enumerate(lookups) if lk.view.mode == "broadcast"]
     if broadcast:
         df = _broadcast_lookups(df, broadcast, passthrough)

@@ -34,19 +34,19 @@ from connectors.exceptions import ConfigError, ConfigProblem, FatalError
 from connectors.topics import ensure_compacted_topic, topic_configs
 from schemas.store import SchemaStore
 from stream_app import metrics
-from stream_app.avro import decode_avro, encode_avro
+from stream_app.avro import decode_avro
+from stream_app.batch import SOURCE_HEADER, BatchPlan
 from stream_app.checkpoint import BatchOffsetsLog, CheckpointFs, SnapshotCheckpoint, child
-from stream_app.enrich import BoundLookup, enrich
+from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import TopicWatermarks, offsets_json, spark_kafka_options
-from stream_app.plan import JobPlan, build_plan, writers_for
-from stream_app.records import dead_letter, explode_records, header, no_headers, record, write_records
-from stream_app.snapshot import ERROR, corrupt_to_null, decode_error_reason
+from stream_app.plan import JobPlan, build_plan
+from stream_app.records import write_records
+from stream_app.snapshot import corrupt_to_null
 from stream_app.snapshot_runtime import DeadLetterProducer, Snapshot
-from stream_app.updates import aggregate, aggregation_records, projection_records
+from stream_app.updates import aggregate, aggregation_records
 
 log = logging.getLogger(__name__)
 
-SOURCE_HEADER = "source"  # on enriched events: "topic:partition:offset" of the event they enrich
 V1_SOURCES = "avro,csv,json,orc,parquet,text"  # Spark's default list without kafka
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -128,6 +128,7 @@ class StreamJob:
             self.snapshots[snapshot.name] = snapshot
         log.info("job=%s snapshots ready count=%d keys=%d elapsed_s=%.2f", cfg.name, len(self.snapshots),
                  sum(s.base_rows + s.overlay_rows for s in self.snapshots.values()), time.monotonic() - started)
+        self._batch = BatchPlan(plan)
         if cfg.metrics_port:
             metrics.serve(cfg.metrics_port)
         self.queries.append(self._start_enrich(available_now))
@@ -222,7 +223,9 @@ class StreamJob:
         )
         decoded = stream.select(
             decode_avro(f.col("value"), {enriched.fingerprint: enriched.json}, enriched.json).alias("e"),
-            f.filter("headers", lambda h: h["key"] == SOURCE_HEADER)[0]["value"].cast("string").alias("__source"),
+            # ours is appended after the event's own headers: the last one named so
+            f.element_at(f.filter("headers", lambda h: h["key"] == SOURCE_HEADER), -1)["value"]
+            .cast("string").alias("__source"),
         )
         decoded = decoded.withColumn("e", corrupt_to_null(f.col("e"), enriched.json))
         events = decoded.filter(f.col("e").isNotNull()).select("e.*", "__source")
@@ -250,32 +253,12 @@ class StreamJob:
             self._offsets_log.record(batch_id, {n: v.offsets for n, v in views.items()})
         return views, False
 
-    def _decode_events(self, batch: Any) -> Any:
-        from pyspark.sql import functions as f
-
-        writers = writers_for(self._writers(), self.plan.events.avro)
-        decoded = batch.select(
-            f.col("key").alias("__key"),
-            f.col("value").alias("__value"),
-            f.col("headers").alias("__headers"),
-            f.col("topic").alias("__topic"),
-            f.col("partition").alias("__partition"),
-            f.col("offset").alias("__offset"),
-            f.col("timestamp").alias("__timestamp"),
-            decode_avro(f.col("value"), writers, self.plan.events.json).alias("__v"),
-        )
-        decoded = decoded.withColumn("__v", corrupt_to_null(f.col("__v"), self.plan.events.json))
-        error = f.when(f.col("__value").isNull(), f.lit("event has no value (null)")).when(
-            f.col("__v").isNull(), decode_error_reason(f.col("__value"), writers, "value")
-        )
-        return decoded.select("*", error.alias(ERROR), "__v.*").drop("__v")
-
     def process_batch(self, batch: Any, batch_id: int) -> None:
         """Enrich one micro-batch and write its enriched events, updates and dead letters (``foreachBatch``)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as f
 
-        cfg, plan = self.config, self.plan
+        cfg = self.config
         started = time.monotonic()
         # Kafka's V1 batch writer runs its input plan outside the command's query execution, so the
         # observed counts below would never arrive; the V2 writer runs it inside. The batch's session
@@ -285,42 +268,20 @@ class StreamJob:
         refreshed = time.monotonic()
         self._writers.refresh()
         seen_in = Observation(f"in-{batch_id}-{uuid.uuid4().hex[:6]}")
-        frame = self._decode_events(batch).observe(seen_in, f.count(f.lit(1)).alias("events"))
+        frame = self._batch.frame(batch, self._writers()).observe(seen_in, f.count(f.lit(1)).alias("events"))
         lookups = [BoundLookup(lookup, views[lookup.snapshot]) for lookup in cfg.lookups]
-        enriched = enrich(frame, lookups, passthrough=ERROR)
-
-        ok = f.col(ERROR).isNull()
-        ours = [header(SOURCE_HEADER, f.concat_ws(":", "__topic", "__partition", "__offset"))] + [
-            header(f"snapshot.{name}", f.lit(offsets_json(view.offsets))) for name, view in sorted(views.items())
-        ]
-        headers = f.concat(f.coalesce(f.col("__headers"), no_headers()), f.array(*ours))
-        value = encode_avro(
-            f.struct(*[fld["name"] for fld in plan.enriched.avro["fields"]]), plan.enriched.json,
-            plan.enriched.fingerprint,
-        )
-        records = [f.when(ok, record(cfg.enriched_topic, f.col("__key"), value, headers))]
-        for update in plan.updates:
-            if update.config.kind == "projection":
-                records += projection_records(update, cfg.dead_letter_topic, cfg.name, ok)
-        records.append(
-            f.when(
-                ~ok,
-                dead_letter(
-                    cfg.dead_letter_topic, "decode", "SkippableRecordError", f.col(ERROR), cfg.name,
-                    source_topic=f.col("__topic"), partition=f.col("__partition"), offset=f.col("__offset"),
-                    key=f.col("__key"), value=f.col("__value"), headers=f.col("__headers"),
-                ),
-            )
-        )
+        records = self._batch.records(frame, lookups, views)
         seen_out = Observation(f"out-{batch_id}-{uuid.uuid4().hex[:6]}")
-        out = explode_records(enriched, records).observe(
+        out = records.observe(
             seen_out,
             f.count_if(f.col("topic") == cfg.enriched_topic).alias("enriched"),
             f.count_if(f.col("topic") == cfg.dead_letter_topic).alias("dead_letters"),
             f.count(f.lit(1)).alias("records"),
         )
+        planned = time.monotonic()
         write_records(out, self._options)
         counts_in, counts = seen_in.get, seen_out.get
+        written = time.monotonic()
         updates = counts["records"] - counts["enriched"] - counts["dead_letters"]
         elapsed = time.monotonic() - started
         self.batches += 1
@@ -334,9 +295,10 @@ class StreamJob:
             metrics.RECORDS.labels(cfg.name, kind).inc(self.last_batch[kind])
         log.info(
             "job=%s batch=%d events=%d enriched=%d dead_letters=%d updates=%d replay=%s snapshots=%s "
-            "refresh_s=%.2f elapsed_s=%.2f", cfg.name, batch_id, counts_in["events"], counts["enriched"],
-            counts["dead_letters"], updates, replay,
-            " ".join(f"{n}={offsets_json(v.offsets)}" for n, v in sorted(views.items())), refreshed - started, elapsed,
+            "refresh_s=%.2f plan_s=%.2f write_s=%.2f elapsed_s=%.2f", cfg.name, batch_id, counts_in["events"],
+            counts["enriched"], counts["dead_letters"], updates, replay,
+            " ".join(f"{n}={offsets_json(v.offsets)}" for n, v in sorted(views.items())), refreshed - started,
+            planned - refreshed, written - planned, elapsed,
         )
 
     # -- running and stopping --------------------------------------------------------------------

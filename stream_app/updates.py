@@ -45,7 +45,9 @@ def projection_version(plan: UpdatePlan) -> Any:
     return f.col(source).cast("long")
 
 
-def projection_records(plan: UpdatePlan, dead_letter_topic: str, component: str, ok: Any) -> list[Any]:
+def projection_records(
+    plan: UpdatePlan, dead_letter_topic: str, component: str, ok: Any, source_topic: str
+) -> list[Any]:
     """The update record of an enriched event, and the dead letter when its key is incomplete.
 
     Args:
@@ -54,6 +56,7 @@ def projection_records(plan: UpdatePlan, dead_letter_topic: str, component: str,
         component: the job's name (``dlq.component``).
         ok: a boolean column, true for events that were decoded (others are
             already dead-lettered).
+        source_topic: the events topic.
 
     Returns:
         Two record columns (each null when it does not apply).
@@ -76,7 +79,7 @@ def projection_records(plan: UpdatePlan, dead_letter_topic: str, component: str,
             "SkippableRecordError",
             f.concat(f.lit(f"update topic {plan.config.topic}: key field(s) null: "), missing),
             component,
-            source_topic=f.col("__topic"),
+            source_topic=f.lit(source_topic),
             partition=f.col("__partition"),
             offset=f.col("__offset"),
             key=f.col("__key"),
