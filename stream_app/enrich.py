@@ -6,14 +6,21 @@ lookup's prefix: ``left`` keeps events without a match (joined fields null),
 (a foreign key), composite keys included, and the same snapshot may be used
 by several lookups (origin and destination airports).
 
-Two engines, chosen per snapshot by its size (``broadcast_max_rows``):
+Three engines, chosen per snapshot by its size:
 
-* **broadcast**: all broadcast lookups of a batch run in one ``mapInArrow``
-  pass against the workers' cached base index plus the batch's overlay
-  (:mod:`stream_app.lookup`); the cost follows the events.
-* **partitioned**: a shuffle join against the base, a DataFrame cached and
-  hash-partitioned by lookup key (so only the events move), then a broadcast
-  join with the small overlay, whose rows win over the base's.
+* **broadcast** (fewer than ``index_min_rows`` keys): Spark's broadcast hash
+  join against the base, a small cached DataFrame. Spark broadcasts it again
+  for every micro-batch (each batch is a new plan), which costs little while
+  the snapshot is small.
+* **indexed** (up to ``broadcast_max_rows``): all indexed lookups of a batch
+  run in one ``mapInArrow`` pass against the hash index the Python workers
+  keep of the base, shipped once per base (:mod:`stream_app.lookup`); the cost
+  follows the events, not the snapshot.
+* **partitioned** (above): a shuffle join against the base, a DataFrame cached
+  and hash-partitioned by lookup key (so only the events move).
+
+In the Spark engines the small overlay of newer changes is joined by
+broadcast after the base, and its rows (tombstones included) win.
 """
 
 from __future__ import annotations
@@ -88,18 +95,18 @@ def enrich(events: Any, lookups: Sequence[BoundLookup], passthrough: str | None 
     hashes = [f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}") for i in range(len(lookups))]
     # two projections: the hash reads the key computed by the first
     df = events.select("*", *keys).select("*", *hashes)
-    broadcast = [(i, lk) for i, lk in enumerate(lookups) if lk.view.mode == "broadcast"]
-    if broadcast:
-        df = _broadcast_lookups(df, broadcast, passthrough)
+    indexed = [(i, lk) for i, lk in enumerate(lookups) if lk.view.mode == "indexed"]
+    if indexed:
+        df = _indexed_lookups(df, indexed, passthrough)
     for i, lookup in enumerate(lookups):
-        if lookup.view.mode != "broadcast":
-            df = _partitioned_lookup(df, i, lookup, passthrough)
+        if lookup.view.mode != "indexed":
+            df = _spark_lookup(df, i, lookup, passthrough)
     out = columns + [fld.name for lookup in lookups for fld in joined_fields(lookup)]
     return df.select(*out)
 
 
-def _broadcast_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passthrough: str | None) -> Any:
-    """All broadcast lookups in one ``mapInArrow`` pass."""
+def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passthrough: str | None) -> Any:
+    """All indexed lookups in one ``mapInArrow`` pass."""
     from pyspark.sql import types as T
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -128,8 +135,8 @@ def _broadcast_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], pass
     return df.mapInArrow(fn, out_type)
 
 
-def _partitioned_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None) -> Any:
-    """One lookup as a shuffle join with the partitioned base, then the overlay on top."""
+def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None) -> Any:
+    """One lookup joined by Spark (broadcast or shuffle join with the base), then the overlay on top."""
     from pyspark.sql import functions as f
 
     view = lookup.view
@@ -137,7 +144,7 @@ def _partitioned_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str |
     values = lookup.value_columns()
     key = f"__lk{i}"
     base = view.base_df.select(f.col(LK).alias(key), f.struct(*values).alias(f"__b{i}"))
-    df = df.join(base, key, "left")
+    df = df.join(f.broadcast(base) if view.mode == "broadcast" else base, key, "left")
     value = f.col(f"__b{i}")
     overlay = view.overlay_df(spark)
     if overlay is not None:

@@ -303,13 +303,15 @@ class SnapshotView:
             lookup key against it).
         value_type: Spark type of the value fields (the joined columns).
         offsets: the next offset per topic-partition this view covers.
-        mode: ``"broadcast"`` (base in an Arrow broadcast, looked up in Python
-            workers) or ``"partitioned"`` (base a cached DataFrame partitioned
-            by ``__lk``, joined by Spark).
+        mode: ``"broadcast"`` (base a small cached DataFrame, joined by Spark's
+            broadcast hash join), ``"indexed"`` (base in an Arrow broadcast
+            variable, looked up in the Python workers' cached index) or
+            ``"partitioned"`` (base a cached DataFrame partitioned by ``__lk``,
+            joined by Spark's shuffle join).
         base_rows: keys in the base.
         token: identity of the base (workers cache one index per token).
-        broadcast: the Spark broadcast of the base as Arrow IPC bytes (broadcast mode).
-        base_df: the partitioned base (partitioned mode).
+        broadcast: the Spark broadcast of the base as Arrow IPC bytes (indexed mode).
+        base_df: the base as a cached DataFrame (broadcast and partitioned modes).
         overlay: changes newer than the base, one row per key, ``__lk, __lh,
             __deleted`` + value fields; a deleted row hides the base row.
     """
@@ -339,7 +341,7 @@ class SnapshotView:
         return self._overlay_ipc
 
     def overlay_df(self, spark: Any) -> Any:
-        """The overlay as a small DataFrame (partitioned mode joins it by broadcast), ``None`` when empty."""
+        """The overlay as a small DataFrame (Spark joins it by broadcast), ``None`` when empty."""
         if self.overlay_rows and self._overlay_df is None:
             self._overlay_df = spark.createDataFrame(
                 self.overlay.select([LK, DELETED, *self.value_type.fieldNames()])
@@ -359,7 +361,7 @@ class SnapshotView:
             name: the snapshot's name.
             rows: one row per key, with the key fields and the value fields.
             key_fields: the key field names, in key order.
-            mode: ``"broadcast"`` or ``"partitioned"``.
+            mode: ``"broadcast"``, ``"indexed"`` or ``"partitioned"``.
         """
         import uuid
 
@@ -370,11 +372,13 @@ class SnapshotView:
         value_type = T.StructType([fld for fld in rows.schema.fields if fld.name not in key_fields])
         lk = lookup_key(f.struct(*key_fields), key_type)
         table = rows.select(lk.alias(LK), f.xxhash64(lk).alias(LH), *value_type.fieldNames())
-        if mode == "broadcast":
+        if mode == "indexed":
             arrow = table.toArrow()
             return cls(
                 name, key_type, value_type, {}, mode, arrow.num_rows, uuid.uuid4().hex,
                 broadcast=spark.sparkContext.broadcast(ipc_bytes(arrow)),
             )
-        base = table.repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), LK).cache()
+        if mode == "partitioned":
+            table = table.repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), LK)
+        base = table.cache()
         return cls(name, key_type, value_type, {}, mode, base.count(), base_df=base)

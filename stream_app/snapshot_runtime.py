@@ -2,9 +2,11 @@
 
 A :class:`Snapshot` keeps, on the driver:
 
-* a **base**: the latest value per key up to ``base_offsets``, either an
-  Arrow table shipped once to the executors as a broadcast (up to
-  ``broadcast_max_rows`` keys) or a cached DataFrame partitioned by key;
+* a **base**: the latest value per key up to ``base_offsets``: a small cached
+  DataFrame (Spark broadcasts it per batch), an Arrow table shipped once to
+  the executors as a broadcast variable and indexed there (from
+  ``index_min_rows`` keys), or a cached DataFrame partitioned by key (above
+  ``broadcast_max_rows``);
 * an **overlay log**: every record read since the base (updates and
   tombstones, with their offsets), in read order.
 
@@ -12,7 +14,7 @@ Before each micro-batch :meth:`Snapshot.catch_up` reads only the new offset
 ranges ``[offsets, end offsets)`` from Kafka (decoded in the JVM) into the
 overlay, so a refresh costs what was written since the last one, not the
 snapshot's size. When the overlay passes ``overlay_max_rows`` it is merged
-into a new base (one broadcast, or one cached DataFrame). This is the base +
+into a new base (one broadcast variable, or one cached DataFrame). This is the base +
 delta design of log-structured stores (LSM trees) and of Kafka Streams'
 restore-then-tail, with Spark broadcasts as the shipping medium.
 
@@ -141,7 +143,7 @@ class Snapshot:
         self.value_names = list(plan.value.spark_type.fieldNames())
         self.offsets: Offsets = {}
         self.base_offsets: Offsets = {}
-        self.mode = "broadcast"
+        self.mode = "broadcast"  # or "indexed", "partitioned": see _set_base
         self.base_rows = 0
         self.caught_up_at = 0.0  # epoch seconds at which the snapshot was known to reach the end offsets
         self._base: pa.Table | None = None
@@ -203,22 +205,35 @@ class Snapshot:
     # -- the base ---------------------------------------------------------------------------
 
     def _set_base(self, table: pa.Table | None = None, df: Any = None, rows: int | None = None) -> None:
-        """Install a new base (Arrow table or DataFrame), broadcast or partitioned by its size."""
+        """Install a new base (Arrow table or DataFrame); its size picks the join engine.
+
+        Up to ``index_min_rows`` keys: a small cached DataFrame for Spark's
+        broadcast join; up to ``broadcast_max_rows``: an Arrow broadcast
+        variable the workers index once; above: a cached DataFrame partitioned
+        by key. The Arrow table stays on the driver for the first two (merges
+        and checkpoints use it).
+        """
         old_broadcast, old_df = self._broadcast, self._base_df
         if rows is None:
             rows = table.num_rows if table is not None else df.count()
-        if rows <= self.cfg.broadcast_max_rows:
-            table = _nullable(table if table is not None else df.toArrow())
-            self.mode, self._base, self._base_df = "broadcast", table, None
-            self._token = uuid.uuid4().hex
-            self._broadcast = self.spark.sparkContext.broadcast(ipc_bytes(table))
-        else:
+        self._broadcast, self._base_df = None, None
+        if rows > self.cfg.broadcast_max_rows:
             if df is None:
                 df = self.spark.createDataFrame(table)
             partitions = self.cfg.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
             df = df.repartition(partitions, LK).persist()
             rows = df.count()
-            self.mode, self._base, self._base_df, self._broadcast = "partitioned", None, df, None
+            self.mode, self._base, self._base_df = "partitioned", None, df
+        else:
+            table = _nullable(table if table is not None else df.toArrow())
+            self._base = table
+            if rows >= self.cfg.index_min_rows:
+                self.mode, self._token = "indexed", uuid.uuid4().hex
+                self._broadcast = self.spark.sparkContext.broadcast(ipc_bytes(table))
+            else:
+                self.mode = "broadcast"
+                self._base_df = self.spark.createDataFrame(table).persist()
+                self._base_df.count()
         self.base_rows = rows
         self._view = None
         if old_broadcast is not None:
@@ -230,7 +245,7 @@ class Snapshot:
         """Apply a change set (one row per key, ``__deleted``) to the base."""
         if changes.num_rows == 0:
             return
-        if self.mode == "broadcast":
+        if self.mode != "partitioned":
             base = self._base if self._base is not None else self._empty_base()
             self._set_base(apply_changes(base, changes))
             return
@@ -384,10 +399,10 @@ class Snapshot:
         return pending
 
     def live_keys(self) -> int:
-        """Keys in the snapshot, overlay applied (exact for a broadcast base; base + overlay otherwise)."""
+        """Keys in the snapshot, overlay applied (exact unless partitioned: base + overlay then)."""
         if self._log is None or self._log.num_rows == 0:
             return self.base_rows
-        if self.mode != "broadcast":
+        if self.mode == "partitioned":
             return self.base_rows + self._log.num_rows
         return apply_changes(self._base, dedupe_last(self._log)).num_rows
 
@@ -431,8 +446,8 @@ class Snapshot:
     def maybe_checkpoint(self, force: bool = False) -> bool:
         """Checkpoint the snapshot (merged, with its offsets) when the interval has passed.
 
-        Broadcast snapshots are written by a background thread (the Arrow
-        table is immutable); partitioned ones are collected and written here.
+        The driver's Arrow table is written by a background thread (it is
+        immutable); a partitioned base is collected first, here.
 
         Returns:
             Whether a checkpoint was started.
@@ -451,7 +466,7 @@ class Snapshot:
         self.merge()
         offsets = {t: dict(p) for t, p in self.base_offsets.items()}
         self._last_checkpoint = (time.monotonic(), offsets)
-        table = self._base if self.mode == "broadcast" else _nullable(self._base_df.toArrow())
+        table = self._base if self._base is not None else _nullable(self._base_df.toArrow())
         checkpoint = self.checkpoint
 
         def save() -> None:

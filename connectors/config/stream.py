@@ -66,6 +66,12 @@ class SnapshotConfig(StrictModel):
     topics: list[TopicName] = Field(min_length=1)
     key_schema: str = Field(description="Avro reader schema of the record keys (a record)")
     value_schema: str = Field(description="Avro reader schema of the record values (a record)")
+    index_min_rows: int = Field(
+        100_000,
+        ge=0,
+        description="from this many keys the snapshot is kept as a hash index in the executors' Python workers "
+        "(shipped once per base) instead of being broadcast again by Spark for every micro-batch",
+    )
     broadcast_max_rows: int = Field(
         2_000_000, ge=0, description="above this many keys the job joins partitioned by key, not broadcast"
     )

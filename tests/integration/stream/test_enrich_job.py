@@ -69,7 +69,10 @@ def by_flight(records):
 def test_changed_reference_reaches_every_later_event(spark, env):
     for faa in ("EWR", "LAX"):
         env.put_airport(faa)
-    job = env.start(spark)
+    # the worker-index engine: the change travels in the overlay shipped with each batch
+    snapshots = [{**env.config().model_dump()["snapshots"][0], "index_min_rows": 0}]
+    job = env.start(spark, env.config(snapshots=snapshots))
+    assert job.snapshots["airports"].mode == "indexed"
     with Flow(env) as flow:
         env.consume(env.enriched, lambda rs: len(rs) >= 5, timeout_s=120)
         partition, offset = env.put_airport("EWR", "Newark RENAMED")
@@ -90,11 +93,14 @@ def test_changed_reference_reaches_every_later_event(spark, env):
         assert (rec["value"]["origin_name"] == "Newark RENAMED") == (seen > offset)
 
 
-@pytest.mark.parametrize("join", ["broadcast", "partitioned"])
+ENGINES = {"broadcast": {}, "indexed": {"index_min_rows": 0}, "partitioned": {"broadcast_max_rows": 1}}
+
+
+@pytest.mark.parametrize("join", list(ENGINES))
 def test_deleted_reference_gives_nulls_and_a_reinsert_brings_it_back(spark, env, join):
     for faa in ("EWR", "LAX", "JFK"):
         env.put_airport(faa)
-    snapshots = [{**env.config().model_dump()["snapshots"][0], "broadcast_max_rows": 1 if join == "partitioned" else 1000}]
+    snapshots = [{**env.config().model_dump()["snapshots"][0], **ENGINES[join]}]
     lookups = [
         {"snapshot": "airports", "on": {"origin": "faa"}, "prefix": "origin_", "how": "inner"},
         {"snapshot": "airports", "on": {"dest": "faa"}, "prefix": "dest_"},

@@ -1,4 +1,4 @@
-"""Join semantics of enrich(), the same for the broadcast (Arrow) and the partitioned (Spark) engine."""
+"""Join semantics of enrich(), the same for its three engines (Spark broadcast, worker index, partitioned)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from stream_app.snapshot import SnapshotView, lookup_key
 
 pytestmark = pytest.mark.spark
 
-MODES = ["broadcast", "partitioned"]
+MODES = ["broadcast", "indexed", "partitioned"]
 
 AIRPORTS = [("EWR", "Newark", 18, -5), ("JFK", "Kennedy", 13, -5), ("LAX", "Los Angeles", 125, -8)]
 WEATHER = [(2013, 1, "EWR", 39.0), (2013, 1, "JFK", 39.9), (2013, 2, "EWR", 41.0)]
