@@ -202,3 +202,22 @@ def lookup_function(lookups: Sequence[ArrowLookup], out_schema: pa.Schema, passt
             yield joined if joined.schema.equals(out_schema) else joined.cast(out_schema)
 
     return run
+
+
+def warm(lookups: Sequence[ArrowLookup]) -> Any:
+    """A function for ``RDD.mapPartitions`` that loads bases into a worker's cache (yields its pid).
+
+    Run on every executor core right after a new base is broadcast, it moves
+    the load (deserialize, build the index) off the next micro-batch.
+    """
+    lookups = tuple(lookups)
+
+    def run(_: Any) -> Iterator[int]:
+        import os
+
+        for lookup in lookups:
+            _base(lookup)
+        yield os.getpid()
+
+    return run
+

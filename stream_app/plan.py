@@ -204,7 +204,7 @@ def build_plan(config: StreamJobConfig, spark: Any | None = None, base_dir: Path
         event_fields, key_fields, value_fields = fields_of(event), fields_of(key), fields_of(value)
         for ev, kf in lookup.on.items():
             if ev not in event_fields:
-                problem(f"lookups[{i}].on.{ev}", f"no field {ev!r} in the event schema {event['name']}")
+                problem(f"lookups[{i}].on.{ev}", f"no field {ev!r} in the event schema {full_name(event)}")
             if kf not in key_fields:
                 problem(f"lookups[{i}].on.{ev}", f"no field {kf!r} in the key schema of snapshot {lookup.snapshot}")
         missing = sorted(set(key_fields) - set(lookup.on.values()))

@@ -41,7 +41,8 @@ from connectors.dlq import DeadLetter
 from connectors.exceptions import RetriableError
 from stream_app import metrics
 from stream_app.checkpoint import SnapshotCheckpoint
-from stream_app.kafka_io import Offsets, TopicWatermarks, count_between, offsets_json, read_range
+from stream_app.kafka_io import Offsets, RangeReader, TopicWatermarks, count_between, offsets_json, read_range
+from stream_app.lookup import ArrowLookup, warm
 from stream_app.plan import SnapshotPlan, writers_for
 from stream_app.snapshot import (
     DELETED,
@@ -154,6 +155,7 @@ class Snapshot:
         self._view: SnapshotView | None = None
         self._last_checkpoint = (time.monotonic(), None)
         self._checkpoint_thread: threading.Thread | None = None
+        self._ranges = RangeReader(kafka)
         self._metrics = metrics.snapshot_metrics(job, self.name, lambda: time.time() - self.caught_up_at)
 
     # -- reading Kafka ------------------------------------------------------------------------
@@ -183,9 +185,16 @@ class Snapshot:
         from pyspark.sql import Observation
         from pyspark.sql import functions as f
 
-        raw = read_range(self.spark, self.kafka, start, ends)
-        if raw is None:
-            return self._empty_base().append_column(DELETED, pa.array([], pa.bool_()))
+        if pending > self.cfg.overlay_max_rows:
+            raw = read_range(self.spark, self.kafka, start, ends)
+        else:  # a few records: read on the driver, decode in the JVM
+            records = self._ranges.read(start, ends)
+            raw = self.spark.createDataFrame(records) if records.num_rows else None
+        if raw is None:  # every offset in the range was compacted away
+            base = self._empty_base()
+            extra = pa.schema([(DELETED, pa.bool_()), (TOPIC, pa.string()), (PARTITION, pa.int32()),
+                               (OFFSET, pa.int64())])
+            return pa.schema([*base.schema[:2], *extra, *base.schema[2:]]).empty_table()
         decoded = self._decode(raw)
         if pending > self.cfg.overlay_max_rows:
             seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
@@ -230,6 +239,7 @@ class Snapshot:
             if rows >= self.cfg.index_min_rows:
                 self.mode, self._token = "indexed", uuid.uuid4().hex
                 self._broadcast = self.spark.sparkContext.broadcast(ipc_bytes(table))
+                self._prewarm()
             else:
                 self.mode = "broadcast"
                 self._base_df = self.spark.createDataFrame(table).persist()
@@ -240,6 +250,24 @@ class Snapshot:
             old_broadcast.unpersist()
         if old_df is not None:
             old_df.unpersist()
+
+    def _prewarm(self) -> None:
+        """Load the new base into the Python workers in the background (one task per core)."""
+        spec = ArrowLookup(self._token, self._broadcast, None, "", "", (), (), False)
+        sc = self.spark.sparkContext
+        cores = sc.defaultParallelism
+
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                sc.setLocalProperty("spark.job.description", f"threes: load snapshot {self.name} into the workers")
+                pids = sc.parallelize(range(cores), cores).mapPartitions(warm([spec])).collect()
+                log.debug("snapshot=%s base loaded by workers %s in %.2f s", self.name, sorted(set(pids)),
+                          time.monotonic() - started)
+            except Exception as exc:  # a newer base replaced it, or the job stops: the next batch loads it
+                log.debug("snapshot=%s prewarm skipped: %s", self.name, exc)
+
+        threading.Thread(target=run, name=f"snapshot-prewarm-{self.name}", daemon=True).start()
 
     def _apply(self, changes: pa.Table) -> None:
         """Apply a change set (one row per key, ``__deleted``) to the base."""
@@ -489,6 +517,7 @@ class Snapshot:
         if checkpoint:
             self.maybe_checkpoint(force=True)
         self.wait_checkpoint()
+        self._ranges.close()
         if self._broadcast is not None:
             self._broadcast.unpersist()
         if self._base_df is not None:
