@@ -53,10 +53,11 @@ def cleanup(pipeline: Any, offsets_topic: str) -> None:
     from elasticsearch import NotFoundError
     from sqlalchemy.schema import DropSchema
 
-    from connectors.demo.reset import clear_sinks, delete_topics, pipeline_topics
+    from connectors.demo.reset import clear_sinks, delete_groups, delete_topics, pipeline_topics
 
     try:
         delete_topics(pipeline, [*pipeline_topics(pipeline), offsets_topic])
+        delete_groups(pipeline)
         clear_sinks(pipeline)
         for source in pipeline.sources:
             conn = pipeline.connections[source.connection]
