@@ -26,7 +26,7 @@ def pipeline_yaml(tmp_path, endpoints, *, kafka=None, pg_port=None, bucket="miss
             secret_access_key: {endpoints.s3_secret_access_key}
             path_style: true
         sources:
-          - {{name: airlines, type: s3_source, connection: s3, topic: state.airlines, bucket: {bucket}, format: csv}}
+          - {{name: airlines, type: s3_source, connection: s3, topic: state.airlines, bucket: {bucket}, format: csv, key: [carrier]}}
         """
     )
     path = tmp_path / "check.yaml"
