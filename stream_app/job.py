@@ -24,6 +24,7 @@ import signal
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,8 @@ class StreamJob:
         self.queries: list[Any] = []
         self.batches = 0
         self.last_batch: dict[str, Any] = {}
+        self.counts: dict[int, dict[str, int]] = {}  # batch id -> records read and written (filled a bit later)
+        self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         self._watermarks: TopicWatermarks | None = None
         self._offsets_log: BatchOffsetsLog | None = None
         self._options = spark_kafka_options(kafka)
@@ -313,25 +316,36 @@ class StreamJob:
         )
         planned = time.monotonic()
         write_records(out, self._options)
-        counts_in, counts = seen_in.get, seen_out.get
         written = time.monotonic()
-        updates = counts["records"] - counts["enriched"] - counts["dead_letters"]
-        elapsed = time.monotonic() - started
         self.batches += 1
         self.last_batch = {
-            "batch_id": batch_id, "events": counts_in["events"], "enriched": counts["enriched"],
-            "dead_letters": counts["dead_letters"], "updates": updates, "replay": replay,
-            "snapshots": {n: v.offsets for n, v in views.items()}, "elapsed_s": elapsed,
+            "batch_id": batch_id, "replay": replay, "snapshots": {n: v.offsets for n, v in views.items()},
+            "elapsed_s": written - started,
         }
-        metrics.BATCH_SECONDS.labels(cfg.name).observe(elapsed)
+        metrics.BATCH_SECONDS.labels(cfg.name).observe(written - started)
+        # Spark delivers observed metrics through its asynchronous listener bus, seconds late on a busy
+        # driver: the batch does not wait for them, a reporter thread logs them when they arrive.
+        timings = (refreshed - started, planned - refreshed, written - planned, written - started)
+        self._reporter.submit(self._report, batch_id, replay, views, seen_in, seen_out, timings)
+
+    def _report(self, batch_id: int, replay: bool, views: dict[str, Any], seen_in: Any, seen_out: Any,
+                timings: tuple[float, ...]) -> None:
+        """Log a micro-batch's summary line and count its records (reporter thread)."""
+        cfg = self.config
+        try:
+            counts = {**seen_in.get, **seen_out.get}
+        except Exception as exc:  # the session stopped before the metrics arrived
+            log.debug("job=%s batch=%d: no counts (%s)", cfg.name, batch_id, exc)
+            return
+        counts["updates"] = counts["records"] - counts["enriched"] - counts["dead_letters"]
         for kind in ("events", "enriched", "dead_letters", "updates"):
-            metrics.RECORDS.labels(cfg.name, kind).inc(self.last_batch[kind])
+            metrics.RECORDS.labels(cfg.name, kind).inc(counts[kind])
+        self.counts[batch_id] = counts
         log.info(
             "job=%s batch=%d events=%d enriched=%d dead_letters=%d updates=%d replay=%s snapshots=%s "
-            "refresh_s=%.2f plan_s=%.2f write_s=%.2f elapsed_s=%.2f", cfg.name, batch_id, counts_in["events"],
-            counts["enriched"], counts["dead_letters"], updates, replay,
-            " ".join(f"{n}={offsets_json(v.offsets)}" for n, v in sorted(views.items())), refreshed - started,
-            planned - refreshed, written - planned, elapsed,
+            "refresh_s=%.2f plan_s=%.2f write_s=%.2f elapsed_s=%.2f", cfg.name, batch_id, counts["events"],
+            counts["enriched"], counts["dead_letters"], counts["updates"], replay,
+            " ".join(f"{n}={offsets_json(v.offsets)}" for n, v in sorted(views.items())), *timings,
         )
 
     # -- running and stopping --------------------------------------------------------------------
@@ -363,6 +377,8 @@ class StreamJob:
                 time.sleep(0.1)
             query.stop()
         self.queries = []
+        self._reporter.shutdown(wait=True)
+        self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         for snapshot in self.snapshots.values():
             snapshot.close(checkpoint=checkpoint)
         if self._watermarks is not None:

@@ -225,14 +225,17 @@ class RangeReader:
         if wanted:
             self._consumer.assign([TopicPartition(t, p, first) for (t, p), (first, _) in wanted.items()])
             pending = dict(wanted)
+            left = sum(stop - max(first, 0) for first, stop in wanted.values())  # at most, after compaction
             deadline = time.monotonic() + self.timeout_s
             try:
                 while pending:
                     if time.monotonic() > deadline:
                         raise SetupError(f"could not read offsets up to {offsets_json(end)} within {self.timeout_s} s")
-                    for msg in self._consumer.consume(num_messages=10_000, timeout=0.2):
+                    # consume() returns early only once it has num_messages: ask for what can still come
+                    for msg in self._consumer.consume(num_messages=max(1, min(10_000, left)), timeout=0.1):
                         if msg.error():
                             continue
+                        left -= 1
                         tp = (msg.topic(), msg.partition())
                         if tp not in pending or msg.offset() >= pending[tp][1]:
                             continue

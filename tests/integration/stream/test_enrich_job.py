@@ -87,6 +87,14 @@ def test_changed_reference_reaches_every_later_event(spark, env):
     # within two triggers (in fact: from the first batch planned after the change)
     late = [i for i in after if flow.sent[i] >= changed_at + 2 * job.config.trigger_interval_s]
     assert late and all(got[i]["value"]["origin_name"] == "Newark RENAMED" for i in after)
+    # staleness and size are exported: the snapshot was caught up before the last batch, seconds ago
+    from prometheus_client import REGISTRY
+
+    labels = {"job": job.config.name, "snapshot": "airports"}
+    assert REGISTRY.get_sample_value("threes_stream_snapshot_age_seconds", labels) < 60
+    assert REGISTRY.get_sample_value("threes_stream_snapshot_keys", labels) + REGISTRY.get_sample_value(
+        "threes_stream_snapshot_overlay_records", labels) >= 2
+    assert REGISTRY.get_sample_value("threes_stream_records_total", {"job": job.config.name, "kind": "enriched"}) >= 5
     # the header tells which snapshot offsets each event joined against, consistently with its value
     for rec in got.values():
         seen = offsets_header(rec)[env.airports].get(str(partition), 0)
