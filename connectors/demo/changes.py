@@ -1,19 +1,24 @@
 """Reference changes made while flights stream, and how long they take to show.
 
 The demo renames one airline in the S3 object the ``airlines`` source reads
-and one airport in the PostgreSQL table the ``airports`` source reads. Each
-change is timed at three points: when it is written to its system of record,
-when its source has put it in the compacted state topic, and when the first
-enriched flight carrying it is in the Elasticsearch index. Afterwards
-:func:`check_boundary` verifies the claim "later flights carry the new value"
-exactly: the stream job refreshes its snapshot between micro-batches, so in
-each partition of the events topic every affected flight before some offset
-has the old value and every one from there on the new value.
+and one airport in the PostgreSQL table the ``airports`` source reads, each at
+a point of the replay (a fraction of the flights). There the replay pauses
+until every flight replayed so far is enriched, the change is written, and
+its source has put it in the compacted state topic; then the replay goes on.
+So, whatever the speeds, the flights before the point were enriched with the
+old value and the flights after it can only be enriched with the new one.
+Each change is timed: written to its system of record, in the state topic,
+in the first enriched flight in the Elasticsearch index. Afterwards
+:func:`check_boundary` verifies "later flights carry the new value" exactly:
+the stream job refreshes its snapshot between micro-batches, so in each
+partition of the events topic every affected flight before some offset has
+the old value and every one from there on the new value.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +40,7 @@ class ReferenceChange:
         new_value: its new value.
         flight_field: the flight field that selects the affected flights (``carrier``).
         enriched_column: the enriched field that carries the value (``airline_name``).
-        at_fraction: apply when this fraction of the flights has been replayed.
+        at_fraction: apply after this fraction of the flights was replayed (and enriched).
         old_value: the value before (set when applied).
         applied_at: ``time.time()`` when the system of record held the change.
         state_at: when the source had written it to the state topic.
@@ -96,6 +101,27 @@ class ChangeDriver:
         self.total = total
         self.references = references
         self._deserializer: Any = None
+        self._points = {max(1, int(c.at_fraction * total)): c for c in changes}
+        self._due: ReferenceChange | None = None
+        self._resume = threading.Event()
+        self.paused_s = 0.0
+
+    def gate(self, index: int, _row: Any = None, timeout_s: float = 600.0) -> None:
+        """Replay hook (its thread): at a change point, pause until :meth:`poll` has made the change.
+
+        Args:
+            index: the row just produced (0-based).
+            timeout_s: resume anyway after this long (the watching loop reports what is missing).
+        """
+        change = self._points.get(index + 1)
+        if change is None or change.applied_at is not None:
+            return
+        began = time.monotonic()
+        self._resume.clear()
+        self._due = change
+        self._resume.wait(timeout_s)
+        self._due = None
+        self.paused_s += time.monotonic() - began
 
     def _apply(self, change: ReferenceChange) -> None:
         from connectors.demo.reference import load_reference
@@ -128,17 +154,28 @@ class ChangeDriver:
                 return self._deserializer(raw_value).get(change.column)
         return None
 
-    def poll(self, replayed: int) -> None:
-        """Apply the changes that are due (by flights replayed so far), and time the ones on their way."""
+    def poll(self, replayed: int, enriched: int) -> None:
+        """Make the due change, release the replay, time the changes (about once a second).
+
+        The due change is made once everything replayed is enriched; the replay
+        goes on once the change is in its state topic.
+
+        Args:
+            replayed: flights handed to the producer so far.
+            enriched: records in the enriched topic.
+        """
+        due = self._due
+        if due is not None and due.applied_at is None and enriched >= replayed:
+            self._apply(due)
         for change in self.changes:
             if change.applied_at is None:
-                if replayed >= change.at_fraction * self.total:
-                    self._apply(change)
                 continue
             if change.state_at is None and self._state_value(change) == change.new_value:
                 change.state_at = time.time()
             if change.sink_at is None and self.probe.es_count({"term": {change.enriched_column: change.new_value}}):
                 change.sink_at = time.time()
+        if due is not None and due.state_at is not None:
+            self._resume.set()
 
     def pending(self) -> bool:
         """Whether a change has not been applied yet or not yet shown in Elasticsearch."""

