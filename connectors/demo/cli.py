@@ -232,6 +232,9 @@ def demo(
         list[str] | None, typer.Option("--day", help="only the flights of YYYY-MM-DD (repeatable; default: all)")
     ] = None,
     no_changes: Annotated[bool, typer.Option("--no-changes", help="skip the mid-stream reference changes")] = False,
+    exact_changes: Annotated[
+        bool, typer.Option("--exact-changes", help="before each change, wait until every earlier flight is enriched")
+    ] = False,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="skip the comparison with the oracle")] = False,
     keep_running: Annotated[
         bool, typer.Option("--keep-running", help="leave sources, stream job and sync service running")
@@ -264,6 +267,7 @@ def demo(
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         options = DemoOptions(config=config, days=_parse_days(day), rate=rate, changes=not no_changes,
+                              exact_changes=exact_changes,
                               verify=not no_verify, keep_running=keep_running, timeout_s=timeout,
                               offsets_topic=offsets_topic)
         if console.is_terminal:

@@ -47,6 +47,7 @@ class DemoOptions:
         days: only the flights of these ``(year, month, day)``; all when ``None``.
         rate: replay rate, events per second; ``None`` for as fast as possible.
         changes: make the two reference changes mid-stream.
+        exact_changes: before each change, wait until every flight replayed so far is enriched.
         offsets_topic: where the sources keep their positions.
         partitions: partitions of the events topic.
         timeout_s: give up when the sinks are not complete this long after the replay started.
@@ -63,6 +64,7 @@ class DemoOptions:
     days: Sequence[tuple[int, int, int]] | None = None
     rate: float | None = None
     changes: bool = True
+    exact_changes: bool = False
     offsets_topic: str = "_threes_offsets"
     partitions: int = 4
     timeout_s: float = 900.0
@@ -262,7 +264,7 @@ class DemoRun:
         total = self.state.total
         sampler = LatencySampler(probe, FLIGHT_KEY, ROUTE_KEY, every=opts.sample_every)
         self.state.changes = default_changes() if opts.changes else []
-        driver = ChangeDriver(pipeline, probe, self.state.changes, total, references)
+        driver = ChangeDriver(pipeline, probe, self.state.changes, total, references, exact=opts.exact_changes)
         replayer = Replayer(pipeline.kafka, targets.events_topic, load_schema("nycflights13/flight"), FLIGHT_KEY,
                             key_schema=load_schema("nycflights13/flight_key"), partitions=opts.partitions,
                             rate=opts.rate)

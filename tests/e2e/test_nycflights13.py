@@ -31,7 +31,7 @@ def summary(isolated: Any, workdir: Path) -> dict[str, Any]:
     """One run of the demo's code on the subset, shared by the tests of this module."""
     config, _pipeline, offsets_topic = isolated
     options = DemoOptions(
-        config=config, days=DAYS, rate=RATE, offsets_topic=offsets_topic, start_stack=False,
+        config=config, days=DAYS, rate=RATE, offsets_topic=offsets_topic, start_stack=False, exact_changes=True,
         log_dir=workdir / "logs", timeout_s=600, start_timeout_s=600, sample_every=50,
     )
     result = DemoRun(options).run()

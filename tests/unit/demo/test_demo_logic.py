@@ -162,7 +162,7 @@ def test_replay_pauses_at_a_change_point_until_the_change_is_in_its_state_topic(
         def es_count(self, _query: dict) -> int:
             return 1 if change.state_at else 0
 
-    driver = ChangeDriver(pipeline=None, probe=Probe(), changes=[change], total=10, references={})
+    driver = ChangeDriver(pipeline=None, probe=Probe(), changes=[change], total=10, references={}, exact=True)
     in_state: list[bool] = []
     driver._apply = lambda c: setattr(c, "applied_at", time.time())  # the system of record: tested in tests/e2e
     driver._state_value = lambda c: "New" if in_state else "Old"
@@ -189,3 +189,23 @@ def test_replay_pauses_at_a_change_point_until_the_change_is_in_its_state_topic(
     thread.join(10)
     assert len(produced) == 10 and change.state_at is not None and change.sink_at is not None
     assert driver.paused_s > 0 and not driver.pending()
+
+
+def test_without_exact_the_change_is_made_at_once_and_the_replay_waits_only_for_the_state_topic() -> None:
+    import threading
+
+    from connectors.demo.changes import ChangeDriver
+
+    change = ReferenceChange("rename ORD", "airports", {"faa": "ORD"}, "name", "New", "dest", "dest_name", 0.2)
+    driver = ChangeDriver(pipeline=None, probe=type("P", (), {"es_count": lambda self, q: 0})(), changes=[change],
+                          total=10, references={})
+    driver._apply = lambda c: setattr(c, "applied_at", time.time())
+    driver._state_value = lambda c: "New"
+    thread = threading.Thread(target=driver.gate, args=(1,), kwargs={"timeout_s": 30})
+    thread.start()
+    while driver._due is None:
+        time.sleep(0.01)
+    driver.poll(replayed=2, enriched=0)  # nothing enriched yet: applied anyway, and in the state topic
+    thread.join(10)
+    assert not thread.is_alive() and change.applied_at is not None and change.state_at is not None
+    assert driver.pending()  # not yet seen in Elasticsearch
