@@ -12,10 +12,10 @@ Three engines, chosen per snapshot by its size:
   join against the base, a small cached DataFrame. Spark broadcasts it again
   for every micro-batch (each batch is a new plan), which costs little while
   the snapshot is small.
-* **indexed** (up to ``broadcast_max_rows``): all indexed lookups of a batch
-  run in one ``mapInArrow`` pass against the hash index the Python workers
-  keep of the base, shipped once per base (:mod:`stream_app.lookup`); the cost
-  follows the events, not the snapshot.
+* **indexed** (up to ``broadcast_max_rows``): a scalar pandas UDF per lookup
+  probes the hash index the Python workers keep of the base, shipped once per
+  base (:mod:`stream_app.lookup`); only the keys cross into Python, and the
+  cost follows the events, not the snapshot.
 * **partitioned** (above): a shuffle join against the base, a DataFrame cached
   and hash-partitioned by lookup key (so only the events move).
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connectors.config.stream import LookupConfig
-from stream_app.lookup import ArrowLookup, lookup_function
+from stream_app.lookup import MATCHED, ArrowLookup, lookup_udf_function
 from stream_app.snapshot import DELETED, LK, SnapshotView, event_lookup_key
 
 
@@ -106,33 +106,33 @@ def enrich(events: Any, lookups: Sequence[BoundLookup], passthrough: str | None 
 
 
 def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passthrough: str | None) -> Any:
-    """All indexed lookups in one ``mapInArrow`` pass."""
+    """The indexed lookups: one scalar pandas UDF each, in one projection (Spark evaluates them together)."""
+    from pyspark.sql import functions as f
     from pyspark.sql import types as T
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    internal = {f"__{p}{i}" for i, _ in lookups for p in ("lk", "lh")}
-    fields = [fld for fld in df.schema.fields if fld.name not in internal]
-    specs = []
+    joined = []
     for i, lookup in lookups:
         view = lookup.view
         added = joined_fields(lookup)
-        fields += added
-        specs.append(
-            ArrowLookup(
-                token=view.token,
-                base=view.broadcast,
-                overlay=view.overlay_ipc(),
-                key_column=f"__lk{i}",
-                hash_column=f"__lh{i}",
-                value_columns=tuple(lookup.value_columns()),
-                out_names=tuple(fld.name for fld in added),
-                inner=lookup.config.how == "inner",
-            )
+        spec = ArrowLookup(
+            token=view.token,
+            base=view.broadcast,
+            overlay=view.overlay_ipc(),
+            value_columns=tuple(lookup.value_columns()),
+            out_names=tuple(fld.name for fld in added),
         )
-    # Spark checks nullability of what comes back: carried columns may be null on passthrough rows
-    out_type = T.StructType([T.StructField(fld.name, fld.dataType, True) for fld in fields])
-    fn = lookup_function(specs, to_arrow_schema(out_type, timestamp_utc=True), passthrough)
-    return df.mapInArrow(fn, out_type)
+        result = T.StructType([*added, T.StructField(MATCHED, T.BooleanType(), True)])
+        udf = f.pandas_udf(lookup_udf_function(spec), result)  # type: ignore[call-overload]
+        joined.append(udf(f.col(f"__lk{i}"), f.col(f"__lh{i}")).alias(f"__j{i}"))
+    df = df.select("*", *joined)
+    for i, lookup in lookups:
+        if lookup.config.how == "inner":
+            cond = f.col(f"__j{i}")[MATCHED]
+            if passthrough is not None:
+                cond = cond | f.col(passthrough).isNotNull()
+            df = df.filter(cond)
+    expanded = [f.col(f"__j{i}")[fld.name].alias(fld.name) for i, lookup in lookups for fld in joined_fields(lookup)]
+    return df.select("*", *expanded)
 
 
 def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None) -> Any:

@@ -40,7 +40,7 @@ from stream_app.batch import SOURCE_HEADER, BatchPlan
 from stream_app.checkpoint import BatchOffsetsLog, CheckpointFs, SnapshotCheckpoint, child
 from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import RangeReader, TopicWatermarks, offsets_json, spark_kafka_options
-from stream_app.plan import JobPlan, build_plan
+from stream_app.plan import JobPlan, build_plan, writers_for
 from stream_app.records import write_records
 from stream_app.snapshot import corrupt_to_null
 from stream_app.snapshot_runtime import DeadLetterProducer, Snapshot
@@ -257,8 +257,10 @@ class StreamJob:
             .option("includeHeaders", "true")
             .load()
         )
+        # earlier versions of the enriched schema (a lookup added since) resolve to the current one
+        writers = {**writers_for(self._writers(), enriched.avro), enriched.fingerprint: enriched.json}
         decoded = stream.select(
-            decode_avro(f.col("value"), {enriched.fingerprint: enriched.json}, enriched.json).alias("e"),
+            decode_avro(f.col("value"), writers, enriched.json).alias("e"),
             # ours is appended after the event's own headers: the last one named so
             f.element_at(f.filter("headers", lambda h: h["key"] == SOURCE_HEADER), -1)["value"]
             .cast("string").alias("__source"),

@@ -1,4 +1,4 @@
-"""The broadcast lookup, run inside Spark's Python workers by ``mapInArrow``.
+"""The indexed lookup, run inside Spark's Python workers by a scalar pandas UDF.
 
 Why not Spark's own broadcast join: every micro-batch is a new plan, and a
 broadcast exchange is rebuilt (collected, shipped, hashed) for every plan, so
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,21 +47,15 @@ class ArrowLookup:
         base: Spark broadcast of the base's Arrow IPC bytes (``__lk, __lh`` + values).
         overlay: Arrow IPC bytes of the overlay (``__lk, __lh, __deleted`` +
             values, one row per key), ``None`` when empty.
-        key_column: event-side lookup key column (string).
-        hash_column: event-side ``xxhash64`` of it (long).
         value_columns: snapshot value columns to join.
         out_names: their names in the output (prefixed).
-        inner: drop events without a match.
     """
 
     token: str
     base: Any
     overlay: bytes | None
-    key_column: str
-    hash_column: str
     value_columns: tuple[str, ...]
     out_names: tuple[str, ...]
-    inner: bool
 
 
 def _index(table: pa.Table) -> tuple[Any, bool]:
@@ -133,74 +128,71 @@ def _take(column: Any, pos: np.ndarray) -> pa.Array:
     return taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
 
 
-def join_batch(batch: pa.RecordBatch, lookups: Sequence[ArrowLookup], passthrough: str | None) -> pa.RecordBatch:
-    """Join one Arrow batch of events against every lookup.
+MATCHED = "__matched"
+
+
+def lookup_columns(lookup: ArrowLookup, keys: pa.Array, hashes: pa.Array) -> pa.Table:
+    """The joined columns of a batch of event keys: base values, overridden by the overlay.
 
     Args:
-        batch: events with the lookups' key and hash columns.
-        lookups: the lookups, in order.
-        passthrough: a column whose non-null rows are never dropped by an inner
-            lookup (records on their way to the dead letter topic).
+        lookup: the lookup (its base and overlay).
+        keys: event lookup keys (string, nullable).
+        hashes: their ``xxhash64`` (long).
 
     Returns:
-        The batch without the key/hash columns, plus the joined columns, inner
-        misses removed.
+        One row per key: the value columns under their output names, then
+        ``__matched`` (false where the key is absent or deleted: all values null).
     """
-    internal = {c for lk in lookups for c in (lk.key_column, lk.hash_column)}
-    names = [n for n in batch.schema.names if n not in internal]
-    arrays = [batch.column(n) for n in names]
-    keep: np.ndarray | None = None
-    for lookup in lookups:
-        keys, hashes = batch.column(lookup.key_column), batch.column(lookup.hash_column)
-        base, index, by_key = _base(lookup)
-        pos = probe(base, index, by_key, keys, hashes)
-        matched = pos >= 0
-        overlay = _overlay(lookup)
-        ov_pos = None
-        if overlay is not None:
-            ov_pos = probe(*overlay, keys, hashes)
-            in_overlay = ov_pos >= 0
-            if in_overlay.any():
-                deleted = overlay[0].column("__deleted").to_numpy()[ov_pos[in_overlay]]
-                matched = np.where(in_overlay, False, matched)
-                matched[np.flatnonzero(in_overlay)[~deleted]] = True
-                pos = np.where(in_overlay, -1, pos)
-                ov_pos = np.where(in_overlay, ov_pos, -1)
-                ov_pos[np.flatnonzero(in_overlay)[deleted]] = -1
-            else:
-                ov_pos = None
-        for column, out in zip(lookup.value_columns, lookup.out_names, strict=True):
-            values = _take(base.column(column), pos)
-            if ov_pos is not None:
-                from_overlay = _take(overlay[0].column(column), ov_pos)
-                values = pc.if_else(pa.array(ov_pos >= 0), from_overlay, values)
-            arrays.append(values)
-            names.append(out)
-        if lookup.inner:
-            keep = matched if keep is None else keep & matched
-    out = pa.RecordBatch.from_arrays(arrays, names=names)
-    if keep is not None and not keep.all():
-        if passthrough is not None:
-            keep = keep | batch.column(passthrough).is_valid().to_numpy(zero_copy_only=False)
-        out = out.filter(pa.array(keep))
-    return out
+    base, index, by_key = _base(lookup)
+    pos = probe(base, index, by_key, keys, hashes)
+    matched = pos >= 0
+    overlay = _overlay(lookup)
+    ov_pos = None
+    if overlay is not None:
+        ov_pos = probe(*overlay, keys, hashes)
+        in_overlay = ov_pos >= 0
+        if in_overlay.any():
+            deleted = overlay[0].column("__deleted").to_numpy()[ov_pos[in_overlay]]
+            matched = np.where(in_overlay, False, matched)
+            matched[np.flatnonzero(in_overlay)[~deleted]] = True
+            pos = np.where(in_overlay, -1, pos)
+            ov_pos = np.where(in_overlay, ov_pos, -1)
+            ov_pos[np.flatnonzero(in_overlay)[deleted]] = -1
+        else:
+            ov_pos = None
+    columns: dict[str, Any] = {}
+    for column, out in zip(lookup.value_columns, lookup.out_names, strict=True):
+        values = _take(base.column(column), pos)
+        if ov_pos is not None:
+            values = pc.if_else(pa.array(ov_pos >= 0), _take(overlay[0].column(column), ov_pos), values)
+        columns[out] = values
+    columns[MATCHED] = pa.array(matched)
+    return pa.table(columns)
 
 
-def lookup_function(lookups: Sequence[ArrowLookup], out_schema: pa.Schema, passthrough: str | None) -> Any:
-    """The function ``DataFrame.mapInArrow`` runs: joins every batch of a partition.
+def lookup_udf_function(lookup: ArrowLookup) -> Any:
+    """The function of a scalar iterator pandas UDF ``(key, hash) -> struct<values..., __matched>``.
 
-    Args:
-        lookups: what to join.
-        out_schema: the Arrow schema Spark expects back (from the declared Spark schema).
-        passthrough: see :func:`join_batch`.
+    A scalar UDF sends only its arguments to the Python worker and Spark puts
+    the result back beside each row in the JVM: the events themselves never
+    cross into Python (measured 0.6-0.9 s per 50k-event batch against 0.7-2.5 s
+    when whole rows went through ``mapInArrow``, 1M keys).
     """
-    lookups = tuple(lookups)
+    import pandas as pd
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            joined = join_batch(batch, lookups, passthrough)
-            yield joined if joined.schema.equals(out_schema) else joined.cast(out_schema)
+    def run(batches: Iterator[tuple[pd.Series, pd.Series]]) -> Iterator[pd.DataFrame]:
+        for keys, hashes in batches:
+            table = lookup_columns(
+                lookup, pa.Array.from_pandas(keys, type=pa.string()), pa.Array.from_pandas(hashes, type=pa.int64())
+            )
+            yield table.to_pandas()
 
+    # Spark infers the UDF kind from these hints; this module's annotations are strings
+    # (``from __future__ import annotations``) that Spark cannot resolve, so give it the objects.
+    run.__annotations__ = {
+        "batches": typing.Iterator[tuple[pd.Series, pd.Series]],
+        "return": typing.Iterator[pd.DataFrame],
+    }
     return run
 
 

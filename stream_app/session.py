@@ -66,5 +66,25 @@ def spark_session(settings: SparkSettings, jars: Sequence[Path | str] | None = N
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _quiet(spark)
     log.info("spark session master=%s version=%s", settings.master, spark.version)
     return spark
+
+
+_QUIET = {
+    # warns, for every plan, that a nullable column meets a non-null Avro field; the stream job only
+    # encodes rows whose required fields are set (the others are dead-lettered before encoding)
+    "org.apache.spark.sql.avro.AvroSerializer": "ERROR",
+}
+
+
+def _quiet(spark: Any) -> None:
+    """Lower Spark loggers that warn about what the stream job does on purpose."""
+    jvm = spark.sparkContext._jvm
+    try:
+        configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+        for name, level in _QUIET.items():
+            configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.toLevel(level))
+    except Exception:  # another logging backend: keep the warnings
+        log.debug("could not lower Spark loggers %s", sorted(_QUIET), exc_info=True)
+

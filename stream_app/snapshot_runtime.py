@@ -253,7 +253,7 @@ class Snapshot:
 
     def _prewarm(self) -> None:
         """Load the new base into the Python workers in the background (one task per core)."""
-        spec = ArrowLookup(self._token, self._broadcast, None, "", "", (), (), False)
+        spec = ArrowLookup(self._token, self._broadcast, None, (), ())
         sc = self.spark.sparkContext
         cores = sc.defaultParallelism
 

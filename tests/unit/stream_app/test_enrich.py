@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
@@ -15,7 +17,8 @@ pytestmark = pytest.mark.spark
 MODES = ["broadcast", "indexed", "partitioned"]
 
 AIRPORTS = [("EWR", "Newark", 18, -5), ("JFK", "Kennedy", 13, -5), ("LAX", "Los Angeles", 125, -8)]
-WEATHER = [(2013, 1, "EWR", 39.0), (2013, 1, "JFK", 39.9), (2013, 2, "EWR", 41.0)]
+AT = dt.datetime(2013, 1, 1, 6, 30, tzinfo=dt.UTC)
+WEATHER = [(2013, 1, "EWR", 39.0, AT), (2013, 1, "JFK", 39.9, AT), (2013, 2, "EWR", 41.0, AT)]
 
 
 def airports(spark, mode, rows=AIRPORTS):
@@ -24,7 +27,7 @@ def airports(spark, mode, rows=AIRPORTS):
 
 
 def weather(spark, mode):
-    df = spark.createDataFrame(WEATHER, "year int, month int, origin string, temp double")
+    df = spark.createDataFrame(WEATHER, "year int, month int, origin string, temp double, at timestamp")
     return SnapshotView.from_dataframe(spark, "weather", df, ["year", "month", "origin"], mode)
 
 
@@ -72,6 +75,7 @@ def test_composite_foreign_key(spark, mode):
     view = weather(spark, mode)
     got = by_id(enrich(flights(spark), [lookup(view, {"year": "year", "month": "month", "origin": "origin"}, "w_")]))
     assert got[1]["w_temp"] == 39.0 and got[2]["w_temp"] is None and got[3]["w_temp"] is None
+    assert got[1]["w_at"].replace(tzinfo=dt.UTC) == AT  # timestamps survive every engine (session time zone UTC)
 
 
 def overlay(spark, rows, deleted):
