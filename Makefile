@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv stack test demo down lint clean
+.PHONY: venv stack test demo down lint docs clean
 
 venv: $(VENV)/.installed
 
@@ -29,6 +29,9 @@ demo: stack
 
 down:
 	$(BIN)/threes local down
+
+docs: venv
+	$(BIN)/threes docs -o docs/config-reference.md
 
 lint: venv
 	$(BIN)/ruff check .
