@@ -196,20 +196,25 @@ def lookup_udf_function(lookup: ArrowLookup) -> Any:
     return run
 
 
-def warm(lookups: Sequence[ArrowLookup]) -> Any:
-    """A function for ``RDD.mapPartitions`` that loads bases into a worker's cache (yields its pid).
+def warm_udf_function(lookups: Sequence[ArrowLookup]) -> Any:
+    """The function of a scalar pandas UDF that loads bases into a worker's cache (returns its pid).
 
-    Run on every executor core right after a new base is broadcast, it moves
-    the load (deserialize, build the index) off the next micro-batch.
+    Run as a tiny job right after a new base is broadcast, it moves the load
+    (deserialize, build the index) off the next micro-batch. It must be a SQL
+    Python UDF like the lookups: Spark keeps those workers in another pool than
+    the RDD API's.
     """
+    import os
+
+    import pandas as pd
+
     lookups = tuple(lookups)
 
-    def run(_: Any) -> Iterator[int]:
-        import os
-
+    def run(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
         for lookup in lookups:
             _base(lookup)
-        yield os.getpid()
+        for batch in batches:
+            yield pd.Series([os.getpid()] * len(batch), dtype="int64")
 
+    run.__annotations__ = {"batches": typing.Iterator[pd.Series], "return": typing.Iterator[pd.Series]}
     return run
-

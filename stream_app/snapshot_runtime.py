@@ -42,7 +42,7 @@ from connectors.exceptions import RetriableError
 from stream_app import metrics
 from stream_app.checkpoint import SnapshotCheckpoint
 from stream_app.kafka_io import Offsets, RangeReader, TopicWatermarks, count_between, offsets_json, read_range
-from stream_app.lookup import ArrowLookup, warm
+from stream_app.lookup import ArrowLookup, warm_udf_function
 from stream_app.plan import SnapshotPlan, writers_for
 from stream_app.snapshot import (
     DELETED,
@@ -213,14 +213,17 @@ class Snapshot:
 
     # -- the base ---------------------------------------------------------------------------
 
-    def _set_base(self, table: pa.Table | None = None, df: Any = None, rows: int | None = None) -> None:
+    def _set_base(
+        self, table: pa.Table | None = None, df: Any = None, rows: int | None = None, ipc: bytes | None = None
+    ) -> None:
         """Install a new base (Arrow table or DataFrame); its size picks the join engine.
 
         Up to ``index_min_rows`` keys: a small cached DataFrame for Spark's
         broadcast join; up to ``broadcast_max_rows``: an Arrow broadcast
         variable the workers index once; above: a cached DataFrame partitioned
         by key. The Arrow table stays on the driver for the first two (merges
-        and checkpoints use it).
+        and checkpoints use it). ``ipc``: the table's Arrow IPC bytes when
+        already at hand (a checkpoint), broadcast as they are.
         """
         old_broadcast, old_df = self._broadcast, self._base_df
         if rows is None:
@@ -238,7 +241,7 @@ class Snapshot:
             self._base = table
             if rows >= self.cfg.index_min_rows:
                 self.mode, self._token = "indexed", uuid.uuid4().hex
-                self._broadcast = self.spark.sparkContext.broadcast(ipc_bytes(table))
+                self._broadcast = self.spark.sparkContext.broadcast(ipc if ipc is not None else ipc_bytes(table))
                 self._prewarm()
             else:
                 self.mode = "broadcast"
@@ -253,16 +256,18 @@ class Snapshot:
 
     def _prewarm(self) -> None:
         """Load the new base into the Python workers in the background (one task per core)."""
+        from pyspark.sql import functions as f
+        from pyspark.sql import types as T
+
         spec = ArrowLookup(self._token, self._broadcast, None, (), ())
-        sc = self.spark.sparkContext
-        cores = sc.defaultParallelism
+        cores = self.spark.sparkContext.defaultParallelism
+        loader = f.pandas_udf(warm_udf_function([spec]), T.LongType())  # type: ignore[call-overload]
 
         def run() -> None:
             started = time.monotonic()
             try:
-                sc.setLocalProperty("spark.job.description", f"threes: load snapshot {self.name} into the workers")
-                pids = sc.parallelize(range(cores), cores).mapPartitions(warm([spec])).collect()
-                log.debug("snapshot=%s base loaded by workers %s in %.2f s", self.name, sorted(set(pids)),
+                rows = self.spark.range(cores, numPartitions=cores).select(loader(f.col("id"))).collect()
+                log.debug("snapshot=%s base loaded by workers %s in %.2f s", self.name, sorted({r[0] for r in rows}),
                           time.monotonic() - started)
             except Exception as exc:  # a newer base replaced it, or the job stops: the next batch loads it
                 log.debug("snapshot=%s prewarm skipped: %s", self.name, exc)
@@ -313,7 +318,7 @@ class Snapshot:
         ends = self.watermarks.end_offsets(self.cfg.topics)
         loaded = self._usable_checkpoint(ends)
         if loaded is not None:
-            self._set_base(loaded.table)
+            self._set_base(loaded.table, ipc=loaded.ipc)
             self.offsets = {t: dict(p) for t, p in loaded.offsets.items() if t in self.rank}
             self.base_offsets = {t: dict(p) for t, p in self.offsets.items()}
             records = self.catch_up(ends, at=now, merge=False)
