@@ -124,6 +124,8 @@ class StreamJob:
         self.queries: list[Any] = []
         self.batches = 0
         self.last_batch: dict[str, Any] = {}
+        self._ready = threading.Event()
+        self._bootstrap_error: BaseException | None = None
         self.counts: dict[int, dict[str, int]] = {}  # batch id -> records read and written (filled a bit later)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         self._watermarks: TopicWatermarks | None = None
@@ -157,17 +159,22 @@ class StreamJob:
         dead_letters = DeadLetterProducer(self.kafka, cfg.dead_letter_topic, cfg.name)
         for snap_plan in plan.snapshots.values():
             checkpoint = SnapshotCheckpoint(fs, snap_plan.config.name, snap_plan.schema_id) if fs else None
-            snapshot = Snapshot(
+            self.snapshots[snap_plan.config.name] = Snapshot(
                 self.spark, self.kafka, snap_plan, writers, self._watermarks, checkpoint, dead_letters, cfg.name
             )
-            self.readiness[snapshot.name] = snapshot.bootstrap()
-            self.snapshots[snapshot.name] = snapshot
-        log.info("job=%s snapshots ready count=%d keys=%d elapsed_s=%.2f", cfg.name, len(self.snapshots),
-                 sum(s.base_rows + s.overlay_rows for s in self.snapshots.values()), time.monotonic() - started)
+        # The readiness gate holds the first micro-batch, not the query: Spark starts the query (reads its
+        # checkpoint, asks Kafka for offsets) while the snapshots load, and the first batch waits for them.
+        self._ready.clear()
+        loading = threading.Thread(target=self._bootstrap, args=(started,), name="snapshot-bootstrap", daemon=True)
+        loading.start()
         self._batch = BatchPlan(plan)
         if cfg.metrics_port:
             metrics.serve(cfg.metrics_port)
         self.queries.append(self._start_enrich(available_now))
+        loading.join()
+        if self._bootstrap_error is not None:
+            self.stop(checkpoint=False)
+            raise self._bootstrap_error
         aggregations = [u for u in plan.updates if u.config.kind == "aggregation"]
         if aggregations and available_now:
             # the aggregations read the enriched topic: let it be complete first
@@ -177,6 +184,20 @@ class StreamJob:
             self.spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
             for update in aggregations:
                 self.queries.append(self._start_aggregation(update, available_now))
+
+    def _bootstrap(self, started: float) -> None:
+        """Load every snapshot (the readiness gate), then open the gate; a failure is kept for start()."""
+        self._bootstrap_error = None
+        try:
+            for name, snapshot in self.snapshots.items():
+                self.readiness[name] = snapshot.bootstrap()
+            log.info("job=%s snapshots ready count=%d keys=%d elapsed_s=%.2f", self.config.name,
+                     len(self.snapshots), sum(r["keys"] for r in self.readiness.values()),
+                     time.monotonic() - started)
+        except BaseException as exc:  # re-raised by start() in the caller's thread
+            self._bootstrap_error = exc
+        finally:
+            self._ready.set()
 
     def _checkpoint_fs(self) -> CheckpointFs | None:
         try:
@@ -302,6 +323,9 @@ class StreamJob:
         # observed counts below would never arrive; the V2 writer runs it inside. The batch's session
         # belongs to this query only.
         batch.sparkSession.conf.set("spark.sql.sources.useV1SourceList", V1_SOURCES)
+        self._ready.wait()  # the readiness gate
+        if self._bootstrap_error is not None:
+            raise FatalError(f"the snapshots did not load: {self._bootstrap_error}") from self._bootstrap_error
         views, replay = self._views(batch_id)
         refreshed = time.monotonic()
         self._writers.refresh()

@@ -115,6 +115,75 @@ def corrupt_to_null(decoded: Any, reader_schema_json: str) -> Any:
     return f.when(decoded.isNotNull() & ~missing, decoded)
 
 
+def record_decoder(
+    writers: Mapping[bytes, str],
+    key_schema_json: str,
+    value_schema_json: str,
+    key_type: Any,
+    topic_rank: Mapping[str, int],
+) -> Any:
+    """The decoding of compacted-topic records as a function of Spark's Kafka rows (columns built once).
+
+    Building the columns is most of the cost of decoding a few records (each
+    is a call into the JVM), so callers keep the decoder while the writer
+    schemas stay the same.
+
+    Args:
+        writers: known writer schemas, fingerprint -> JSON.
+        key_schema_json: reader schema of the keys.
+        value_schema_json: reader schema of the values.
+        key_type: Spark type of the decoded key.
+        topic_rank: topic -> position in the snapshot's topic list.
+
+    Returns:
+        ``decode(raw) -> DataFrame``, see :func:`decode_records`.
+    """
+    from stream_app.avro import decode_avro
+
+    f = _f()
+    first = [
+        "key",
+        "value",
+        f.col("topic").alias(TOPIC),
+        f.col("partition").alias(PARTITION),
+        f.col("offset").alias(OFFSET),
+        decode_avro(f.col("key"), writers, key_schema_json).alias("__k"),
+        decode_avro(f.col("value"), writers, value_schema_json).alias("__v"),
+    ]
+    second = [
+        "key", "value", TOPIC, PARTITION, OFFSET,
+        corrupt_to_null(f.col("__k"), key_schema_json).alias("__k"),
+        corrupt_to_null(f.col("__v"), value_schema_json).alias("__v"),
+    ]
+    rank = f.lit(0)
+    for topic, position in sorted(topic_rank.items(), key=lambda kv: kv[1]):
+        rank = f.when(f.col(TOPIC) == topic, f.lit(position)).otherwise(rank)
+    lk = lookup_key(f.col("__k"), key_type)
+    error = (
+        f.when(f.col("key").isNull(), f.lit("record has no key"))
+        .when(f.col("__k").isNull(), decode_error_reason(f.col("key"), writers, "key"))
+        .when(f.col("value").isNotNull() & f.col("__v").isNull(), decode_error_reason(f.col("value"), writers, "value"))
+    )
+    third = [
+        lk.alias(LK),
+        f.xxhash64(lk).alias(LH),
+        f.col("value").isNull().alias(DELETED),
+        TOPIC,
+        PARTITION,
+        OFFSET,
+        rank.cast("int").alias(RANK),
+        error.alias(ERROR),
+        "key",
+        "value",
+        "__v",
+    ]
+
+    def decode(raw: Any) -> Any:
+        return raw.select(*first).select(*second).select(*third)
+
+    return decode
+
+
 def decode_records(
     raw: Any,
     writers: Mapping[bytes, str],
@@ -138,46 +207,7 @@ def decode_records(
         __error, key, value, __v`` where ``__v`` is the decoded value struct
         and ``__error`` the reason a record cannot be used (``null`` if it can).
     """
-    from stream_app.avro import decode_avro
-
-    f = _f()
-    decoded_key = decode_avro(raw.key, writers, key_schema_json)
-    decoded = raw.select(
-        "key",
-        "value",
-        f.col("topic").alias(TOPIC),
-        f.col("partition").alias(PARTITION),
-        f.col("offset").alias(OFFSET),
-        decoded_key.alias("__k"),
-        decode_avro(raw.value, writers, value_schema_json).alias("__v"),
-    )
-    decoded = decoded.select(
-        "key", "value", TOPIC, PARTITION, OFFSET,
-        corrupt_to_null(f.col("__k"), key_schema_json).alias("__k"),
-        corrupt_to_null(f.col("__v"), value_schema_json).alias("__v"),
-    )
-    rank = f.lit(0)
-    for topic, position in sorted(topic_rank.items(), key=lambda kv: kv[1]):
-        rank = f.when(f.col(TOPIC) == topic, f.lit(position)).otherwise(rank)
-    lk = lookup_key(f.col("__k"), key_type)
-    error = (
-        f.when(f.col("key").isNull(), f.lit("record has no key"))
-        .when(f.col("__k").isNull(), decode_error_reason(f.col("key"), writers, "key"))
-        .when(f.col("value").isNotNull() & f.col("__v").isNull(), decode_error_reason(f.col("value"), writers, "value"))
-    )
-    return decoded.select(
-        lk.alias(LK),
-        f.xxhash64(lk).alias(LH),
-        f.col("value").isNull().alias(DELETED),
-        TOPIC,
-        PARTITION,
-        OFFSET,
-        rank.cast("int").alias(RANK),
-        error.alias(ERROR),
-        "key",
-        "value",
-        "__v",
-    )
+    return record_decoder(writers, key_schema_json, value_schema_json, key_type, topic_rank)(raw)
 
 
 def decode_error_reason(col: Any, writers: Mapping[bytes, str], what: str) -> Any:

@@ -56,10 +56,10 @@ from stream_app.snapshot import (
     SnapshotView,
     apply_changes,
     below,
-    decode_records,
     dedupe_last,
     ipc_bytes,
     latest_per_key,
+    record_decoder,
 )
 
 log = logging.getLogger(__name__)
@@ -156,6 +156,7 @@ class Snapshot:
         self._last_checkpoint = (time.monotonic(), None)
         self._checkpoint_thread: threading.Thread | None = None
         self._ranges = RangeReader(kafka)
+        self._decoder: tuple[frozenset[bytes], Callable[[Any], Any]] | None = None
         self._metrics = metrics.snapshot_metrics(job, self.name, lambda: time.time() - self.caught_up_at)
 
     # -- reading Kafka ------------------------------------------------------------------------
@@ -163,9 +164,12 @@ class Snapshot:
     def _decode(self, raw: Any) -> Any:
         writers = self.writers()
         relevant = {**writers_for(writers, self.plan.key.avro), **writers_for(writers, self.plan.value.avro)}
-        return decode_records(
-            raw, relevant, self.plan.key.json, self.plan.value.json, self.plan.key.spark_type, self.rank
-        )
+        if self._decoder is None or self._decoder[0] != frozenset(relevant):
+            decode = record_decoder(
+                relevant, self.plan.key.json, self.plan.value.json, self.plan.key.spark_type, self.rank
+            )
+            self._decoder = (frozenset(relevant), decode)
+        return self._decoder[1](raw)
 
     def _empty_base(self) -> pa.Table:
         from pyspark.sql import types as T
