@@ -330,21 +330,25 @@ class Bench:
             self.rows.append((f"bootstrap {label} keys", f"{stats['keys'] / stats['elapsed_s']:,.0f} keys/s",
                               f"{stats['keys']:,} keys in {stats['elapsed_s']:.1f} s"))
             if label == "1m":
-                self.write_snapshot(large, 1000, start=0, name="updated airport %d")
-                started = time.monotonic()
-                snap.catch_up()
-                snap.view()
-                refresh = time.monotonic() - started
+                # a job refreshes before every micro-batch: 5 refreshes of 1k updates, the median counts
+                refreshes = []
+                for i in range(5):
+                    self.write_snapshot(large, 1000, start=i * 1000, name=f"update {i} of airport %d")
+                    started = time.monotonic()
+                    snap.catch_up()
+                    snap.view()
+                    refreshes.append(time.monotonic() - started)
+                refresh = sorted(refreshes)[len(refreshes) // 2]
                 started = time.monotonic()
                 snap.merge()
                 snap.view()
                 merge = time.monotonic() - started
                 full = self.snapshot(large).bootstrap()["elapsed_s"]
-                self.results["refresh_1k_of_1m"] = {"refresh_s": refresh, "merge_s": merge, "full_reload_s": full,
-                                                    "ratio": refresh / full}
+                self.results["refresh_1k_of_1m"] = {"refresh_s": refresh, "refreshes_s": refreshes, "merge_s": merge,
+                                                    "full_reload_s": full, "ratio": refresh / full}
                 self.rows.append(("refresh 1M after 1k updates", f"{refresh:.2f} s",
-                                  f"full reload {full:.1f} s: {refresh / full:.1%} (target <= 10%); "
-                                  f"merge into base {merge:.2f} s"))
+                                  f"median of 5 (first {refreshes[0]:.2f} s); full reload {full:.1f} s: "
+                                  f"{refresh / full:.1%} (target <= 10%); merging 5k into the base {merge:.2f} s"))
             snap.close(checkpoint=False)
 
     def restart(self, events: str, large: str) -> None:
