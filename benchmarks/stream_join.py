@@ -308,10 +308,11 @@ class Bench:
 
     def snapshot(self, topic: str, checkpoint: Path | None = None) -> Any:
         from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint
-        from stream_app.job import WriterSchemas
         from stream_app.kafka_io import TopicWatermarks
         from stream_app.plan import build_plan
-        from stream_app.snapshot_runtime import DeadLetterProducer, Snapshot
+        from stream_app.snapshot_base import DeadLetterProducer
+        from stream_app.snapshot_runtime import Snapshot
+        from stream_app.writers import WriterSchemas
 
         config = self.config(self.topic("events"), topic, checkpoint or self.tmp / "unused")
         plan = build_plan(config, self.spark, self.tmp)

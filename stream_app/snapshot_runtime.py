@@ -35,14 +35,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors import clients
 from connectors.config.models import KafkaConfig
-from connectors.dlq import DeadLetter
-from connectors.exceptions import RetriableError
 from stream_app import metrics
 from stream_app.checkpoint import SnapshotCheckpoint
 from stream_app.kafka_io import Offsets, RangeReader, TopicWatermarks, count_between, offsets_json, read_range
-from stream_app.lookup import ArrowLookup, warm_udf_function
 from stream_app.plan import SnapshotPlan, writers_for
 from stream_app.snapshot import (
     DELETED,
@@ -57,58 +53,16 @@ from stream_app.snapshot import (
     apply_changes,
     below,
     dedupe_last,
-    ipc_bytes,
     latest_per_key,
     record_decoder,
 )
+from stream_app.snapshot_base import DeadLetterProducer, SnapshotBase, nullable_table
 
 log = logging.getLogger(__name__)
 
 
-def _nullable(table: pa.Table) -> pa.Table:
-    """The same table with every field nullable (tables from different Spark plans then concatenate)."""
-    schema = pa.schema([fld.with_nullable(True) for fld in table.schema])
-    return table if table.schema.equals(schema) else table.cast(schema)
-
-
 def _covers(upto: Mapping[str, Mapping[int, int]], base: Mapping[str, Mapping[int, int]]) -> bool:
     return all(upto.get(t, {}).get(p, 0) >= o for t, parts in base.items() for p, o in parts.items())
-
-
-class DeadLetterProducer:
-    """Sends undecodable snapshot records to the dead letter topic (``connectors.dlq`` headers).
-
-    Only bad records of the compacted topics come here (rare); bad events are
-    dead-lettered by Spark in the micro-batch itself.
-    """
-
-    def __init__(self, kafka: KafkaConfig, topic: str, component: str, timeout_s: float = 30.0):
-        self.kafka, self.topic, self.component, self.timeout_s = kafka, topic, component, timeout_s
-        self._producer: Any = None
-
-    def send(self, rows: pa.Table, stage: str) -> int:
-        """Produce one dead letter per row (``__topic, __partition, __offset, __error, key, value``).
-
-        Returns:
-            How many were sent.
-
-        Raises:
-            RetriableError: the broker did not acknowledge them in time.
-        """
-        if rows.num_rows == 0:
-            return 0
-        if self._producer is None:
-            self._producer = clients.kafka_producer(self.kafka)
-        for row in rows.select([TOPIC, PARTITION, OFFSET, ERROR, "key", "value"]).to_pylist():
-            letter = DeadLetter(
-                row[TOPIC], row[PARTITION], row[OFFSET], stage, "SkippableRecordError", row[ERROR], self.component
-            )
-            log.warning("dead letter topic=%s partition=%d offset=%d reason=%s", row[TOPIC], row[PARTITION],
-                        row[OFFSET], row[ERROR])
-            self._producer.produce(self.topic, key=row["key"], value=row["value"], headers=letter.headers())
-        if self._producer.flush(self.timeout_s):
-            raise RetriableError(f"dead letters to {self.topic} not acknowledged within {self.timeout_s} s")
-        return rows.num_rows
 
 
 class Snapshot:
@@ -144,13 +98,8 @@ class Snapshot:
         self.value_names = list(plan.value.spark_type.fieldNames())
         self.offsets: Offsets = {}
         self.base_offsets: Offsets = {}
-        self.mode = "broadcast"  # or "indexed", "partitioned": see _set_base
-        self.base_rows = 0
         self.caught_up_at = 0.0  # epoch seconds at which the snapshot was known to reach the end offsets
-        self._base: pa.Table | None = None
-        self._base_df: Any = None
-        self._broadcast: Any = None
-        self._token = ""
+        self.base = SnapshotBase(spark, self.cfg, self.value_names, self._empty_base())
         self._log: pa.Table | None = None
         self._view: SnapshotView | None = None
         self._last_checkpoint = (time.monotonic(), None)
@@ -178,7 +127,7 @@ class Snapshot:
         spark_type = T.StructType(
             [T.StructField(LK, T.StringType()), T.StructField(LH, T.LongType()), *self.plan.value.spark_type.fields]
         )
-        return _nullable(to_arrow_schema(spark_type, timestamp_utc=True).empty_table())
+        return nullable_table(to_arrow_schema(spark_type, timestamp_utc=True).empty_table())
 
     def _dead_letter_errors(self, decoded: Any, stage: str = "snapshot") -> int:
         bad = decoded.filter(decoded[ERROR].isNotNull()).select(TOPIC, PARTITION, OFFSET, ERROR, "key", "value")
@@ -206,97 +155,41 @@ class Snapshot:
             changes = latest_per_key(observed, keep_deleted=True).toArrow()
             if seen.get["errors"]:
                 self._dead_letter_errors(decoded)
-            return _nullable(changes.sort_by([(TOPIC, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")]))
+            order = [(TOPIC, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")]
+            return nullable_table(changes.sort_by(order))
         rows = decoded.select(LK, LH, DELETED, TOPIC, PARTITION, OFFSET, RANK, ERROR, "key", "value", "__v.*")
         table = rows.toArrow().sort_by([(RANK, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")])
         errors = table.column(ERROR).is_valid()
         if pc.any(errors).as_py():
             self.dead_letters.send(table.filter(errors), "snapshot")
             table = table.filter(pc.invert(errors))
-        return _nullable(table.select([LK, LH, DELETED, TOPIC, PARTITION, OFFSET, *self.value_names]))
+        return nullable_table(table.select([LK, LH, DELETED, TOPIC, PARTITION, OFFSET, *self.value_names]))
 
     # -- the base ---------------------------------------------------------------------------
 
-    def _set_base(
-        self, table: pa.Table | None = None, df: Any = None, rows: int | None = None, ipc: bytes | None = None
-    ) -> None:
-        """Install a new base (Arrow table or DataFrame); its size picks the join engine.
+    @property
+    def mode(self) -> str:
+        """The join engine of the current base: ``broadcast``, ``indexed`` or ``partitioned``."""
+        return self.base.mode
 
-        Up to ``index_min_rows`` keys: a small cached DataFrame for Spark's
-        broadcast join; up to ``broadcast_max_rows``: an Arrow broadcast
-        variable the workers index once; above: a cached DataFrame partitioned
-        by key. The Arrow table stays on the driver for the first two (merges
-        and checkpoints use it). ``ipc``: the table's Arrow IPC bytes when
-        already at hand (a checkpoint), broadcast as they are.
-        """
-        old_broadcast, old_df = self._broadcast, self._base_df
-        if rows is None:
-            rows = table.num_rows if table is not None else df.count()
-        self._broadcast, self._base_df = None, None
-        if rows > self.cfg.broadcast_max_rows:
-            if df is None:
-                df = self.spark.createDataFrame(table)
-            partitions = self.cfg.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
-            df = df.repartition(partitions, LK).persist()
-            rows = df.count()
-            self.mode, self._base, self._base_df = "partitioned", None, df
-        else:
-            table = _nullable(table if table is not None else df.toArrow())
-            self._base = table
-            if rows >= self.cfg.index_min_rows:
-                self.mode, self._token = "indexed", uuid.uuid4().hex
-                self._broadcast = self.spark.sparkContext.broadcast(ipc if ipc is not None else ipc_bytes(table))
-                self._prewarm()
-            else:
-                self.mode = "broadcast"
-                self._base_df = self.spark.createDataFrame(table).persist()
-                self._base_df.count()
-        self.base_rows = rows
+    @property
+    def base_rows(self) -> int:
+        """Keys in the base."""
+        return self.base.rows
+
+    def _install(self, table: pa.Table | None = None, df: Any = None, ipc: bytes | None = None) -> None:
+        self.base.install(table, df, ipc=ipc)
         self._view = None
-        if old_broadcast is not None:
-            old_broadcast.unpersist()
-        if old_df is not None:
-            old_df.unpersist()
 
-    def _prewarm(self) -> None:
-        """Load the new base into the Python workers in the background (one task per core)."""
-        from pyspark.sql import functions as f
-        from pyspark.sql import types as T
-
-        spec = ArrowLookup(self._token, self._broadcast, None, (), ())
-        cores = self.spark.sparkContext.defaultParallelism
-        loader = f.pandas_udf(warm_udf_function([spec]), T.LongType())  # type: ignore[call-overload]
-
-        def run() -> None:
-            started = time.monotonic()
-            try:
-                rows = self.spark.range(cores, numPartitions=cores).select(loader(f.col("id"))).collect()
-                log.debug("snapshot=%s base loaded by workers %s in %.2f s", self.name, sorted({r[0] for r in rows}),
-                          time.monotonic() - started)
-            except Exception as exc:  # a newer base replaced it, or the job stops: the next batch loads it
-                log.debug("snapshot=%s prewarm skipped: %s", self.name, exc)
-
-        threading.Thread(target=run, name=f"snapshot-prewarm-{self.name}", daemon=True).start()
-
-    def _apply(self, changes: pa.Table) -> None:
-        """Apply a change set (one row per key, ``__deleted``) to the base."""
-        if changes.num_rows == 0:
-            return
-        if self.mode != "partitioned":
-            base = self._base if self._base is not None else self._empty_base()
-            self._set_base(apply_changes(base, changes))
-            return
-        from pyspark.sql import functions as f
-
-        delta = self.spark.createDataFrame(changes.select([LK, LH, DELETED, *self.value_names]))
-        live = delta.filter(~f.col(DELETED)).drop(DELETED)
-        self._set_base(df=self._base_df.join(delta.select(LK), LK, "left_anti").unionByName(live))
+    def _apply_changes(self, changes: pa.Table) -> None:
+        self.base.apply(changes)
+        self._view = None
 
     def merge(self) -> None:
         """Fold the overlay into a new base (the base then covers :attr:`offsets`)."""
         if self._log is not None and self._log.num_rows:
             started = time.monotonic()
-            self._apply(dedupe_last(self._log))
+            self._apply_changes(dedupe_last(self._log))
             log.info("snapshot=%s merged overlay records=%d keys=%d mode=%s elapsed_s=%.2f", self.name,
                      self._log.num_rows, self.base_rows, self.mode, time.monotonic() - started)
         self._log = None
@@ -322,7 +215,7 @@ class Snapshot:
         ends = self.watermarks.end_offsets(self.cfg.topics)
         loaded = self._usable_checkpoint(ends)
         if loaded is not None:
-            self._set_base(loaded.table, ipc=loaded.ipc)
+            self._install(loaded.table, ipc=loaded.ipc)
             self.offsets = {t: dict(p) for t, p in loaded.offsets.items() if t in self.rank}
             self.base_offsets = {t: dict(p) for t, p in self.offsets.items()}
             records = self.catch_up(ends, at=now, merge=False)
@@ -331,7 +224,7 @@ class Snapshot:
             records = count_between({}, ends)
             raw = read_range(self.spark, self.kafka, None, ends)
             if raw is None:
-                self._set_base(self._empty_base())
+                self._install(self._empty_base())
             else:
                 self._load_all(raw, records)
             self.offsets = {t: dict(p) for t, p in ends.items()}
@@ -355,9 +248,9 @@ class Snapshot:
         seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
         latest = latest_per_key(decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors")))
         if records <= self.cfg.broadcast_max_rows:
-            self._set_base(latest.toArrow())
+            self._install(latest.toArrow())
         else:  # maybe too big to broadcast: count it on the executors first
-            self._set_base(df=latest)
+            self._install(df=latest)
         if seen.get["errors"]:
             log.warning("snapshot=%s has %d undecodable records", self.name, seen.get["errors"])
             self._dead_letter_errors(decoded)
@@ -418,7 +311,7 @@ class Snapshot:
         changes = self._read_changes(self.offsets, ends, pending)
         if pending > self.cfg.overlay_max_rows:
             self.merge()
-            self._apply(changes.select([LK, LH, DELETED, *self.value_names]))
+            self._apply_changes(changes.select([LK, LH, DELETED, *self.value_names]))
             self.offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
             self.base_offsets = {t: dict(p) for t, p in self.offsets.items()}
         else:
@@ -441,7 +334,7 @@ class Snapshot:
             return self.base_rows
         if self.mode == "partitioned":
             return self.base_rows + self._log.num_rows
-        return apply_changes(self._base, dedupe_last(self._log)).num_rows
+        return apply_changes(self.base.table, dedupe_last(self._log)).num_rows
 
     @property
     def overlay_rows(self) -> int:
@@ -474,9 +367,9 @@ class Snapshot:
             offsets={t: dict(p) for t, p in offsets.items()},
             mode=self.mode,
             base_rows=self.base_rows,
-            token=self._token,
-            broadcast=self._broadcast,
-            base_df=self._base_df,
+            token=self.base.token,
+            broadcast=self.base.broadcast,
+            base_df=self.base.df,
             overlay=overlay if overlay is not None and overlay.num_rows else None,
         )
 
@@ -503,7 +396,7 @@ class Snapshot:
         self.merge()
         offsets = {t: dict(p) for t, p in self.base_offsets.items()}
         self._last_checkpoint = (time.monotonic(), offsets)
-        table = self._base if self._base is not None else _nullable(self._base_df.toArrow())
+        table = self.base.as_arrow()
         checkpoint = self.checkpoint
 
         def save() -> None:
@@ -527,10 +420,7 @@ class Snapshot:
             self.maybe_checkpoint(force=True)
         self.wait_checkpoint()
         self._ranges.close()
-        if self._broadcast is not None:
-            self._broadcast.unpersist()
-        if self._base_df is not None:
-            self._base_df.unpersist()
+        self.base.release()
 
     def _update_metrics(self) -> None:
         self._metrics.keys.set(self.base_rows)

@@ -1,0 +1,181 @@
+"""Where a snapshot's base lives, by its size: the three join engines' side of the snapshot.
+
+* ``broadcast`` (fewer than ``index_min_rows`` keys): a small cached DataFrame,
+  joined by Spark's broadcast hash join (Spark broadcasts it again for every
+  micro-batch, which costs little at this size).
+* ``indexed`` (up to ``broadcast_max_rows``): an Arrow IPC broadcast variable,
+  shipped once per base and indexed by each Python worker
+  (:mod:`stream_app.lookup`); pre-loaded into the workers in the background.
+* ``partitioned`` (above): a cached DataFrame hash-partitioned by lookup key.
+
+The driver keeps the Arrow table of the first two: merges apply change sets
+to it and checkpoints write it. Also here: the producer of the snapshot's dead
+letters.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+
+from connectors import clients
+from connectors.config.models import KafkaConfig
+from connectors.config.stream import SnapshotConfig
+from connectors.dlq import DeadLetter
+from connectors.exceptions import RetriableError
+from stream_app.lookup import ArrowLookup, warm_udf_function
+from stream_app.snapshot import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC, apply_changes, ipc_bytes
+
+log = logging.getLogger(__name__)
+
+
+def nullable_table(table: pa.Table) -> pa.Table:
+    """The same table with every field nullable (tables from different Spark plans then concatenate)."""
+    schema = pa.schema([fld.with_nullable(True) for fld in table.schema])
+    return table if table.schema.equals(schema) else table.cast(schema)
+
+
+class SnapshotBase:
+    """The base of one snapshot, in the engine its size calls for.
+
+    Args:
+        spark: the SparkSession.
+        config: the snapshot's config (thresholds, partitions).
+        value_names: the value columns (after ``__lk, __lh``).
+        empty: an empty table of the base's schema.
+    """
+
+    def __init__(self, spark: Any, config: SnapshotConfig, value_names: list[str], empty: pa.Table):
+        self.spark, self.config, self.value_names, self.empty = spark, config, value_names, empty
+        self.mode = "broadcast"
+        self.rows = 0
+        self.table: pa.Table | None = None  # broadcast and indexed
+        self.df: Any = None  # broadcast and partitioned
+        self.broadcast: Any = None  # indexed
+        self.token = ""
+
+    def install(
+        self, table: pa.Table | None = None, df: Any = None, rows: int | None = None, ipc: bytes | None = None
+    ) -> None:
+        """Install a new base (an Arrow table or a DataFrame); the previous one is released.
+
+        Args:
+            table: the base as an Arrow table (``__lk, __lh`` + values).
+            df: the base as a DataFrame (when no table is at hand).
+            rows: its row count, when known.
+            ipc: the table's Arrow IPC bytes when already at hand (a
+                checkpoint), broadcast as they are.
+        """
+        old_broadcast, old_df = self.broadcast, self.df
+        if rows is None:
+            rows = table.num_rows if table is not None else df.count()
+        self.broadcast, self.df = None, None
+        if rows > self.config.broadcast_max_rows:
+            if df is None:
+                df = self.spark.createDataFrame(table)
+            partitions = self.config.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+            df = df.repartition(partitions, LK).persist()
+            rows = df.count()
+            self.mode, self.table, self.df = "partitioned", None, df
+        else:
+            table = nullable_table(table if table is not None else df.toArrow())
+            self.table = table
+            if rows >= self.config.index_min_rows:
+                self.mode, self.token = "indexed", uuid.uuid4().hex
+                self.broadcast = self.spark.sparkContext.broadcast(ipc if ipc is not None else ipc_bytes(table))
+                self._prewarm()
+            else:
+                self.mode = "broadcast"
+                self.df = self.spark.createDataFrame(table).persist()
+                self.df.count()
+        self.rows = rows
+        if old_broadcast is not None:
+            old_broadcast.unpersist()
+        if old_df is not None:
+            old_df.unpersist()
+
+    def apply(self, changes: pa.Table) -> None:
+        """Apply a change set (one row per key, ``__deleted``): installs the new base."""
+        if changes.num_rows == 0:
+            return
+        if self.mode != "partitioned":
+            self.install(apply_changes(self.table if self.table is not None else self.empty, changes))
+            return
+        from pyspark.sql import functions as f
+
+        delta = self.spark.createDataFrame(changes.select([LK, LH, DELETED, *self.value_names]))
+        live = delta.filter(~f.col(DELETED)).drop(DELETED)
+        self.install(df=self.df.join(delta.select(LK), LK, "left_anti").unionByName(live))
+
+    def as_arrow(self) -> pa.Table:
+        """The base as an Arrow table (a partitioned base is collected to the driver)."""
+        return self.table if self.table is not None else nullable_table(self.df.toArrow())
+
+    def _prewarm(self) -> None:
+        """Load the new base into the Python workers in the background (one task per core)."""
+        from pyspark.sql import functions as f
+        from pyspark.sql import types as T
+
+        spec = ArrowLookup(self.token, self.broadcast, None, (), ())
+        cores = self.spark.sparkContext.defaultParallelism
+        loader = f.pandas_udf(warm_udf_function([spec]), T.LongType())  # type: ignore[call-overload]
+        name = self.config.name
+
+        def run() -> None:
+            started = time.monotonic()
+            try:
+                rows = self.spark.range(cores, numPartitions=cores).select(loader(f.col("id"))).collect()
+                log.debug("snapshot=%s base loaded by workers %s in %.2f s", name, sorted({r[0] for r in rows}),
+                          time.monotonic() - started)
+            except Exception as exc:  # a newer base replaced it, or the job stops: the next batch loads it
+                log.debug("snapshot=%s prewarm skipped: %s", name, exc)
+
+        threading.Thread(target=run, name=f"snapshot-prewarm-{name}", daemon=True).start()
+
+    def release(self) -> None:
+        """Release the broadcast variable and the cached DataFrame."""
+        if self.broadcast is not None:
+            self.broadcast.unpersist()
+        if self.df is not None:
+            self.df.unpersist()
+
+
+class DeadLetterProducer:
+    """Sends undecodable snapshot records to the dead letter topic (``connectors.dlq`` headers).
+
+    Only bad records of the compacted topics come here (rare); bad events are
+    dead-lettered by Spark in the micro-batch itself.
+    """
+
+    def __init__(self, kafka: KafkaConfig, topic: str, component: str, timeout_s: float = 30.0):
+        self.kafka, self.topic, self.component, self.timeout_s = kafka, topic, component, timeout_s
+        self._producer: Any = None
+
+    def send(self, rows: pa.Table, stage: str) -> int:
+        """Produce one dead letter per row (``__topic, __partition, __offset, __error, key, value``).
+
+        Returns:
+            How many were sent.
+
+        Raises:
+            RetriableError: the broker did not acknowledge them in time.
+        """
+        if rows.num_rows == 0:
+            return 0
+        if self._producer is None:
+            self._producer = clients.kafka_producer(self.kafka)
+        for row in rows.select([TOPIC, PARTITION, OFFSET, ERROR, "key", "value"]).to_pylist():
+            letter = DeadLetter(
+                row[TOPIC], row[PARTITION], row[OFFSET], stage, "SkippableRecordError", row[ERROR], self.component
+            )
+            log.warning("dead letter topic=%s partition=%d offset=%d reason=%s", row[TOPIC], row[PARTITION],
+                        row[OFFSET], row[ERROR])
+            self._producer.produce(self.topic, key=row["key"], value=row["value"], headers=letter.headers())
+        if self._producer.flush(self.timeout_s):
+            raise RetriableError(f"dead letters to {self.topic} not acknowledged within {self.timeout_s} s")
+        return rows.num_rows
