@@ -58,6 +58,7 @@ class SnapshotBase:
         self.df: Any = None  # broadcast and partitioned
         self.broadcast: Any = None  # indexed
         self.token = ""
+        self._warming: threading.Thread | None = None
 
     def install(
         self, table: pa.Table | None = None, df: Any = None, rows: int | None = None, ipc: bytes | None = None
@@ -135,7 +136,18 @@ class SnapshotBase:
             except Exception as exc:  # a newer base replaced it, or the job stops: the next batch loads it
                 log.debug("snapshot=%s prewarm skipped: %s", name, exc)
 
-        threading.Thread(target=run, name=f"snapshot-prewarm-{name}", daemon=True).start()
+        self._warming = threading.Thread(target=run, name=f"snapshot-prewarm-{name}", daemon=True)
+        self._warming.start()
+
+    def wait_warm(self, timeout_s: float | None = 120.0) -> None:
+        """Wait until the workers hold the current base.
+
+        A batch started sooner would load it a second time, in new workers, as
+        the loading ones are busy.
+        """
+        if self._warming is not None:
+            self._warming.join(timeout_s)
+            self._warming = None
 
     def release(self) -> None:
         """Release the broadcast variable and the cached DataFrame."""

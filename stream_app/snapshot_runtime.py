@@ -348,6 +348,7 @@ class Snapshot:
         or a restart caught up past it), the current snapshot is given and a
         warning says so.
         """
+        self.base.wait_warm()
         if upto is not None and upto != self.offsets:
             if _covers(upto, self.base_offsets):
                 overlay = dedupe_last(below(self._log, upto)) if self._log is not None else None
