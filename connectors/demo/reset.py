@@ -77,23 +77,58 @@ def delete_topics(pipeline: Any, topics: list[str], timeout_s: float = 60.0) -> 
 def delete_groups(pipeline: Any) -> list[str]:
     """Delete the sync services' consumer groups (their members must be stopped).
 
+    Transient coordinator errors (a broker still loading ``__consumer_offsets``
+    answers COORDINATOR_LOAD_IN_PROGRESS) are retried with backoff for up to
+    60 s; a group that does not exist counts as deleted.
+
     Returns:
         The groups deleted.
+
+    Raises:
+        SetupError: a group cannot be deleted (for example it still has members).
     """
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
+    from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
     groups = [s.consumer_group() for s in pipeline.sync]
     if not groups:
         return []
-    deleted = []
     admin = clients.kafka_admin(pipeline.kafka)
-    for group, future in admin.delete_consumer_groups(groups, request_timeout=pipeline.kafka.request_timeout_s).items():
+
+    coordinator_busy = {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+
+    def transient(exc: BaseException) -> bool:
+        if not isinstance(exc, KafkaException) or not exc.args:
+            return False
+        error = exc.args[0]
+        return isinstance(error, KafkaError) and (error.retriable() or error.code() in coordinator_busy)
+
+    @retry(
+        retry=retry_if_exception(transient), stop=stop_after_delay(60), wait=wait_exponential(0.2, max=5), reraise=True
+    )
+    def delete(group: str) -> bool:
+        future = admin.delete_consumer_groups([group], request_timeout=pipeline.kafka.request_timeout_s)[group]
         try:
             future.result()
-            deleted.append(group)
         except KafkaException as exc:
-            if "GROUP_ID_NOT_FOUND" not in str(exc):
-                raise SetupError(f"cannot delete consumer group {group!r}: {exc}") from exc
+            if "GROUP_ID_NOT_FOUND" in str(exc):
+                return False
+            raise
+        return True
+
+    deleted = []
+    for group in groups:
+        try:
+            if delete(group):
+                deleted.append(group)
+        except KafkaException as exc:
+            raise SetupError(f"cannot delete consumer group {group!r}: {exc}") from exc
     return deleted
 
 
@@ -161,7 +196,7 @@ def _delete_prefix(conn: Any, bucket: str, prefix: str) -> int:
     s3 = clients.s3_client(conn)
     keys = [o["Key"] for o in list_objects(conn, bucket, prefix, client=s3)]
     for i in range(0, len(keys), 1000):
-        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True})
     return len(keys)
 
 
@@ -181,8 +216,9 @@ def create_flights_index(pipeline: Any, value_schema: dict[str, Any]) -> list[st
                 continue
             es = clients.elasticsearch_client(pipeline.connections[sink.connection])
             try:
-                es.indices.create(index=sink.index, mappings=mappings,
-                                  settings={"number_of_replicas": 0, "refresh_interval": "1s"})
+                es.indices.create(
+                    index=sink.index, mappings=mappings, settings={"number_of_replicas": 0, "refresh_interval": "1s"}
+                )
                 created.append(sink.index)
             finally:
                 es.close()

@@ -172,13 +172,23 @@ class Kafka(Service):
         return cmd, {}, self.dir
 
     def probe(self, endpoints: Endpoints) -> None:
-        """Ask the broker for its metadata (raises while it is not answering)."""
+        """Ask the broker for its metadata and its group coordinator (raises while either is not answering)."""
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(
             {"bootstrap.servers": endpoints.kafka_bootstrap, "log_level": 0, "socket.connection.setup.timeout.ms": 3000}
         )
         admin.list_topics(timeout=5)
+        # A fresh broker answers metadata before its group coordinator has
+        # loaded __consumer_offsets: until then group requests fail with
+        # COORDINATOR_LOAD_IN_PROGRESS / COORDINATOR_NOT_AVAILABLE. Ready means
+        # the coordinator answers too (an unknown group is a fine answer).
+        future = admin.describe_consumer_groups(["_threes_probe"], request_timeout=5)["_threes_probe"]
+        try:
+            future.result()
+        except Exception as exc:
+            if "GROUP_ID_NOT_FOUND" not in str(exc):
+                raise
 
     def address(self, endpoints: Endpoints) -> str:
         """The bootstrap servers."""
