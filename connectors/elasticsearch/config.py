@@ -38,7 +38,9 @@ class ElasticsearchSourceConfig(SourceConnectorConfig):
     page_size: int = Field(1_000, ge=1, le=10_000)
     snapshot_interval_s: float = Field(300.0, gt=0)
     commit_delay_s: float = Field(
-        5.0, ge=0, description="incremental: read documents only once updated_field is this old "
+        5.0,
+        ge=0,
+        description="incremental: read documents only once updated_field is this old "
         "(covers refresh_interval and writers' clocks)",
     )
     reconcile_interval_s: float | None = Field(
@@ -49,6 +51,17 @@ class ElasticsearchSourceConfig(SourceConnectorConfig):
     def _incremental_needs_field(self) -> ElasticsearchSourceConfig:
         if self.mode == "incremental" and not self.updated_field:
             raise ValueError("mode 'incremental' needs `updated_field`")
+        return self
+
+    @model_validator(mode="after")
+    def _keyed_by_id(self) -> ElasticsearchSourceConfig:
+        # The record key is the document _id: reconciliation compares _id sets, and
+        # a field of _source is not unique in Elasticsearch. Refuse rather than ignore.
+        if self.key is not None and self.key != ["_id"]:
+            raise ValueError(
+                f"`key` {self.key} is not supported: elasticsearch_source keys records by the document _id "
+                "(index documents with the entity key as _id; a key schema may alias _id to another name)"
+            )
         return self
 
 

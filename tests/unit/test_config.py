@@ -64,11 +64,15 @@ def test_unknown_key_names_file_line_and_path(tmp_path):
     text = MINIMAL.replace("    table: airports\n", "    table: airports\n    tabel: oops\n")
     with pytest.raises(ConfigError) as exc:
         load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
-    assert problems(exc) == [f"{tmp_path / 'pipeline.yaml'}:15: sources[0].tabel: unknown key (not allowed here; check the spelling)"]
+    assert problems(exc) == [
+        f"{tmp_path / 'pipeline.yaml'}:15: sources[0].tabel: unknown key (not allowed here; check the spelling)"
+    ]
 
 
 def test_wrong_type_and_missing_key_reported_together(tmp_path):
-    text = MINIMAL.replace("    table: airports\n", "    table: airports\n    poll_interval_s: soon\n") + textwrap.dedent(
+    text = MINIMAL.replace(
+        "    table: airports\n", "    table: airports\n    poll_interval_s: soon\n"
+    ) + textwrap.dedent(
         """\
         sync:
           - name: search
@@ -141,7 +145,10 @@ def test_missing_env_and_file_references(tmp_path):
         load_pipeline(write(tmp_path, text), environ={})
     found = problems(exc)
     f = tmp_path / "pipeline.yaml"
-    assert found[0] == f"{f}:8: connections.pg.password: environment variable PGPASS is not set (referenced as ${{env:PGPASS}})"
+    assert (
+        found[0]
+        == f"{f}:8: connections.pg.password: environment variable PGPASS is not set (referenced as ${{env:PGPASS}})"
+    )
     assert found[1].startswith(f"{f}:14: sources[0].table: cannot read ${{file:table.txt}}")
     assert len(found) == 2  # the unresolved table is not reported again as "needs `table`"
 
@@ -188,3 +195,25 @@ def test_cli_schema_is_json_schema():
     assert schema["additionalProperties"] is False
     source_types = {ref["$ref"].rsplit("/", 1)[-1] for ref in schema["properties"]["sources"]["items"]["oneOf"]}
     assert source_types == {"RdsSourceConfig", "ElasticsearchSourceConfig", "S3SourceConfig"}
+
+
+def test_elasticsearch_source_refuses_a_key_other_than_id(tmp_path):
+    text = MINIMAL.replace(
+        "connections:\n", "connections:\n  es:\n    type: elasticsearch\n    hosts: [http://127.0.0.1:19200]\n"
+    ) + (
+        "  - name: planes\n"
+        "    type: elasticsearch_source\n"
+        "    connection: es\n"
+        "    topic: state.planes\n"
+        "    index: planes\n"
+        "    mode: snapshot\n"
+        "    key: [tailnum]\n"
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
+    [problem] = problems(exc)
+    assert problem.startswith(f"{tmp_path / 'pipeline.yaml'}:")
+    assert "sources[1]" in problem and "`key` ['tailnum'] is not supported" in problem and "_id" in problem
+    # `key: [_id]` says what the connector does anyway, so it is accepted.
+    pipeline = load_pipeline(write(tmp_path, text.replace("key: [tailnum]", "key: [_id]")), environ={"PGPASS": "x"})
+    assert pipeline.sources[1].key == ["_id"]
