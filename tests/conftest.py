@@ -5,7 +5,7 @@ server. By default the session starts the native local stack
 (``threes local up``: idempotent, quick when it already runs). Environment
 variables point the tests at services that already run instead
 (``THREES_KAFKA_BOOTSTRAP``, ``THREES_POSTGRES_URL``, ``THREES_ELASTICSEARCH_URL``,
-``THREES_S3_ENDPOINT_URL`` ...; see ``threes local env``).
+``THREES_S3_ENDPOINT_URL``, ``THREES_MYSQL_URL`` ...; see ``threes local env``).
 
 Every test gets unique names (topics, tables, indices, buckets) so tests never
 see each other's data and need no cleanup between them.
@@ -42,7 +42,7 @@ def stack() -> Any:
     from connectors.local import LocalStack
 
     local = LocalStack()
-    local.up(["kafka", "postgres", "elasticsearch", "s3"])
+    local.up(["kafka", "postgres", "elasticsearch", "s3", "mysql"])
     return local
 
 
@@ -71,6 +71,19 @@ def pg(endpoints: Any) -> RdsConnection:
 @pytest.fixture(scope="session")
 def pg_engine(pg: RdsConnection) -> Iterator[Any]:
     engine = clients.sql_engine(pg)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def mysql(endpoints: Any) -> RdsConnection:
+    """The stack's MariaDB (MySQL dialect), database ``threes``."""
+    return RdsConnection(type="rds", url=endpoints.mysql_url)
+
+
+@pytest.fixture(scope="session")
+def mysql_engine(mysql: RdsConnection) -> Iterator[Any]:
+    engine = clients.sql_engine(mysql)
     yield engine
     engine.dispose()
 

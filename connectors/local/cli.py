@@ -16,7 +16,7 @@ from .common import LocalStackError
 from .stack import SERVICES, LocalStack
 
 local_app = typer.Typer(
-    help="Run Kafka, PostgreSQL, Elasticsearch and S3 locally (no Docker), "
+    help="Run Kafka, PostgreSQL, Elasticsearch, S3 and MariaDB locally (no Docker), "
     "with everything under ./.threes (or $THREES_HOME).",
     no_args_is_help=True,
 )
@@ -58,11 +58,16 @@ def up(
 
 
 @local_app.command()
-def down() -> None:
+def down(
+    service: Annotated[
+        list[str] | None,
+        typer.Option("--service", "-s", help=f"Only these services ({', '.join(SERVICES)})."),
+    ] = None,
+) -> None:
     """Stop the services this project started."""
     _setup_logging()
     try:
-        LocalStack().down()
+        LocalStack().down(service or None)
     except LocalStackError as exc:
         raise _fail(exc) from None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from .common import HOST, Layout, LocalStackError, wait_until
 from .elasticsearch import HTTP_PORT, Elasticsearch
 from .kafka import KAFKA_PORT, Kafka
+from .mysql import MYSQL_URL, MySQL
 from .postgres import PG_DATABASE, PG_PASSWORD, PG_PORT, PG_USER, Postgres
 from .s3 import ACCESS_KEY_ID, REGION, S3, S3_PORT, SECRET_ACCESS_KEY
 from .service import Service
@@ -23,11 +24,11 @@ from .spark import resolve_spark_jars, spark_jars_dir
 
 logger = logging.getLogger(__name__)
 
-SERVICES: tuple[str, ...] = ("kafka", "postgres", "elasticsearch", "s3", "spark")
+SERVICES: tuple[str, ...] = ("kafka", "postgres", "elasticsearch", "s3", "mysql", "spark")
 """Every service name ``up`` accepts; ``spark`` means "resolve the Spark connector jars"."""
 
 # Start order: the slowest first (Elasticsearch takes ~40 s), waited for in parallel.
-_START_ORDER = ("elasticsearch", "kafka", "postgres", "s3", "spark")
+_START_ORDER = ("elasticsearch", "kafka", "postgres", "s3", "mysql", "spark")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Endpoints:
         s3_access_key_id: S3 access key id.
         s3_secret_access_key: S3 secret access key.
         s3_region: S3 region name.
+        mysql_url: SQLAlchemy URL of the MySQL-compatible server (MariaDB),
+            ``mysql+pymysql://user:password@host:port/db?charset=utf8mb4``.
     """
 
     kafka_bootstrap: str
@@ -51,6 +54,7 @@ class Endpoints:
     s3_access_key_id: str
     s3_secret_access_key: str
     s3_region: str = REGION
+    mysql_url: str = MYSQL_URL
 
     @classmethod
     def local(cls) -> Endpoints:
@@ -63,6 +67,7 @@ class Endpoints:
             s3_access_key_id=ACCESS_KEY_ID,
             s3_secret_access_key=SECRET_ACCESS_KEY,
             s3_region=REGION,
+            mysql_url=MYSQL_URL,
         )
 
     @classmethod
@@ -90,6 +95,7 @@ ENV_VARS: dict[str, str] = {
     "s3_access_key_id": "THREES_S3_ACCESS_KEY_ID",
     "s3_secret_access_key": "THREES_S3_SECRET_ACCESS_KEY",
     "s3_region": "THREES_S3_REGION",
+    "mysql_url": "THREES_MYSQL_URL",
 }
 """Endpoints field -> environment variable that overrides it."""
 
@@ -99,7 +105,7 @@ class ServiceStatus:
     """State of one service.
 
     Attributes:
-        name: Service name (``kafka``, ``postgres``, ``elasticsearch``, ``s3``).
+        name: Service name (``kafka``, ``postgres``, ``elasticsearch``, ``s3``, ``mysql``).
         running: Whether our process is alive (for an external service: whether it answers).
         pid: Our process id, None when not running or external.
         address: Where it is reached (no secrets).
@@ -131,7 +137,7 @@ class LocalStack:
         self.home = Path(home).expanduser().resolve()
         self.layout = Layout(self.home)
         self._services: dict[str, Service] = {
-            cls.name: cls(self.layout) for cls in (Elasticsearch, Kafka, Postgres, S3)
+            cls.name: cls(self.layout) for cls in (Elasticsearch, Kafka, Postgres, S3, MySQL)
         }
 
     # -- public API -----------------------------------------------------------------
@@ -178,18 +184,26 @@ class LocalStack:
             raise LocalStackError("; ".join(errors[n] for n in _START_ORDER if n in errors))
         logger.info("local stack up in %.1f s (logs in %s)", time.monotonic() - started, self.layout.logs)
 
-    def down(self) -> None:
+    def down(self, services: Sequence[str] | None = None) -> None:
         """Stop the processes this stack started (by their PID records).
 
         Each gets a graceful signal (PostgreSQL: ``pg_ctl stop -m fast``) and is
         killed after a timeout. Processes that are not ours are never touched.
+
+        Args:
+            services: Subset of the servers (``spark`` has no process); all when None.
+
+        Raises:
+            LocalStackError: Unknown service.
         """
+        names = self._select(services)
         if not self.layout.run.exists():
             return
         with self._lock():
             threads = [
                 threading.Thread(target=svc.stop, name=f"threes-down-{svc.name}", daemon=True)
                 for svc in self._services.values()
+                if svc.name in names
             ]
             for thread in threads:
                 thread.start()
@@ -197,10 +211,10 @@ class LocalStack:
                 thread.join()
 
     def status(self) -> list[ServiceStatus]:
-        """Return the state of each server (kafka, postgres, elasticsearch, s3)."""
+        """Return the state of each server (kafka, postgres, elasticsearch, s3, mysql)."""
         endpoints = self.endpoints()
         result = []
-        for name in ("kafka", "postgres", "elasticsearch", "s3"):
+        for name in ("kafka", "postgres", "elasticsearch", "s3", "mysql"):
             svc = self._services[name]
             address = svc.address(endpoints)
             if self._is_external(svc):

@@ -1,0 +1,253 @@
+"""MariaDB 10.11 (Debian's ``mariadb-server``) on 127.0.0.1:13306 with a project-local data dir.
+
+The MySQL dialect of the RDS connectors is tested against it. Everything lives
+under ``.threes/mysql``: ``my.cnf`` (read with ``--defaults-file``, so no
+system option file is), ``data/``, ``run/`` (socket and pid file) and
+``init.sql``. The server log is ``.threes/logs/mysql.log``.
+
+``mariadbd`` refuses to run as root unless told (``--user=root``); when we are
+root it is started as Debian's unprivileged ``mysql`` user (through
+``setpriv``, so the process never holds root), otherwise as ourselves.
+
+The database ``threes`` and the user ``threes`` (password ``threes``, every
+privilege, like PostgreSQL's bootstrap superuser) are created by the server
+itself from ``init.sql`` (``--init-file``, idempotent statements run at each
+start): no root login over the socket is ever needed.
+``.threes/mysql/.initialized`` marks a completed ``mariadb-install-db``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .common import HOST, LocalStackError
+from .process import run
+from .service import Service
+from .system import as_user, chown_tree, ensure_system_user, is_root, make_traversable
+
+if TYPE_CHECKING:
+    from .stack import Endpoints
+
+logger = logging.getLogger(__name__)
+
+MYSQL_PORT = 13306
+MYSQL_USER = "threes"
+MYSQL_PASSWORD = "threes"
+MYSQL_DATABASE = "threes"
+MYSQL_URL = f"mysql+pymysql://{MYSQL_USER}:{MYSQL_PASSWORD}@{HOST}:{MYSQL_PORT}/{MYSQL_DATABASE}?charset=utf8mb4"
+"""SQLAlchemy URL of the local server (``THREES_MYSQL_URL`` overrides it)."""
+OS_USER = "mysql"
+APT_PACKAGE = "mariadb-server"
+_SEARCH = ("/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin")
+
+SETTINGS = {
+    "port": str(MYSQL_PORT),
+    "bind-address": HOST,
+    "skip-name-resolve": "ON",
+    # Sessions start in UTC, like the project's PostgreSQL (timezone = 'UTC').
+    "default-time-zone": "+00:00",
+    "character-set-server": "utf8mb4",
+    "collation-server": "utf8mb4_unicode_ci",
+    # Strict mode (MariaDB's default): a value the column cannot hold is an error, never truncated.
+    "sql-mode": "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_AUTO_CREATE_USER,NO_ENGINE_SUBSTITUTION",
+    "max-connections": "200",
+    # A small footprint for a test server (~100 MB resident).
+    "innodb-buffer-pool-size": "64M",
+    "performance-schema": "OFF",
+    # Tests create and drop many tables; flushing the redo log once a second is durable enough here.
+    "innodb-flush-log-at-trx-commit": "2",
+}
+
+
+def _init_sql() -> str:
+    """Idempotent statements the server runs at every start (``--init-file``), one per line."""
+    statements = [f"CREATE DATABASE IF NOT EXISTS `{MYSQL_DATABASE}` CHARACTER SET utf8mb4"]
+    for host in (HOST, "localhost"):
+        account = f"'{MYSQL_USER}'@'{host}'"
+        statements += [
+            f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY '{MYSQL_PASSWORD}'",
+            f"GRANT ALL PRIVILEGES ON *.* TO {account} WITH GRANT OPTION",
+        ]
+    return "".join(f"{s};\n" for s in statements)
+
+
+def _find(*names: str) -> Path | None:
+    for folder in _SEARCH:
+        for name in names:
+            path = Path(folder) / name
+            if path.exists():
+                return path
+    return None
+
+
+def redact(url: str) -> str:
+    """Return ``url`` with its password replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostpart}"
+
+
+class MySQL(Service):
+    """A MariaDB server owned by the project (MySQL dialect)."""
+
+    name = "mysql"
+    title = "MariaDB"
+    env_var = "THREES_MYSQL_URL"
+    ports = (MYSQL_PORT,)
+    health_timeout = 60.0
+    stop_timeout = 60.0
+
+    @property
+    def data(self) -> Path:
+        """The server's data directory."""
+        return self.dir / "data"
+
+    @property
+    def run_dir(self) -> Path:
+        """Folder of the Unix-domain socket and the pid file (kept inside the project)."""
+        return self.dir / "run"
+
+    @property
+    def conf(self) -> Path:
+        """The option file given to every MariaDB program with ``--defaults-file``."""
+        return self.dir / "my.cnf"
+
+    @property
+    def os_user(self) -> str | None:
+        """OS user that runs the server: ``mysql`` when we are root, else ourselves."""
+        return OS_USER if is_root() else None
+
+    @staticmethod
+    def server_binary() -> Path | None:
+        """``mariadbd`` (or ``mysqld``), None when not installed."""
+        return _find("mariadbd", "mysqld")
+
+    @staticmethod
+    def install_db_binary() -> Path | None:
+        """``mariadb-install-db`` (or ``mysql_install_db``), None when not installed."""
+        return _find("mariadb-install-db", "mysql_install_db")
+
+    def install(self) -> None:
+        """Install Debian's ``mariadb-server`` when it is missing (root only).
+
+        ``apt-get install`` is tried first and ``apt-get update`` only when it
+        fails (stale package lists); both wait for a dpkg lock held by another
+        install (PostgreSQL's, in the same ``up``) instead of failing.
+
+        Raises:
+            LocalStackError: If it is missing and we are not root, apt fails, or
+                PyMySQL (the ``mysql`` extra) is not installed.
+        """
+        try:
+            import pymysql  # noqa: F401 - the driver of the probe and of the tests
+        except ImportError as exc:
+            raise LocalStackError(
+                f"the MySQL driver PyMySQL is missing: pip install 'threes[mysql]' (or set {self.env_var})"
+            ) from exc
+        if self.server_binary() is not None and self.install_db_binary() is not None:
+            return
+        if not is_root():
+            raise LocalStackError(
+                f"MariaDB is not installed (no mariadbd in {', '.join(_SEARCH)}); install it with "
+                f"'sudo apt-get install -y {APT_PACKAGE}' or set {self.env_var}"
+            )
+        logger.info("mysql: installing Debian's %s package (first run only)", APT_PACKAGE)
+        apt_log = self.layout.logs / "apt.log"
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        wait_lock = ["-o", "DPkg::Lock::Timeout=300"]
+        install = ["apt-get", *wait_lock, "install", "-y", "--no-install-recommends", APT_PACKAGE]
+        try:
+            run(install, what=f"install {APT_PACKAGE} with apt-get", log=apt_log, env=env)
+        except LocalStackError:
+            logger.info("mysql: apt-get install failed; updating the package lists and trying again")
+            run(["apt-get", *wait_lock, "update"], what="run apt-get update", log=apt_log, env=env)
+            run(install, what=f"install {APT_PACKAGE} with apt-get (see {apt_log})", log=apt_log, env=env)
+        if self.server_binary() is None or self.install_db_binary() is None:
+            raise LocalStackError(f"apt-get installed {APT_PACKAGE} but mariadbd or mariadb-install-db is missing")
+
+    def prepare(self) -> None:
+        """Write ``my.cnf`` and ``init.sql``; run ``mariadb-install-db`` once.
+
+        Raises:
+            LocalStackError: If MariaDB is not installed or ``mariadb-install-db`` fails.
+        """
+        for folder in (self.dir, self.run_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.log.touch()
+        init_file = self.dir / "init.sql"
+        init_file.write_text(_init_sql())
+        settings = {
+            **SETTINGS,
+            "datadir": str(self.data),
+            "socket": str(self.run_dir / "mysqld.sock"),
+            "pid-file": str(self.run_dir / "mysqld.pid"),
+            "init-file": str(init_file),
+            "tmpdir": str(self.run_dir),
+        }
+        self.conf.write_text(
+            "# Written by connectors.local.mysql on every start.\n[client-server]\n"
+            f"port = {MYSQL_PORT}\nsocket = {settings['socket']}\n\n[mariadbd]\n"
+            + "".join(f"{k} = {v}\n" for k, v in settings.items())
+        )
+        user = ensure_system_user(self.os_user) if self.os_user else None
+        if user:
+            make_traversable(self.dir)
+            chown_tree(self.dir, user)
+        marker = self.dir / ".initialized"
+        if marker.exists() and (self.data / "mysql").is_dir():
+            return
+        install_db = self.install_db_binary()
+        if install_db is None:
+            raise LocalStackError(f"MariaDB is not installed (mariadb-install-db missing); set {self.env_var}")
+        logger.info("mysql: mariadb-install-db in %s", self.data)
+        marker.unlink(missing_ok=True)
+        shutil.rmtree(self.data, ignore_errors=True)
+        self.data.mkdir(mode=0o750)
+        if user:
+            os.chown(self.data, user.pw_uid, user.pw_gid)
+        run(
+            as_user(
+                self.os_user,
+                [
+                    str(install_db),
+                    f"--defaults-file={self.conf}",
+                    "--skip-test-db",
+                    "--auth-root-authentication-method=socket",
+                ],
+            ),
+            what=f"initialise the MariaDB data dir (mariadb-install-db); see {self.log}",
+            log=self.log,
+            cwd=self.dir,
+            timeout=180,
+        )
+        marker.touch()
+
+    def command(self) -> tuple[list[str], dict[str, str], Path]:
+        """Return ``mariadbd --defaults-file=.threes/mysql/my.cnf`` (as ``mysql`` when root)."""
+        server = self.server_binary()
+        if server is None:
+            raise LocalStackError(f"MariaDB is not installed (mariadbd missing); set {self.env_var}")
+        # --defaults-file must come first; errors go to stderr, i.e. to our log
+        return as_user(self.os_user, [str(server), f"--defaults-file={self.conf}"]), {}, self.dir
+
+    def probe(self, endpoints: Endpoints) -> None:
+        """Log in as ``threes`` through PyMySQL and run ``SELECT 1``."""
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.pool import NullPool
+
+        engine = create_engine(endpoints.mysql_url, poolclass=NullPool, connect_args={"connect_timeout": 3})
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1")).scalar_one()
+        finally:
+            engine.dispose()
+
+    def address(self, endpoints: Endpoints) -> str:
+        """The database URL without its password."""
+        return redact(endpoints.mysql_url)
