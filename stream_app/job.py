@@ -71,6 +71,7 @@ class StreamJob:
         self.queries: list[Any] = []
         self.batches = 0
         self.last_batch: dict[str, Any] = {}
+        self.gate_wait_s = 0.0  # how long micro-batches waited at the readiness gate (the first one, in practice)
         self._ready = threading.Event()
         self._bootstrap_error: BaseException | None = None
         self.counts: dict[int, dict[str, int]] = {}  # batch id -> records read and written (filled a bit later)
@@ -270,7 +271,9 @@ class StreamJob:
         # observed counts below would never arrive; the V2 writer runs it inside. The batch's session
         # belongs to this query only.
         batch.sparkSession.conf.set("spark.sql.sources.useV1SourceList", V1_SOURCES)
+        gate = time.monotonic()
         self._ready.wait()  # the readiness gate
+        self.gate_wait_s += time.monotonic() - gate
         if self._bootstrap_error is not None:
             raise FatalError(f"the snapshots did not load: {self._bootstrap_error}") from self._bootstrap_error
         views, replay = self._views(batch_id)
