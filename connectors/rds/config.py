@@ -41,9 +41,7 @@ class RdsSourceConfig(SourceConnectorConfig):
     mode: Literal["bulk", "incrementing", "timestamp", "timestamp+incrementing", "query"] = "bulk"
     incrementing_column: str | None = None
     timestamp_column: str | None = None
-    commit_delay_s: float = Field(
-        5.0, ge=0, description="rows are read only once older than this; bounds late commits"
-    )
+    commit_delay_s: float = Field(5.0, ge=0, description="rows are read only once older than this; bounds late commits")
     hold_for_transactions: Literal["writers", "all", "none"] = Field(
         "writers",
         description="PostgreSQL: never read past the start of the oldest open transaction that has written "
@@ -53,7 +51,10 @@ class RdsSourceConfig(SourceConnectorConfig):
         300.0, gt=0, description="how often the key set is compared to emit tombstones for deletes; null: never"
     )
     tasks: int = Field(
-        1, ge=1, le=64, description="split the rows over this many tasks by abs(key % tasks) (single integer key); "
+        1,
+        ge=1,
+        le=64,
+        description="split the rows over this many tasks by abs(key % tasks) (single integer key); "
         "run them on several workers with `threes source run --group`",
     )
 

@@ -19,6 +19,15 @@ the connector's role, or any role with ``pg_read_all_stats``):
   ``pg_dump`` then holds the watermark for its whole length).
 * ``none`` relies on ``commit_delay_s`` alone (the bound other databases get).
 
+**MySQL/MariaDB** have no snapshot horizon to read, so the bound is the delay
+alone: a row is read once its timestamp is ``commit_delay_s`` older than the
+server's clock, and a transaction that commits within ``commit_delay_s`` of
+writing its rows loses none (Kafka Connect JDBC's ``timestamp.delay.interval.ms``).
+The clock is the one the column is written in: ``NOW(6)`` in the server's
+default time zone (``@@global.time_zone``, what ``DEFAULT CURRENT_TIMESTAMP``
+writes) for a ``DATETIME`` column, UTC for a ``TIMESTAMP`` column (an instant,
+read in the connectors' UTC sessions, see :func:`utc_sessions`).
+
 The same idea as transactional-outbox pollers that read only below
 ``pg_snapshot_xmin(pg_current_snapshot())``, expressed as a time bound because
 the cursor is a timestamp column.
@@ -35,8 +44,10 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import DateTime, column, func, select, table
+from sqlalchemy import DateTime, column, event, func, select, table
 from sqlalchemy.exc import DBAPIError
+
+MYSQL_DIALECTS = frozenset({"mysql", "mariadb"})
 
 BATCHES_PER_QUERY = 50
 """Rows of one query (one transaction) = ``batch_records`` * this."""
@@ -51,8 +62,49 @@ _pg_activity = table(
 )
 
 
+def utc_sessions(engine: Any) -> None:
+    """MySQL/MariaDB: start every connection of ``engine`` with ``SET time_zone = '+00:00'``.
+
+    A ``TIMESTAMP`` column is an instant that the server converts to the
+    session's time zone on every read and write; in UTC sessions the naive
+    values the driver returns (and takes) are UTC, whatever the server's default
+    zone, so they map exactly to Avro ``timestamp-micros``. ``DATETIME`` values
+    are never converted. A no-op for other dialects.
+
+    Args:
+        engine: a SQLAlchemy engine, before its first connection.
+    """
+    if engine.dialect.name not in MYSQL_DIALECTS:
+        return
+
+    @event.listens_for(engine, "connect")
+    def _utc(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute("SET time_zone = '+00:00'")
+        finally:
+            cur.close()
+
+
+def _mysql_now(conn: Any, server_zone: bool) -> dt.datetime:
+    """``NOW(6)`` in UTC, or in the server's default time zone when ``server_zone``."""
+    if not server_zone:
+        return conn.exec_driver_sql("SELECT UTC_TIMESTAMP(6)").scalar_one()
+    # the session is UTC (utc_sessions); the writers' DATETIME clock is the server default zone
+    conn.exec_driver_sql("SET time_zone = DEFAULT")
+    try:
+        return conn.exec_driver_sql("SELECT NOW(6)").scalar_one()
+    finally:
+        conn.exec_driver_sql("SET time_zone = '+00:00'")
+
+
 def commit_safe_bound(
-    conn: Any, dialect: str, commit_delay_s: float, hold_for_transactions: str = "writers"
+    conn: Any,
+    dialect: str,
+    commit_delay_s: float,
+    hold_for_transactions: str = "writers",
+    *,
+    server_zone: bool = True,
 ) -> tuple[Any, Any, Any]:
     """The exclusive upper bound for a timestamp cursor, in the database's clock (see module docstring).
 
@@ -61,6 +113,8 @@ def commit_safe_bound(
         dialect: the engine's dialect name (``postgresql``, ``mysql``, ``sqlite``...).
         commit_delay_s: seconds a row must be old before it is read.
         hold_for_transactions: ``writers``, ``all`` or ``none`` (PostgreSQL only).
+        server_zone: MySQL/MariaDB: the cursor column is a ``DATETIME`` written
+            in the server's default time zone (``False``: a ``TIMESTAMP``, read in UTC).
 
     Returns:
         ``(bound, oldest, now)``: the bound; the start of the oldest open
@@ -86,6 +140,9 @@ def commit_safe_bound(
         if oldest is not None and oldest < bound:
             return oldest, oldest, now
         return bound, oldest, now
+    if dialect in MYSQL_DIALECTS:
+        now = _mysql_now(conn, server_zone)
+        return now - delay, None, now
     now = conn.execute(select(func.current_timestamp(type_=DateTime))).scalar_one()
     if isinstance(now, str):  # SQLite without type processing
         now = dt.datetime.fromisoformat(now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import threading
 import time
@@ -14,6 +15,7 @@ from sqlalchemy.exc import DBAPIError, NoSuchTableError, SQLAlchemyError
 
 from connectors import clients
 from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
+from connectors.rds.reading import MYSQL_DIALECTS, utc_sessions
 from connectors.rds.sink_types import table_from_avro
 from connectors.runtime.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
 
@@ -95,6 +97,7 @@ class RdsSink(Sink):
             options["max_overflow"] = 2
             options["pool_size"] = pool
         self.engine = clients.sql_engine(self.connection, **options)
+        utc_sessions(self.engine)
         self._dialect = self.engine.dialect.name
         self.check()
         self.table = self._reflect()
@@ -135,12 +138,21 @@ class RdsSink(Sink):
                 f"(key {self.config.key} and version column {self.config.version_column!r} are needed)"
             )
         insp = inspect(self.engine)
-        unique_sets = [set(insp.get_pk_constraint(self.config.table, schema=self.config.schema_name)
-                           .get("constrained_columns") or [])]
-        unique_sets += [set(u["column_names"]) for u in insp.get_unique_constraints(
-            self.config.table, schema=self.config.schema_name)]
-        unique_sets += [set(i["column_names"]) for i in insp.get_indexes(
-            self.config.table, schema=self.config.schema_name) if i.get("unique")]
+        unique_sets = [
+            set(
+                insp.get_pk_constraint(self.config.table, schema=self.config.schema_name).get("constrained_columns")
+                or []
+            )
+        ]
+        unique_sets += [
+            set(u["column_names"])
+            for u in insp.get_unique_constraints(self.config.table, schema=self.config.schema_name)
+        ]
+        unique_sets += [
+            set(i["column_names"])
+            for i in insp.get_indexes(self.config.table, schema=self.config.schema_name)
+            if i.get("unique")
+        ]
         if set(self.config.key) not in unique_sets:
             raise FatalError(
                 f"sink {self.name!r}: table {self._qualified()!r} has no primary key or unique index on "
@@ -152,8 +164,14 @@ class RdsSink(Sink):
         key_sample = None
         if sample is not None:
             key_sample = sample.key if isinstance(sample.key, dict) else {self.config.key[0]: sample.key}
-        table = table_from_avro(self.config.table, schema, self.config.key, self.config.version_column,
-                                schema_name=self.config.schema_name, key_sample=key_sample)
+        table = table_from_avro(
+            self.config.table,
+            schema,
+            self.config.key,
+            self.config.version_column,
+            schema_name=self.config.schema_name,
+            key_sample=key_sample,
+        )
         try:
             table.create(self.engine, checkfirst=True)
         except SQLAlchemyError as exc:
@@ -192,8 +210,13 @@ class RdsSink(Sink):
                 failures.append(RecordFailure(record, exc))
         start = time.monotonic()
         self._apply(rows, failures)
-        log.debug("sink=%s table=%s records=%d elapsed_s=%.3f", self.name, self._qualified(), len(rows),
-                  time.monotonic() - start)
+        log.debug(
+            "sink=%s table=%s records=%d elapsed_s=%.3f",
+            self.name,
+            self._qualified(),
+            len(rows),
+            time.monotonic() - start,
+        )
         return failures
 
     def _key_values(self, record: SinkRecord) -> dict[str, Any]:
@@ -242,8 +265,13 @@ class RdsSink(Sink):
             return None
         _names, _nulls, values_of, _json, direct = self._layout()
         key = record.key
-        if (direct is not None and len(self.config.key) == 1 and not isinstance(key, dict)
-                and tuple(value) == direct and value[self.config.key[0]] == key):
+        if (
+            direct is not None
+            and len(self.config.key) == 1
+            and not isinstance(key, dict)
+            and tuple(value) == direct
+            and value[self.config.key[0]] == key
+        ):
             return (*value.values(), record.version)
         row = self._row(record)
         assert row is not None
@@ -289,26 +317,34 @@ class RdsSink(Sink):
         try:
             with self.engine.begin() as conn:
                 if self._dialect == "postgresql":
-                    conn.execute(select(func.set_config("lock_timeout", f"{int(self.config.lock_timeout_s * 1000)}ms",
-                                                        True)))
+                    conn.execute(
+                        select(func.set_config("lock_timeout", f"{int(self.config.lock_timeout_s * 1000)}ms", True))
+                    )
                     if upserts:
                         self._pg_upsert(conn, upserts)
-                elif upserts:
+                    upserts = []
+                elif self._dialect in MYSQL_DIALECTS:
+                    # row locks (InnoDB) and table/metadata locks: whole seconds, at least 1
+                    wait = max(1, math.ceil(self.config.lock_timeout_s))
+                    conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {wait}, lock_wait_timeout = {wait}")
+                if upserts:
                     names = [c.name for c in self.table.c]
                     conn.execute(self._upsert_statement(), [dict(zip(names, v, strict=True)) for v in upserts])
                 if deletes:
                     t = self.table
                     cond = [t.c[k] == bindparam(f"k_{i}") for i, k in enumerate(self.config.key)]
                     stmt = delete(t).where(and_(*cond, t.c[self.config.version_column] < bindparam("_v")))
-                    conn.execute(stmt, [{**{f"k_{i}": d[k] for i, k in enumerate(self.config.key)}, "_v": d["_v"]}
-                                        for d in deletes])
+                    conn.execute(
+                        stmt,
+                        [{**{f"k_{i}": d[k] for i, k in enumerate(self.config.key)}, "_v": d["_v"]} for d in deletes],
+                    )
         except Exception as exc:  # noqa: BLE001 - classified below; the transaction rolled back
             raise self._classify(exc) from exc
 
     def _classify(self, exc: BaseException) -> BaseException:
         orig = exc.orig if isinstance(exc, DBAPIError) else exc
         state = getattr(orig, "sqlstate", None) or getattr(getattr(orig, "diag", None), "sqlstate", None)
-        code = orig.args[0] if self._dialect in ("mysql", "mariadb") and getattr(orig, "args", None) else None
+        code = orig.args[0] if self._dialect in MYSQL_DIALECTS and getattr(orig, "args", None) else None
         text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
         if state in _BUSY_STATES or code in _MYSQL_BUSY or "database is locked" in text:
             return SinkBackpressureError(1.0, f"sink {self.name!r}: database busy ({state or code}): {text}")
@@ -332,7 +368,7 @@ class RdsSink(Sink):
         assert t is not None
         v = self.config.version_column
         others = [c.name for c in t.c if c.name not in self.config.key and c.name != v]
-        if self._dialect in ("mysql", "mariadb"):
+        if self._dialect in MYSQL_DIALECTS:
             from sqlalchemy.dialects.mysql import insert as mysql_insert
 
             stmt = mysql_insert(t)
@@ -367,10 +403,16 @@ class RdsSink(Sink):
         cols = [c.name for c in t.c]
         driver = conn.connection.driver_connection
         with driver.cursor() as cur:
-            target = sql.Identifier(self.config.schema_name, self.config.table) if self.config.schema_name \
+            target = (
+                sql.Identifier(self.config.schema_name, self.config.table)
+                if self.config.schema_name
                 else sql.Identifier(self.config.table)
-            cur.execute(sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) "
-                                "ON COMMIT DELETE ROWS").format(sql.Identifier(stage_name), target))
+            )
+            cur.execute(
+                sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS").format(
+                    sql.Identifier(stage_name), target
+                )
+            )
             json_at = self._layout()[3]
             copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(
                 sql.Identifier(stage_name), sql.SQL(", ").join(map(sql.Identifier, cols))

@@ -3,7 +3,8 @@
 After the Avro 1.11 specification (primitive and logical types) and
 SQLAlchemy's generic types, which each dialect renders as its own: a
 ``timestamp-micros`` becomes ``TIMESTAMP WITH TIME ZONE`` on PostgreSQL and
-``DATETIME`` on MySQL. Nested records, maps and arrays become JSON (``JSONB``
+``DATETIME(6)`` holding UTC on MySQL/MariaDB (their plain ``DATETIME`` keeps whole
+seconds only; ``TIMESTAMP`` ends in 2038). Nested records, maps and arrays become JSON (``JSONB``
 on PostgreSQL). A union with ``null`` is the nullable form of its other branch.
 """
 
@@ -30,6 +31,7 @@ from sqlalchemy import (
     Time,
     Uuid,
 )
+from sqlalchemy.dialects import mysql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeEngine
 
@@ -44,14 +46,22 @@ _PRIMITIVES: dict[str, Any] = {
     "bytes": LargeBinary,
     "string": Text,
 }
+
+
+def _micros(generic: TypeEngine, mysql_type: TypeEngine) -> TypeEngine:
+    """``generic``, as ``mysql_type`` (with fractional seconds) on MySQL/MariaDB, whose default is whole seconds."""
+    return generic.with_variant(mysql_type, "mysql", "mariadb")
+
+
 _LOGICAL: dict[str, Any] = {
     "date": Date,
-    "time-millis": Time,
-    "time-micros": Time,
-    "timestamp-millis": lambda: DateTime(timezone=True),
-    "timestamp-micros": lambda: DateTime(timezone=True),
-    "local-timestamp-millis": DateTime,
-    "local-timestamp-micros": DateTime,
+    "time-millis": lambda: _micros(Time(), mysql.TIME(fsp=3)),
+    "time-micros": lambda: _micros(Time(), mysql.TIME(fsp=6)),
+    # an instant: DATETIME(6) holding UTC on MySQL (the sink's sessions are UTC), timestamptz on PostgreSQL
+    "timestamp-millis": lambda: _micros(DateTime(timezone=True), mysql.DATETIME(fsp=3)),
+    "timestamp-micros": lambda: _micros(DateTime(timezone=True), mysql.DATETIME(fsp=6)),
+    "local-timestamp-millis": lambda: _micros(DateTime(), mysql.DATETIME(fsp=3)),
+    "local-timestamp-micros": lambda: _micros(DateTime(), mysql.DATETIME(fsp=6)),
     "uuid": Uuid,
 }
 

@@ -48,13 +48,14 @@ from connectors import clients
 from connectors.config.models import RdsConnection
 from connectors.exceptions import ConfigError, FatalError, RetriableError
 from connectors.rds.config import RdsSourceConfig
-from connectors.rds.reading import BATCHES_PER_QUERY, commit_safe_bound, stream_rows
+from connectors.rds.reading import BATCHES_PER_QUERY, commit_safe_bound, stream_rows, utc_sessions
 from connectors.rds.types import (
     avro_name,
     avro_record_schema,
     converters_for_schema,
     drop_needless_converters,
     from_json_value,
+    is_instant,
     make_row_converter,
     to_json_value,
 )
@@ -64,7 +65,6 @@ log = logging.getLogger(__name__)
 
 _RECONCILE_CHUNK = 1_000
 _HELD_BACK_WARN_S = 60.0
-
 
 
 class RdsSource(SourceTask):
@@ -123,6 +123,7 @@ class RdsSource(SourceTask):
         """
         cfg = self.config
         self.engine = clients.sql_engine(self.connection)
+        utc_sessions(self.engine)
         try:
             with self.engine.connect() as conn:
                 conn.execute(select(literal(1))).scalar_one()
@@ -134,8 +135,14 @@ class RdsSource(SourceTask):
         else:
             self._open_table()
         self._open_cursor(position)
-        log.info("source=%s %s mode=%s key=%s fields=%d", cfg.name, self.where, cfg.mode, self.key_columns,
-                 len(self.value_schema["fields"]))
+        log.info(
+            "source=%s %s mode=%s key=%s fields=%d",
+            cfg.name,
+            self.where,
+            cfg.mode,
+            self.key_columns,
+            len(self.value_schema["fields"]),
+        )
         return SourceSchemas(key=self.key_schema, value=self.value_schema)
 
     def _open_table(self) -> None:
@@ -144,8 +151,9 @@ class RdsSource(SourceTask):
         try:
             tbl = Table(cfg.table, MetaData(), schema=cfg.schema_name, autoload_with=self.engine)
         except NoSuchTableError as exc:
-            raise ConfigError(f"source {cfg.name!r}: {self.where} does not exist (or is not visible to the user)") \
-                from exc
+            raise ConfigError(
+                f"source {cfg.name!r}: {self.where} does not exist (or is not visible to the user)"
+            ) from exc
         except OperationalError as exc:
             raise RetriableError(f"source {cfg.name!r}: cannot reflect {self.where}: {_reason(exc)}") from exc
         columns: list[Column[Any]] = list(tbl.columns)
@@ -155,8 +163,10 @@ class RdsSource(SourceTask):
             raise ConfigError(f"source {cfg.name!r}: {self.where} has no primary key; set `key:` to its key column(s)")
         self.key_columns = key_names
         self.value_schema, converters = avro_record_schema(
-            cfg.table, [(c.name, c.type, bool(c.nullable) and c.name not in key_names) for c in columns],
-            where=self.where, doc=f"rows of {self.where}, read by source {cfg.name}",
+            cfg.table,
+            [(c.name, c.type, bool(c.nullable) and c.name not in key_names) for c in columns],
+            where=self.where,
+            doc=f"rows of {self.where}, read by source {cfg.name}",
         )
         key_schema, _ = avro_record_schema(
             f"{cfg.table}_key", [(k, tbl.c[k].type, False) for k in key_names], where=self.where
@@ -185,8 +195,12 @@ class RdsSource(SourceTask):
                 types = f["type"] if isinstance(f["type"], list) else [f["type"]]
                 non_null = [t for t in types if t != "null"]
                 key_fields.append({"name": f["name"], "type": non_null[0] if len(non_null) == 1 else non_null})
-        self.key_schema = {"type": "record", "name": f"{avro_name(cfg.name)}_key", "namespace": "threes.rds",
-                           "fields": key_fields}
+        self.key_schema = {
+            "type": "record",
+            "name": f"{avro_name(cfg.name)}_key",
+            "namespace": "threes.rds",
+            "fields": key_fields,
+        }
         columns = [sub.c[c] for c in col_names]
         self._finish_open(columns, converters_for_schema(schema), {c: sub.c[c] for c in col_names})
 
@@ -227,8 +241,10 @@ class RdsSource(SourceTask):
         self.split = None
         if self.task_count > 1:
             if len(self.key_cols) != 1 or not _is_integer(self.key_cols[0].type):
-                raise ConfigError(f"source {cfg.name!r}: `tasks: {self.task_count}` splits rows by an integer key; "
-                                  f"{self.where} has the key {self.key_columns}")
+                raise ConfigError(
+                    f"source {cfg.name!r}: `tasks: {self.task_count}` splits rows by an integer key; "
+                    f"{self.where} has the key {self.key_columns}"
+                )
             k = self.key_cols[0]
             self.split = func.abs(k % literal(self.task_count)) == literal(self.task_id)
         positions = {id(c): i for i, c in enumerate(columns)}
@@ -263,8 +279,8 @@ class RdsSource(SourceTask):
                 stmt = stmt.where(c > literal(self.cursor[0], c.type))
             else:
                 stmt = stmt.where(
-                    tuple_(*self.order_cols) > tuple_(*[literal(v, c.type) for v, c in
-                                                        zip(self.cursor, self.order_cols, strict=True)])
+                    tuple_(*self.order_cols)
+                    > tuple_(*[literal(v, c.type) for v, c in zip(self.cursor, self.order_cols, strict=True)])
                 )
         if bound is not None:
             stmt = stmt.where(self.ts_col < literal(bound, self.ts_col.type))
@@ -324,13 +340,24 @@ class RdsSource(SourceTask):
     def _upper_bound(self, conn: Any) -> Any:
         """The commit-safe upper bound of the timestamp column (exclusive), in the database's clock."""
         cfg = self.config
-        bound, oldest, now = commit_safe_bound(conn, self.dialect, cfg.commit_delay_s, cfg.hold_for_transactions)
+        bound, oldest, now = commit_safe_bound(
+            conn,
+            self.dialect,
+            cfg.commit_delay_s,
+            cfg.hold_for_transactions,
+            server_zone=not is_instant(self.ts_col.type),
+        )
         if oldest is not None and oldest <= bound:
             held = (now - oldest).total_seconds()
             if held > _HELD_BACK_WARN_S and time.monotonic() - self._last_held_warning > _HELD_BACK_WARN_S:
                 self._last_held_warning = time.monotonic()
-                log.warning("source=%s watermark held back %.0f s by a transaction open since %s "
-                            "(it may still commit rows older than that)", cfg.name, held, oldest)
+                log.warning(
+                    "source=%s watermark held back %.0f s by a transaction open since %s "
+                    "(it may still commit rows older than that)",
+                    cfg.name,
+                    held,
+                    oldest,
+                )
         log.debug("source=%s db_now=%s oldest_open_transaction=%s bound=%s", cfg.name, now, oldest, bound)
         return bound
 
@@ -371,12 +398,16 @@ class RdsSource(SourceTask):
                 conn.rollback()
                 gone = [kb for kb in live if kb not in seen]
                 for i in range(0, len(gone), self.config.batch_records):
-                    yield SourceBatch([(kb, None) for kb in gone[i:i + self.config.batch_records]], None)
+                    yield SourceBatch([(kb, None) for kb in gone[i : i + self.config.batch_records]], None)
                 if missing:
-                    log.info("source=%s reconcile: %d row(s) of %s missing from the topic, emitting them",
-                             self.name, len(missing), self.where)
+                    log.info(
+                        "source=%s reconcile: %d row(s) of %s missing from the topic, emitting them",
+                        self.name,
+                        len(missing),
+                        self.where,
+                    )
                 for i in range(0, len(missing), _RECONCILE_CHUNK):
-                    chunk = missing[i:i + _RECONCILE_CHUNK]
+                    chunk = missing[i : i + _RECONCILE_CHUNK]
                     if len(self.key_cols) == 1:
                         cond = self.key_cols[0].in_([k[0] for k in chunk])
                     else:

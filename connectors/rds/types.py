@@ -7,7 +7,7 @@ SQL (SQLAlchemy generic type)  Avro                                             
 ============================  ================================================  =========================
 SmallInteger, Integer          ``int`` (``long`` when MySQL ``UNSIGNED``)        int
 BigInteger                     ``long`` (``decimal(20,0)`` when ``UNSIGNED``)    int
-Float / REAL                   ``double`` / ``float``                            float
+Float / REAL, MySQL DOUBLE     ``double`` / ``float``                            float
 Numeric(p, s)                  ``bytes`` + ``decimal(p, s)`` (exact)             Decimal
 Numeric (unbounded)            ``bytes`` + ``decimal(38, 9)`` (see below)        Decimal
 Boolean                        ``boolean``                                       bool
@@ -16,11 +16,15 @@ Uuid                           ``string`` + ``uuid``                            
 Date                           ``int`` + ``date``                                date
 Time                           ``long`` + ``time-micros``                        time
 DateTime(timezone=True)        ``long`` + ``timestamp-micros`` (UTC instant)     aware datetime
+MySQL TIMESTAMP                ``long`` + ``timestamp-micros`` (UTC instant)     aware datetime
 DateTime(timezone=False)       ``long`` + ``local-timestamp-micros``             naive datetime
 JSON / JSONB                   ``string`` (the JSON text)                        str
 LargeBinary, BYTEA, BINARY     ``bytes``                                         bytes
 ARRAY of any of these          ``array`` of the nullable item type               list
 ============================  ================================================  =========================
+
+MySQL's ``BOOLEAN`` is ``TINYINT(1)``, which can hold -128..127: it stays an
+``int`` (never a lossy ``boolean``); cast it in a ``mode: query`` SELECT if wanted.
 
 A nullable column becomes the union ``["null", T]`` with default ``null``.
 Spark reads ``timestamp-micros`` as ``TimestampType``, ``local-timestamp-micros``
@@ -96,6 +100,18 @@ def ensure_aware(value: dt.datetime) -> dt.datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
 
 
+def is_instant(sql_type: sqltypes.TypeEngine) -> bool:
+    """Whether a date-time column holds an instant: ``timestamptz``, or MySQL's ``TIMESTAMP``.
+
+    MySQL/MariaDB store a ``TIMESTAMP`` as UTC and convert it to the session's
+    time zone, which the connectors set to UTC (``utc_sessions``), so its naive
+    values are UTC instants; a ``DATETIME`` is a wall-clock value without zone.
+    """
+    from sqlalchemy.dialects import mysql
+
+    return bool(getattr(sql_type, "timezone", False)) or isinstance(sql_type, mysql.TIMESTAMP)
+
+
 def avro_type_for_sql(sql_type: sqltypes.TypeEngine, where: str = "column") -> tuple[Any, Converter | None]:
     """Map one SQL type to its Avro type and the converter of its Python values.
 
@@ -126,7 +142,8 @@ def avro_type_for_sql(sql_type: sqltypes.TypeEngine, where: str = "column") -> t
         return ("long" if getattr(t, "unsigned", False) else "int"), None
     if isinstance(t, sqltypes.Float):
         is_single = type(t).__name__.upper() in ("REAL", "FLOAT4") or getattr(t, "precision", None) in range(1, 25)
-        return ("float" if is_single else "double"), None
+        # MySQL's reflected DOUBLE/FLOAT default to asdecimal=True: SQLAlchemy hands out Decimal
+        return ("float" if is_single else "double"), (float if t.asdecimal else None)
     if isinstance(t, sqltypes.Numeric):
         precision, scale = t.precision, t.scale
         if precision is None:
@@ -138,7 +155,7 @@ def avro_type_for_sql(sql_type: sqltypes.TypeEngine, where: str = "column") -> t
             "scale": int(scale or 0),
         }, None
     if isinstance(t, sqltypes.DateTime):
-        if t.timezone:
+        if is_instant(t):
             return {"type": "long", "logicalType": "timestamp-micros"}, ensure_aware
         return {"type": "long", "logicalType": "local-timestamp-micros"}, ensure_naive
     if isinstance(t, sqltypes.Date):
@@ -214,9 +231,7 @@ DRIVER_EXACT_TIMESTAMPS = frozenset({"postgresql"})
 :func:`ensure_aware` / :func:`ensure_naive` are not needed there (one Python call per value saved)."""
 
 
-def drop_needless_converters(
-    converters: Sequence[tuple[str, Converter]], dialect: str
-) -> list[tuple[str, Converter]]:
+def drop_needless_converters(converters: Sequence[tuple[str, Converter]], dialect: str) -> list[tuple[str, Converter]]:
     """Remove the timestamp converters a dialect's driver makes unnecessary (see :data:`DRIVER_EXACT_TIMESTAMPS`)."""
     if dialect not in DRIVER_EXACT_TIMESTAMPS:
         return list(converters)
@@ -289,7 +304,7 @@ def from_json_value(value: Any) -> Any:
     """Decode what :func:`to_json_value` wrote."""
     if not isinstance(value, dict) or len(value) != 1:
         return value
-    (tag, text), = value.items()
+    ((tag, text),) = value.items()
     decoders: dict[str, Callable[[str], Any]] = {
         "$datetime": dt.datetime.fromisoformat,
         "$date": dt.date.fromisoformat,

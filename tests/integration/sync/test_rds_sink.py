@@ -1,4 +1,4 @@
-"""RdsSink against the real PostgreSQL (and SQLite, same contract)."""
+"""RdsSink against the real PostgreSQL and MariaDB (MySQL dialect), and SQLite: the same contract."""
 
 from __future__ import annotations
 
@@ -28,8 +28,16 @@ def drop(engine: Any, name: str) -> None:
 
 
 def make_config(table: str, **extra: Any) -> RdsSinkConfig:
-    return RdsSinkConfig(name=f"rds-{table}", type="rds_sink", connection="db", topics=["updates.items"],
-                         table=table, key=["id"], create_table=True, **extra)
+    return RdsSinkConfig(
+        name=f"rds-{table}",
+        type="rds_sink",
+        connection="db",
+        topics=["updates.items"],
+        table=table,
+        key=["id"],
+        create_table=True,
+        **extra,
+    )
 
 
 class TestRdsSinkPostgres(SinkContract):
@@ -95,6 +103,78 @@ class TestRdsSinkPostgres(SinkContract):
             drop(pg_engine, name)
 
 
+class TestRdsSinkMysql(SinkContract):
+    """The contract on MariaDB: ``INSERT ... ON DUPLICATE KEY UPDATE`` applied only when the version is newer."""
+
+    @pytest.fixture
+    def sink(self, mysql: RdsConnection, unique: str) -> Iterator[RdsSink]:
+        s = RdsSink(make_config(f"items_{unique}"), mysql)
+        s.open()
+        yield s
+        drop(s.engine, f"items_{unique}")
+        s.close()
+
+    @pytest.fixture
+    def bad_sink(self, mysql: RdsConnection, unique: str) -> RdsSink:
+        bad = RdsConnection(type="rds", url=mysql.url, password="wrong-secret", connect_timeout_s=3)
+        return RdsSink(make_config(f"items_{unique}"), bad)
+
+    def state(self, sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
+        return rds_state(sink)
+
+    def test_created_table_types(self, sink: RdsSink) -> None:
+        from datetime import UTC, datetime
+
+        from sqlalchemy.dialects import mysql
+
+        rec = record(1, 1, 0)
+        rec.value["updated_at"] = datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=UTC)
+        assert sink.write(batch([rec])) == []
+        cols = {c.name: c for c in Table(sink.config.table, MetaData(), autoload_with=sink.engine).c}
+        assert [c.name for c in cols.values() if c.primary_key] == ["id"]
+        assert isinstance(cols["id"].type, BigInteger) and isinstance(cols["qty"].type, Integer)
+        assert isinstance(cols["name"].type, Text) and not cols["_version"].nullable
+        # an instant is a DATETIME(6) holding UTC: microseconds kept (MySQL's DATETIME keeps whole seconds)
+        assert isinstance(cols["updated_at"].type, mysql.DATETIME) and cols["updated_at"].type.fsp == 6
+        with sink.engine.connect() as conn:
+            stored = conn.execute(text(f"SELECT updated_at FROM `{sink.config.table}`")).scalar_one()
+        assert stored == datetime(2024, 2, 29, 23, 59, 59, 123456)
+
+    def test_upsert_is_on_duplicate_key_update(self, sink: RdsSink) -> None:
+        from sqlalchemy.dialects import mysql
+
+        sink.write(batch([record(1, 1, 0)]))
+        sql = str(sink._upsert_statement().compile(dialect=mysql.dialect())).lower()
+        # every column takes the new value only when the new version is greater; the version column comes last
+        assert "on duplicate key update" in sql
+        assert f"name = if(values(_version) > {sink.config.table}._version, values(name), " in sql
+        assert sql.endswith("_version = greatest(values(_version), " + f"{sink.config.table}._version)")
+
+    def test_refused_value_is_a_record_failure_and_the_rest_applies(self, sink: RdsSink) -> None:
+        recs = [record(k, 1, k) for k in range(20)]
+        recs[7].value["qty"] = 2**40  # strict mode: out of range for INT, an error (never clipped)
+        failures = sink.write(batch(recs))
+        assert [f.record.offset for f in failures] == [7]
+        assert type(failures[0].error).__name__ == "DataError"
+        assert sorted(int(k) for k in rds_state(sink)) == [k for k in range(20) if k != 7]
+
+    def test_lock_held_is_backpressure(self, mysql_engine: Any, mysql: RdsConnection, unique: str) -> None:
+        s = RdsSink(make_config(f"items_{unique}", lock_timeout_s=1), mysql)
+        s.open()
+        try:
+            s.write(batch([record(1, 1, 0)]))
+            with mysql_engine.connect() as locker:
+                locker.execute(text(f"SELECT * FROM `items_{unique}` WHERE id = 1 FOR UPDATE")).all()
+                with pytest.raises(SinkBackpressureError):
+                    s.write(batch([record(1, 2, 1)]))
+                locker.rollback()
+            s.write(batch([record(1, 2, 1)]))
+            assert rds_state(s)["1"][0] == 2
+        finally:
+            drop(s.engine, f"items_{unique}")
+            s.close()
+
+
 class TestRdsSinkSqlite(SinkContract):
     @pytest.fixture
     def sink(self, tmp_path: Path) -> Iterator[RdsSink]:
@@ -105,8 +185,9 @@ class TestRdsSinkSqlite(SinkContract):
 
     @pytest.fixture
     def bad_sink(self, tmp_path: Path) -> RdsSink:
-        return RdsSink(make_config("items"),
-                       RdsConnection(type="rds", url=f"sqlite:///{tmp_path / 'missing-dir' / 'db.sqlite'}"))
+        return RdsSink(
+            make_config("items"), RdsConnection(type="rds", url=f"sqlite:///{tmp_path / 'missing-dir' / 'db.sqlite'}")
+        )
 
     def state(self, sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
         return rds_state(sink)
