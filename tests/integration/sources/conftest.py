@@ -1,4 +1,4 @@
-"""Fixtures of the source tests: a PostgreSQL database of their own.
+"""Fixtures of the source tests: a PostgreSQL database of their own, and ``rds`` over both dialects.
 
 The commit-safe watermark of RdsSource looks at the open transactions of its
 *database*; other test suites writing to the shared database at the same time
@@ -42,3 +42,11 @@ def pg_engine(pg: RdsConnection) -> Iterator[Any]:
     engine = clients.sql_engine(pg)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def rds(request: pytest.FixtureRequest) -> tuple[RdsConnection, Any]:
+    """``(connection, engine)`` of PostgreSQL, then of MariaDB (MySQL dialect): one test, both databases."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("pg"), request.getfixturevalue("pg_engine")
+    return request.getfixturevalue("mysql"), request.getfixturevalue("mysql_engine")

@@ -1,4 +1,8 @@
-"""RdsSource against real PostgreSQL and Kafka (plus SQLite for quick local use)."""
+"""RdsSource against real PostgreSQL and Kafka (plus SQLite for quick local use).
+
+Tests taking the ``rds`` fixture run on PostgreSQL and on MariaDB (MySQL
+dialect); the MySQL-only ones are in ``test_rds_source_mysql.py``.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,21 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, Numeric, Table, Text, inspect, select, text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Integer,
+    MetaData,
+    Numeric,
+    Table,
+    Text,
+    func,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy.dialects import mysql
 
 from connectors.config.models import RdsConnection
 from connectors.exceptions import ConfigError
@@ -91,20 +109,40 @@ class TestRdsSourceContract(SourceContract):
 
 
 @pytest.mark.parametrize("mode", ["bulk", "incrementing", "timestamp+incrementing", "query"])
-def test_modes_copy_the_table(mode: str, pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
-                              unique: str, tmp_path: Any) -> None:
+def test_modes_copy_the_table(
+    mode: str, rds: tuple[RdsConnection, Any], kafka: Any, kafka_conf: Any, unique: str, tmp_path: Any
+) -> None:
+    conn, engine = rds
     table = f"modes_{unique}"
-    with pg_engine.begin() as c:
-        c.execute(text(f"CREATE TABLE {table} (id bigserial PRIMARY KEY, name text, "
-                       "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"))
-        c.execute(text(f"INSERT INTO {table} (name) SELECT 'r' || g FROM generate_series(1, 25) g"))
+    # the same table on both dialects: BIGSERIAL / BIGINT AUTO_INCREMENT, timestamptz / TIMESTAMP(6)
+    tbl = Table(
+        table,
+        MetaData(),
+        Column("id", BigInteger, primary_key=True, autoincrement=True),
+        Column("name", Text),
+        Column(
+            "updated_at",
+            DateTime(timezone=True).with_variant(mysql.TIMESTAMP(fsp=6), "mysql", "mariadb"),
+            nullable=False,
+            server_default=text("CURRENT_TIMESTAMP(6)") if engine.dialect.name == "mysql" else func.clock_timestamp(),
+        ),
+    )
+    tbl.create(engine)
+    with engine.begin() as c:
+        c.execute(tbl.insert(), [{"name": f"r{i}"} for i in range(1, 26)])
     source: dict[str, Any] = {"name": f"m-{unique}", "topic": f"state.{unique}", "mode": mode, "batch_records": 10}
     if mode == "query":
-        schema = {"type": "record", "name": "q", "fields": [{"name": "id", "type": "long"},
-                                                             {"name": "name", "type": ["null", "string"]}]}
+        schema = {
+            "type": "record",
+            "name": "q",
+            "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": ["null", "string"]}],
+        }
         (tmp_path / "q.avsc").write_text(json.dumps(schema))
-        source.update(query=f"SELECT id, upper(name) AS name FROM {table} WHERE id % 5 <> 0", key=["id"],
-                      value_schema=str(tmp_path / "q.avsc"))
+        source.update(
+            query=f"SELECT id, upper(name) AS name FROM {table} WHERE MOD(id, 5) <> 0",
+            key=["id"],
+            value_schema=str(tmp_path / "q.avsc"),
+        )
     else:
         source.update(table=table, incrementing_column="id", timestamp_column="updated_at")
         if mode == "bulk":
@@ -112,7 +150,7 @@ def test_modes_copy_the_table(mode: str, pg_engine: Any, pg: RdsConnection, kafk
             source.pop("timestamp_column")
         elif mode == "incrementing":
             source.pop("timestamp_column")
-    pipeline = _pipeline(kafka, pg, **source)
+    pipeline = _pipeline(kafka, conn, **source)
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     state = topic_state(kafka_conf, f"state.{unique}")
@@ -123,9 +161,9 @@ def test_modes_copy_the_table(mode: str, pg_engine: Any, pg: RdsConnection, kafk
         assert all(v["name"] == f"r{k[0]}" for k, v in state.items())
 
     # more rows, one update, one delete: a second run brings the topic to the table's state
-    with pg_engine.begin() as c:
-        c.execute(text(f"INSERT INTO {table} (name) SELECT 'r' || g FROM generate_series(26, 30) g"))
-        c.execute(text(f"DELETE FROM {table} WHERE id = 3"))
+    with engine.begin() as c:
+        c.execute(tbl.insert(), [{"name": f"r{i}"} for i in range(26, 31)])
+        c.execute(tbl.delete().where(tbl.c.id == 3))
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     state = topic_state(kafka_conf, f"state.{unique}")
@@ -217,8 +255,9 @@ def test_long_transaction_loses_no_row(pg_engine: Any, pg: RdsConnection, kafka:
 # -- identifiers ---------------------------------------------------------------------------------------------
 
 
-def test_identifier_injection_is_quoted(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
+def test_identifier_injection_is_quoted(rds: tuple[RdsConnection, Any], kafka: Any, kafka_conf: Any,
                                         unique: str) -> None:
+    pg, pg_engine = rds  # PostgreSQL quotes with ", MySQL with `: both must hold
     victim = f"victim_{unique}"
     evil = f'evil"; DROP TABLE {victim}; --{unique}'
     md = MetaData()

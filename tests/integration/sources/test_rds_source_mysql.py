@@ -1,0 +1,264 @@
+"""RdsSource against a real MariaDB (MySQL dialect) and Kafka: the contract, the delay bound, the types.
+
+The tests that are the same on both dialects take the ``rds`` fixture in
+``test_rds_source.py``; these need MySQL's own SQL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import time
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import text
+
+from connectors.config.models import RdsConnection
+from tests.integration.sources.contract import SourceContract, run_once, topic_state
+from tests.integration.sources.test_rds_source import _pipeline
+
+UTC = dt.UTC
+
+
+class TestRdsSourceMysqlContract(SourceContract):
+    """The source contract on a MariaDB table in ``timestamp`` mode (a ``DATETIME(6)`` cursor)."""
+
+    def setup_system(self, ctx: dict[str, Any]) -> None:
+        engine = ctx["request"].getfixturevalue("mysql_engine")
+        ctx["engine"] = engine
+        ctx["db"] = ctx["request"].getfixturevalue("mysql")
+        ctx["table"] = f"src_{ctx['unique']}"
+        with engine.begin() as c:
+            c.execute(
+                text(
+                    f"CREATE TABLE {ctx['table']} (id int PRIMARY KEY, name text NOT NULL, amount decimal(12,2), "
+                    "born date, doc json, updated_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))"
+                )
+            )
+
+    def connections(self, ctx: dict[str, Any]) -> dict[str, Any]:
+        db = ctx["db"]
+        return {"my": {"type": "rds", "url": db.url, "password": db.password.get_secret_value()}}
+
+    def bad_connections(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        secret = "wrong-secret-4711"
+        return {"my": {"type": "rds", "url": ctx["db"].url, "password": secret}}, secret
+
+    def source_config(self, ctx: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": ctx["name"],
+            "type": "rds_source",
+            "connection": "my",
+            "topic": ctx["topic"],
+            "table": ctx["table"],
+            "mode": "timestamp",
+            "timestamp_column": "updated_at",
+            "commit_delay_s": 0,
+            "batch_records": 7,
+        }
+
+    def make_row(self, i: int, version: int = 0) -> dict[str, Any]:
+        return {
+            "id": i,
+            "name": f"n{i}v{version}",
+            "amount": decimal.Decimal(f"{i * 3 + version}.{i % 100:02d}"),
+            "born": dt.date(2000, 1, 1) + dt.timedelta(days=i),
+            "doc": {"i": i, "v": version, "t": "é"},
+        }
+
+    def upsert(self, ctx: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        with ctx["engine"].begin() as c:
+            c.execute(
+                text(
+                    f"INSERT INTO {ctx['table']} (id, name, amount, born, doc) "
+                    "VALUES (:id, :name, :amount, :born, :doc) ON DUPLICATE KEY UPDATE "
+                    "name = VALUES(name), amount = VALUES(amount), born = VALUES(born), doc = VALUES(doc), "
+                    "updated_at = NOW(6)"
+                ),
+                [{**r, "doc": json.dumps(r["doc"], ensure_ascii=False)} for r in rows],
+            )
+
+    def delete(self, ctx: dict[str, Any], keys: list[tuple]) -> None:
+        with ctx["engine"].begin() as c:
+            c.execute(text(f"DELETE FROM {ctx['table']} WHERE id = :id"), [{"id": k[0]} for k in keys])
+
+    def system_state(self, ctx: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
+        with ctx["engine"].connect() as c:
+            rows = c.execute(text(f"SELECT id, name, amount, born, doc, updated_at FROM {ctx['table']}")).mappings()
+            # MariaDB's JSON is LONGTEXT with a json_valid check: the text comes back as written
+            return {(r["id"],): dict(r) for r in rows}
+
+
+# -- commit-safe watermark: the delay bound ------------------------------------------------------------------
+
+DELAY_S = 6.0
+
+
+def _naive_poll(engine: Any, table: str, last: dt.datetime | None) -> tuple[list[int], dt.datetime | None]:
+    """What a naive timestamp poller does (Kafka Connect JDBC ``timestamp`` mode, no delay): ts > last AND ts < now."""
+    with engine.connect() as c:
+        rows = c.execute(
+            text(
+                f"SELECT id, updated_at FROM {table} WHERE (:last IS NULL OR updated_at > :last) "
+                "AND updated_at < NOW(6) ORDER BY updated_at"
+            ),
+            {"last": last},
+        ).all()
+    return [r.id for r in rows], (rows[-1].updated_at if rows else last)
+
+
+def _wait_until_older_than(engine: Any, table: str, seconds: float) -> None:
+    """Wait (on the server's clock) until every row of ``table`` is ``seconds`` old: a wait, not a timed assertion."""
+    deadline = time.monotonic() + 120
+    with engine.connect() as c:
+        while not c.execute(
+            text(f"SELECT MAX(updated_at) < NOW(6) - INTERVAL :s MICROSECOND FROM {table}"), {"s": int(seconds * 1e6)}
+        ).scalar_one():
+            assert time.monotonic() < deadline, "the server's clock did not move"
+            c.rollback()
+            time.sleep(0.2)
+
+
+def test_late_commit_within_the_delay_loses_no_row(
+    mysql_engine: Any, mysql: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
+    """MySQL has no snapshot horizon to read: the delay bound alone keeps a late commit's row.
+
+    A transaction writes row 1 (``updated_at = NOW(6)`` = T0), another commits row
+    2 (T1 > T0), both pollers run, then the first transaction commits, within
+    ``commit_delay_s`` of its write. The naive poller has moved past T1 and never
+    sees row 1; RdsSource read nothing younger than the delay, so it has both.
+    """
+    table = f"late_{unique}"
+    with mysql_engine.begin() as c:
+        c.execute(
+            text(
+                f"CREATE TABLE {table} (id int PRIMARY KEY, v text, "
+                "updated_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))"
+            )
+        )
+    pipeline = _pipeline(
+        kafka,
+        mysql,
+        name=f"late-{unique}",
+        topic=f"state.{unique}",
+        table=table,
+        mode="timestamp",
+        timestamp_column="updated_at",
+        commit_delay_s=DELAY_S,
+        reconcile_interval_s=None,
+    )
+
+    long_tx = mysql_engine.connect()
+    tx = long_tx.begin()
+    long_tx.execute(text(f"INSERT INTO {table} (id, v) VALUES (1, 'committed late')"))  # updated_at = T0
+    with mysql_engine.begin() as c:
+        c.execute(text(f"INSERT INTO {table} (id, v) VALUES (2, 'committed at once')"))  # updated_at = T1 > T0
+
+    # both pollers run while the first transaction is still open
+    naive_seen, naive_last = _naive_poll(mysql_engine, table, None)
+    (first,) = run_once(pipeline).values()
+    assert first.state == "caught_up", first.error
+    tx.commit()
+    with mysql_engine.connect() as c:
+        # the premise: the transaction committed within the delay of its write (else the bound cannot help)
+        age = c.execute(text(f"SELECT TIMESTAMPDIFF(MICROSECOND, updated_at, NOW(6)) FROM {table} WHERE id = 1"))
+        assert age.scalar_one() < DELAY_S * 1e6, "the machine stalled longer than the delay; raise DELAY_S"
+    long_tx.close()
+    naive_more, _ = _naive_poll(mysql_engine, table, naive_last)
+    _wait_until_older_than(mysql_engine, table, DELAY_S)
+    (second,) = run_once(pipeline).values()
+    assert second.state == "caught_up", second.error
+
+    # the naive poller moved its watermark past T0 and never sees row 1 ...
+    assert naive_seen == [2]
+    assert 1 not in naive_more
+    # ... this source has both: it read nothing younger than the delay while the transaction was open
+    assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(1,), (2,)]
+    assert first.rows_read == 0
+
+
+def test_timestamp_cursor_is_utc_whatever_the_writers_time_zone(
+    mysql_engine: Any, mysql: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
+    """A ``TIMESTAMP`` column is an instant: written from a +05:00 session, it reaches the topic as UTC.
+
+    The source's sessions start in +03:00 (``init_command``, as on a server whose
+    default zone is not UTC): the connector's own ``SET time_zone`` must win.
+    """
+    table = f"tz_{unique}"
+    with mysql_engine.connect() as c:
+        c.execute(text("SET time_zone = '+05:00'"))
+        c.execute(text(f"CREATE TABLE {table} (id int PRIMARY KEY, at timestamp(6) NOT NULL)"))
+        c.execute(text(f"INSERT INTO {table} VALUES (1, '2024-06-01 12:00:00.250000'), (2, NOW(6))"))
+        c.commit()
+    local_zone = "&init_command=" + quote("SET time_zone = '+03:00'")
+    pipeline = _pipeline(
+        kafka,
+        mysql.model_copy(update={"url": mysql.url + local_zone}),
+        name=f"tz-{unique}",
+        topic=f"state.{unique}",
+        table=table,
+        mode="timestamp",
+        timestamp_column="at",
+        commit_delay_s=0,
+    )
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    state = topic_state(kafka_conf, f"state.{unique}")
+    # row 2 (NOW() of a +05:00 session) is read at once: the bound is taken in the same (UTC) clock
+    assert sorted(state) == [(1,), (2,)]
+    assert state[(1,)]["at"] == dt.datetime(2024, 6, 1, 7, 0, 0, 250000, tzinfo=UTC)
+
+
+# -- types ----------------------------------------------------------------------------------------------------
+
+
+def test_types_round_trip(mysql_engine: Any, mysql: RdsConnection, kafka: Any, kafka_conf: Any, unique: str) -> None:
+    table = f"types_{unique}"
+    with mysql_engine.begin() as c:
+        c.execute(
+            text(
+                f"CREATE TABLE {table} (id bigint PRIMARY KEY, small smallint, tiny tinyint, flag boolean, "
+                "ubig bigint unsigned, price decimal(20,6), big_dec decimal(65,30), ratio double, single float, "
+                "at timestamp(6) NULL, local_at datetime(6), whole_at datetime, day date, t time(6), doc json, "
+                "raw blob, vb varbinary(8), note varchar(10), e enum('a','b'))"
+            )
+        )
+        c.execute(
+            text(
+                f"INSERT INTO {table} VALUES (1, 7, -3, true, 18446744073709551615, 12345678901234.123456, "
+                "12345678901234567890123456789012345.123456789012345678901234567890, 0.5, 1.5, "
+                "'2024-02-29 23:59:59.123456', '2024-02-29 23:59:59.5', '2024-02-29 23:59:59', '1999-12-31', "
+                "'12:34:56.5', '{\"a\": [1, 2], \"b\": null}', x'deadbeef00', x'01', 'hé', 'b')"
+            )
+        )
+        c.execute(text(f"INSERT INTO {table} (id) VALUES (2)"))
+    pipeline = _pipeline(kafka, mysql, name=f"types-{unique}", topic=f"state.{unique}", table=table)
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    state = topic_state(kafka_conf, f"state.{unique}")
+    assert state[(1,)] == {
+        "id": 1,
+        "small": 7,
+        "tiny": -3,
+        "flag": 1,  # BOOLEAN is TINYINT(1): an int, never a lossy boolean
+        "ubig": decimal.Decimal("18446744073709551615"),
+        "price": decimal.Decimal("12345678901234.123456"),
+        "big_dec": decimal.Decimal("12345678901234567890123456789012345.123456789012345678901234567890"),
+        "ratio": 0.5,
+        "single": 1.5,
+        "at": dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=UTC),
+        "local_at": dt.datetime(2024, 2, 29, 23, 59, 59, 500000),
+        "whole_at": dt.datetime(2024, 2, 29, 23, 59, 59),
+        "day": dt.date(1999, 12, 31),
+        "t": dt.time(12, 34, 56, 500000),
+        "doc": '{"a": [1, 2], "b": null}',
+        "raw": b"\xde\xad\xbe\xef\x00",
+        "vb": b"\x01",
+        "note": "hé",
+        "e": "b",
+    }
+    assert state[(2,)] == {"id": 2, **{k: None for k in state[(1,)] if k != "id"}}
