@@ -29,7 +29,15 @@ _MYSQL_BUSY = {1205, 1213, 1040}
 
 
 class _RecordProblem(Exception):
-    """A statement failed because of the data it carried (bisect to find the record)."""
+    """A statement failed because of the data it carried (bisect to find the record).
+
+    ``error`` is the database's error, re-created from its first line only: the
+    dead letter names the problem without SQLAlchemy's statement and parameters.
+    """
+
+    def __init__(self, text: str, error: BaseException | None = None):
+        super().__init__(text)
+        self.error = error
 
 
 class RdsSink(Sink):
@@ -304,7 +312,7 @@ class RdsSink(Sink):
             self._transaction(rows)
         except _RecordProblem as exc:
             if len(rows) == 1:
-                failures.append(RecordFailure(rows[0][0], exc.__cause__ or exc))
+                failures.append(RecordFailure(rows[0][0], exc.error or exc))
                 return
             mid = len(rows) // 2
             self._apply(rows[:mid], failures)
@@ -353,9 +361,7 @@ class RdsSink(Sink):
         ):
             return RetriableError(f"sink {self.name!r}: database connection failed ({state}): {text}")
         if state and state[:2] in ("22", "23", "42", "XX") or type(orig).__name__ in ("DataError", "IntegrityError"):
-            problem = _RecordProblem(text)
-            problem.__cause__ = type(orig)(text) if isinstance(orig, Exception) else None
-            return problem
+            return _RecordProblem(text, type(orig)(text) if isinstance(orig, Exception) else None)
         if isinstance(exc, DBAPIError) and type(exc).__name__ == "OperationalError":
             return RetriableError(f"sink {self.name!r}: database error: {text}")
         if isinstance(exc, (ValueError, TypeError)):

@@ -191,3 +191,81 @@ class TestRdsSinkSqlite(SinkContract):
 
     def state(self, sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
         return rds_state(sink)
+
+
+def test_sync_service_into_mysql_dead_letters_a_refused_row(
+    kafka: Any, kafka_conf: dict[str, Any], mysql: RdsConnection, mysql_engine: Any, unique: str
+) -> None:
+    """Through the sync service: upserts, newer versions, a tombstone, and one row MariaDB refuses -> the DLQ."""
+    from connectors.dlq import DeadLetter
+    from sync_service.service import SyncService
+    from tests.integration.sync.contract import item
+    from tests.integration.sync.helpers import (
+        UpdateProducer,
+        create_topic,
+        group_lag,
+        pipeline,
+        read_topic,
+        run_in_thread,
+        wait_until,
+    )
+
+    topic, dlq, table = f"updates.my.{unique}", f"dlq.{unique}", f"my_{unique}"
+    create_topic(kafka_conf, topic, 2)
+    producer = UpdateProducer(kafka, topic)
+    refused = 500  # a key of its own: its only update is refused
+    for key in range(200):
+        producer.send(key, 1)
+    producer.send(refused, 1, {**item(refused, 1), "qty": 2**40})  # out of range for INT in strict mode
+    for key in range(0, 200, 10):
+        producer.send(key, 3)
+    producer.send(5, 4, None)  # tombstone
+    producer.send(6, 0)  # older than the row's version 1: ignored
+    producer.flush()
+    p = pipeline(
+        kafka,
+        {"my": {"type": "rds", "url": mysql.url, "password": mysql.password.get_secret_value()}},
+        [
+            {
+                "name": f"my-{unique}",
+                "dead_letter_topic": dlq,
+                "batch": {"max_records": 100, "max_age_ms": 200},
+                "sinks": [
+                    {
+                        "name": "db",
+                        "type": "rds_sink",
+                        "connection": "my",
+                        "topics": [topic],
+                        "table": table,
+                        "key": ["id"],
+                        "create_table": True,
+                    }
+                ],
+            }
+        ],
+    )
+    service = SyncService(p.kafka, p.sync[0], dict(p.connections))
+    thread, stop, errors = run_in_thread(service)
+    try:
+        group = p.sync[0].consumer_group()
+        wait_until(lambda: group_lag(kafka_conf, group, topic) == 0 or errors, 120, "lag back to 0")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive() and not errors, errors
+
+    (letter_msg,) = read_topic(kafka_conf, dlq, 1)
+    letter = DeadLetter.from_headers(letter_msg.headers())
+    partition, offset = producer.delivered[refused]
+    assert (letter.topic, letter.partition, letter.offset) == (topic, partition, offset)
+    assert letter.stage == "write" and letter.component.endswith("/db") and letter.error_class == "DataError"
+    assert "Out of range value for column 'qty'" in letter.message and "[SQL:" not in letter.message
+
+    t = Table(table, MetaData(), autoload_with=mysql_engine)
+    with mysql_engine.connect() as conn:
+        rows = {r.id: r for r in conn.execute(select(t))}
+    assert sorted(rows) == [k for k in range(200) if k != 5]
+    for key, row in rows.items():
+        want = 3 if key % 10 == 0 else 1
+        assert (row._version, row.name, row.qty) == (want, f"item-{key}-v{want}", item(key, want)["qty"])
+    t.drop(mysql_engine)
