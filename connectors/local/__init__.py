@@ -1,8 +1,8 @@
-"""The real local stack without Docker: Kafka, PostgreSQL, Elasticsearch, S3 and Spark jars.
+"""The real local stack without Docker: Kafka, PostgreSQL, Elasticsearch, S3, MariaDB and Spark jars.
 
 Services run as native processes bound to 127.0.0.1 only, on fixed
 non-default ports (Kafka 19092, PostgreSQL 15432, Elasticsearch 19200, s3proxy
-18090). Every download, data file, log and PID record lives under one folder,
+18090, MariaDB 13306). Every download, data file, log and PID record lives under one folder,
 ``$THREES_HOME`` or ``./.threes``.
 
 Example:
@@ -13,7 +13,7 @@ Example:
     '127.0.0.1:19092'
 
 Set ``THREES_KAFKA_BOOTSTRAP``, ``THREES_POSTGRES_URL``,
-``THREES_ELASTICSEARCH_URL`` or ``THREES_S3_ENDPOINT_URL`` (with
+``THREES_ELASTICSEARCH_URL``, ``THREES_MYSQL_URL`` or ``THREES_S3_ENDPOINT_URL`` (with
 ``THREES_S3_ACCESS_KEY_ID``/``THREES_S3_SECRET_ACCESS_KEY``) to use services
 that already run elsewhere: ``up`` then only waits for them.
 """
