@@ -44,11 +44,13 @@ UTC = dt.UTC
 def _pipeline(kafka: Any, pg: RdsConnection, **source: Any) -> Any:
     from connectors.config import pipeline_from_dict
 
-    return pipeline_from_dict({
-        "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
-        "connections": {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}},
-        "sources": [{"type": "rds_source", "connection": "pg", "commit_delay_s": 0, **source}],
-    })
+    return pipeline_from_dict(
+        {
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+            "connections": {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}},
+            "sources": [{"type": "rds_source", "connection": "pg", "commit_delay_s": 0, **source}],
+        }
+    )
 
 
 class TestRdsSourceContract(SourceContract):
@@ -60,10 +62,12 @@ class TestRdsSourceContract(SourceContract):
         ctx["pg"] = ctx["request"].getfixturevalue("pg")
         ctx["table"] = f"src_{ctx['unique']}"
         with engine.begin() as c:
-            c.execute(text(
-                f"CREATE TABLE {ctx['table']} (id integer PRIMARY KEY, name text NOT NULL, amount numeric(12,2), "
-                "born date, doc jsonb, updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-            ))
+            c.execute(
+                text(
+                    f"CREATE TABLE {ctx['table']} (id integer PRIMARY KEY, name text NOT NULL, amount numeric(12,2), "
+                    "born date, doc jsonb, updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+                )
+            )
 
     def connections(self, ctx: dict[str, Any]) -> dict[str, Any]:
         pg = ctx["pg"]
@@ -74,23 +78,39 @@ class TestRdsSourceContract(SourceContract):
         return {"pg": {"type": "rds", "url": ctx["pg"].url, "password": secret}}, secret
 
     def source_config(self, ctx: dict[str, Any]) -> dict[str, Any]:
-        return {"name": ctx["name"], "type": "rds_source", "connection": "pg", "topic": ctx["topic"],
-                "table": ctx["table"], "mode": "timestamp", "timestamp_column": "updated_at",
-                "commit_delay_s": 0, "batch_records": 7}
+        return {
+            "name": ctx["name"],
+            "type": "rds_source",
+            "connection": "pg",
+            "topic": ctx["topic"],
+            "table": ctx["table"],
+            "mode": "timestamp",
+            "timestamp_column": "updated_at",
+            "commit_delay_s": 0,
+            "batch_records": 7,
+        }
 
     def make_row(self, i: int, version: int = 0) -> dict[str, Any]:
-        return {"id": i, "name": f"n{i}v{version}", "amount": decimal.Decimal(f"{i * 3 + version}.{i % 100:02d}"),
-                "born": dt.date(2000, 1, 1) + dt.timedelta(days=i), "doc": {"i": i, "v": version, "t": "é"}}
+        return {
+            "id": i,
+            "name": f"n{i}v{version}",
+            "amount": decimal.Decimal(f"{i * 3 + version}.{i % 100:02d}"),
+            "born": dt.date(2000, 1, 1) + dt.timedelta(days=i),
+            "doc": {"i": i, "v": version, "t": "é"},
+        }
 
     def upsert(self, ctx: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         with ctx["engine"].begin() as c:
             for r in rows:
-                c.execute(text(
-                    f"INSERT INTO {ctx['table']} (id, name, amount, born, doc) "
-                    "VALUES (:id, :name, :amount, :born, CAST(:doc AS jsonb)) ON CONFLICT (id) DO UPDATE SET "
-                    "name = excluded.name, amount = excluded.amount, born = excluded.born, doc = excluded.doc, "
-                    "updated_at = clock_timestamp()"
-                ), {**r, "doc": json.dumps(r["doc"])})
+                c.execute(
+                    text(
+                        f"INSERT INTO {ctx['table']} (id, name, amount, born, doc) "
+                        "VALUES (:id, :name, :amount, :born, CAST(:doc AS jsonb)) ON CONFLICT (id) DO UPDATE SET "
+                        "name = excluded.name, amount = excluded.amount, born = excluded.born, doc = excluded.doc, "
+                        "updated_at = clock_timestamp()"
+                    ),
+                    {**r, "doc": json.dumps(r["doc"])},
+                )
 
     def delete(self, ctx: dict[str, Any], keys: list[tuple]) -> None:
         with ctx["engine"].begin() as c:
@@ -100,8 +120,7 @@ class TestRdsSourceContract(SourceContract):
         with ctx["engine"].connect() as c:
             rows = c.execute(text(f"SELECT id, name, amount, born, doc, updated_at FROM {ctx['table']}")).mappings()
             return {
-                (r["id"],): {**r, "doc": json.dumps(r["doc"], separators=(",", ":"), ensure_ascii=False)}
-                for r in rows
+                (r["id"],): {**r, "doc": json.dumps(r["doc"], separators=(",", ":"), ensure_ascii=False)} for r in rows
             }
 
 
@@ -178,8 +197,17 @@ def test_tasks_split_the_table(pg_engine: Any, pg: RdsConnection, kafka: Any, ka
     with pg_engine.begin() as c:
         c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
         c.execute(text(f"INSERT INTO {table} SELECT g, 'v' || g FROM generate_series(-20, 40) g"))
-    pipeline = _pipeline(kafka, pg, name=name, topic=f"state.{unique}", table=table, mode="incrementing",
-                         incrementing_column="id", tasks=3, batch_records=7)
+    pipeline = _pipeline(
+        kafka,
+        pg,
+        name=name,
+        topic=f"state.{unique}",
+        table=table,
+        mode="incrementing",
+        incrementing_column="id",
+        tasks=3,
+        batch_records=7,
+    )
     stats = run_once(pipeline)
     assert sorted(stats) == [f"{name}#0", f"{name}#1", f"{name}#2"]
     assert all(s.state == "caught_up" for s in stats.values()), {k: s.error for k, s in stats.items()}
@@ -211,23 +239,38 @@ def test_tasks_need_an_integer_key(pg_engine: Any, pg: RdsConnection, kafka: Any
 def _naive_poll(engine: Any, table: str, last: dt.datetime | None) -> tuple[list[int], dt.datetime | None]:
     """What a naive timestamp poller does (Kafka Connect JDBC ``timestamp`` mode): ts > last AND ts < now()."""
     with engine.connect() as c:
-        rows = c.execute(text(
-            f"SELECT id, updated_at FROM {table} WHERE (CAST(:last AS timestamptz) IS NULL OR updated_at > :last) "
-            "AND updated_at < statement_timestamp() ORDER BY updated_at"
-        ), {"last": last}).all()
+        rows = c.execute(
+            text(
+                f"SELECT id, updated_at FROM {table} WHERE (CAST(:last AS timestamptz) IS NULL OR updated_at > :last) "
+                "AND updated_at < statement_timestamp() ORDER BY updated_at"
+            ),
+            {"last": last},
+        ).all()
     return [r.id for r in rows], (rows[-1].updated_at if rows else last)
 
 
-def test_long_transaction_loses_no_row(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
-                                       unique: str) -> None:
+def test_long_transaction_loses_no_row(
+    pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
     table = f"late_{unique}"
     with pg_engine.begin() as c:
         # DEFAULT now(): the transaction's *start* time, the usual way updated_at is written
-        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text, "
-                       "updated_at timestamptz NOT NULL DEFAULT now())"))
-    pipeline = _pipeline(kafka, pg, name=f"late-{unique}", topic=f"state.{unique}", table=table,
-                         mode="timestamp", timestamp_column="updated_at", commit_delay_s=0,
-                         reconcile_interval_s=None)
+        c.execute(
+            text(
+                f"CREATE TABLE {table} (id integer PRIMARY KEY, v text, updated_at timestamptz NOT NULL DEFAULT now())"
+            )
+        )
+    pipeline = _pipeline(
+        kafka,
+        pg,
+        name=f"late-{unique}",
+        topic=f"state.{unique}",
+        table=table,
+        mode="timestamp",
+        timestamp_column="updated_at",
+        commit_delay_s=0,
+        reconcile_interval_s=None,
+    )
 
     long_tx = pg_engine.connect()
     tx = long_tx.begin()
@@ -255,29 +298,50 @@ def test_long_transaction_loses_no_row(pg_engine: Any, pg: RdsConnection, kafka:
 # -- identifiers ---------------------------------------------------------------------------------------------
 
 
-def test_identifier_injection_is_quoted(rds: tuple[RdsConnection, Any], kafka: Any, kafka_conf: Any,
-                                        unique: str) -> None:
+def test_identifier_injection_is_quoted(
+    rds: tuple[RdsConnection, Any], kafka: Any, kafka_conf: Any, unique: str
+) -> None:
     pg, pg_engine = rds  # PostgreSQL quotes with ", MySQL with `: both must hold
     victim = f"victim_{unique}"
     evil = f'evil"; DROP TABLE {victim}; --{unique}'
     md = MetaData()
     Table(victim, md, Column("id", Integer, primary_key=True))
-    Table(evil, md, Column('id"; DROP TABLE x; --', Integer, primary_key=True),
-          Column("unit price", Numeric(8, 2)), Column("select", Text), Column("c;--", Text))
+    Table(
+        evil,
+        md,
+        Column('id"; DROP TABLE x; --', Integer, primary_key=True),
+        Column("unit price", Numeric(8, 2)),
+        Column("select", Text),
+        Column("c;--", Text),
+    )
     md.create_all(pg_engine)
     with pg_engine.begin() as c:
-        c.execute(md.tables[evil].insert(), [
-            {'id"; DROP TABLE x; --': i, "unit price": decimal.Decimal("1.25") * i, "select": f"s{i}", "c;--": "x"}
-            for i in range(1, 4)
-        ])
-    pipeline = _pipeline(kafka, pg, name=f"evil-{unique}", topic=f"state.{unique}", table=evil, mode="incrementing",
-                         incrementing_column='id"; DROP TABLE x; --')
+        c.execute(
+            md.tables[evil].insert(),
+            [
+                {'id"; DROP TABLE x; --': i, "unit price": decimal.Decimal("1.25") * i, "select": f"s{i}", "c;--": "x"}
+                for i in range(1, 4)
+            ],
+        )
+    pipeline = _pipeline(
+        kafka,
+        pg,
+        name=f"evil-{unique}",
+        topic=f"state.{unique}",
+        table=evil,
+        mode="incrementing",
+        incrementing_column='id"; DROP TABLE x; --',
+    )
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     assert inspect(pg_engine).has_table(victim), "the victim table must survive"
     state = topic_state(kafka_conf, f"state.{unique}")
-    assert state[(2,)] == {"id___DROP_TABLE_x____": 2, "unit_price": decimal.Decimal("2.50"), "select": "s2",
-                           "c___": "x"}
+    assert state[(2,)] == {
+        "id___DROP_TABLE_x____": 2,
+        "unit_price": decimal.Decimal("2.50"),
+        "select": "s2",
+        "c___": "x",
+    }
 
 
 def test_missing_table_is_a_config_error(pg: RdsConnection, kafka: Any, unique: str) -> None:
@@ -290,16 +354,25 @@ def test_missing_table_is_a_config_error(pg: RdsConnection, kafka: Any, unique: 
 # -- encoding errors ---------------------------------------------------------------------------------------------
 
 
-def test_unencodable_value_stops_without_advancing(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
-                                                   unique: str) -> None:
+def test_unencodable_value_stops_without_advancing(
+    pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
     table = f"enc_{unique}"
     name = f"enc-{unique}"
     with pg_engine.begin() as c:
         # unbounded numeric is written as decimal(38, 9): 10 fractional digits cannot be encoded exactly
         c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, amount numeric)"))
         c.execute(text(f"INSERT INTO {table} VALUES (1, 1.5), (2, 1.0000000001), (3, 2.5)"))
-    pipeline = _pipeline(kafka, pg, name=name, topic=f"state.{unique}", table=table, mode="incrementing",
-                         incrementing_column="id", batch_records=1)
+    pipeline = _pipeline(
+        kafka,
+        pg,
+        name=name,
+        topic=f"state.{unique}",
+        table=table,
+        mode="incrementing",
+        incrementing_column="id",
+        batch_records=1,
+    )
     (s,) = run_once(pipeline).values()
     assert s.state == "failed"
     for part in (name, table, "{'id': 2}", 'column "amount"'):
@@ -314,9 +387,11 @@ def test_unencodable_value_stops_without_advancing(pg_engine: Any, pg: RdsConnec
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     state = topic_state(kafka_conf, f"state.{unique}")
-    assert state == {(1,): {"id": 1, "amount": decimal.Decimal("1.5")},
-                     (2,): {"id": 2, "amount": decimal.Decimal("1.000000001")},
-                     (3,): {"id": 3, "amount": decimal.Decimal("2.5")}}
+    assert state == {
+        (1,): {"id": 1, "amount": decimal.Decimal("1.5")},
+        (2,): {"id": 2, "amount": decimal.Decimal("1.000000001")},
+        (3,): {"id": 3, "amount": decimal.Decimal("2.5")},
+    }
 
 
 # -- types --------------------------------------------------------------------------------------------------------
@@ -326,28 +401,41 @@ def test_types_round_trip(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_c
     table = f"types_{unique}"
     u = uuid.uuid4()
     with pg_engine.begin() as c:
-        c.execute(text(
-            f"CREATE TABLE {table} (id bigint PRIMARY KEY, small smallint, big bigint, price numeric(20,6), "
-            "ratio double precision, flag boolean, at timestamptz, local_at timestamp, day date, "
-            "doc jsonb, raw bytea, uid uuid, tags text[], note varchar(10))"
-        ))
-        c.execute(text(
-            f"INSERT INTO {table} VALUES (1, 7, 9007199254740993, 12345678901234.123456, 0.5, true, "
-            "'2024-02-29 23:59:59.123456+02', '2024-02-29 23:59:59.5', '1999-12-31', "
-            "'{\"a\": [1, 2], \"b\": null}', '\\xdeadbeef', :u, ARRAY['x', NULL], 'hi'), "
-            "(2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
-        ), {"u": u})
+        c.execute(
+            text(
+                f"CREATE TABLE {table} (id bigint PRIMARY KEY, small smallint, big bigint, price numeric(20,6), "
+                "ratio double precision, flag boolean, at timestamptz, local_at timestamp, day date, "
+                "doc jsonb, raw bytea, uid uuid, tags text[], note varchar(10))"
+            )
+        )
+        c.execute(
+            text(
+                f"INSERT INTO {table} VALUES (1, 7, 9007199254740993, 12345678901234.123456, 0.5, true, "
+                "'2024-02-29 23:59:59.123456+02', '2024-02-29 23:59:59.5', '1999-12-31', "
+                "'{\"a\": [1, 2], \"b\": null}', '\\xdeadbeef', :u, ARRAY['x', NULL], 'hi'), "
+                "(2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+            ),
+            {"u": u},
+        )
     pipeline = _pipeline(kafka, pg, name=f"types-{unique}", topic=f"state.{unique}", table=table)
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     state = topic_state(kafka_conf, f"state.{unique}")
     assert state[(1,)] == {
-        "id": 1, "small": 7, "big": 9007199254740993, "price": decimal.Decimal("12345678901234.123456"),
-        "ratio": 0.5, "flag": True,
+        "id": 1,
+        "small": 7,
+        "big": 9007199254740993,
+        "price": decimal.Decimal("12345678901234.123456"),
+        "ratio": 0.5,
+        "flag": True,
         "at": dt.datetime(2024, 2, 29, 21, 59, 59, 123456, tzinfo=UTC),
         "local_at": dt.datetime(2024, 2, 29, 23, 59, 59, 500000),
-        "day": dt.date(1999, 12, 31), "doc": '{"a":[1,2],"b":null}', "raw": b"\xde\xad\xbe\xef",
-        "uid": u, "tags": ["x", None], "note": "hi",
+        "day": dt.date(1999, 12, 31),
+        "doc": '{"a":[1,2],"b":null}',
+        "raw": b"\xde\xad\xbe\xef",
+        "uid": u,
+        "tags": ["x", None],
+        "note": "hi",
     }
     assert state[(2,)] == {"id": 2, **{k: None for k in state[(1,)] if k != "id"}}
 
@@ -355,8 +443,9 @@ def test_types_round_trip(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_c
 # -- topics ------------------------------------------------------------------------------------------------------
 
 
-def test_existing_non_compacted_topic_is_refused(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
-                                                 unique: str) -> None:
+def test_existing_non_compacted_topic_is_refused(
+    pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = f"state.{unique}"
@@ -372,8 +461,9 @@ def test_existing_non_compacted_topic_is_refused(pg_engine: Any, pg: RdsConnecti
         ensure_compacted_topic(kafka_conf, topic)
 
 
-def test_topic_is_created_with_configured_spec(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
-                                               unique: str) -> None:
+def test_topic_is_created_with_configured_spec(
+    pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
     from connectors.topics import end_offsets, topic_configs
 
     table = f"spec_{unique}"
@@ -381,8 +471,14 @@ def test_topic_is_created_with_configured_spec(pg_engine: Any, pg: RdsConnection
         c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
         c.execute(text(f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 50) g"))
     topic = f"state.{unique}"
-    pipeline = _pipeline(kafka, pg, name=f"spec-{unique}", topic=topic, table=table,
-                         topic_spec={"partitions": 3, "configs": {"min.cleanable.dirty.ratio": "0.2"}})
+    pipeline = _pipeline(
+        kafka,
+        pg,
+        name=f"spec-{unique}",
+        topic=topic,
+        table=table,
+        topic_spec={"partitions": 3, "configs": {"min.cleanable.dirty.ratio": "0.2"}},
+    )
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     configs = topic_configs(kafka_conf, topic)
@@ -392,8 +488,9 @@ def test_topic_is_created_with_configured_spec(pg_engine: Any, pg: RdsConnection
     assert len(ends) == 3 and sum(ends.values()) == 50 and all(v > 0 for v in ends.values())
 
 
-def test_full_producer_queue_is_waited_out(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
-                                           unique: str) -> None:
+def test_full_producer_queue_is_waited_out(
+    pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
     from connectors.runtime.standalone import SourceWorker, task_specs
 
     table = f"q_{unique}"
@@ -428,12 +525,21 @@ def test_sqlite_for_quick_local_use(tmp_path: Any, kafka: Any, kafka_conf: Any, 
     with engine.begin() as c:
         c.execute(text("CREATE TABLE planes (tailnum TEXT PRIMARY KEY, year INTEGER, seats INTEGER)"))
         c.execute(text("INSERT INTO planes VALUES ('N10156', 2004, 55), ('N102UW', 1998, 182), ('N103US', 1999, 182)"))
-    pipeline = pipeline_from_dict({
-        "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
-        "connections": {"local": {"type": "rds", "url": f"sqlite:///{db}"}},
-        "sources": [{"name": f"planes-{unique}", "type": "rds_source", "connection": "local",
-                     "topic": f"state.{unique}", "table": "planes"}],
-    })
+    pipeline = pipeline_from_dict(
+        {
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+            "connections": {"local": {"type": "rds", "url": f"sqlite:///{db}"}},
+            "sources": [
+                {
+                    "name": f"planes-{unique}",
+                    "type": "rds_source",
+                    "connection": "local",
+                    "topic": f"state.{unique}",
+                    "table": "planes",
+                }
+            ],
+        }
+    )
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     with engine.begin() as c:
@@ -449,8 +555,9 @@ def test_sqlite_for_quick_local_use(tmp_path: Any, kafka: Any, kafka_conf: Any, 
     engine.dispose()
 
 
-def test_cli_once_offsets_list_and_reset(tmp_path: Any, pg_engine: Any, pg: RdsConnection, kafka: Any,
-                                         kafka_conf: Any, unique: str) -> None:
+def test_cli_once_offsets_list_and_reset(
+    tmp_path: Any, pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
     table = f"cli_{unique}"
     with pg_engine.begin() as c:
         c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
@@ -465,27 +572,37 @@ def test_cli_once_offsets_list_and_reset(tmp_path: Any, pg_engine: Any, pg: RdsC
     )
     env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     threes = [sys.executable, "-m", "connectors.cli"]
-    done = subprocess.run([*threes, "source", "run", str(cfg), "--once"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [*threes, "source", "run", str(cfg), "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert f"{name}: caught_up rows_read=30 acked=30" in done.stdout
-    listed = subprocess.run([*threes, "offsets", "list", str(cfg), "--json"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=60)
+    listed = subprocess.run(
+        [*threes, "offsets", "list", str(cfg), "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert listed.returncode == 0, listed.stderr
     (entry,) = [json.loads(line) for line in listed.stdout.splitlines()]
     assert entry["connector"] == name and entry["position"] == {"mode": "incrementing", "after": [30]}
-    reset = subprocess.run([*threes, "offsets", "reset", str(cfg), "--connector", name, "--yes"], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=60)
+    reset = subprocess.run(
+        [*threes, "offsets", "reset", str(cfg), "--connector", name, "--yes"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert reset.returncode == 0, reset.stderr
     assert OffsetStore(kafka_conf).load(name) is None
-    again = subprocess.run([*threes, "source", "run", str(cfg), "--once"], cwd=ROOT, env=env, capture_output=True,
-                           text=True, timeout=120)
+    again = subprocess.run(
+        [*threes, "source", "run", str(cfg), "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert again.returncode == 0, again.stderr
     assert count_records(kafka_conf, f"state.{unique}") == 60  # re-snapshot after the reset
 
 
-def test_sigterm_flushes_and_stores_the_position(tmp_path: Any, pg_engine: Any, pg: RdsConnection, kafka: Any,
-                                                 kafka_conf: Any, unique: str) -> None:
+def test_sigterm_flushes_and_stores_the_position(
+    tmp_path: Any, pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
     import signal
     import time
 
@@ -504,9 +621,14 @@ def test_sigterm_flushes_and_stores_the_position(tmp_path: Any, pg_engine: Any, 
         f"    reconcile_interval_s: null\n"
     )
     env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([sys.executable, "-m", "connectors.cli", "--debug", "source", "run", str(cfg)], cwd=ROOT,
-                            env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "connectors.cli", "--debug", "source", "run", str(cfg)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     store = OffsetStore(kafka_conf)
     try:
         deadline = time.monotonic() + 60
@@ -531,8 +653,9 @@ def test_sigterm_flushes_and_stores_the_position(tmp_path: Any, pg_engine: Any, 
     assert store.load(name) == {"mode": "incrementing", "after": [520]}, out + err[-3000:]
 
 
-def test_lost_database_connections_are_retried(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any,
-                                               unique: str) -> None:
+def test_lost_database_connections_are_retried(
+    pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
     import threading
     import time
 
@@ -542,8 +665,16 @@ def test_lost_database_connections_are_retried(pg_engine: Any, pg: RdsConnection
     with pg_engine.begin() as c:
         c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
         c.execute(text(f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 100) g"))
-    pipeline = _pipeline(kafka, pg, name=f"lost-{unique}", topic=f"state.{unique}", table=table, mode="incrementing",
-                         incrementing_column="id", poll_interval_s=0.2)
+    pipeline = _pipeline(
+        kafka,
+        pg,
+        name=f"lost-{unique}",
+        topic=f"state.{unique}",
+        table=table,
+        mode="incrementing",
+        incrementing_column="id",
+        poll_interval_s=0.2,
+    )
     worker = SourceWorker(pipeline)
     (spec,) = task_specs(pipeline.sources)
     runner = worker.start(spec)
@@ -556,11 +687,17 @@ def test_lost_database_connections_are_retried(pg_engine: Any, pg: RdsConnection
         # the database drops every connection of the source (a failover, a restart)
         for _ in range(3):
             with pg_engine.begin() as c:
-                c.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-                               "current_database() AND pid <> pg_backend_pid() AND application_name = ''"
-                               " AND backend_type = 'client backend'"))
-                c.execute(text(f"INSERT INTO {table} SELECT g, 'w' FROM generate_series(CAST(:a AS int), CAST(:b AS int)) g"),
-                          {"a": 101 + _ * 10, "b": 110 + _ * 10})
+                c.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND pid <> pg_backend_pid() AND application_name = ''"
+                        " AND backend_type = 'client backend'"
+                    )
+                )
+                c.execute(
+                    text(f"INSERT INTO {table} SELECT g, 'w' FROM generate_series(CAST(:a AS int), CAST(:b AS int)) g"),
+                    {"a": 101 + _ * 10, "b": 110 + _ * 10},
+                )
             time.sleep(0.5)
         deadline = time.monotonic() + 60
         while runner.stats.acked < 130:
