@@ -191,4 +191,9 @@ def stream_rows(conn: Any, stmt: Any, dialect: Any, size: int) -> Iterator[list[
     except error_class as exc:
         raise DBAPIError.instance(str(compiled), None, exc, error_class, hide_parameters=True) from exc
     finally:
-        dbapi_conn.rollback()
+        try:
+            dbapi_conn.rollback()
+        except error_class as exc:
+            # a lost connection fails the rollback too: raise it as SQLAlchemy's error (retriable), never
+            # as the driver's own, which would replace the error being raised and escape the caller's handling
+            raise DBAPIError.instance("ROLLBACK", None, exc, error_class, hide_parameters=True) from exc
