@@ -6,7 +6,14 @@ side by side on the same events:
 
 1. enriched events/s of the job with a 10k-key and a 1M-key snapshot, against
    (a) the same job without the join and (b) a plain Spark stream-static
-   broadcast join whose static side is never refreshed;
+   broadcast join whose static side is never refreshed. Loading is outside
+   this figure on both sides, the same way: (b) reads and caches its static
+   side before its query starts; the job starts its query while its
+   snapshot loads (readiness gate: topics read, base broadcast and indexed by
+   the Python workers), and the time its first micro-batch waits at the gate
+   (``StreamJob.gate_wait_s``) is taken out. Everything after the gate
+   counts, first batch included; the figure with the gate is printed beside it,
+   and loading is measured on its own in 2 and 4;
 2. snapshot bootstrap keys/s at 100k and 1M keys;
 3. refresh time of the 1M-key snapshot after 1k updates vs a full reload;
 4. restart-to-first-batch time at 1M keys with and without the snapshot checkpoint;
@@ -198,25 +205,34 @@ class Bench:
         return StreamJob(config, self.kafka, self.spark, base_dir=self.tmp)
 
     @staticmethod
-    def throughput(query: Any) -> dict[str, float]:
-        """Events/s over every micro-batch of a finished query (Spark's own progress reports)."""
+    def throughput(query: Any, gate_wait_s: float = 0.0) -> dict[str, float]:
+        """Events/s over every micro-batch of a finished query (Spark's own progress reports).
+
+        ``gate_wait_s``, the time the job's first micro-batch waited at the
+        readiness gate (snapshot loading, measured on its own in parts 2 and
+        4), is taken out, as the plain join's static side is loaded before
+        its query starts; the figure with it is kept as ``events_per_s_with_gate``.
+        """
         progress = [p for p in query.recentProgress if p["numInputRows"]]
         rows = sum(p["numInputRows"] for p in progress)
-        seconds = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+        gross = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+        seconds = gross - gate_wait_s
         steady = progress[1:] or progress
         steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
         return {
             "events": rows, "batches": len(progress), "seconds": seconds, "events_per_s": rows / seconds,
+            "events_per_s_with_gate": rows / gross, "gate_wait_s": gate_wait_s,
             "steady_events_per_s": sum(p["numInputRows"] for p in steady) / steady_s,
-            "first_batch_s": progress[0]["durationMs"]["triggerExecution"] / 1000,
+            "first_batch_s": progress[0]["durationMs"]["triggerExecution"] / 1000 - gate_wait_s,
         }
 
     def run_job(self, events: str, snapshot_topic: str | None, **snapshot: Any) -> dict[str, float]:
         job = self.job(self.config(events, snapshot_topic, self.tmp / f"cp-{uuid.uuid4().hex[:6]}", **snapshot))
         job.start(available_now=True)
         job.await_termination()
-        stats = self.throughput(job.queries[0])
+        stats = self.throughput(job.queries[0], job.gate_wait_s)
         stats["engine"] = job.snapshots["airports"].mode if job.snapshots else "none"
+        stats["ready_s"] = sum(r["elapsed_s"] for r in job.readiness.values())
         job.stop(checkpoint=False)
         return stats
 
@@ -282,14 +298,16 @@ class Bench:
                 if best is None:
                     self.results[name] = {**stats, "rounds": ROUNDS}
                 else:  # best of the rounds, overall and steady state each
-                    for key in ("events_per_s", "steady_events_per_s"):
+                    for key in ("events_per_s", "events_per_s_with_gate", "steady_events_per_s"):
                         best[key] = max(best[key], stats[key])
                     best["first_batch_s"] = min(best["first_batch_s"], stats["first_batch_s"])
         for name in runs:
             r = self.results[name]
             self.rows.append((f"events/s {name}", f"{r['events_per_s']:,.0f}",
                               f"steady {r['steady_events_per_s']:,.0f}/s, {r['batches']} batches, "
-                              f"first {r['first_batch_s']:.2f} s, engine {r.get('engine', 'spark')}"))
+                              f"first {r['first_batch_s']:.2f} s, engine {r.get('engine', 'spark')}"
+                              + (f", ready in {r['ready_s']:.1f} s (gate {r['gate_wait_s']:.1f} s, "
+                                 f"{r['events_per_s_with_gate']:,.0f}/s with it)" if r.get("ready_s") else "")))
         r = self.results
         for key, (a, b) in {
             "ratio_1m_vs_plain": ("job_1m", "plain_broadcast_1m"),

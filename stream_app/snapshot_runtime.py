@@ -56,7 +56,8 @@ from stream_app.snapshot import (
     latest_per_key,
     record_decoder,
 )
-from stream_app.snapshot_base import DeadLetterProducer, SnapshotBase, nullable_table
+from stream_app.snapshot_base import DeadLetterProducer, SnapshotBase, nullable_schema, nullable_table
+from stream_app.snapshot_delta import DriverDecoder, simple_key_field, supported_schema
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,9 @@ class Snapshot:
         self._checkpoint_thread: threading.Thread | None = None
         self._ranges = RangeReader(kafka)
         self._decoder: tuple[frozenset[bytes], Callable[[Any], Any]] | None = None
+        self._driver: tuple[frozenset[bytes], DriverDecoder] | None = None
+        self._log_schema: pa.Schema | None = None
+        self.decoded_by = ""  # who decoded the last refresh: "driver" (fastavro) or "spark" (the JVM)
         self._metrics = metrics.snapshot_metrics(job, self.name, lambda: time.time() - self.caught_up_at)
 
     # -- reading Kafka ------------------------------------------------------------------------
@@ -133,21 +137,52 @@ class Snapshot:
         bad = decoded.filter(decoded[ERROR].isNotNull()).select(TOPIC, PARTITION, OFFSET, ERROR, "key", "value")
         return self.dead_letters.send(bad.toArrow(), stage)
 
+    def _empty_log(self) -> pa.Table:
+        """An empty overlay log table: ``__lk, __lh, __deleted, __topic, __partition, __offset`` + values."""
+        if self._log_schema is None:
+            base = list(self._empty_base().schema)
+            extra = [(DELETED, pa.bool_()), (TOPIC, pa.string()), (PARTITION, pa.int32()), (OFFSET, pa.int64())]
+            self._log_schema = nullable_schema(pa.schema([*base[:2], *extra, *base[2:]]))
+        return self._log_schema.empty_table()
+
+    def _driver_decoder(self) -> DriverDecoder | None:
+        """The fastavro decoder of small deltas, ``None`` when the schemas need the JVM's decoding."""
+        key_field = simple_key_field(self.plan.key.spark_type)
+        if key_field is None or not supported_schema(self.plan.value.avro) or not supported_schema(self.plan.key.avro):
+            return None
+        writers = self.writers()
+        relevant = {**writers_for(writers, self.plan.key.avro), **writers_for(writers, self.plan.value.avro)}
+        if self._driver is None or self._driver[0] != frozenset(relevant):
+            decoder = DriverDecoder(relevant, self.plan.key.json, self.plan.value.json, key_field,
+                                    self._empty_log().schema, self.rank)
+            self._driver = (frozenset(relevant), decoder)
+        return self._driver[1]
+
     def _read_changes(self, start: Offsets, ends: Offsets, pending: int) -> pa.Table:
-        """Records in ``[start, ends)``: the whole log when small, else the latest per key (tombstones kept)."""
+        """Records in ``[start, ends)``: the whole log when small, else the latest per key (tombstones kept).
+
+        A few records are read on the driver by one long-lived consumer and
+        decoded there by fastavro (:mod:`stream_app.snapshot_delta`: no Spark
+        job), or in the JVM when fastavro cannot reproduce Spark's decoding;
+        many are read and decoded by Spark.
+        """
         from pyspark.sql import Observation
         from pyspark.sql import functions as f
 
+        self.decoded_by = "spark"
         if pending > self.cfg.overlay_max_rows:
             raw = read_range(self.spark, self.kafka, start, ends)
-        else:  # a few records: read on the driver, decode in the JVM
+        else:
             records = self._ranges.read(start, ends)
+            if records.num_rows:
+                decoder = self._driver_decoder()
+                table = decoder.decode(records) if decoder is not None else None
+                if table is not None:
+                    self.decoded_by = "driver"
+                    return table
             raw = self.spark.createDataFrame(records) if records.num_rows else None
         if raw is None:  # every offset in the range was compacted away
-            base = self._empty_base()
-            extra = pa.schema([(DELETED, pa.bool_()), (TOPIC, pa.string()), (PARTITION, pa.int32()),
-                               (OFFSET, pa.int64())])
-            return pa.schema([*base.schema[:2], *extra, *base.schema[2:]]).empty_table()
+            return self._empty_log()
         decoded = self._decode(raw)
         if pending > self.cfg.overlay_max_rows:
             seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
@@ -156,14 +191,19 @@ class Snapshot:
             if seen.get["errors"]:
                 self._dead_letter_errors(decoded)
             order = [(TOPIC, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")]
-            return nullable_table(changes.sort_by(order))
+            return self._as_log(changes.sort_by(order))
         rows = decoded.select(LK, LH, DELETED, TOPIC, PARTITION, OFFSET, RANK, ERROR, "key", "value", "__v.*")
         table = rows.toArrow().sort_by([(RANK, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")])
         errors = table.column(ERROR).is_valid()
         if pc.any(errors).as_py():
             self.dead_letters.send(table.filter(errors), "snapshot")
             table = table.filter(pc.invert(errors))
-        return nullable_table(table.select([LK, LH, DELETED, TOPIC, PARTITION, OFFSET, *self.value_names]))
+        return self._as_log(table)
+
+    def _as_log(self, table: pa.Table) -> pa.Table:
+        """A table from Spark as an overlay log table (the one schema both decoders give)."""
+        schema = self._empty_log().schema
+        return table.select(schema.names).cast(schema)
 
     # -- the base ---------------------------------------------------------------------------
 
@@ -231,6 +271,8 @@ class Snapshot:
             self.base_offsets = {t: dict(p) for t, p in ends.items()}
             self.caught_up_at = now
             source = "topics"
+        # part of "loaded": the Python workers hold the base's index before the gate opens (indexed engine)
+        self.base.wait_warm()
         elapsed = time.monotonic() - started
         keys = self.live_keys()
         log.info("snapshot=%s ready keys=%d mode=%s source=%s records_read=%d offsets=%s elapsed_s=%.2f", self.name,
@@ -324,8 +366,9 @@ class Snapshot:
         elapsed = time.monotonic() - started
         self._metrics.refresh.observe(elapsed)
         self._update_metrics()
-        log.info("snapshot=%s refresh records=%d overlay=%d keys=%d offsets=%s elapsed_s=%.2f", self.name,
-                 changes.num_rows, self.overlay_rows, self.base_rows, offsets_json(self.offsets), elapsed)
+        log.info("snapshot=%s refresh records=%d decoded_by=%s overlay=%d keys=%d offsets=%s elapsed_s=%.2f",
+                 self.name, changes.num_rows, self.decoded_by, self.overlay_rows, self.base_rows,
+                 offsets_json(self.offsets), elapsed)
         return pending
 
     def live_keys(self) -> int:

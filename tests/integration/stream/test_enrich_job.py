@@ -87,6 +87,7 @@ def test_changed_reference_reaches_every_later_event(spark, env):
     # within two triggers (in fact: from the first batch planned after the change)
     late = [i for i in after if flow.sent[i] >= changed_at + 2 * job.config.trigger_interval_s]
     assert late and all(got[i]["value"]["origin_name"] == "Newark RENAMED" for i in after)
+    assert job.snapshots["airports"].decoded_by == "driver"  # a one-record refresh: fastavro, no Spark job
     # staleness and size are exported: the snapshot was caught up before the last batch, seconds ago
     from prometheus_client import REGISTRY
 
@@ -150,7 +151,10 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_job_goes_on(spa
         "null value": env.put_raw_event(b"k4", None),
     }
     env.put_flights([flight(2)])
-    letters = env.consume(env.dlq, lambda rs: len(rs) >= 5, timeout_s=120, deserialize=False)
+    # one more while the job runs: a small refresh, which the driver's decoder hands to the JVM's
+    bad_snapshot(env.airports, key=env.key_ser({"faa": "BAD2"}), value=b"\xc3\x01" + b"\x00" * 8 + b"junk")
+    env.producer.flush(10)
+    letters = env.consume(env.dlq, lambda rs: len(rs) >= 6, timeout_s=120, deserialize=False)
     got = {(int(r["headers"]["dlq.partition"]), int(r["headers"]["dlq.offset"])): r for r in letters}
     for reason, where in bad.items():
         letter = DeadLetter.from_headers(list(got[where]["headers"].items()))
@@ -160,7 +164,8 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_job_goes_on(spa
     assert "does not decode" in DeadLetter.from_headers(list(got[bad["corrupt body"]]["headers"].items())).message
     assert got[bad["not avro"]]["raw"] == b"plain text" and got[bad["not avro"]]["key"] == b"k1"  # bytes untouched
     snap = [DeadLetter.from_headers(list(r["headers"].items())) for r in letters if r["headers"]["dlq.stage"] == b"snapshot"]
-    assert len(snap) == 1 and snap[0].topic == env.airports
+    assert len(snap) == 2 and {s.topic for s in snap} == {env.airports}
+    assert all("unknown writer schema" in s.message for s in snap)
     # the job keeps running: good events before and after are enriched
     assert {1, 2} <= set(by_flight(env.consume(env.enriched, lambda rs: {1, 2} <= set(by_flight(rs)), timeout_s=120)))
     assert all(q.isActive for q in job.queries)
