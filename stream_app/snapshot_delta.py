@@ -47,8 +47,14 @@ log = logging.getLogger(__name__)
 
 SPARK_HASH_SEED = 42  # Spark's XxHash64 expression seed
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
-_LOGICAL = {"timestamp-millis", "timestamp-micros", "local-timestamp-millis", "local-timestamp-micros", "date",
-            "decimal"}
+_LOGICAL = {
+    "timestamp-millis",
+    "timestamp-micros",
+    "local-timestamp-millis",
+    "local-timestamp-micros",
+    "date",
+    "decimal",
+}
 _NOT_SUPPORTED = {"time-millis", "time-micros", "uuid", "duration"}
 
 
@@ -152,8 +158,9 @@ class DriverDecoder:
             path (undecodable, or a value this decoder does not reproduce).
         """
         rows = sorted(
-            zip(*(records.column(c).to_pylist() for c in ("key", "value", "topic", "partition", "offset")),
-                strict=True),
+            zip(
+                *(records.column(c).to_pylist() for c in ("key", "value", "topic", "partition", "offset")), strict=True
+            ),
             key=lambda r: (self.rank.get(r[2], 0), r[3], r[4]),
         )
         out: dict[str, list[Any]] = {name: [] for name in self.schema.names}

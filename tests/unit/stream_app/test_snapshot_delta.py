@@ -36,21 +36,35 @@ V1 = {
         {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["SMALL", "LARGE"]}},
         {"name": "tags", "type": {"type": "array", "items": "string"}},
         {"name": "codes", "type": {"type": "map", "values": "int"}},
-        {"name": "loc", "type": ["null", {"type": "record", "name": "Loc", "fields": [{"name": "x", "type": "float"}]}],
-         "default": None},
+        {
+            "name": "loc",
+            "type": ["null", {"type": "record", "name": "Loc", "fields": [{"name": "x", "type": "float"}]}],
+            "default": None,
+        },
     ],
 }
 # the reader: a field added with a default, one dropped (Avro schema resolution)
-V2 = {**V1, "fields": [f for f in V1["fields"] if f["name"] != "lat"] + [
-    {"name": "country", "type": "string", "default": "US"}]}
+V2 = {
+    **V1,
+    "fields": [f for f in V1["fields"] if f["name"] != "lat"]
+    + [{"name": "country", "type": "string", "default": "US"}],
+}
 
 
 def value(i: int) -> dict:
     return {
-        "faa": f"K{i:03d}", "name": f"airport é{i}", "alt": i, "lat": i / 3, "tz": None if i % 2 else -5,
-        "opened": dt.datetime(2020, 1, 1, 12, i % 60, tzinfo=dt.UTC), "day": dt.date(2021, 3, 1 + i % 20),
-        "fee": decimal.Decimal(f"{i}.25"), "kind": "LARGE" if i % 3 else "SMALL", "tags": [f"t{i}"] * (i % 3),
-        "codes": {"a": i}, "loc": {"x": 1.5} if i % 2 else None,
+        "faa": f"K{i:03d}",
+        "name": f"airport é{i}",
+        "alt": i,
+        "lat": i / 3,
+        "tz": None if i % 2 else -5,
+        "opened": dt.datetime(2020, 1, 1, 12, i % 60, tzinfo=dt.UTC),
+        "day": dt.date(2021, 3, 1 + i % 20),
+        "fee": decimal.Decimal(f"{i}.25"),
+        "kind": "LARGE" if i % 3 else "SMALL",
+        "tags": [f"t{i}"] * (i % 3),
+        "codes": {"a": i},
+        "loc": {"x": 1.5} if i % 2 else None,
     }
 
 
@@ -61,19 +75,29 @@ def records(n: int = 20) -> pa.Table:
         topic, partition, offset = ("b", "a")[i % 2], i % 3 % 2, 100 - i
         rows.append((key({"faa": f"K{i % 7:03d}"}), None if i % 5 == 4 else val(value(i)), topic, partition, offset))
     cols = list(zip(*rows, strict=True))
-    return pa.table({
-        "key": pa.array(cols[0], pa.binary()), "value": pa.array(cols[1], pa.binary()),
-        "topic": pa.array(cols[2], pa.string()), "partition": pa.array(cols[3], pa.int32()),
-        "offset": pa.array(cols[4], pa.int64()),
-    })
+    return pa.table(
+        {
+            "key": pa.array(cols[0], pa.binary()),
+            "value": pa.array(cols[1], pa.binary()),
+            "topic": pa.array(cols[2], pa.string()),
+            "partition": pa.array(cols[3], pa.int32()),
+            "offset": pa.array(cols[4], pa.int64()),
+        }
+    )
 
 
 def log_schema(value_type: T.StructType) -> pa.Schema:
-    spark_schema = T.StructType([
-        T.StructField(LK, T.StringType()), T.StructField(LH, T.LongType()), T.StructField(DELETED, T.BooleanType()),
-        T.StructField(TOPIC, T.StringType()), T.StructField(PARTITION, T.IntegerType()),
-        T.StructField(OFFSET, T.LongType()), *value_type.fields,
-    ])
+    spark_schema = T.StructType(
+        [
+            T.StructField(LK, T.StringType()),
+            T.StructField(LH, T.LongType()),
+            T.StructField(DELETED, T.BooleanType()),
+            T.StructField(TOPIC, T.StringType()),
+            T.StructField(PARTITION, T.IntegerType()),
+            T.StructField(OFFSET, T.LongType()),
+            *value_type.fields,
+        ]
+    )
     return nullable_schema(to_arrow_schema(spark_schema, timestamp_utc=True))
 
 
@@ -87,9 +111,11 @@ def test_driver_decoding_equals_jvm_decoding(spark):
 
     jvm = record_decoder(writers, schema_json(KEY), schema_json(V2), key_type, rank)(spark.createDataFrame(raw))
     expected = (
-        jvm.select(LK, LH, DELETED, TOPIC, PARTITION, OFFSET, "__rank", "__v.*").toArrow()
+        jvm.select(LK, LH, DELETED, TOPIC, PARTITION, OFFSET, "__rank", "__v.*")
+        .toArrow()
         .sort_by([("__rank", "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")])
-        .select(schema.names).cast(schema)
+        .select(schema.names)
+        .cast(schema)
     )
     assert supported_schema(V2) and supported_schema(KEY)
     driver = DriverDecoder(writers, schema_json(KEY), schema_json(V2), simple_key_field(key_type), schema, rank)
