@@ -1,4 +1,4 @@
-"""Shared pieces of the local stack: layout, errors, processes, ports and JDKs.
+"""Shared pieces of the local stack: layout, errors, readiness waits and URL redaction.
 
 Everything the local stack writes lives under one folder (``.threes/`` by
 default)::
@@ -129,3 +129,15 @@ def _short(exc: BaseException) -> str:
 def now() -> datetime:
     """Return the current time, timezone-aware UTC."""
     return datetime.now(UTC)
+
+
+def redact(url: str) -> str:
+    """Return ``url`` with its password replaced by ``***`` (``scheme://user:***@host...``).
+
+    A URL without ``://``, without userinfo or without a password is returned as is.
+    """
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostpart}"

@@ -25,7 +25,7 @@ from .common import HOST, LocalStackError
 from .maven import copy_artifact
 from .process import port_open
 from .service import Service
-from .system import as_user, chown_tree, ensure_system_user, find_java, is_root, make_traversable
+from .system import as_user, chown_tree, ensure_system_user, find_java, make_traversable
 
 if TYPE_CHECKING:
     from .stack import Endpoints
@@ -71,16 +71,12 @@ class Elasticsearch(Service):
     ports = (HTTP_PORT, TRANSPORT_PORT)
     health_timeout = 180.0
     stop_timeout = 45.0
+    run_as = OS_USER
 
     @property
     def install_dir(self) -> Path:
         """The unzipped distribution."""
         return self.dir / f"elasticsearch-{ES_VERSION}"
-
-    @property
-    def os_user(self) -> str | None:
-        """OS user that runs Elasticsearch: ``threes-es`` when we are root."""
-        return OS_USER if is_root() else None
 
     def install(self) -> None:
         """Download and unzip the distribution (each step skipped when done).

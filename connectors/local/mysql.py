@@ -24,10 +24,10 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import HOST, LocalStackError
+from .common import HOST, LocalStackError, redact
 from .process import run
 from .service import Service
-from .system import as_user, chown_tree, ensure_system_user, is_root, make_traversable
+from .system import SYSTEM_BIN, apt_install, as_user, chown_tree, ensure_system_user, find_program, make_traversable
 
 if TYPE_CHECKING:
     from .stack import Endpoints
@@ -42,7 +42,6 @@ MYSQL_URL = f"mysql+pymysql://{MYSQL_USER}:{MYSQL_PASSWORD}@{HOST}:{MYSQL_PORT}/
 """SQLAlchemy URL of the local server (``THREES_MYSQL_URL`` overrides it)."""
 OS_USER = "mysql"
 APT_PACKAGE = "mariadb-server"
-_SEARCH = ("/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin")
 
 SETTINGS = {
     "port": str(MYSQL_PORT),
@@ -75,24 +74,6 @@ def _init_sql() -> str:
     return "".join(f"{s};\n" for s in statements)
 
 
-def _find(*names: str) -> Path | None:
-    for folder in _SEARCH:
-        for name in names:
-            path = Path(folder) / name
-            if path.exists():
-                return path
-    return None
-
-
-def redact(url: str) -> str:
-    """Return ``url`` with its password replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, hostpart = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostpart}"
-
-
 class MySQL(Service):
     """A MariaDB server owned by the project (MySQL dialect)."""
 
@@ -102,6 +83,7 @@ class MySQL(Service):
     ports = (MYSQL_PORT,)
     health_timeout = 60.0
     stop_timeout = 60.0
+    run_as = OS_USER
 
     @property
     def data(self) -> Path:
@@ -118,27 +100,18 @@ class MySQL(Service):
         """The option file given to every MariaDB program with ``--defaults-file``."""
         return self.dir / "my.cnf"
 
-    @property
-    def os_user(self) -> str | None:
-        """OS user that runs the server: ``mysql`` when we are root, else ourselves."""
-        return OS_USER if is_root() else None
-
     @staticmethod
     def server_binary() -> Path | None:
         """``mariadbd`` (or ``mysqld``), None when not installed."""
-        return _find("mariadbd", "mysqld")
+        return find_program("mariadbd", "mysqld")
 
     @staticmethod
     def install_db_binary() -> Path | None:
         """``mariadb-install-db`` (or ``mysql_install_db``), None when not installed."""
-        return _find("mariadb-install-db", "mysql_install_db")
+        return find_program("mariadb-install-db", "mysql_install_db")
 
     def install(self) -> None:
-        """Install Debian's ``mariadb-server`` when it is missing (root only).
-
-        ``apt-get install`` is tried first and ``apt-get update`` only when it
-        fails (stale package lists); both wait for a dpkg lock held by another
-        install (PostgreSQL's, in the same ``up``) instead of failing.
+        """Install Debian's ``mariadb-server`` when it is missing (root only; see :func:`.system.apt_install`).
 
         Raises:
             LocalStackError: If it is missing and we are not root, apt fails, or
@@ -152,22 +125,13 @@ class MySQL(Service):
             ) from exc
         if self.server_binary() is not None and self.install_db_binary() is not None:
             return
-        if not is_root():
-            raise LocalStackError(
-                f"MariaDB is not installed (no mariadbd in {', '.join(_SEARCH)}); install it with "
-                f"'sudo apt-get install -y {APT_PACKAGE}' or set {self.env_var}"
-            )
-        logger.info("mysql: installing Debian's %s package (first run only)", APT_PACKAGE)
-        apt_log = self.layout.logs / "apt.log"
-        env = {"DEBIAN_FRONTEND": "noninteractive"}
-        wait_lock = ["-o", "DPkg::Lock::Timeout=300"]
-        install = ["apt-get", *wait_lock, "install", "-y", "--no-install-recommends", APT_PACKAGE]
-        try:
-            run(install, what=f"install {APT_PACKAGE} with apt-get", log=apt_log, env=env)
-        except LocalStackError:
-            logger.info("mysql: apt-get install failed; updating the package lists and trying again")
-            run(["apt-get", *wait_lock, "update"], what="run apt-get update", log=apt_log, env=env)
-            run(install, what=f"install {APT_PACKAGE} with apt-get (see {apt_log})", log=apt_log, env=env)
+        apt_install(
+            APT_PACKAGE,
+            title=self.title,
+            missing=f"no mariadbd in {', '.join(map(str, SYSTEM_BIN))}",
+            env_var=self.env_var,
+            log=self.layout.logs / "apt.log",
+        )
         if self.server_binary() is None or self.install_db_binary() is None:
             raise LocalStackError(f"apt-get installed {APT_PACKAGE} but mariadbd or mariadb-install-db is missing")
 

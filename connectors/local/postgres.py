@@ -14,10 +14,10 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import HOST, LocalStackError, now, wait_until
+from .common import HOST, LocalStackError, now, redact, wait_until
 from .process import PidRecord, owns, run, terminate
 from .service import Service
-from .system import chown_tree, ensure_system_user, is_root, make_traversable
+from .system import apt_install, chown_tree, ensure_system_user, find_program, make_traversable
 
 if TYPE_CHECKING:
     from .stack import Endpoints
@@ -31,6 +31,7 @@ PG_DATABASE = "threes"
 PG_ROOT = Path("/usr/lib/postgresql")
 PG_PREFERRED = "15"
 OS_USER = "postgres"
+APT_PACKAGE = "postgresql"
 
 SETTINGS = {
     "port": str(PG_PORT),
@@ -54,15 +55,6 @@ def to_conninfo(url: str) -> str:
     return f"{scheme.split('+', 1)[0]}://{rest}"
 
 
-def redact(url: str) -> str:
-    """Return ``url`` with its password replaced by ``***``."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, hostpart = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{hostpart}"
-
-
 class Postgres(Service):
     """A PostgreSQL cluster owned by the project."""
 
@@ -72,6 +64,7 @@ class Postgres(Service):
     ports = (PG_PORT,)
     health_timeout = 60.0
     stop_timeout = 60.0
+    run_as = OS_USER
 
     @property
     def data(self) -> Path:
@@ -83,22 +76,14 @@ class Postgres(Service):
         """Folder of the Unix-domain socket (kept inside the project)."""
         return self.dir / "run"
 
-    @property
-    def os_user(self) -> str | None:
-        """OS user that runs the server: ``postgres`` when we are root, else ourselves."""
-        return OS_USER if is_root() else None
-
     @staticmethod
     def bin_dir() -> Path | None:
         """Return Debian's PostgreSQL ``bin`` folder: 15 if present, else the newest."""
-        preferred = PG_ROOT / PG_PREFERRED / "bin"
-        if (preferred / "pg_ctl").exists():
-            return preferred
-        found = sorted(
-            (p for p in PG_ROOT.glob("*/bin") if (p / "pg_ctl").exists() and p.parent.name.isdigit()),
-            key=lambda p: int(p.parent.name),
+        newest_first = sorted(
+            (p for p in PG_ROOT.glob("*/bin") if p.parent.name.isdigit()), key=lambda p: -int(p.parent.name)
         )
-        return found[-1] if found else None
+        pg_ctl = find_program("pg_ctl", folders=[PG_ROOT / PG_PREFERRED / "bin", *newest_first])
+        return pg_ctl.parent if pg_ctl else None
 
     def _bin(self, tool: str) -> str:
         bin_dir = self.bin_dir()
@@ -111,30 +96,22 @@ class Postgres(Service):
         return ["runuser", "-u", user, "--", *cmd] if user else cmd
 
     def install(self) -> None:
-        """Install Debian's PostgreSQL 15 when it is missing (root only).
+        """Install Debian's PostgreSQL when it is missing (root only; see :func:`.system.apt_install`).
 
         Raises:
             LocalStackError: If it is missing and we are not root, or apt fails.
         """
         if self.bin_dir() is not None:
             return
-        if not is_root():
-            raise LocalStackError(
-                f"PostgreSQL is not installed ({PG_ROOT}/15/bin missing); install it with "
-                f"'sudo apt-get install -y postgresql' or set {self.env_var}"
-            )
-        logger.info("postgres: installing Debian's postgresql package (first run only)")
-        apt_log = self.layout.logs / "apt.log"
-        env = {"DEBIAN_FRONTEND": "noninteractive"}
-        run(["apt-get", "update"], what="run apt-get update", log=apt_log, env=env)
-        run(
-            ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"],
-            what="install PostgreSQL with apt-get",
-            log=apt_log,
-            env=env,
+        apt_install(
+            APT_PACKAGE,
+            title=self.title,
+            missing=f"no pg_ctl in {PG_ROOT}/*/bin",
+            env_var=self.env_var,
+            log=self.layout.logs / "apt.log",
         )
         if self.bin_dir() is None:
-            raise LocalStackError(f"apt-get installed PostgreSQL but {PG_ROOT}/*/bin is missing")
+            raise LocalStackError(f"apt-get installed {APT_PACKAGE} but {PG_ROOT}/*/bin/pg_ctl is missing")
 
     def prepare(self) -> None:
         """Run ``initdb`` once and (re)write the project's settings.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from .common import Layout, now
 from .process import PidRecord, ensure_ports_free, is_alive, owns, spawn, terminate
+from .system import is_root
 
 if TYPE_CHECKING:
     from .stack import Endpoints
@@ -28,6 +29,8 @@ class Service:
         ports: TCP ports on 127.0.0.1 the service listens on.
         health_timeout: Seconds to wait for the service to become healthy.
         stop_timeout: Seconds between the graceful signal and SIGKILL.
+        run_as: OS user the server runs as when we are root (servers that refuse
+            root: ``postgres``, ``mysql``); None runs it as ourselves.
     """
 
     name: ClassVar[str]
@@ -36,6 +39,7 @@ class Service:
     ports: ClassVar[tuple[int, ...]]
     health_timeout: ClassVar[float] = 60.0
     stop_timeout: ClassVar[float] = 30.0
+    run_as: ClassVar[str | None] = None
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
@@ -55,6 +59,11 @@ class Service:
     def pid_file(self) -> Path:
         """PID record path."""
         return self.layout.pid_file(self.name)
+
+    @property
+    def os_user(self) -> str | None:
+        """OS user that runs the server: :attr:`run_as` when we are root, else None (ourselves)."""
+        return self.run_as if is_root() else None
 
     # -- to implement ---------------------------------------------------------------
 

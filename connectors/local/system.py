@@ -1,4 +1,4 @@
-"""Operating-system helpers: service users, folder permissions and JDK discovery."""
+"""Operating-system helpers: service users, folder permissions, Debian packages, programs and JDKs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 import os
 import pwd
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .common import LocalStackError
@@ -86,6 +86,60 @@ def as_user(user: str | None, cmd: Sequence[str]) -> list[str]:
         "--",
         *cmd,
     ]
+
+
+SYSTEM_BIN = (Path("/usr/sbin"), Path("/usr/bin"), Path("/usr/local/sbin"), Path("/usr/local/bin"))
+"""Where Debian's packages put server programs (``sbin`` is often not on a non-root ``PATH``)."""
+
+
+def find_program(*names: str, folders: Iterable[Path] = SYSTEM_BIN) -> Path | None:
+    """Return the first ``folder/name`` that exists (folders in order, then names in order), or None.
+
+    Args:
+        names: Program names, preferred first (``mariadbd``, ``mysqld``).
+        folders: Folders to look in, preferred first.
+    """
+    for folder in folders:
+        for name in names:
+            path = folder / name
+            if path.exists():
+                return path
+    return None
+
+
+def apt_install(package: str, *, title: str, missing: str, env_var: str, log: Path) -> None:
+    """Install Debian's ``package`` with ``apt-get`` (root only): the first-run install of a database.
+
+    ``apt-get install`` is tried first and ``apt-get update`` only when it fails
+    (stale or empty package lists); both wait up to 5 minutes for a dpkg lock
+    held by another install (two services installing in the same ``up``)
+    instead of failing.
+
+    Args:
+        package: Debian package name (``postgresql``).
+        title: Human name of the service (``PostgreSQL``).
+        missing: What is missing, for the error when we are not root (``pg_ctl missing``).
+        env_var: The variable that points at a running server instead.
+        log: File apt's output is appended to.
+
+    Raises:
+        LocalStackError: If we are not root, or ``apt-get`` fails.
+    """
+    if not is_root():
+        raise LocalStackError(
+            f"{title} is not installed ({missing}); install it with "
+            f"'sudo apt-get install -y {package}' or set {env_var}"
+        )
+    logger.info("installing Debian's %s package for %s (first run only)", package, title)
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    wait_lock = ["-o", "DPkg::Lock::Timeout=300"]
+    install = ["apt-get", *wait_lock, "install", "-y", "--no-install-recommends", package]
+    try:
+        run(install, what=f"install {package} with apt-get", log=log, env=env)
+    except LocalStackError:
+        logger.info("apt-get install %s failed; updating the package lists and trying again", package)
+        run(["apt-get", *wait_lock, "update"], what="run apt-get update", log=log, env=env)
+        run(install, what=f"install {package} with apt-get (see {log})", log=log, env=env)
 
 
 def java_major(java_home: Path) -> int | None:
