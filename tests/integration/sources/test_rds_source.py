@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,92 +37,58 @@ from connectors.exceptions import ConfigError
 from connectors.runtime.offsets import OffsetStore
 from connectors.topics import ensure_compacted_topic
 from tests.conftest import ROOT
-from tests.integration.sources.contract import SourceContract, count_records, run_once, topic_state
+from tests.integration.sources.contract import count_records, run_once, topic_state
+from tests.integration.sources.rds import RdsSourceContract, naive_poll, source_pipeline
 
 UTC = dt.UTC
 
 
-def _pipeline(kafka: Any, pg: RdsConnection, **source: Any) -> Any:
-    from connectors.config import pipeline_from_dict
+def _pipeline_yaml(
+    path: Path, kafka: Any, conn: RdsConnection, *, name: str, topic: str, table: str, extra: str = ""
+) -> Path:
+    """Write the YAML pipeline of one ``incrementing`` source on ``table`` to ``path``; returns ``path``.
 
-    return pipeline_from_dict(
-        {
-            "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
-            "connections": {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}},
-            "sources": [{"type": "rds_source", "connection": "pg", "commit_delay_s": 0, **source}],
-        }
+    The password is ``${env:PGPASS}``: the CLI run needs ``PGPASS`` in its environment.
+    ``extra`` holds more source keys, each a line indented by four spaces.
+    """
+    path.write_text(
+        f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
+        f"connections:\n  pg:\n    type: rds\n    url: {conn.url}\n    password: ${{env:PGPASS}}\n"
+        f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: {topic}\n"
+        f"    table: {table}\n    mode: incrementing\n    incrementing_column: id\n{extra}"
     )
+    return path
 
 
-class TestRdsSourceContract(SourceContract):
+def _filled_table(engine: Any, table: str, first: int, last: int, v: str = "'v'") -> None:
+    """PostgreSQL: create ``table (id integer PRIMARY KEY, v text)`` with a row per id in ``first..last``.
+
+    ``v`` is the SQL of the ``v`` column, over the id ``g`` (``'v' || g``).
+    """
+    with engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
+        c.execute(text(f"INSERT INTO {table} SELECT g, {v} FROM generate_series({int(first)}, {int(last)}) g"))
+
+
+class TestRdsSourceContract(RdsSourceContract):
     """The source contract on a PostgreSQL table in ``timestamp`` mode."""
 
-    def setup_system(self, ctx: dict[str, Any]) -> None:
-        engine = ctx["request"].getfixturevalue("pg_engine")
-        ctx["engine"] = engine
-        ctx["pg"] = ctx["request"].getfixturevalue("pg")
-        ctx["table"] = f"src_{ctx['unique']}"
-        with engine.begin() as c:
-            c.execute(
-                text(
-                    f"CREATE TABLE {ctx['table']} (id integer PRIMARY KEY, name text NOT NULL, amount numeric(12,2), "
-                    "born date, doc jsonb, updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-                )
-            )
+    connection_fixture = "pg"
+    engine_fixture = "pg_engine"
+    create_sql = (
+        "CREATE TABLE {table} (id integer PRIMARY KEY, name text NOT NULL, amount numeric(12,2), "
+        "born date, doc jsonb, updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+    )
+    upsert_sql = (
+        "INSERT INTO {table} (id, name, amount, born, doc) "
+        "VALUES (:id, :name, :amount, :born, CAST(:doc AS jsonb)) ON CONFLICT (id) DO UPDATE SET "
+        "name = excluded.name, amount = excluded.amount, born = excluded.born, doc = excluded.doc, "
+        "updated_at = clock_timestamp()"
+    )
 
-    def connections(self, ctx: dict[str, Any]) -> dict[str, Any]:
-        pg = ctx["pg"]
-        return {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}}
-
-    def bad_connections(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        secret = "wrong-secret-4711"
-        return {"pg": {"type": "rds", "url": ctx["pg"].url, "password": secret}}, secret
-
-    def source_config(self, ctx: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "name": ctx["name"],
-            "type": "rds_source",
-            "connection": "pg",
-            "topic": ctx["topic"],
-            "table": ctx["table"],
-            "mode": "timestamp",
-            "timestamp_column": "updated_at",
-            "commit_delay_s": 0,
-            "batch_records": 7,
-        }
-
-    def make_row(self, i: int, version: int = 0) -> dict[str, Any]:
-        return {
-            "id": i,
-            "name": f"n{i}v{version}",
-            "amount": decimal.Decimal(f"{i * 3 + version}.{i % 100:02d}"),
-            "born": dt.date(2000, 1, 1) + dt.timedelta(days=i),
-            "doc": {"i": i, "v": version, "t": "é"},
-        }
-
-    def upsert(self, ctx: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-        with ctx["engine"].begin() as c:
-            for r in rows:
-                c.execute(
-                    text(
-                        f"INSERT INTO {ctx['table']} (id, name, amount, born, doc) "
-                        "VALUES (:id, :name, :amount, :born, CAST(:doc AS jsonb)) ON CONFLICT (id) DO UPDATE SET "
-                        "name = excluded.name, amount = excluded.amount, born = excluded.born, doc = excluded.doc, "
-                        "updated_at = clock_timestamp()"
-                    ),
-                    {**r, "doc": json.dumps(r["doc"])},
-                )
-
-    def delete(self, ctx: dict[str, Any], keys: list[tuple]) -> None:
-        with ctx["engine"].begin() as c:
-            c.execute(text(f"DELETE FROM {ctx['table']} WHERE id = ANY(:ids)"), {"ids": [k[0] for k in keys]})
-
-    def system_state(self, ctx: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
-        with ctx["engine"].connect() as c:
-            rows = c.execute(text(f"SELECT id, name, amount, born, doc, updated_at FROM {ctx['table']}")).mappings()
-            return {
-                (r["id"],): {**r, "doc": json.dumps(r["doc"], separators=(",", ":"), ensure_ascii=False)} for r in rows
-            }
+    def doc_text(self, doc: Any) -> str:
+        """psycopg decodes ``jsonb``; the source writes it as compact JSON text."""
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
 # -- modes ----------------------------------------------------------------------------------------------
@@ -169,7 +136,7 @@ def test_modes_copy_the_table(
             source.pop("timestamp_column")
         elif mode == "incrementing":
             source.pop("timestamp_column")
-    pipeline = _pipeline(kafka, conn, **source)
+    pipeline = source_pipeline(kafka, conn, **source)
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     state = topic_state(kafka_conf, f"state.{unique}")
@@ -194,10 +161,8 @@ def test_modes_copy_the_table(
 def test_tasks_split_the_table(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str) -> None:
     table = f"split_{unique}"
     name = f"split-{unique}"
-    with pg_engine.begin() as c:
-        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
-        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' || g FROM generate_series(-20, 40) g"))
-    pipeline = _pipeline(
+    _filled_table(pg_engine, table, -20, 40, "'v' || g")
+    pipeline = source_pipeline(
         kafka,
         pg,
         name=name,
@@ -229,24 +194,11 @@ def test_tasks_need_an_integer_key(pg_engine: Any, pg: RdsConnection, kafka: Any
     table = f"splitk_{unique}"
     with pg_engine.begin() as c:
         c.execute(text(f"CREATE TABLE {table} (code text PRIMARY KEY)"))
-    stats = run_once(_pipeline(kafka, pg, name=f"sk-{unique}", topic=f"state.{unique}", table=table, tasks=2))
+    stats = run_once(source_pipeline(kafka, pg, name=f"sk-{unique}", topic=f"state.{unique}", table=table, tasks=2))
     assert all(s.state == "failed" and "integer key" in s.error for s in stats.values())
 
 
 # -- commit-safe watermark ---------------------------------------------------------------------------------
-
-
-def _naive_poll(engine: Any, table: str, last: dt.datetime | None) -> tuple[list[int], dt.datetime | None]:
-    """What a naive timestamp poller does (Kafka Connect JDBC ``timestamp`` mode): ts > last AND ts < now()."""
-    with engine.connect() as c:
-        rows = c.execute(
-            text(
-                f"SELECT id, updated_at FROM {table} WHERE (CAST(:last AS timestamptz) IS NULL OR updated_at > :last) "
-                "AND updated_at < statement_timestamp() ORDER BY updated_at"
-            ),
-            {"last": last},
-        ).all()
-    return [r.id for r in rows], (rows[-1].updated_at if rows else last)
 
 
 def test_long_transaction_loses_no_row(
@@ -260,7 +212,7 @@ def test_long_transaction_loses_no_row(
                 f"CREATE TABLE {table} (id integer PRIMARY KEY, v text, updated_at timestamptz NOT NULL DEFAULT now())"
             )
         )
-    pipeline = _pipeline(
+    pipeline = source_pipeline(
         kafka,
         pg,
         name=f"late-{unique}",
@@ -279,12 +231,12 @@ def test_long_transaction_loses_no_row(
         c.execute(text(f"INSERT INTO {table} (id, v) VALUES (2, 'committed at once')"))  # updated_at = T1 > T0
 
     # both pollers run while the long transaction is still open
-    naive_seen, naive_last = _naive_poll(pg_engine, table, None)
+    naive_seen, naive_last = naive_poll(pg_engine, table, None)
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     tx.commit()
     long_tx.close()
-    naive_more, _ = _naive_poll(pg_engine, table, naive_last)
+    naive_more, _ = naive_poll(pg_engine, table, naive_last)
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
 
@@ -323,7 +275,7 @@ def test_identifier_injection_is_quoted(
                 for i in range(1, 4)
             ],
         )
-    pipeline = _pipeline(
+    pipeline = source_pipeline(
         kafka,
         pg,
         name=f"evil-{unique}",
@@ -345,7 +297,7 @@ def test_identifier_injection_is_quoted(
 
 
 def test_missing_table_is_a_config_error(pg: RdsConnection, kafka: Any, unique: str) -> None:
-    pipeline = _pipeline(kafka, pg, name=f"nt-{unique}", topic=f"state.{unique}", table=f"no_such_{unique}")
+    pipeline = source_pipeline(kafka, pg, name=f"nt-{unique}", topic=f"state.{unique}", table=f"no_such_{unique}")
     (s,) = run_once(pipeline).values()
     assert s.state == "failed"
     assert f"no_such_{unique}" in s.error and "does not exist" in s.error
@@ -363,7 +315,7 @@ def test_unencodable_value_stops_without_advancing(
         # unbounded numeric is written as decimal(38, 9): 10 fractional digits cannot be encoded exactly
         c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, amount numeric)"))
         c.execute(text(f"INSERT INTO {table} VALUES (1, 1.5), (2, 1.0000000001), (3, 2.5)"))
-    pipeline = _pipeline(
+    pipeline = source_pipeline(
         kafka,
         pg,
         name=name,
@@ -417,7 +369,7 @@ def test_types_round_trip(pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_c
             ),
             {"u": u},
         )
-    pipeline = _pipeline(kafka, pg, name=f"types-{unique}", topic=f"state.{unique}", table=table)
+    pipeline = source_pipeline(kafka, pg, name=f"types-{unique}", topic=f"state.{unique}", table=table)
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     state = topic_state(kafka_conf, f"state.{unique}")
@@ -454,7 +406,7 @@ def test_existing_non_compacted_topic_is_refused(
     table = f"nc_{unique}"
     with pg_engine.begin() as c:
         c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY)"))
-    (s,) = run_once(_pipeline(kafka, pg, name=f"nc-{unique}", topic=topic, table=table)).values()
+    (s,) = run_once(source_pipeline(kafka, pg, name=f"nc-{unique}", topic=topic, table=table)).values()
     assert s.state == "failed"
     assert "not compacted" in s.error and topic in s.error
     with pytest.raises(ConfigError):
@@ -467,11 +419,9 @@ def test_topic_is_created_with_configured_spec(
     from connectors.topics import end_offsets, topic_configs
 
     table = f"spec_{unique}"
-    with pg_engine.begin() as c:
-        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
-        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 50) g"))
+    _filled_table(pg_engine, table, 1, 50)
     topic = f"state.{unique}"
-    pipeline = _pipeline(
+    pipeline = source_pipeline(
         kafka,
         pg,
         name=f"spec-{unique}",
@@ -494,10 +444,8 @@ def test_full_producer_queue_is_waited_out(
     from connectors.runtime.standalone import SourceWorker, task_specs
 
     table = f"q_{unique}"
-    with pg_engine.begin() as c:
-        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
-        c.execute(text(f"INSERT INTO {table} SELECT g, repeat('x', 100) FROM generate_series(1, 400) g"))
-    pipeline = _pipeline(kafka, pg, name=f"q-{unique}", topic=f"state.{unique}", table=table, batch_records=500)
+    _filled_table(pg_engine, table, 1, 400, "repeat('x', 100)")
+    pipeline = source_pipeline(kafka, pg, name=f"q-{unique}", topic=f"state.{unique}", table=table, batch_records=500)
     # a local queue of 20 messages: the loop must wait for deliveries again and again, and drop nothing
     worker = SourceWorker(pipeline, producer_overrides={"queue_buffering_max_messages": 20})
     for spec in task_specs(pipeline.sources):
@@ -559,17 +507,9 @@ def test_cli_once_offsets_list_and_reset(
     tmp_path: Any, pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
 ) -> None:
     table = f"cli_{unique}"
-    with pg_engine.begin() as c:
-        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
-        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' || g FROM generate_series(1, 30) g"))
+    _filled_table(pg_engine, table, 1, 30, "'v' || g")
     name = f"cli-{unique}"
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
-        f"connections:\n  pg:\n    type: rds\n    url: {pg.url}\n    password: ${{env:PGPASS}}\n"
-        f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: state.{unique}\n"
-        f"    table: {table}\n    mode: incrementing\n    incrementing_column: id\n"
-    )
+    cfg = _pipeline_yaml(tmp_path / "pipeline.yaml", kafka, pg, name=name, topic=f"state.{unique}", table=table)
     env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     threes = [sys.executable, "-m", "connectors.cli"]
     done = subprocess.run(
@@ -608,17 +548,16 @@ def test_sigterm_flushes_and_stores_the_position(
 
     table = f"term_{unique}"
     name = f"term-{unique}"
-    with pg_engine.begin() as c:
-        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
-        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 500) g"))
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
-        f"connections:\n  pg:\n    type: rds\n    url: {pg.url}\n    password: ${{env:PGPASS}}\n"
-        f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: state.{unique}\n"
-        f"    table: {table}\n    mode: incrementing\n    incrementing_column: id\n    poll_interval_s: 0.2\n"
+    _filled_table(pg_engine, table, 1, 500)
+    cfg = _pipeline_yaml(
+        tmp_path / "pipeline.yaml",
+        kafka,
+        pg,
+        name=name,
+        topic=f"state.{unique}",
+        table=table,
         # no reconciliation: it could emit the new rows first (without moving the position), by design
-        f"    reconcile_interval_s: null\n"
+        extra="    poll_interval_s: 0.2\n    reconcile_interval_s: null\n",
     )
     env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(
@@ -662,10 +601,8 @@ def test_lost_database_connections_are_retried(
     from connectors.runtime.standalone import SourceWorker, task_specs
 
     table = f"lost_{unique}"
-    with pg_engine.begin() as c:
-        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
-        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' FROM generate_series(1, 100) g"))
-    pipeline = _pipeline(
+    _filled_table(pg_engine, table, 1, 100)
+    pipeline = source_pipeline(
         kafka,
         pg,
         name=f"lost-{unique}",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import json
 import time
 from typing import Any
 from urllib.parse import quote
@@ -16,97 +15,35 @@ from urllib.parse import quote
 from sqlalchemy import text
 
 from connectors.config.models import RdsConnection
-from tests.integration.sources.contract import SourceContract, run_once, topic_state
-from tests.integration.sources.test_rds_source import _pipeline
+from tests.integration.sources.contract import run_once, topic_state
+from tests.integration.sources.rds import RdsSourceContract, naive_poll, source_pipeline
 
 UTC = dt.UTC
 
 
-class TestRdsSourceMysqlContract(SourceContract):
-    """The source contract on a MariaDB table in ``timestamp`` mode (a ``DATETIME(6)`` cursor)."""
+class TestRdsSourceMysqlContract(RdsSourceContract):
+    """The source contract on a MariaDB table in ``timestamp`` mode (a ``DATETIME(6)`` cursor).
 
-    def setup_system(self, ctx: dict[str, Any]) -> None:
-        engine = ctx["request"].getfixturevalue("mysql_engine")
-        ctx["engine"] = engine
-        ctx["db"] = ctx["request"].getfixturevalue("mysql")
-        ctx["table"] = f"src_{ctx['unique']}"
-        with engine.begin() as c:
-            c.execute(
-                text(
-                    f"CREATE TABLE {ctx['table']} (id int PRIMARY KEY, name text NOT NULL, amount decimal(12,2), "
-                    "born date, doc json, updated_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))"
-                )
-            )
+    MariaDB's JSON is LONGTEXT with a ``json_valid`` check: the text comes back as written.
+    """
 
-    def connections(self, ctx: dict[str, Any]) -> dict[str, Any]:
-        db = ctx["db"]
-        return {"my": {"type": "rds", "url": db.url, "password": db.password.get_secret_value()}}
-
-    def bad_connections(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        secret = "wrong-secret-4711"
-        return {"my": {"type": "rds", "url": ctx["db"].url, "password": secret}}, secret
-
-    def source_config(self, ctx: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "name": ctx["name"],
-            "type": "rds_source",
-            "connection": "my",
-            "topic": ctx["topic"],
-            "table": ctx["table"],
-            "mode": "timestamp",
-            "timestamp_column": "updated_at",
-            "commit_delay_s": 0,
-            "batch_records": 7,
-        }
-
-    def make_row(self, i: int, version: int = 0) -> dict[str, Any]:
-        return {
-            "id": i,
-            "name": f"n{i}v{version}",
-            "amount": decimal.Decimal(f"{i * 3 + version}.{i % 100:02d}"),
-            "born": dt.date(2000, 1, 1) + dt.timedelta(days=i),
-            "doc": {"i": i, "v": version, "t": "é"},
-        }
-
-    def upsert(self, ctx: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-        with ctx["engine"].begin() as c:
-            c.execute(
-                text(
-                    f"INSERT INTO {ctx['table']} (id, name, amount, born, doc) "
-                    "VALUES (:id, :name, :amount, :born, :doc) ON DUPLICATE KEY UPDATE "
-                    "name = VALUES(name), amount = VALUES(amount), born = VALUES(born), doc = VALUES(doc), "
-                    "updated_at = NOW(6)"
-                ),
-                [{**r, "doc": json.dumps(r["doc"], ensure_ascii=False)} for r in rows],
-            )
-
-    def delete(self, ctx: dict[str, Any], keys: list[tuple]) -> None:
-        with ctx["engine"].begin() as c:
-            c.execute(text(f"DELETE FROM {ctx['table']} WHERE id = :id"), [{"id": k[0]} for k in keys])
-
-    def system_state(self, ctx: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
-        with ctx["engine"].connect() as c:
-            rows = c.execute(text(f"SELECT id, name, amount, born, doc, updated_at FROM {ctx['table']}")).mappings()
-            # MariaDB's JSON is LONGTEXT with a json_valid check: the text comes back as written
-            return {(r["id"],): dict(r) for r in rows}
+    connection_fixture = "mysql"
+    engine_fixture = "mysql_engine"
+    create_sql = (
+        "CREATE TABLE {table} (id int PRIMARY KEY, name text NOT NULL, amount decimal(12,2), "
+        "born date, doc json, updated_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))"
+    )
+    upsert_sql = (
+        "INSERT INTO {table} (id, name, amount, born, doc) "
+        "VALUES (:id, :name, :amount, :born, :doc) ON DUPLICATE KEY UPDATE "
+        "name = VALUES(name), amount = VALUES(amount), born = VALUES(born), doc = VALUES(doc), "
+        "updated_at = NOW(6)"
+    )
 
 
 # -- commit-safe watermark: the delay bound ------------------------------------------------------------------
 
 DELAY_S = 6.0
-
-
-def _naive_poll(engine: Any, table: str, last: dt.datetime | None) -> tuple[list[int], dt.datetime | None]:
-    """What a naive timestamp poller does (Kafka Connect JDBC ``timestamp`` mode, no delay): ts > last AND ts < now."""
-    with engine.connect() as c:
-        rows = c.execute(
-            text(
-                f"SELECT id, updated_at FROM {table} WHERE (:last IS NULL OR updated_at > :last) "
-                "AND updated_at < NOW(6) ORDER BY updated_at"
-            ),
-            {"last": last},
-        ).all()
-    return [r.id for r in rows], (rows[-1].updated_at if rows else last)
 
 
 def _wait_until_older_than(engine: Any, table: str, seconds: float) -> None:
@@ -139,7 +76,7 @@ def test_late_commit_within_the_delay_loses_no_row(
                 "updated_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))"
             )
         )
-    pipeline = _pipeline(
+    pipeline = source_pipeline(
         kafka,
         mysql,
         name=f"late-{unique}",
@@ -158,7 +95,7 @@ def test_late_commit_within_the_delay_loses_no_row(
         c.execute(text(f"INSERT INTO {table} (id, v) VALUES (2, 'committed at once')"))  # updated_at = T1 > T0
 
     # both pollers run while the first transaction is still open
-    naive_seen, naive_last = _naive_poll(mysql_engine, table, None)
+    naive_seen, naive_last = naive_poll(mysql_engine, table, None)
     (first,) = run_once(pipeline).values()
     assert first.state == "caught_up", first.error
     tx.commit()
@@ -167,7 +104,7 @@ def test_late_commit_within_the_delay_loses_no_row(
         age = c.execute(text(f"SELECT TIMESTAMPDIFF(MICROSECOND, updated_at, NOW(6)) FROM {table} WHERE id = 1"))
         assert age.scalar_one() < DELAY_S * 1e6, "the machine stalled longer than the delay; raise DELAY_S"
     long_tx.close()
-    naive_more, _ = _naive_poll(mysql_engine, table, naive_last)
+    naive_more, _ = naive_poll(mysql_engine, table, naive_last)
     _wait_until_older_than(mysql_engine, table, DELAY_S)
     (second,) = run_once(pipeline).values()
     assert second.state == "caught_up", second.error
@@ -195,7 +132,7 @@ def test_timestamp_cursor_is_utc_whatever_the_writers_time_zone(
         c.execute(text(f"INSERT INTO {table} VALUES (1, '2024-06-01 12:00:00.250000'), (2, NOW(6))"))
         c.commit()
     local_zone = "&init_command=" + quote("SET time_zone = '+03:00'")
-    pipeline = _pipeline(
+    pipeline = source_pipeline(
         kafka,
         mysql.model_copy(update={"url": mysql.url + local_zone}),
         name=f"tz-{unique}",
@@ -236,7 +173,7 @@ def test_types_round_trip(mysql_engine: Any, mysql: RdsConnection, kafka: Any, k
             )
         )
         c.execute(text(f"INSERT INTO {table} (id) VALUES (2)"))
-    pipeline = _pipeline(kafka, mysql, name=f"types-{unique}", topic=f"state.{unique}", table=table)
+    pipeline = source_pipeline(kafka, mysql, name=f"types-{unique}", topic=f"state.{unique}", table=table)
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     state = topic_state(kafka_conf, f"state.{unique}")

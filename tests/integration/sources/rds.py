@@ -1,0 +1,120 @@
+"""Helpers of the RdsSource tests on both dialects (PostgreSQL and MariaDB): the pipeline, the contract, a naive poller."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+from typing import Any, ClassVar
+
+from sqlalchemy import text
+
+from connectors.config.models import RdsConnection
+from tests.integration.sources.contract import SourceContract
+
+
+def source_pipeline(kafka: Any, conn: RdsConnection, **source: Any) -> Any:
+    """A pipeline of one ``rds_source`` on ``conn`` (connection ``pg``, ``commit_delay_s`` 0 unless given)."""
+    from connectors.config import pipeline_from_dict
+
+    return pipeline_from_dict(
+        {
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+            "connections": {"pg": {"type": "rds", "url": conn.url, "password": conn.password.get_secret_value()}},
+            "sources": [{"type": "rds_source", "connection": "pg", "commit_delay_s": 0, **source}],
+        }
+    )
+
+
+def naive_poll(engine: Any, table: str, last: dt.datetime | None) -> tuple[list[int], dt.datetime | None]:
+    """What a naive timestamp poller does (Kafka Connect JDBC ``timestamp`` mode, no delay): ts > last AND ts < now.
+
+    Returns the ids read, in ``updated_at`` order, and the new watermark (the last
+    ``updated_at`` read, else ``last``). "now" is the statement's time on the server.
+    """
+    if engine.dialect.name == "postgresql":
+        no_last, now = "CAST(:last AS timestamptz) IS NULL", "statement_timestamp()"
+    else:
+        no_last, now = ":last IS NULL", "NOW(6)"
+    with engine.connect() as c:
+        rows = c.execute(
+            text(
+                f"SELECT id, updated_at FROM {table} WHERE ({no_last} OR updated_at > :last) "
+                f"AND updated_at < {now} ORDER BY updated_at"
+            ),
+            {"last": last},
+        ).all()
+    return [r.id for r in rows], (rows[-1].updated_at if rows else last)
+
+
+class RdsSourceContract(SourceContract):
+    """The source contract on a table in ``timestamp`` mode; a subclass gives its dialect's fixtures and SQL.
+
+    The table is ``(id, name, amount, born, doc, updated_at)``: a JSON ``doc`` and
+    an ``updated_at`` the upsert sets to the server's clock.
+    """
+
+    #: Names of the connection and engine fixtures of the dialect.
+    connection_fixture: ClassVar[str]
+    engine_fixture: ClassVar[str]
+    #: ``CREATE TABLE {table} ...`` and ``INSERT INTO {table} ...`` (an upsert that moves ``updated_at``).
+    create_sql: ClassVar[str]
+    upsert_sql: ClassVar[str]
+
+    def setup_system(self, ctx: dict[str, Any]) -> None:
+        engine = ctx["request"].getfixturevalue(self.engine_fixture)
+        ctx["engine"] = engine
+        ctx["db"] = ctx["request"].getfixturevalue(self.connection_fixture)
+        ctx["table"] = f"src_{ctx['unique']}"
+        with engine.begin() as c:
+            c.execute(text(self.create_sql.format(table=ctx["table"])))
+
+    def connections(self, ctx: dict[str, Any]) -> dict[str, Any]:
+        db = ctx["db"]
+        return {"db": {"type": "rds", "url": db.url, "password": db.password.get_secret_value()}}
+
+    def bad_connections(self, ctx: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        secret = "wrong-secret-4711"
+        return {"db": {"type": "rds", "url": ctx["db"].url, "password": secret}}, secret
+
+    def source_config(self, ctx: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": ctx["name"],
+            "type": "rds_source",
+            "connection": "db",
+            "topic": ctx["topic"],
+            "table": ctx["table"],
+            "mode": "timestamp",
+            "timestamp_column": "updated_at",
+            "commit_delay_s": 0,
+            "batch_records": 7,
+        }
+
+    def make_row(self, i: int, version: int = 0) -> dict[str, Any]:
+        return {
+            "id": i,
+            "name": f"n{i}v{version}",
+            "amount": decimal.Decimal(f"{i * 3 + version}.{i % 100:02d}"),
+            "born": dt.date(2000, 1, 1) + dt.timedelta(days=i),
+            "doc": {"i": i, "v": version, "t": "é"},
+        }
+
+    def upsert(self, ctx: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        with ctx["engine"].begin() as c:
+            c.execute(
+                text(self.upsert_sql.format(table=ctx["table"])),
+                [{**r, "doc": json.dumps(r["doc"], ensure_ascii=False)} for r in rows],
+            )
+
+    def delete(self, ctx: dict[str, Any], keys: list[tuple]) -> None:
+        with ctx["engine"].begin() as c:
+            c.execute(text(f"DELETE FROM {ctx['table']} WHERE id = :id"), [{"id": k[0]} for k in keys])
+
+    def system_state(self, ctx: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
+        with ctx["engine"].connect() as c:
+            rows = c.execute(text(f"SELECT id, name, amount, born, doc, updated_at FROM {ctx['table']}")).mappings()
+            return {(r["id"],): {**r, "doc": self.doc_text(r["doc"])} for r in rows}
+
+    def doc_text(self, doc: Any) -> str:
+        """The JSON text the source writes for ``doc`` as the driver returns it (here: the text itself)."""
+        return doc
