@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sqlalchemy import text
 
 from connectors.config.models import RdsConnection
-from tests.integration.sources.contract import SourceContract
+from tests.integration.sources.contract import SourceContract, run_once
 
 
 def source_pipeline(kafka: Any, conn: RdsConnection, **source: Any) -> Any:
@@ -45,6 +47,52 @@ def naive_poll(engine: Any, table: str, last: dt.datetime | None) -> tuple[list[
             {"last": last},
         ).all()
     return [r.id for r in rows], (rows[-1].updated_at if rows else last)
+
+
+@dataclass(frozen=True)
+class LateCommit:
+    """What the late-commit scenario saw: the naive poller's two reads and the source's two runs (stats)."""
+
+    naive_seen: list[int]
+    naive_more: list[int]
+    first: Any
+    second: Any
+
+
+def late_commit(
+    engine: Any,
+    table: str,
+    pipeline: Any,
+    *,
+    committed: Callable[[], None] = lambda: None,
+    before_second_run: Callable[[], None] = lambda: None,
+) -> LateCommit:
+    """Run the late-commit scenario on ``table (id, v, updated_at DEFAULT <the server's clock>)``.
+
+    A transaction writes row 1 (``updated_at`` = T0) and stays open; another
+    commits row 2 (T1 > T0); the naive poller and ``pipeline`` run once; the
+    first transaction commits (then ``committed()``); the naive poller reads
+    again, ``before_second_run()``, and ``pipeline`` runs again. A naive poller
+    has moved its watermark past T0 and never sees row 1.
+    """
+    long_tx = engine.connect()
+    tx = long_tx.begin()
+    long_tx.execute(text(f"INSERT INTO {table} (id, v) VALUES (1, 'committed late')"))  # updated_at = T0
+    with engine.begin() as c:
+        c.execute(text(f"INSERT INTO {table} (id, v) VALUES (2, 'committed at once')"))  # updated_at = T1 > T0
+
+    # both pollers run while the first transaction is still open
+    naive_seen, naive_last = naive_poll(engine, table, None)
+    (first,) = run_once(pipeline).values()
+    assert first.state == "caught_up", first.error
+    tx.commit()
+    committed()
+    long_tx.close()
+    naive_more, _ = naive_poll(engine, table, naive_last)
+    before_second_run()
+    (second,) = run_once(pipeline).values()
+    assert second.state == "caught_up", second.error
+    return LateCommit(naive_seen, naive_more, first, second)
 
 
 class RdsSourceContract(SourceContract):

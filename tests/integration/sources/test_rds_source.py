@@ -38,7 +38,7 @@ from connectors.runtime.offsets import OffsetStore
 from connectors.topics import ensure_compacted_topic
 from tests.conftest import ROOT
 from tests.integration.sources.contract import count_records, run_once, topic_state
-from tests.integration.sources.rds import RdsSourceContract, naive_poll, source_pipeline
+from tests.integration.sources.rds import RdsSourceContract, late_commit, source_pipeline
 
 UTC = dt.UTC
 
@@ -224,25 +224,11 @@ def test_long_transaction_loses_no_row(
         reconcile_interval_s=None,
     )
 
-    long_tx = pg_engine.connect()
-    tx = long_tx.begin()
-    long_tx.execute(text(f"INSERT INTO {table} (id, v) VALUES (1, 'committed late')"))  # updated_at = T0
-    with pg_engine.begin() as c:
-        c.execute(text(f"INSERT INTO {table} (id, v) VALUES (2, 'committed at once')"))  # updated_at = T1 > T0
-
-    # both pollers run while the long transaction is still open
-    naive_seen, naive_last = naive_poll(pg_engine, table, None)
-    (s,) = run_once(pipeline).values()
-    assert s.state == "caught_up", s.error
-    tx.commit()
-    long_tx.close()
-    naive_more, _ = naive_poll(pg_engine, table, naive_last)
-    (s,) = run_once(pipeline).values()
-    assert s.state == "caught_up", s.error
+    seen = late_commit(pg_engine, table, pipeline)
 
     # the naive poller moved its watermark past T0 and never sees row 1 ...
-    assert naive_seen == [2]
-    assert 1 not in naive_more
+    assert seen.naive_seen == [2]
+    assert 1 not in seen.naive_more
     # ... this source held its watermark below the open transaction and has both
     assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(1,), (2,)]
 

@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from connectors.config.models import RdsConnection
 from tests.integration.sources.contract import run_once, topic_state
-from tests.integration.sources.rds import RdsSourceContract, naive_poll, source_pipeline
+from tests.integration.sources.rds import RdsSourceContract, late_commit, source_pipeline
 
 UTC = dt.UTC
 
@@ -88,33 +88,26 @@ def test_late_commit_within_the_delay_loses_no_row(
         reconcile_interval_s=None,
     )
 
-    long_tx = mysql_engine.connect()
-    tx = long_tx.begin()
-    long_tx.execute(text(f"INSERT INTO {table} (id, v) VALUES (1, 'committed late')"))  # updated_at = T0
-    with mysql_engine.begin() as c:
-        c.execute(text(f"INSERT INTO {table} (id, v) VALUES (2, 'committed at once')"))  # updated_at = T1 > T0
+    def committed() -> None:
+        with mysql_engine.connect() as c:
+            # the premise: the transaction committed within the delay of its write (else the bound cannot help)
+            age = c.execute(text(f"SELECT TIMESTAMPDIFF(MICROSECOND, updated_at, NOW(6)) FROM {table} WHERE id = 1"))
+            assert age.scalar_one() < DELAY_S * 1e6, "the machine stalled longer than the delay; raise DELAY_S"
 
-    # both pollers run while the first transaction is still open
-    naive_seen, naive_last = naive_poll(mysql_engine, table, None)
-    (first,) = run_once(pipeline).values()
-    assert first.state == "caught_up", first.error
-    tx.commit()
-    with mysql_engine.connect() as c:
-        # the premise: the transaction committed within the delay of its write (else the bound cannot help)
-        age = c.execute(text(f"SELECT TIMESTAMPDIFF(MICROSECOND, updated_at, NOW(6)) FROM {table} WHERE id = 1"))
-        assert age.scalar_one() < DELAY_S * 1e6, "the machine stalled longer than the delay; raise DELAY_S"
-    long_tx.close()
-    naive_more, _ = naive_poll(mysql_engine, table, naive_last)
-    _wait_until_older_than(mysql_engine, table, DELAY_S)
-    (second,) = run_once(pipeline).values()
-    assert second.state == "caught_up", second.error
+    seen = late_commit(
+        mysql_engine,
+        table,
+        pipeline,
+        committed=committed,
+        before_second_run=lambda: _wait_until_older_than(mysql_engine, table, DELAY_S),
+    )
 
     # the naive poller moved its watermark past T0 and never sees row 1 ...
-    assert naive_seen == [2]
-    assert 1 not in naive_more
+    assert seen.naive_seen == [2]
+    assert 1 not in seen.naive_more
     # ... this source has both: it read nothing younger than the delay while the transaction was open
     assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(1,), (2,)]
-    assert first.rows_read == 0
+    assert seen.first.rows_read == 0
 
 
 def test_timestamp_cursor_is_utc_whatever_the_writers_time_zone(
