@@ -40,30 +40,74 @@ def make_config(table: str, **extra: Any) -> RdsSinkConfig:
     )
 
 
-class TestRdsSinkPostgres(SinkContract):
+def created_columns(sink: RdsSink) -> dict[str, Column]:
+    """The columns of the table the sink created, after checking what every dialect shares.
+
+    ``id`` is the primary key and a BIGINT, ``qty`` an INTEGER, ``name`` TEXT, ``_version`` NOT NULL.
+    """
+    cols = {c.name: c for c in Table(sink.config.table, MetaData(), autoload_with=sink.engine).c}
+    assert [c.name for c in cols.values() if c.primary_key] == ["id"]
+    assert isinstance(cols["id"].type, BigInteger) and isinstance(cols["qty"].type, Integer)
+    assert isinstance(cols["name"].type, Text) and not cols["_version"].nullable
+    return cols
+
+
+def check_lock_held_is_backpressure(
+    db: RdsConnection, engine: Any, table: str, lock_timeout_s: float, lock: str
+) -> None:
+    """A row or table lock held past ``lock_timeout_s`` is backpressure (retried), and the write applies after it.
+
+    ``lock`` is the SQL that takes the lock on ``table``'s row 1 (or the whole table), run in an open transaction.
+    """
+    s = RdsSink(make_config(table, lock_timeout_s=lock_timeout_s), db)
+    s.open()
+    try:
+        s.write(batch([record(1, 1, 0)]))
+        with engine.connect() as locker:
+            locker.execute(text(lock))
+            with pytest.raises(SinkBackpressureError):
+                s.write(batch([record(1, 2, 1)]))
+            locker.rollback()
+        s.write(batch([record(1, 2, 1)]))
+        assert rds_state(s)["1"][0] == 2
+    finally:
+        drop(s.engine, table)
+        s.close()
+
+
+class RdsSinkContract(SinkContract):
+    """The sink contract on a database server: a subclass gives its connection as the ``db`` fixture."""
+
     @pytest.fixture
-    def sink(self, pg: RdsConnection, unique: str) -> Iterator[RdsSink]:
-        s = RdsSink(make_config(f"items_{unique}"), pg)
+    def db(self) -> RdsConnection:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def sink(self, db: RdsConnection, unique: str) -> Iterator[RdsSink]:
+        s = RdsSink(make_config(f"items_{unique}"), db)
         s.open()
         yield s
         drop(s.engine, f"items_{unique}")
         s.close()
+
+    def state(self, sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
+        return rds_state(sink)
+
+
+class TestRdsSinkPostgres(RdsSinkContract):
+    @pytest.fixture
+    def db(self, pg: RdsConnection) -> RdsConnection:
+        return pg
 
     @pytest.fixture
     def bad_sink(self, pg: RdsConnection, unique: str) -> RdsSink:
         bad = pg.model_copy(update={"password": None, "url": pg.url.replace("threes@", "threes:wrong@")})
         return RdsSink(make_config(f"items_{unique}"), RdsConnection(type="rds", url=bad.url, connect_timeout_s=3))
 
-    def state(self, sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
-        return rds_state(sink)
-
     def test_created_table_types(self, sink: RdsSink) -> None:
         sink.write(batch([record(1, 1, 0)]))
-        cols = {c.name: c for c in Table(sink.config.table, MetaData(), autoload_with=sink.engine).c}
-        assert [c.name for c in cols.values() if c.primary_key] == ["id"]
-        assert isinstance(cols["id"].type, BigInteger) and isinstance(cols["qty"].type, Integer)
-        assert isinstance(cols["name"].type, Text) and cols["updated_at"].type.timezone is True
-        assert not cols["_version"].nullable
+        cols = created_columns(sink)
+        assert cols["updated_at"].type.timezone is True
 
     def test_refused_value_is_a_record_failure_and_the_rest_applies(self, sink: RdsSink) -> None:
         recs = [record(k, 1, k) for k in range(20)]
@@ -73,21 +117,9 @@ class TestRdsSinkPostgres(SinkContract):
         assert sorted(int(k) for k in rds_state(sink)) == [k for k in range(20) if k != 7]
 
     def test_lock_held_is_backpressure(self, pg_engine: Any, pg: RdsConnection, unique: str) -> None:
-        s = RdsSink(make_config(f"items_{unique}", lock_timeout_s=0.5), pg)
-        s.open()
-        try:
-            s.write(batch([record(1, 1, 0)]))
-            with pg_engine.connect() as locker:
-                quoted = pg_engine.dialect.identifier_preparer.quote(f"items_{unique}")
-                locker.execute(text(f"LOCK TABLE {quoted} IN ACCESS EXCLUSIVE MODE"))
-                with pytest.raises(SinkBackpressureError):
-                    s.write(batch([record(1, 2, 1)]))
-                locker.rollback()
-            s.write(batch([record(1, 2, 1)]))
-            assert rds_state(s)["1"][0] == 2
-        finally:
-            drop(s.engine, f"items_{unique}")
-            s.close()
+        quoted = pg_engine.dialect.identifier_preparer.quote(f"items_{unique}")
+        lock = f"LOCK TABLE {quoted} IN ACCESS EXCLUSIVE MODE"
+        check_lock_held_is_backpressure(pg, pg_engine, f"items_{unique}", 0.5, lock)
 
     def test_existing_table_without_unique_key_is_refused(self, pg_engine: Any, pg: RdsConnection, unique: str) -> None:
         from connectors.exceptions import FatalError
@@ -103,24 +135,17 @@ class TestRdsSinkPostgres(SinkContract):
             drop(pg_engine, name)
 
 
-class TestRdsSinkMysql(SinkContract):
+class TestRdsSinkMysql(RdsSinkContract):
     """The contract on MariaDB: ``INSERT ... ON DUPLICATE KEY UPDATE`` applied only when the version is newer."""
 
     @pytest.fixture
-    def sink(self, mysql: RdsConnection, unique: str) -> Iterator[RdsSink]:
-        s = RdsSink(make_config(f"items_{unique}"), mysql)
-        s.open()
-        yield s
-        drop(s.engine, f"items_{unique}")
-        s.close()
+    def db(self, mysql: RdsConnection) -> RdsConnection:
+        return mysql
 
     @pytest.fixture
     def bad_sink(self, mysql: RdsConnection, unique: str) -> RdsSink:
         bad = RdsConnection(type="rds", url=mysql.url, password="wrong-secret", connect_timeout_s=3)
         return RdsSink(make_config(f"items_{unique}"), bad)
-
-    def state(self, sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
-        return rds_state(sink)
 
     def test_created_table_types(self, sink: RdsSink) -> None:
         from datetime import UTC, datetime
@@ -130,10 +155,7 @@ class TestRdsSinkMysql(SinkContract):
         rec = record(1, 1, 0)
         rec.value["updated_at"] = datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=UTC)
         assert sink.write(batch([rec])) == []
-        cols = {c.name: c for c in Table(sink.config.table, MetaData(), autoload_with=sink.engine).c}
-        assert [c.name for c in cols.values() if c.primary_key] == ["id"]
-        assert isinstance(cols["id"].type, BigInteger) and isinstance(cols["qty"].type, Integer)
-        assert isinstance(cols["name"].type, Text) and not cols["_version"].nullable
+        cols = created_columns(sink)
         # an instant is a DATETIME(6) holding UTC: microseconds kept (MySQL's DATETIME keeps whole seconds)
         assert isinstance(cols["updated_at"].type, mysql.DATETIME) and cols["updated_at"].type.fsp == 6
         with sink.engine.connect() as conn:
@@ -159,20 +181,8 @@ class TestRdsSinkMysql(SinkContract):
         assert sorted(int(k) for k in rds_state(sink)) == [k for k in range(20) if k != 7]
 
     def test_lock_held_is_backpressure(self, mysql_engine: Any, mysql: RdsConnection, unique: str) -> None:
-        s = RdsSink(make_config(f"items_{unique}", lock_timeout_s=1), mysql)
-        s.open()
-        try:
-            s.write(batch([record(1, 1, 0)]))
-            with mysql_engine.connect() as locker:
-                locker.execute(text(f"SELECT * FROM `items_{unique}` WHERE id = 1 FOR UPDATE")).all()
-                with pytest.raises(SinkBackpressureError):
-                    s.write(batch([record(1, 2, 1)]))
-                locker.rollback()
-            s.write(batch([record(1, 2, 1)]))
-            assert rds_state(s)["1"][0] == 2
-        finally:
-            drop(s.engine, f"items_{unique}")
-            s.close()
+        lock = f"SELECT * FROM `items_{unique}` WHERE id = 1 FOR UPDATE"
+        check_lock_held_is_backpressure(mysql, mysql_engine, f"items_{unique}", 1, lock)
 
 
 class TestRdsSinkSqlite(SinkContract):
