@@ -11,8 +11,10 @@ A :class:`Snapshot` keeps, on the driver:
   tombstones, with their offsets), in read order.
 
 Before each micro-batch :meth:`Snapshot.catch_up` reads only the new offset
-ranges ``[offsets, end offsets)`` from Kafka (decoded in the JVM) into the
-overlay, so a refresh costs what was written since the last one, not the
+ranges ``[offsets, end offsets)`` from Kafka into the overlay (a few records:
+one long-lived consumer on the driver, decoded there by fastavro,
+:mod:`stream_app.snapshot_delta`; many: Spark's Kafka source, decoded in the
+JVM), so a refresh costs what was written since the last one, not the
 snapshot's size. When the overlay passes ``overlay_max_rows`` it is merged
 into a new base (one broadcast variable, or one cached DataFrame). This is the base +
 delta design of log-structured stores (LSM trees) and of Kafka Streams'
@@ -242,7 +244,10 @@ class Snapshot:
         """The readiness gate: load the snapshot up to the end offsets its topics have now.
 
         Loads the newest usable checkpoint and reads the topics' tail from its
-        offsets, or reads the topics from their earliest offsets.
+        offsets, or reads the topics from their earliest offsets. With the
+        indexed engine, "loaded" includes the Python workers holding the
+        base's index (the pre-load is waited for), so the first micro-batch
+        does not pay for it.
 
         Returns:
             ``keys``, ``source`` (``checkpoint`` | ``topics``), ``records`` read,
@@ -271,12 +276,14 @@ class Snapshot:
             self.base_offsets = {t: dict(p) for t, p in ends.items()}
             self.caught_up_at = now
             source = "topics"
+        loaded_at = time.monotonic()
         # part of "loaded": the Python workers hold the base's index before the gate opens (indexed engine)
         self.base.wait_warm()
         elapsed = time.monotonic() - started
         keys = self.live_keys()
-        log.info("snapshot=%s ready keys=%d mode=%s source=%s records_read=%d offsets=%s elapsed_s=%.2f", self.name,
-                 self.base_rows, self.mode, source, records, offsets_json(self.offsets), elapsed)
+        log.info("snapshot=%s ready keys=%d mode=%s source=%s records_read=%d offsets=%s elapsed_s=%.2f "
+                 "(driver %.2f s, workers' index %.2f s)", self.name, self.base_rows, self.mode, source, records,
+                 offsets_json(self.offsets), elapsed, loaded_at - started, elapsed - (loaded_at - started))
         self._update_metrics()
         if source == "topics":
             self.maybe_checkpoint(force=True)
