@@ -26,6 +26,13 @@ from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsCo
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def sql_engine(conn: RdsConnection) -> Iterator[Any]:
+    """The project's SQLAlchemy engine of ``conn``, disposed when the fixture that yields from this ends."""
+    engine = clients.sql_engine(conn)
+    yield engine
+    engine.dispose()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark tests by folder: integration/ and e2e/ need the stack."""
     for item in items:
@@ -70,9 +77,7 @@ def pg(endpoints: Any) -> RdsConnection:
 
 @pytest.fixture(scope="session")
 def pg_engine(pg: RdsConnection) -> Iterator[Any]:
-    engine = clients.sql_engine(pg)
-    yield engine
-    engine.dispose()
+    yield from sql_engine(pg)
 
 
 @pytest.fixture(scope="session")
@@ -83,9 +88,7 @@ def mysql(endpoints: Any) -> RdsConnection:
 
 @pytest.fixture(scope="session")
 def mysql_engine(mysql: RdsConnection) -> Iterator[Any]:
-    engine = clients.sql_engine(mysql)
-    yield engine
-    engine.dispose()
+    yield from sql_engine(mysql)
 
 
 @pytest.fixture(scope="session")

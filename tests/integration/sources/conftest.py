@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 
 from connectors import clients
 from connectors.config.models import RdsConnection
+from tests.conftest import sql_engine
 
 SOURCES_DB = "threes_sources"
 
@@ -39,9 +40,8 @@ def pg(pg: RdsConnection) -> RdsConnection:
 
 @pytest.fixture(scope="session")
 def pg_engine(pg: RdsConnection) -> Iterator[Any]:
-    engine = clients.sql_engine(pg)
-    yield engine
-    engine.dispose()
+    """An engine of ``threes_sources`` (the session-wide ``pg_engine`` is of database ``threes``)."""
+    yield from sql_engine(pg)
 
 
 @pytest.fixture(params=["postgresql", "mysql"])
