@@ -186,16 +186,27 @@ class Bench:
     def config(self, events: str, snapshot_topic: str | None, checkpoint: Path, **extra: Any) -> StreamJobConfig:
         data: dict[str, Any] = {
             "name": f"bench-{uuid.uuid4().hex[:6]}",
-            "events": {"topic": events, "value_schema": "event.avsc", "starting_offsets": "earliest",
-                       "max_offsets_per_trigger": BATCH},
+            "events": {
+                "topic": events,
+                "value_schema": "event.avsc",
+                "starting_offsets": "earliest",
+                "max_offsets_per_trigger": BATCH,
+            },
             "enriched_topic": self.topic(f"enriched.{uuid.uuid4().hex[:6]}"),
             "dead_letter_topic": self.topic("dlq"),
             "trigger_interval_s": 1,
             "checkpoint_location": str(checkpoint),
         }
         if snapshot_topic:
-            data["snapshots"] = [{"name": "airports", "topics": [snapshot_topic], "key_schema": "key.avsc",
-                                  "value_schema": "value.avsc", **extra}]
+            data["snapshots"] = [
+                {
+                    "name": "airports",
+                    "topics": [snapshot_topic],
+                    "key_schema": "key.avsc",
+                    "value_schema": "value.avsc",
+                    **extra,
+                }
+            ]
             data["lookups"] = [{"snapshot": "airports", "on": {"origin": "faa"}, "prefix": "origin_"}]
         return StreamJobConfig.model_validate(data)
 
@@ -220,8 +231,12 @@ class Bench:
         steady = progress[1:] or progress
         steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
         return {
-            "events": rows, "batches": len(progress), "seconds": seconds, "events_per_s": rows / seconds,
-            "events_per_s_with_gate": rows / gross, "gate_wait_s": gate_wait_s,
+            "events": rows,
+            "batches": len(progress),
+            "seconds": seconds,
+            "events_per_s": rows / seconds,
+            "events_per_s_with_gate": rows / gross,
+            "gate_wait_s": gate_wait_s,
             "steady_events_per_s": sum(p["numInputRows"] for p in steady) / steady_s,
             "first_batch_s": progress[0]["durationMs"]["triggerExecution"] / 1000 - gate_wait_s,
         }
@@ -245,23 +260,32 @@ class Bench:
 
         options = spark_kafka_options(self.kafka)
         writers = {fingerprint(s): schema_json(s) for s in (KEY, VALUE, EVENT)}
-        static_raw = self.spark.read.format("kafka").options(**options).option("subscribe", snapshot_topic).option(
-            "startingOffsets", "earliest").load()
+        static_raw = (
+            self.spark.read.format("kafka")
+            .options(**options)
+            .option("subscribe", snapshot_topic)
+            .option("startingOffsets", "earliest")
+            .load()
+        )
         static = (
             static_raw.select("key", "offset", decode_avro(f.col("value"), writers, schema_json(VALUE)).alias("v"))
-            .groupBy("key").agg(f.max_by("v", "offset").alias("v"))
-            .filter(f.col("v").isNotNull()).select("v.*")
+            .groupBy("key")
+            .agg(f.max_by("v", "offset").alias("v"))
+            .filter(f.col("v").isNotNull())
+            .select("v.*")
         )
         static = static.select(*[f.col(c).alias(f"origin_{c}") for c in static.columns]).cache()
         static.count()
         stream = (
-            self.spark.readStream.format("kafka").options(**options).option("subscribe", events)
-            .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(BATCH)).load()
+            self.spark.readStream.format("kafka")
+            .options(**options)
+            .option("subscribe", events)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(BATCH))
+            .load()
         )
         decoded = stream.select("key", decode_avro(f.col("value"), writers, schema_json(EVENT)).alias("e"))
-        joined = decoded.select("key", "e.*").join(
-            f.broadcast(static), f.col("origin") == f.col("origin_faa"), "left"
-        )
+        joined = decoded.select("key", "e.*").join(f.broadcast(static), f.col("origin") == f.col("origin_faa"), "left")
         out_schema = [fld["name"] for fld in EVENT["fields"]] + [f"origin_{fld['name']}" for fld in VALUE["fields"]]
         from stream_app.avro_schemas import JoinedFields, enriched_schema
 
@@ -269,9 +293,12 @@ class Bench:
         value = encode_avro(f.struct(*out_schema), schema_json(enriched), fingerprint(enriched))
         query = (
             joined.select("key", value.alias("value"))
-            .writeStream.format("kafka").options(**options).option("topic", self.topic("plain"))
+            .writeStream.format("kafka")
+            .options(**options)
+            .option("topic", self.topic("plain"))
             .option("checkpointLocation", str(self.tmp / f"plain-{uuid.uuid4().hex[:6]}"))
-            .trigger(availableNow=True).start()
+            .trigger(availableNow=True)
+            .start()
         )
         query.awaitTermination()
         stats = self.throughput(query)
@@ -303,11 +330,20 @@ class Bench:
                     best["first_batch_s"] = min(best["first_batch_s"], stats["first_batch_s"])
         for name in runs:
             r = self.results[name]
-            self.rows.append((f"events/s {name}", f"{r['events_per_s']:,.0f}",
-                              f"steady {r['steady_events_per_s']:,.0f}/s, {r['batches']} batches, "
-                              f"first {r['first_batch_s']:.2f} s, engine {r.get('engine', 'spark')}"
-                              + (f", ready in {r['ready_s']:.1f} s (gate {r['gate_wait_s']:.1f} s, "
-                                 f"{r['events_per_s_with_gate']:,.0f}/s with it)" if r.get("ready_s") else "")))
+            self.rows.append(
+                (
+                    f"events/s {name}",
+                    f"{r['events_per_s']:,.0f}",
+                    f"steady {r['steady_events_per_s']:,.0f}/s, {r['batches']} batches, "
+                    f"first {r['first_batch_s']:.2f} s, engine {r.get('engine', 'spark')}"
+                    + (
+                        f", ready in {r['ready_s']:.1f} s (gate {r['gate_wait_s']:.1f} s, "
+                        f"{r['events_per_s_with_gate']:,.0f}/s with it)"
+                        if r.get("ready_s")
+                        else ""
+                    ),
+                )
+            )
         r = self.results
         for key, (a, b) in {
             "ratio_1m_vs_plain": ("job_1m", "plain_broadcast_1m"),
@@ -321,8 +357,9 @@ class Bench:
             ("job 1M / job 10k", "ratio_1m_vs_10k", "target >= 0.7"),
             ("job 1M / job 10k, both indexed", "ratio_1m_vs_10k_indexed", "the index engine alone"),
         ):
-            self.rows.append((label, f"{r[key]:.2f}x", f"{note}; steady state (first batch excluded) "
-                              f"{r[key + '_steady']:.2f}x"))
+            self.rows.append(
+                (label, f"{r[key]:.2f}x", f"{note}; steady state (first batch excluded) {r[key + '_steady']:.2f}x")
+            )
 
     def snapshot(self, topic: str, checkpoint: Path | None = None) -> Any:
         from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint
@@ -337,17 +374,33 @@ class Bench:
         snap_plan = plan.snapshots["airports"]
         watermarks = TopicWatermarks(self.kafka)
         cp = SnapshotCheckpoint(CheckpointFs(str(checkpoint)), "airports", snap_plan.schema_id) if checkpoint else None
-        return Snapshot(self.spark, self.kafka, snap_plan, WriterSchemas(self.kafka, watermarks), watermarks, cp,
-                        DeadLetterProducer(self.kafka, self.topic("dlq"), "bench"), "bench")
+        return Snapshot(
+            self.spark,
+            self.kafka,
+            snap_plan,
+            WriterSchemas(self.kafka, watermarks),
+            watermarks,
+            cp,
+            DeadLetterProducer(self.kafka, self.topic("dlq"), "bench"),
+            "bench",
+        )
 
     def bootstrap_and_refresh(self, medium: str, large: str) -> None:
         for label, topic in (("100k", medium), ("1m", large)):
             snap = self.snapshot(topic)
             stats = snap.bootstrap()
-            self.results[f"bootstrap_{label}"] = {"keys": stats["keys"], "seconds": stats["elapsed_s"],
-                                                  "keys_per_s": stats["keys"] / stats["elapsed_s"]}
-            self.rows.append((f"bootstrap {label} keys", f"{stats['keys'] / stats['elapsed_s']:,.0f} keys/s",
-                              f"{stats['keys']:,} keys in {stats['elapsed_s']:.1f} s"))
+            self.results[f"bootstrap_{label}"] = {
+                "keys": stats["keys"],
+                "seconds": stats["elapsed_s"],
+                "keys_per_s": stats["keys"] / stats["elapsed_s"],
+            }
+            self.rows.append(
+                (
+                    f"bootstrap {label} keys",
+                    f"{stats['keys'] / stats['elapsed_s']:,.0f} keys/s",
+                    f"{stats['keys']:,} keys in {stats['elapsed_s']:.1f} s",
+                )
+            )
             if label == "1m":
                 # a job refreshes before every micro-batch: 5 refreshes of 1k updates, the median counts
                 refreshes = []
@@ -363,11 +416,21 @@ class Bench:
                 snap.view()
                 merge = time.monotonic() - started
                 full = self.snapshot(large).bootstrap()["elapsed_s"]
-                self.results["refresh_1k_of_1m"] = {"refresh_s": refresh, "refreshes_s": refreshes, "merge_s": merge,
-                                                    "full_reload_s": full, "ratio": refresh / full}
-                self.rows.append(("refresh 1M after 1k updates", f"{refresh:.2f} s",
-                                  f"median of 5 (first {refreshes[0]:.2f} s); full reload {full:.1f} s: "
-                                  f"{refresh / full:.1%} (target <= 10%); merging 5k into the base {merge:.2f} s"))
+                self.results["refresh_1k_of_1m"] = {
+                    "refresh_s": refresh,
+                    "refreshes_s": refreshes,
+                    "merge_s": merge,
+                    "full_reload_s": full,
+                    "ratio": refresh / full,
+                }
+                self.rows.append(
+                    (
+                        "refresh 1M after 1k updates",
+                        f"{refresh:.2f} s",
+                        f"median of 5 (first {refreshes[0]:.2f} s); full reload {full:.1f} s: "
+                        f"{refresh / full:.1%} (target <= 10%); merging 5k into the base {merge:.2f} s",
+                    )
+                )
             snap.close(checkpoint=False)
 
     def restart(self, events: str, large: str) -> None:
@@ -390,11 +453,21 @@ class Bench:
             timings[f"{phase}_bootstrap_s"] = job.readiness["airports"]["elapsed_s"]
             job.stop(checkpoint=phase == "cold")
         self.results["restart_1m"] = {**timings, "ratio": timings["with_checkpoint"] / timings["without_checkpoint"]}
-        self.rows.append(("restart to first batch, 1M, checkpoint", f"{timings['with_checkpoint']:.1f} s",
-                          f"snapshot ready in {timings['with_checkpoint_bootstrap_s']:.1f} s"))
-        self.rows.append(("restart to first batch, 1M, no checkpoint", f"{timings['without_checkpoint']:.1f} s",
-                          f"snapshot ready in {timings['without_checkpoint_bootstrap_s']:.1f} s; ratio "
-                          f"{self.results['restart_1m']['ratio']:.2f} (target <= 0.20)"))
+        self.rows.append(
+            (
+                "restart to first batch, 1M, checkpoint",
+                f"{timings['with_checkpoint']:.1f} s",
+                f"snapshot ready in {timings['with_checkpoint_bootstrap_s']:.1f} s",
+            )
+        )
+        self.rows.append(
+            (
+                "restart to first batch, 1M, no checkpoint",
+                f"{timings['without_checkpoint']:.1f} s",
+                f"snapshot ready in {timings['without_checkpoint_bootstrap_s']:.1f} s; ratio "
+                f"{self.results['restart_1m']['ratio']:.2f} (target <= 0.20)",
+            )
+        )
 
     def write_events_small(self, topic: str, n: int) -> None:
         from confluent_kafka import Producer
@@ -402,9 +475,19 @@ class Bench:
         ser = AvroSerializer(EVENT)
         producer = Producer(self.conf)
         for i in range(n):
-            producer.produce(topic, key=str(i).encode(), value=ser(
-                {"flight_id": i, "origin": f"K{(i % SMALL) * STRIDE:07d}", "dest": "K0000000", "dep_delay": 1.0,
-                 "time_hour": 0}))
+            producer.produce(
+                topic,
+                key=str(i).encode(),
+                value=ser(
+                    {
+                        "flight_id": i,
+                        "origin": f"K{(i % SMALL) * STRIDE:07d}",
+                        "dest": "K0000000",
+                        "dep_delay": 1.0,
+                        "time_hour": 0,
+                    }
+                ),
+            )
         producer.flush(30)
 
     def latency(self, large: str) -> None:
@@ -420,8 +503,18 @@ class Bench:
         job = self.job(config)
         job.start()
         ser = AvroSerializer(EVENT)
-        payloads = [ser({"flight_id": i, "origin": f"K{(i % SMALL) * STRIDE:07d}", "dest": "K0000000",
-                         "dep_delay": 1.0, "time_hour": 0}) for i in range(2000)]
+        payloads = [
+            ser(
+                {
+                    "flight_id": i,
+                    "origin": f"K{(i % SMALL) * STRIDE:07d}",
+                    "dest": "K0000000",
+                    "dep_delay": 1.0,
+                    "time_hour": 0,
+                }
+            )
+            for i in range(2000)
+        ]
         producer = Producer({**self.conf, "linger.ms": 5})
         sent = 0
         started = time.monotonic()
@@ -454,12 +547,23 @@ class Bench:
             lat.append((msg.timestamp()[1] - by_key[msg.key()]) / 1000)
         consumer.close()
         job.stop(checkpoint=False)
-        warm = sorted(lat[len(lat) // 10:])  # the first 10 % include the start-up
+        warm = sorted(lat[len(lat) // 10 :])  # the first 10 % include the start-up
         p50, p99 = warm[len(warm) // 2], warm[int(len(warm) * 0.99)]
-        self.results["latency_1m"] = {"rate_per_s": RATE, "events": sent, "enriched": len(seen), "p50_s": p50,
-                                      "p99_s": p99, "trigger_s": config.trigger_interval_s}
-        self.rows.append((f"latency at {RATE}/s, 1M keys", f"p50 {p50:.2f} s", f"p99 {p99:.2f} s, trigger 1 s, "
-                          f"{len(seen)}/{sent} enriched"))
+        self.results["latency_1m"] = {
+            "rate_per_s": RATE,
+            "events": sent,
+            "enriched": len(seen),
+            "p50_s": p50,
+            "p99_s": p99,
+            "trigger_s": config.trigger_interval_s,
+        }
+        self.rows.append(
+            (
+                f"latency at {RATE}/s, 1M keys",
+                f"p50 {p50:.2f} s",
+                f"p99 {p99:.2f} s, trigger 1 s, {len(seen)}/{sent} enriched",
+            )
+        )
 
     def main(self, parts: set[str]) -> None:
         small, medium, large = self.topic("snap10k"), self.topic("snap100k"), self.topic("snap1m")
@@ -490,9 +594,12 @@ class Bench:
         ensure_compacted_topic(self.conf, topic, partitions=2)
         ids = self.spark.range(0, SMALL, numPartitions=4).select((f.col("id") * STRIDE).alias("id"))
         value = f.struct(
-            faa(f.col("id")).alias("faa"), f.format_string("airport %d", f.col("id")).alias("name"),
-            (f.col("id") % 90).cast("double").alias("lat"), (f.col("id") % 180).cast("double").alias("lon"),
-            (f.col("id") % 5000).cast("int").alias("alt"), f.lit(-5).alias("tz"),
+            faa(f.col("id")).alias("faa"),
+            f.format_string("airport %d", f.col("id")).alias("name"),
+            (f.col("id") % 90).cast("double").alias("lat"),
+            (f.col("id") % 180).cast("double").alias("lon"),
+            (f.col("id") % 5000).cast("int").alias("alt"),
+            f.lit(-5).alias("tz"),
         )
         df = ids.select(
             encode_avro(f.struct(faa(f.col("id")).alias("faa")), schema_json(KEY), fingerprint(KEY)).alias("key"),
@@ -505,8 +612,12 @@ class Bench:
         print(f"\nstream_join benchmark: local[2], {EVENTS:,} events in micro-batches of {BATCH:,}, {KEYS:,} keys")
         for name, value, note in self.rows:
             print(f"  {name:<{width}}  {value:>16}  {note}")
-        print(json.dumps({"benchmark": "stream_join", "keys": KEYS, "events": EVENTS, "batch": BATCH,
-                          **self.results}, default=float))
+        print(
+            json.dumps(
+                {"benchmark": "stream_join", "keys": KEYS, "events": EVENTS, "batch": BATCH, **self.results},
+                default=float,
+            )
+        )
 
     def close(self) -> None:
         self.spark.stop()

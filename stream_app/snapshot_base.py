@@ -157,8 +157,12 @@ class SnapshotBase:
             started = time.monotonic()
             try:
                 rows = self.spark.range(cores, numPartitions=cores).select(loader(f.col("id"))).collect()
-                log.debug("snapshot=%s base loaded by workers %s in %.2f s", name, sorted({r[0] for r in rows}),
-                          time.monotonic() - started)
+                log.debug(
+                    "snapshot=%s base loaded by workers %s in %.2f s",
+                    name,
+                    sorted({r[0] for r in rows}),
+                    time.monotonic() - started,
+                )
             except Exception as exc:  # a newer base replaced it, or the job stops: the next batch loads it
                 log.debug("snapshot=%s prewarm skipped: %s", name, exc)
 
@@ -211,8 +215,13 @@ class DeadLetterProducer:
             letter = DeadLetter(
                 row[TOPIC], row[PARTITION], row[OFFSET], stage, "SkippableRecordError", row[ERROR], self.component
             )
-            log.warning("dead letter topic=%s partition=%d offset=%d reason=%s", row[TOPIC], row[PARTITION],
-                        row[OFFSET], row[ERROR])
+            log.warning(
+                "dead letter topic=%s partition=%d offset=%d reason=%s",
+                row[TOPIC],
+                row[PARTITION],
+                row[OFFSET],
+                row[ERROR],
+            )
             self._producer.produce(self.topic, key=row["key"], value=row["value"], headers=letter.headers())
         if self._producer.flush(self.timeout_s):
             raise RetriableError(f"dead letters to {self.topic} not acknowledged within {self.timeout_s} s")

@@ -155,8 +155,9 @@ class Snapshot:
         writers = self.writers()
         relevant = {**writers_for(writers, self.plan.key.avro), **writers_for(writers, self.plan.value.avro)}
         if self._driver is None or self._driver[0] != frozenset(relevant):
-            decoder = DriverDecoder(relevant, self.plan.key.json, self.plan.value.json, key_field,
-                                    self._empty_log().schema, self.rank)
+            decoder = DriverDecoder(
+                relevant, self.plan.key.json, self.plan.value.json, key_field, self._empty_log().schema, self.rank
+            )
             self._driver = (frozenset(relevant), decoder)
         return self._driver[1]
 
@@ -232,8 +233,14 @@ class Snapshot:
         if self._log is not None and self._log.num_rows:
             started = time.monotonic()
             self._apply_changes(dedupe_last(self._log))
-            log.info("snapshot=%s merged overlay records=%d keys=%d mode=%s elapsed_s=%.2f", self.name,
-                     self._log.num_rows, self.base_rows, self.mode, time.monotonic() - started)
+            log.info(
+                "snapshot=%s merged overlay records=%d keys=%d mode=%s elapsed_s=%.2f",
+                self.name,
+                self._log.num_rows,
+                self.base_rows,
+                self.mode,
+                time.monotonic() - started,
+            )
         self._log = None
         self.base_offsets = {t: dict(p) for t, p in self.offsets.items()}
         self._view = None
@@ -281,9 +288,19 @@ class Snapshot:
         self.base.wait_warm()
         elapsed = time.monotonic() - started
         keys = self.live_keys()
-        log.info("snapshot=%s ready keys=%d mode=%s source=%s records_read=%d offsets=%s elapsed_s=%.2f "
-                 "(driver %.2f s, workers' index %.2f s)", self.name, self.base_rows, self.mode, source, records,
-                 offsets_json(self.offsets), elapsed, loaded_at - started, elapsed - (loaded_at - started))
+        log.info(
+            "snapshot=%s ready keys=%d mode=%s source=%s records_read=%d offsets=%s elapsed_s=%.2f "
+            "(driver %.2f s, workers' index %.2f s)",
+            self.name,
+            self.base_rows,
+            self.mode,
+            source,
+            records,
+            offsets_json(self.offsets),
+            elapsed,
+            loaded_at - started,
+            elapsed - (loaded_at - started),
+        )
         self._update_metrics()
         if source == "topics":
             self.maybe_checkpoint(force=True)
@@ -317,14 +334,26 @@ class Snapshot:
                 low = starts.get(topic, {}).get(partition, 0)
                 high = ends.get(topic, {}).get(partition, 0)
                 if not low <= offset <= high:
-                    log.warning("snapshot=%s checkpoint offset %s[%d]=%d outside [%d, %d]: reading the topics",
-                                self.name, topic, partition, offset, low, high)
+                    log.warning(
+                        "snapshot=%s checkpoint offset %s[%d]=%d outside [%d, %d]: reading the topics",
+                        self.name,
+                        topic,
+                        partition,
+                        offset,
+                        low,
+                        high,
+                    )
                     return None
         age = time.time() - loaded.written_at
         retention = self._tombstone_retention_s()
         if retention is not None and age >= retention:
-            log.warning("snapshot=%s checkpoint is %.0f s old, past delete.retention.ms (%.0f s): tombstones may "
-                        "be gone, reading the topics", self.name, age, retention)
+            log.warning(
+                "snapshot=%s checkpoint is %.0f s old, past delete.retention.ms (%.0f s): tombstones may "
+                "be gone, reading the topics",
+                self.name,
+                age,
+                retention,
+            )
             return None
         return loaded
 
@@ -373,9 +402,16 @@ class Snapshot:
         elapsed = time.monotonic() - started
         self._metrics.refresh.observe(elapsed)
         self._update_metrics()
-        log.info("snapshot=%s refresh records=%d decoded_by=%s overlay=%d keys=%d offsets=%s elapsed_s=%.2f",
-                 self.name, changes.num_rows, self.decoded_by, self.overlay_rows, self.base_rows,
-                 offsets_json(self.offsets), elapsed)
+        log.info(
+            "snapshot=%s refresh records=%d decoded_by=%s overlay=%d keys=%d offsets=%s elapsed_s=%.2f",
+            self.name,
+            changes.num_rows,
+            self.decoded_by,
+            self.overlay_rows,
+            self.base_rows,
+            offsets_json(self.offsets),
+            elapsed,
+        )
         return pending
 
     def live_keys(self) -> int:
@@ -403,8 +439,12 @@ class Snapshot:
             if _covers(upto, self.base_offsets):
                 overlay = dedupe_last(below(self._log, upto)) if self._log is not None else None
                 return self._make_view(upto, overlay)
-            log.warning("snapshot=%s replayed batch wanted offsets %s, the base is at %s: joining the current "
-                        "snapshot", self.name, offsets_json(upto), offsets_json(self.base_offsets))
+            log.warning(
+                "snapshot=%s replayed batch wanted offsets %s, the base is at %s: joining the current snapshot",
+                self.name,
+                offsets_json(upto),
+                offsets_json(self.base_offsets),
+            )
         if self._view is None:
             overlay = dedupe_last(self._log) if self._log is not None else None
             self._view = self._make_view(self.offsets, overlay)
@@ -436,9 +476,7 @@ class Snapshot:
         if self.checkpoint is None:
             return False
         last_at, last_offsets = self._last_checkpoint
-        if last_offsets == self.offsets or (
-            not force and time.monotonic() - last_at < self.cfg.checkpoint_interval_s
-        ):
+        if last_offsets == self.offsets or (not force and time.monotonic() - last_at < self.cfg.checkpoint_interval_s):
             return False
         if self._checkpoint_thread is not None and self._checkpoint_thread.is_alive():
             if not force:
