@@ -63,6 +63,12 @@ def decode_avro(col: Any, writer_schemas: Mapping[bytes, str], reader_schema_jso
     return result
 
 
+def framed(body: Any, fingerprint: bytes) -> Any:
+    """A bare Avro body column framed as single-object encoding under ``fingerprint`` (null stays null)."""
+    f = _f()
+    return f.concat(f.lit(MARKER + fingerprint), body)
+
+
 def encode_avro(col: Any, schema_json: str, fingerprint: bytes) -> Any:
     """Encode a struct column as single-object Avro with the given writer schema.
 

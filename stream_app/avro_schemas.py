@@ -231,3 +231,32 @@ def subset_schema(
 def record_name_for(topic: str, suffix: str) -> str:
     """A valid Avro full name for records of ``topic``: ``updates.orders`` -> ``threes.updates.updates_orders_Key``."""
     return f"threes.updates.{_ident(topic)}_{suffix}"
+
+
+_NOT_ENCODED = frozenset({"name", "namespace", "doc", "aliases", "default", "order"})
+
+
+def _encoded_shape(schema: Any) -> Any:
+    """A schema without what the binary encoding ignores (names, docs, defaults)."""
+    if isinstance(schema, dict):
+        return {k: _encoded_shape(v) for k, v in schema.items() if k not in _NOT_ENCODED}
+    if isinstance(schema, list):
+        return [_encoded_shape(s) for s in schema]
+    return schema
+
+
+def same_encoding(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two record schemas encode every value to the same Avro binary body.
+
+    Avro's binary encoding writes the fields in order, each by its type alone:
+    record, field and type names, docs and defaults are not written (Avro
+    specification, "Binary Encoding"). So two records with the same field
+    types in the same order have interchangeable bodies, and one encoding can
+    be framed under either writer schema's fingerprint. A named type defined in
+    one and referenced by name in the other compares as different (a missed
+    sharing, never a wrong one).
+    """
+    fa, fb = a.get("fields", []), b.get("fields", [])
+    return len(fa) == len(fb) and all(
+        _encoded_shape(x["type"]) == _encoded_shape(y["type"]) for x, y in zip(fa, fb, strict=True)
+    )

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stream_app.avro import decode_avro, encode_avro
-from stream_app.avro_schemas import is_optional
+from stream_app.avro import decode_avro, framed
+from stream_app.avro_schemas import is_optional, same_encoding
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.kafka_io import offsets_json
 from stream_app.plan import JobPlan, writers_for
@@ -29,6 +29,7 @@ from stream_app.snapshot import ERROR, SnapshotView, decode_error_reason
 from stream_app.updates import projection_records
 
 SOURCE_HEADER = "source"  # on enriched events: "topic:partition:offset" of the event they enrich
+BODY = "__body"  # the enriched event's Avro body, encoded once per event
 
 
 class BatchPlan:
@@ -60,19 +61,41 @@ class BatchPlan:
             SOURCE_HEADER, f.concat_ws(":", f.lit(self.events_topic), f.col("__partition"), f.col("__offset"))
         )
         self._event_headers = f.coalesce(f.col("__headers"), no_headers())
-        self._value = encode_avro(
-            f.struct(*[fld["name"] for fld in plan.enriched.avro["fields"]]), plan.enriched.json,
-            plan.enriched.fingerprint,
-        )
+        from pyspark.sql.avro.functions import to_avro
+
+        # Encoding is most of a batch's per-event cost: the enriched body is encoded once, in a projection
+        # of its own (so the optimizer keeps it one expression), and every projection whose value has the
+        # same field types reuses it under its own fingerprint.
+        self._body = f.when(
+            ok, to_avro(f.struct(*[fld["name"] for fld in plan.enriched.avro["fields"]]), plan.enriched.json)
+        ).alias(BODY)
+        self._value = framed(f.col(BODY), plan.enriched.fingerprint)
         self._updates = [
-            r for u in projections for r in projection_records(u, cfg.dead_letter_topic, cfg.name, ok, cfg.events.topic)
+            r
+            for u in projections
+            for r in projection_records(
+                u,
+                cfg.dead_letter_topic,
+                cfg.name,
+                ok,
+                cfg.events.topic,
+                body=f.col(BODY) if same_encoding(u.value.avro, plan.enriched.avro) else None,
+            )
         ]
         self._dead_letter = f.when(
             ~ok,
             dead_letter(
-                cfg.dead_letter_topic, "decode", "SkippableRecordError", f.col(ERROR), cfg.name,
-                source_topic=f.lit(self.events_topic), partition=f.col("__partition"), offset=f.col("__offset"),
-                key=f.col("__key"), value=f.col("__value"), headers=f.col("__headers"),
+                cfg.dead_letter_topic,
+                "decode",
+                "SkippableRecordError",
+                f.col(ERROR),
+                cfg.name,
+                source_topic=f.lit(self.events_topic),
+                partition=f.col("__partition"),
+                offset=f.col("__offset"),
+                key=f.col("__key"),
+                value=f.col("__value"),
+                headers=f.col("__headers"),
             ),
         )
 
@@ -130,7 +153,7 @@ class BatchPlan:
         from pyspark.sql import functions as f
 
         cfg = self.plan.config
-        enriched = enrich(frame, lookups, passthrough=ERROR)
+        enriched = enrich(frame, lookups, passthrough=ERROR).select("*", self._body)
         ours = [self._source_header] + [
             header(f"snapshot.{name}", f.lit(offsets_json(view.offsets))) for name, view in sorted(views.items())
         ]

@@ -90,8 +90,9 @@ def enrich(events: Any, lookups: Sequence[BoundLookup], passthrough: str | None 
     if not lookups:
         return events
     columns = list(events.columns)
-    keys = [event_lookup_key(lookup.config.on, lookup.view.key_type).alias(f"__lk{i}") for i, lookup in
-            enumerate(lookups)]
+    keys = [
+        event_lookup_key(lookup.config.on, lookup.view.key_type).alias(f"__lk{i}") for i, lookup in enumerate(lookups)
+    ]
     hashes = [f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}") for i in range(len(lookups))]
     # two projections: the hash reads the key computed by the first
     df = events.select("*", *keys).select("*", *hashes)
@@ -156,12 +157,14 @@ def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None)
         )
         df = df.join(f.broadcast(ov), key, "left")
         value = f.when(f.col(f"__oh{i}").isNotNull(), f.when(~f.col(f"__od{i}"), f.col(f"__o{i}"))).otherwise(value)
-    df = df.withColumn(f"__v{i}", value)
+    # one projection per step, not one withColumn per field: each DataFrame step is analyzed on the driver
+    # against the whole (wide) plan, a fixed cost of every micro-batch
+    df = df.select("*", value.alias(f"__v{i}"))
     if lookup.config.how == "inner":
         cond = f.col(f"__v{i}").isNotNull()
         if passthrough is not None:
             cond = cond | f.col(passthrough).isNotNull()
         df = df.filter(cond)
-    for name, fld in zip(values, joined_fields(lookup), strict=True):
-        df = df.withColumn(fld.name, f.col(f"__v{i}")[name])
-    return df
+    return df.select(
+        "*", *[f.col(f"__v{i}")[name].alias(fld.name) for name, fld in zip(values, joined_fields(lookup), strict=True)]
+    )

