@@ -246,17 +246,19 @@ def _encoded_shape(schema: Any) -> Any:
 
 
 def same_encoding(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two record schemas encode every value to the same Avro binary body.
+    """Whether a struct of the same named columns encodes to the same Avro binary body under both schemas.
 
     Avro's binary encoding writes the fields in order, each by its type alone:
-    record, field and type names, docs and defaults are not written (Avro
-    specification, "Binary Encoding"). So two records with the same field
-    types in the same order have interchangeable bodies, and one encoding can
-    be framed under either writer schema's fingerprint. A named type defined in
-    one and referenced by name in the other compares as different (a missed
-    sharing, never a wrong one).
+    record and type names, docs and defaults are not written (Avro
+    specification, "Binary Encoding"). So two records with the same fields
+    (names, for the columns they are filled from) with the same types in the
+    same order have interchangeable bodies, and one encoding can be framed
+    under either writer schema's fingerprint. A named type defined in one and
+    referenced by name in the other compares as different (a missed sharing,
+    never a wrong one).
     """
     fa, fb = a.get("fields", []), b.get("fields", [])
     return len(fa) == len(fb) and all(
-        _encoded_shape(x["type"]) == _encoded_shape(y["type"]) for x, y in zip(fa, fb, strict=True)
+        x["name"] == y["name"] and _encoded_shape(x["type"]) == _encoded_shape(y["type"])
+        for x, y in zip(fa, fb, strict=True)
     )

@@ -46,6 +46,14 @@ def test_other_field_types_or_order_or_count_do_not_share_a_body():
     assert not same_encoding(reordered, ENRICHED)
     assert not same_encoding(fewer, ENRICHED)
     assert not same_encoding(wider, ENRICHED)
+    # same types in the same order, but the columns swapped: the shared body would put values in the wrong fields
+    two = {
+        "type": "record",
+        "name": "Two",
+        "fields": [{"name": "a", "type": "string"}, {"name": "b", "type": "string"}],
+    }
+    swapped = {**two, "name": "Swapped", "fields": [two["fields"][1], two["fields"][0]]}
+    assert not same_encoding(swapped, two)
 
 
 def test_an_aggregation_reads_only_its_group_event_time_and_aggregated_fields(tmp_path):
