@@ -137,13 +137,14 @@ class Bench:
 
         write_records(df.withColumn("topic", f.lit(topic)), spark_kafka_options(self.kafka))
 
-    def write_snapshot(self, topic: str, keys: int, start: int = 0, name: str = "airport %d") -> None:
+    def write_snapshot(self, topic: str, keys: int, start: int = 0, name: str = "airport %d", stride: int = 1) -> None:
+        """Write ``keys`` airports with ids ``(start + i) * stride`` (stride: the keys the events reference)."""
         from pyspark.sql import functions as f
 
         from stream_app.avro import encode_avro
 
         ensure_compacted_topic(self.conf, topic, partitions=2)
-        ids = self.spark.range(start, start + keys, numPartitions=4)
+        ids = self.spark.range(start, start + keys, numPartitions=4).select((f.col("id") * stride).alias("id"))
         value = f.struct(
             faa(f.col("id")).alias("faa"),
             f.format_string(name, f.col("id")).alias("name"),
@@ -569,7 +570,7 @@ class Bench:
         small, medium, large = self.topic("snap10k"), self.topic("snap100k"), self.topic("snap1m")
         events = self.topic("events")
         started = time.monotonic()
-        self.write_snapshot(small, SMALL) if STRIDE == 1 else self._write_strided(small)
+        self.write_snapshot(small, SMALL, stride=STRIDE)  # exactly the keys the events reference
         if "bootstrap" in parts:
             self.write_snapshot(medium, MEDIUM)
         self.write_snapshot(large, KEYS)
@@ -584,28 +585,6 @@ class Bench:
         if "latency" in parts:
             self.latency(large)
         self.print()
-
-    def _write_strided(self, topic: str) -> None:
-        """The 10k snapshot: exactly the keys the events reference (0, STRIDE, 2*STRIDE...)."""
-        from pyspark.sql import functions as f
-
-        from stream_app.avro import encode_avro
-
-        ensure_compacted_topic(self.conf, topic, partitions=2)
-        ids = self.spark.range(0, SMALL, numPartitions=4).select((f.col("id") * STRIDE).alias("id"))
-        value = f.struct(
-            faa(f.col("id")).alias("faa"),
-            f.format_string("airport %d", f.col("id")).alias("name"),
-            (f.col("id") % 90).cast("double").alias("lat"),
-            (f.col("id") % 180).cast("double").alias("lon"),
-            (f.col("id") % 5000).cast("int").alias("alt"),
-            f.lit(-5).alias("tz"),
-        )
-        df = ids.select(
-            encode_avro(f.struct(faa(f.col("id")).alias("faa")), schema_json(KEY), fingerprint(KEY)).alias("key"),
-            encode_avro(value, schema_json(VALUE), fingerprint(VALUE)).alias("value"),
-        )
-        self._write(df, topic)
 
     def print(self) -> None:
         width = max(len(r[0]) for r in self.rows)

@@ -116,9 +116,13 @@ class Snapshot:
 
     # -- reading Kafka ------------------------------------------------------------------------
 
-    def _decode(self, raw: Any) -> Any:
+    def _relevant_writers(self) -> dict[bytes, str]:
+        """The known writer schemas that resolve to the key or the value reader schema (fingerprint -> JSON)."""
         writers = self.writers()
-        relevant = {**writers_for(writers, self.plan.key.avro), **writers_for(writers, self.plan.value.avro)}
+        return {**writers_for(writers, self.plan.key.avro), **writers_for(writers, self.plan.value.avro)}
+
+    def _decode(self, raw: Any) -> Any:
+        relevant = self._relevant_writers()
         if self._decoder is None or self._decoder[0] != frozenset(relevant):
             decode = record_decoder(
                 relevant, self.plan.key.json, self.plan.value.json, self.plan.key.spark_type, self.rank
@@ -152,8 +156,7 @@ class Snapshot:
         key_field = simple_key_field(self.plan.key.spark_type)
         if key_field is None or not supported_schema(self.plan.value.avro) or not supported_schema(self.plan.key.avro):
             return None
-        writers = self.writers()
-        relevant = {**writers_for(writers, self.plan.key.avro), **writers_for(writers, self.plan.value.avro)}
+        relevant = self._relevant_writers()
         if self._driver is None or self._driver[0] != frozenset(relevant):
             decoder = DriverDecoder(
                 relevant, self.plan.key.json, self.plan.value.json, key_field, self._empty_log().schema, self.rank
