@@ -41,6 +41,7 @@ resumes after the last stored key.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,7 +63,7 @@ _pg_activity = table(
 )
 
 
-def utc_sessions(engine: Any) -> None:
+def utc_sessions(engine: Any, lock_wait_s: float | None = None) -> None:
     """MySQL/MariaDB: start every connection of ``engine`` with ``SET time_zone = '+00:00'``.
 
     A ``TIMESTAMP`` column is an instant that the server converts to the
@@ -73,15 +74,23 @@ def utc_sessions(engine: Any) -> None:
 
     Args:
         engine: a SQLAlchemy engine, before its first connection.
+        lock_wait_s: also bound waits for row locks (InnoDB) and table/metadata
+            locks to this many seconds (rounded up to whole seconds, at least 1),
+            once per connection instead of once per transaction.
     """
     if engine.dialect.name not in MYSQL_DIALECTS:
         return
+    statements = ["SET time_zone = '+00:00'"]
+    if lock_wait_s is not None:
+        wait = max(1, math.ceil(lock_wait_s))
+        statements.append(f"SET SESSION innodb_lock_wait_timeout = {wait}, lock_wait_timeout = {wait}")
 
     @event.listens_for(engine, "connect")
-    def _utc(dbapi_conn: Any, _record: Any) -> None:
+    def _session(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
         try:
-            cur.execute("SET time_zone = '+00:00'")
+            for statement in statements:
+                cur.execute(statement)
         finally:
             cur.close()
 

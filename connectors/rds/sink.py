@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import operator
 import threading
 import time
@@ -105,7 +104,7 @@ class RdsSink(Sink):
             options["max_overflow"] = 2
             options["pool_size"] = pool
         self.engine = clients.sql_engine(self.connection, **options)
-        utc_sessions(self.engine)
+        utc_sessions(self.engine, lock_wait_s=self.config.lock_timeout_s)  # MySQL: lock waits bounded per connection
         self._dialect = self.engine.dialect.name
         self.check()
         self.table = self._reflect()
@@ -331,10 +330,6 @@ class RdsSink(Sink):
                     if upserts:
                         self._pg_upsert(conn, upserts)
                     upserts = []
-                elif self._dialect in MYSQL_DIALECTS:
-                    # row locks (InnoDB) and table/metadata locks: whole seconds, at least 1
-                    wait = max(1, math.ceil(self.config.lock_timeout_s))
-                    conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {wait}, lock_wait_timeout = {wait}")
                 if upserts:
                     names = [c.name for c in self.table.c]
                     conn.execute(self._upsert_statement(), [dict(zip(names, v, strict=True)) for v in upserts])
