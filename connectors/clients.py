@@ -96,16 +96,22 @@ def sql_engine(conn: RdsConnection, **kwargs: Any) -> Any:
 
 
 def elasticsearch_client(conn: ElasticsearchConnection) -> Any:
-    """An Elasticsearch client (major version 9).
+    """An Elasticsearch client (major version 9) serializing JSON with orjson.
+
+    orjson writes ``NaN``/``Infinity`` as ``null`` where the standard library
+    would write invalid JSON that Elasticsearch refuses.
 
     Returns:
         An :class:`elasticsearch.Elasticsearch`.
     """
-    from elasticsearch import Elasticsearch
+    from elasticsearch import Elasticsearch, OrjsonSerializer
 
     options: dict[str, Any] = {
         "request_timeout": conn.request_timeout_s,
         "verify_certs": conn.verify_certs,
+        # orjson (a dependency) instead of the standard library's json: the bulk helper
+        # serializes every action and document with it (elasticsearch-py, "Serializers")
+        "serializer": OrjsonSerializer(),
     }
     if conn.ca_certs:
         options["ca_certs"] = conn.ca_certs

@@ -55,6 +55,11 @@ def spark_session(settings: SparkSettings, jars: Sequence[Path | str] | None = N
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # PySpark 4 records the Python call site of every DataFrame/Column call for error
+        # messages ("DataFrame query context"): ~10 extra py4j round trips per call, i.e.
+        # most of the planning time of a wide plan rebuilt every micro-batch. The call
+        # sites would be this package's own lines; `stream.spark.conf` can turn it back on.
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
     if local:
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
