@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import threading
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
+
+from s3transfer.subscribers import BaseSubscriber
 
 from connectors import clients
 from connectors.config.models import BatchPolicy
@@ -105,16 +108,107 @@ def encode_jsonl(records: Iterable[SinkRecord]) -> bytes:
     return b"".join(dumps(envelope(r), default=_json_default, option=option) for r in records)
 
 
-def encode_parquet(records: list[SinkRecord]) -> bytes:
-    """Parquet (pyarrow, zstd), one row per envelope; ``value`` is a struct column."""
+def envelope_arrow_schema(value_type: Any) -> Any:
+    """The Arrow schema of Parquet envelopes whose ``value`` column has type ``value_type`` (a struct).
+
+    The columns and their types follow the Avro envelope of :func:`encode_avro`:
+    ``topic`` string, ``partition`` int32, ``offset``/``timestamp_ms``/``version``
+    int64, ``key`` string, ``deleted`` bool, ``value`` nullable (null for a tombstone).
+    """
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("topic", pa.string(), nullable=False),
+            pa.field("partition", pa.int32(), nullable=False),
+            pa.field("offset", pa.int64(), nullable=False),
+            pa.field("timestamp_ms", pa.int64(), nullable=False),
+            pa.field("key", pa.string(), nullable=False),
+            pa.field("version", pa.int64(), nullable=False),
+            pa.field("deleted", pa.bool_(), nullable=False),
+            pa.field("value", value_type, nullable=True),
+        ]
+    )
+
+
+class ParquetSchemas:
+    """The Parquet envelope schema of each value writer schema, computed once per fingerprint.
+
+    Thread-safe: two threads computing the same entry at once store equal schemas.
+    """
+
+    def __init__(self) -> None:
+        self._by_fingerprint: dict[bytes, tuple[Any, bool]] = {}
+
+    def get(self, fingerprint: bytes | None, value_schema: Any) -> tuple[Any, bool]:
+        """``(Arrow schema or None, values need _arrow_safe)`` for records of one writer schema.
+
+        ``None`` (infer the types from the values) when there is no writer schema
+        (an object of tombstones only) or it has no faithful Arrow type
+        (:class:`schemas.arrow.UnsupportedAvroType`).
+        """
+        if fingerprint is None or value_schema is None:
+            return None, True
+        found = self._by_fingerprint.get(fingerprint)
+        if found is None:
+            from schemas.arrow import UnsupportedAvroType, arrow_type, has_uuid
+
+            try:
+                found = (envelope_arrow_schema(arrow_type(value_schema)), has_uuid(value_schema))
+            except UnsupportedAvroType as exc:
+                log.warning(
+                    "writer schema %s has no faithful Arrow type (%s): Parquet types inferred per object",
+                    fingerprint.hex(),
+                    exc,
+                )
+                found = (None, True)
+            self._by_fingerprint[fingerprint] = found
+        return found
+
+
+_SCHEMAS = ParquetSchemas()
+
+
+def encode_parquet(
+    records: list[SinkRecord],
+    value_schema: Any = None,
+    fingerprint: bytes | None = None,
+    schemas: ParquetSchemas | None = None,
+) -> bytes:
+    """Parquet (pyarrow, zstd), one row per envelope; ``value`` is a struct column.
+
+    With the records' Avro writer schema, the Arrow schema is derived from it
+    (:mod:`schemas.arrow`, the mapping of Spark's ``spark-avro`` and Kafka
+    Connect's Parquet format) and cached per ``fingerprint``: every object of
+    one writer schema then has the same Parquet schema, and no type inference
+    runs. Without one (an object of tombstones only), or when the writer schema
+    has no faithful Arrow type (a union of several non-null types, a recursive
+    record), the types are inferred from this object's values (a column that
+    is all null here is then typed ``null``).
+
+    Args:
+        records: the object's records; values of one writer schema (or tombstones).
+        value_schema: their parsed fastavro writer schema, or ``None``.
+        fingerprint: its fingerprint (the cache key), or ``None``.
+        schemas: the cache to use (a module-wide one by default).
+
+    Returns:
+        The Parquet file's bytes.
+
+    Raises:
+        ValueError, TypeError, OverflowError: a value Arrow cannot represent (pyarrow's
+            ``ArrowInvalid``/``ArrowTypeError`` are such errors).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    schema, needs_safe = (schemas or _SCHEMAS).get(fingerprint, value_schema)
     rows = [envelope(r) for r in records]
-    for row in rows:
-        if row["value"] is not None:
-            row["value"] = _arrow_safe(row["value"])
-    table = pa.Table.from_pylist(rows)
+    if needs_safe:
+        for row in rows:
+            if row["value"] is not None:
+                row["value"] = _arrow_safe(row["value"])
+    table = pa.Table.from_pylist(rows, schema=schema)
     out = io.BytesIO()
     pq.write_table(table, out, compression="zstd")
     return out.getvalue()
@@ -161,16 +255,21 @@ class S3Sink(Sink):
     boundary (time or bytes) may write the tail of an object again in a new
     object, never lose one.
 
-    Atomicity: objects of at least ``multipart_threshold_bytes`` use boto3's
-    transfer manager (multipart, parallel parts), which aborts the upload on
-    failure; S3 shows an object only once complete. At start, this sink's
-    multipart uploads older than ``stale_upload_s`` (left by a killed process)
-    are aborted.
+    Uploads: one s3transfer ``TransferManager`` per sink (from ``open`` to
+    ``close``) uploads a batch's objects concurrently, at most
+    ``max_concurrency`` requests at once, while the next objects are encoded;
+    a batch is written once all its uploads succeeded, and fails whole
+    otherwise. Objects of at least ``multipart_threshold_bytes`` go up as
+    multipart uploads (parallel parts), aborted on failure; S3 shows an object
+    only once complete. At start, this sink's multipart uploads older than
+    ``stale_upload_s`` (left by a killed process) are aborted.
 
     Backpressure: ``SlowDown``/503 answers (after boto3's own adaptive retries).
 
-    Formats: JSON Lines, Parquet (pyarrow) or Avro container files (fastavro),
-    rows ``{topic, partition, offset, timestamp_ms, key, version, deleted, value}``.
+    Formats: JSON Lines, Parquet (pyarrow; Arrow types from the Avro writer
+    schema, :func:`encode_parquet`) or Avro container files (fastavro), rows
+    ``{topic, partition, offset, timestamp_ms, key, version, deleted, value}``.
+    Parquet and Avro objects hold records of one writer schema each.
 
     Example::
 
@@ -189,6 +288,8 @@ class S3Sink(Sink):
         super().__init__(config, connection, **kwargs)
         self.client: Any = None
         self._transfer: Any = None
+        self._manager: Any = None  # s3transfer.manager.TransferManager, from open() to close()
+        self._schemas = ParquetSchemas()
 
     def batch_policy(self, default: BatchPolicy) -> BatchPolicy:
         """One batch is one object: rotation by records, bytes and age."""
@@ -199,13 +300,13 @@ class S3Sink(Sink):
         )
 
     def open(self) -> None:
-        """Create the client, check (or create) the bucket, abort stale multipart uploads of this sink.
+        """Create the client, check (or create) the bucket, abort stale multipart uploads, start the uploader.
 
         Raises:
             SetupError: S3 cannot be reached.
             FatalError: the bucket is missing and ``create_bucket`` is off, or access is denied.
         """
-        from boto3.s3.transfer import TransferConfig
+        from boto3.s3.transfer import TransferConfig, create_transfer_manager
         from botocore.exceptions import ClientError
 
         self.client = clients.s3_client(self.connection)
@@ -224,6 +325,8 @@ class S3Sink(Sink):
             except ClientError as exc:
                 raise FatalError(f"sink {self.name!r}: cannot create bucket {self.config.bucket!r}: {exc}") from exc
         self.abort_stale_uploads()
+        # one manager (and thread pool) for the sink's life: boto3's upload_fileobj builds one per object
+        self._manager = create_transfer_manager(self.client, self._transfer)
 
     def check(self) -> None:
         """``HeadBucket``.
@@ -240,12 +343,15 @@ class S3Sink(Sink):
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             if code in ("403", *_FATAL_CODES - {"NoSuchBucket"}):
-                raise SetupError(f"sink {self.name!r}: S3 refused our credentials for bucket "
-                                 f"{self.config.bucket!r} ({code})", "check the connection's keys") from exc
+                raise SetupError(
+                    f"sink {self.name!r}: S3 refused our credentials for bucket {self.config.bucket!r} ({code})",
+                    "check the connection's keys",
+                ) from exc
             raise FatalError(f"sink {self.name!r}: bucket {self.config.bucket!r} not usable ({code})") from exc
         except BotoCoreError as exc:
-            raise SetupError(f"sink {self.name!r}: S3 {self.connection.endpoint_url or 'AWS'} did not answer: "
-                             f"{exc}") from exc
+            raise SetupError(
+                f"sink {self.name!r}: S3 {self.connection.endpoint_url or 'AWS'} did not answer: {exc}"
+            ) from exc
 
     def abort_stale_uploads(self) -> int:
         """Abort this sink's multipart uploads begun more than ``stale_upload_s`` ago.
@@ -289,80 +395,186 @@ class S3Sink(Sink):
             return value[:10]
         return datetime.fromtimestamp(record.timestamp_ms / 1000.0, UTC).date().isoformat()
 
-    def objects(self, batch: SinkBatch) -> list[tuple[str, list[SinkRecord], Any]]:
-        """Split a batch into objects: by ``dt`` folder and, for Avro, by writer schema.
+    def objects(self, batch: SinkBatch) -> list[S3Object]:
+        """Split a batch into objects: by ``dt`` folder and, for Avro and Parquet, by writer schema.
+
+        A file has one schema, so a batch whose records change writer schema
+        gives one object per schema (and ``dt`` folder); a tombstone joins the
+        writer schema of the records before it (the first one of the batch when
+        none is before it).
 
         Returns:
-            ``(object key, records, value writer schema)`` per object, named by its first offset.
+            The objects in order of their first record, each named by its first offset.
         """
         groups: dict[tuple[str | None, bytes | None], list[SinkRecord]] = {}
         schemas: dict[bytes | None, Any] = {None: None}
+        by_schema = self.config.format in ("avro", "parquet")
         current: bytes | None = next((r.value_fingerprint for r in batch.records if r.value_fingerprint), None)
+        if current is not None:
+            schemas[current] = next(r.value_schema for r in batch.records if r.value_fingerprint == current)
         for record in batch.records:
             fp = None
-            if self.config.format == "avro":
+            if by_schema:
                 if record.value_fingerprint is not None:
                     current = record.value_fingerprint
                     schemas[current] = record.value_schema
-                fp = current  # a tombstone joins the schema group around it
+                fp = current
             groups.setdefault((self._dt(record), fp), []).append(record)
         out = []
         for (dt, fp), records in groups.items():
-            key = object_key(self.config.prefix, batch.topic, batch.partition, records[0].offset,
-                             self.config.format, dt)
-            out.append((key, records, schemas.get(fp)))
+            key = object_key(
+                self.config.prefix, batch.topic, batch.partition, records[0].offset, self.config.format, dt
+            )
+            out.append(S3Object(key, records, schemas.get(fp), fp))
         return out
 
-    def encode(self, records: list[SinkRecord], value_schema: Any) -> bytes:
-        """Encode records in the configured format."""
+    def encode(self, obj: S3Object, records: list[SinkRecord] | None = None) -> bytes:
+        """Encode an object's records (or ``records``, a subset of them) in the configured format.
+
+        Raises:
+            ValueError, TypeError, OverflowError: a value the format cannot represent.
+        """
+        records = obj.records if records is None else records
         if self.config.format == "jsonl":
             return encode_jsonl(records)
         if self.config.format == "parquet":
-            return encode_parquet(records)
-        return encode_avro(records, value_schema)
+            return encode_parquet(records, obj.value_schema, obj.fingerprint, self._schemas)
+        return encode_avro(records, obj.value_schema)
+
+    def _encode_or_isolate(self, obj: S3Object, failures: list[RecordFailure]) -> tuple[list[SinkRecord], bytes]:
+        """The object's body; when a record cannot be encoded, the body of the others and that record's failure.
+
+        Returns:
+            ``(records encoded, body)``; no records (and an empty body) when none could be encoded.
+        """
+        try:
+            return obj.records, self.encode(obj)
+        except (ValueError, TypeError, OverflowError) as exc:
+            # one bad record spoils the object: find it by encoding each alone
+            good, bad = [], 0
+            for record in obj.records:
+                try:
+                    self.encode(obj, [record])
+                    good.append(record)
+                except (ValueError, TypeError, OverflowError) as one:
+                    bad += 1
+                    failures.append(RecordFailure(record, type(one)(f"{record.where()}: {one}")))
+            log.warning("sink=%s object=%s: %d record(s) not encodable: %s", self.name, obj.key, bad, exc)
+            return good, self.encode(obj, good) if good else b""
+
+    def _upload_error(self, key: str, exc: BaseException) -> Exception:
+        """The sink error an upload's failure maps to (what the runtime does about it)."""
+        from boto3.exceptions import S3UploadFailedError
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if isinstance(exc, (ClientError, S3UploadFailedError)):
+            code = exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
+            text = str(exc)
+            if code in _BUSY_CODES or "SlowDown" in text or "503" in text:
+                return SinkBackpressureError(2.0, f"sink {self.name!r}: S3 slow down on {key}")
+            if code in _FATAL_CODES or any(c in text for c in _FATAL_CODES):
+                return FatalError(f"sink {self.name!r}: cannot write s3://{self.config.bucket}/{key}: {text}")
+            return RetriableError(f"sink {self.name!r}: upload of {key} failed: {text}")
+        if isinstance(exc, BotoCoreError):
+            return RetriableError(f"sink {self.name!r}: S3 unreachable uploading {key}: {exc}")
+        return RetriableError(f"sink {self.name!r}: upload of {key} failed: {type(exc).__name__}: {exc}")
 
     def write(self, batch: SinkBatch) -> list[RecordFailure]:
-        """Encode and upload the batch's objects (overwriting same-named ones from a replay).
+        """Encode the batch's objects and upload them concurrently (overwriting same-named ones from a replay).
+
+        Objects are encoded one after another in the calling thread while the
+        sink's transfer manager uploads the ones already encoded: at most
+        ``max_concurrency`` uploads of this batch are in flight (the manager's
+        pool, shared by the batches written at once, also holds at most
+        ``max_concurrency`` requests). ``write`` returns once every upload
+        finished. A failed upload fails the whole batch (no further object is
+        submitted, the submitted ones are awaited); the runtime writes it again,
+        and the deterministic names make the objects already uploaded be
+        overwritten, not duplicated.
+
+        Returns:
+            The records no format could encode (to the dead letter topic).
 
         Raises:
             SinkBackpressureError: S3 answered ``SlowDown``/503.
             RetriableError: S3 unreachable or another transient error.
-            FatalError: the bucket is gone or access is denied.
+            FatalError: the bucket is gone or access is denied (wins over the others when
+                several uploads failed).
         """
-        from boto3.exceptions import S3UploadFailedError
-        from botocore.exceptions import BotoCoreError, ClientError
-
         failures: list[RecordFailure] = []
-        for key, records, schema in self.objects(batch):
-            try:
-                body = self.encode(records, schema)
-            except (ValueError, TypeError, OverflowError) as exc:
-                # one bad record spoils the object: find it by encoding each alone
-                good = []
-                for record in records:
-                    try:
-                        self.encode([record], schema)
-                        good.append(record)
-                    except (ValueError, TypeError, OverflowError) as one:
-                        failures.append(RecordFailure(record, type(one)(f"{record.where()}: {one}")))
-                if not good:
+        slots = threading.BoundedSemaphore(self.config.max_concurrency)
+        failed = threading.Event()
+        submitted: list[tuple[str, Any]] = []
+        errors: list[tuple[str, BaseException]] = []
+        try:
+            for obj in self.objects(batch):
+                records, body = self._encode_or_isolate(obj, failures)
+                if not records:
                     continue
-                records, body = good, self.encode(good, schema)
-                log.warning("sink=%s object=%s: %d record(s) not encodable: %s", self.name, key,
-                            len(failures), exc)
-            try:
-                self.client.upload_fileobj(io.BytesIO(body), self.config.bucket, key, Config=self._transfer)
-            except (ClientError, S3UploadFailedError) as exc:
-                code = exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
-                text = str(exc)
-                if code in _BUSY_CODES or "SlowDown" in text or "503" in text:
-                    raise SinkBackpressureError(2.0, f"sink {self.name!r}: S3 slow down on {key}") from exc
-                if code in _FATAL_CODES or any(c in text for c in _FATAL_CODES):
-                    raise FatalError(f"sink {self.name!r}: cannot write s3://{self.config.bucket}/{key}: "
-                                     f"{text}") from exc
-                raise RetriableError(f"sink {self.name!r}: upload of {key} failed: {text}") from exc
-            except BotoCoreError as exc:
-                raise RetriableError(f"sink {self.name!r}: S3 unreachable uploading {key}: {exc}") from exc
-            log.debug("sink=%s object=s3://%s/%s records=%d bytes=%d", self.name, self.config.bucket, key,
-                      len(records), len(body))
+                slots.acquire()
+                if failed.is_set():
+                    slots.release()
+                    break  # the batch fails anyway: upload nothing more
+                future = self._manager.upload(
+                    io.BytesIO(body), self.config.bucket, obj.key, subscribers=[_Release(slots, failed)]
+                )
+                submitted.append((obj.key, future))
+                log.debug(
+                    "sink=%s object=s3://%s/%s records=%d bytes=%d",
+                    self.name,
+                    self.config.bucket,
+                    obj.key,
+                    len(records),
+                    len(body),
+                )
+        finally:
+            for key, future in submitted:  # wait for all, even when encoding raised
+                try:
+                    future.result()
+                except Exception as exc:  # noqa: BLE001 - mapped below, first by severity
+                    errors.append((key, exc))
+        if errors:
+            mapped = [(self._upload_error(key, exc), exc) for key, exc in errors]
+            rank = {FatalError: 0, SinkBackpressureError: 1}
+            error, cause = min(mapped, key=lambda m: rank.get(type(m[0]), 2))
+            raise error from cause
         return failures
+
+    def close(self) -> None:
+        """Wait for uploads in flight and stop the transfer manager's threads."""
+        if self._manager is not None:
+            self._manager.shutdown()
+            self._manager = None
+
+
+class S3Object(NamedTuple):
+    """One object of a batch.
+
+    Attributes:
+        key: its S3 key (:func:`object_key`).
+        records: its records, in offset order.
+        value_schema: their parsed value writer schema (``None`` when only tombstones, or JSON Lines).
+        fingerprint: that schema's fingerprint (``None`` likewise).
+    """
+
+    key: str
+    records: list[SinkRecord]
+    value_schema: Any
+    fingerprint: bytes | None
+
+
+class _Release(BaseSubscriber):
+    """Frees a write's upload slot when an upload is done, and flags the write when it failed."""
+
+    def __init__(self, slots: threading.BoundedSemaphore, failed: threading.Event):
+        self._slots = slots
+        self._failed = failed
+
+    def on_done(self, future: Any, **kwargs: Any) -> None:
+        """Flag a failure, free the slot (s3transfer calls this on success, failure and cancel)."""
+        try:
+            future.result()
+        except BaseException:  # noqa: BLE001 - only flagged here; write() raises it
+            self._failed.set()
+        finally:
+            self._slots.release()
