@@ -1,8 +1,10 @@
 """Watch a running pipeline: counts per stage and sink, consumer lag, sampled event -> sink latencies.
 
 Everything here reads (Kafka watermarks and committed offsets, index counts,
-``SELECT``s, object listings) about once a second, so the watching costs the
-pipeline little on a small machine.
+``SELECT``s) about once a second, and lists the archive's objects at most every
+``ProgressProbe.list_every_s`` seconds (a listing of thousands of keys costs
+the S3 server and this process far more than the other readings), so the
+watching costs the pipeline little on a small machine.
 
 Latency is measured on a sample of the events (every ``every``-th replayed
 flight): the time from its produce call to the first poll that finds it in
@@ -111,10 +113,18 @@ class Progress:
 
 
 class ProgressProbe:
-    """Reads :class:`Progress` from Kafka and the three sinks (clients kept open between readings)."""
+    """Reads :class:`Progress` from Kafka and the three sinks (clients kept open between readings).
 
-    def __init__(self, targets: Targets):
+    Args:
+        targets: the stages and sinks.
+        list_every_s: the archive's object listing is reused for this long, seconds.
+    """
+
+    def __init__(self, targets: Targets, list_every_s: float = 5.0):
         self.targets = targets
+        self.list_every_s = list_every_s
+        self._listing: tuple[float, list[str]] | None = None
+        self._table: Any = None
         kafka = targets.pipeline.kafka
         self._consumer = clients.kafka_consumer(kafka, f"threes-demo-probe-{uuid.uuid4().hex[:8]}")
         self._admin = clients.kafka_admin(kafka)
@@ -153,33 +163,50 @@ class ProgressProbe:
 
     def pg_totals(self) -> tuple[int, int]:
         """``(rows, SUM(flights))`` of route_stats; ``(0, 0)`` before it exists."""
-        from sqlalchemy import MetaData, Table, func, select
-        from sqlalchemy.exc import NoSuchTableError
+        from sqlalchemy import func, select
 
-        _, table, schema = self.targets.pg
-        try:
-            tbl = Table(table, MetaData(), schema=schema, autoload_with=self._engine)
-        except NoSuchTableError:
+        tbl = self.pg_table()
+        if tbl is None:
             return 0, 0
         with self._engine.connect() as db:
             rows, flights = db.execute(select(func.count(), func.coalesce(func.sum(tbl.c.flights), 0))).one()
         return int(rows), int(flights)
 
-    def s3_keys(self) -> list[str]:
-        """Object keys under the archive prefix."""
+    def es_refresh(self) -> None:
+        """Refresh the flights index, so a count sees every document indexed so far."""
+        self._es.indices.refresh(index=self.targets.es[1])
+
+    def pg_table(self) -> Any:
+        """The route_stats ``Table``, reflected once it exists (``None`` before)."""
+        from sqlalchemy import MetaData, Table
+        from sqlalchemy.exc import NoSuchTableError
+
+        if self._table is None:
+            _, table, schema = self.targets.pg
+            try:
+                self._table = Table(table, MetaData(), schema=schema, autoload_with=self._engine)
+            except NoSuchTableError:
+                return None
+        return self._table
+
+    def s3_keys(self, fresh: bool = False) -> list[str]:
+        """Object keys under the archive prefix, as listed at most ``list_every_s`` ago (now when ``fresh``)."""
         from connectors.demo.sinks import list_objects
 
-        conn, bucket, prefix = self.targets.s3
-        return [o["Key"] for o in list_objects(conn, bucket, prefix, client=self._s3)]
+        now = time.monotonic()
+        if fresh or self._listing is None or now - self._listing[0] >= self.list_every_s:
+            conn, bucket, prefix = self.targets.s3
+            self._listing = (now, [o["Key"] for o in list_objects(conn, bucket, prefix, client=self._s3)])
+        return self._listing[1]
 
-    def read(self) -> Progress:
-        """One reading of every stage and sink."""
+    def read(self, fresh: bool = False) -> Progress:
+        """One reading of every stage and sink (``fresh``: list the archive now, see :meth:`s3_keys`)."""
         p = Progress(at=time.time())
         p.enriched_out = sum(self.end_offsets(self.targets.enriched_topic).values())
         p.dead_letters = sum(sum(self.end_offsets(t).values()) for t in self.targets.dead_letter_topics)
         p.es_docs = self.es_count()
         p.pg_rows, p.pg_flights = self.pg_totals()
-        p.s3_objects = len(self.s3_keys())
+        p.s3_objects = len(self.s3_keys(fresh))
         for name, (group, topics) in self.targets.groups.items():
             done = self.committed(group)
             ends = {(t, part): o for t in topics for part, o in self.end_offsets(t).items()}
@@ -260,11 +287,11 @@ class LatencySampler:
         with self._lock:
             return [s for s in self.samples if sink not in s.seen]
 
-    def poll(self) -> None:
-        """Look for the pending samples in each sink once."""
+    def poll(self, fresh: bool = False) -> None:
+        """Look for the pending samples in each sink once (``fresh``: list the archive now)."""
         self._poll_es()
         self._poll_pg()
-        self._poll_s3()
+        self._poll_s3(fresh)
 
     def _poll_es(self) -> None:
         from elasticsearch import NotFoundError
@@ -284,16 +311,13 @@ class LatencySampler:
                 s.seen["elasticsearch"] = now
 
     def _poll_pg(self) -> None:
-        from sqlalchemy import MetaData, Table, select, tuple_
-        from sqlalchemy.exc import NoSuchTableError
+        from sqlalchemy import select, tuple_
 
         pending = self._pending("postgres")
         if not pending:
             return
-        _, table, schema = self.probe.targets.pg
-        try:
-            tbl = Table(table, MetaData(), schema=schema, autoload_with=self.probe._engine)
-        except NoSuchTableError:
+        tbl = self.probe.pg_table()
+        if tbl is None:
             return
         groups = sorted({s.group for s in pending})
         cols = [tbl.c[g] for g in self.group_by]
@@ -308,13 +332,13 @@ class LatencySampler:
             if counts.get(s.group, 0) >= s.group_count:
                 s.seen["postgres"] = now
 
-    def _poll_s3(self) -> None:
+    def _poll_s3(self, fresh: bool = False) -> None:
         from connectors.demo.sinks import read_parquet_objects
 
         pending = self._pending("s3")
         if not pending:
             return
-        new = [k for k in self.probe.s3_keys() if k.endswith(".parquet") and k not in self._read_objects]
+        new = [k for k in self.probe.s3_keys(fresh) if k.endswith(".parquet") and k not in self._read_objects]
         if not new:
             return
         conn, bucket, _ = self.probe.targets.s3

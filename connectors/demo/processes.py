@@ -116,9 +116,14 @@ class PipelineProcesses:
         """Start the stream job (``threes stream run``)."""
         return self.start("stream", ["stream", "run", str(self.config)])
 
-    def start_sync(self) -> Child:
-        """Start every sync service of the config (``threes sync run``)."""
-        return self.start("sync", ["sync", "run", str(self.config)])
+    def start_sync(self, services: Sequence[str]) -> list[Child]:
+        """Start each sync service in a process of its own (``threes sync run --service NAME``, log ``sync-NAME``).
+
+        One process per service rather than one for all: the services are
+        independent consumer groups, and each decodes and encodes in Python, so
+        in one process they would share one interpreter lock (one core).
+        """
+        return [self.start(f"sync-{name}", ["sync", "run", str(self.config), "--service", name]) for name in services]
 
     def check(self) -> None:
         """Raise when a child has exited (they all run until stopped).

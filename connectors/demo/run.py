@@ -217,7 +217,7 @@ class DemoRun:
 
         opts = self.options
         self.processes.start_sources(opts.offsets_topic)
-        self.processes.start_sync()
+        self.processes.start_sync([s.name for s in pipeline.sync])
         conf = pipeline.kafka.librdkafka_config()
         deadline = time.monotonic() + opts.start_timeout_s
         wanted = {s.topic: TABLES[s.name].rows for s in pipeline.sources if s.name in TABLES}
@@ -300,6 +300,10 @@ class DemoRun:
             self.state.progress, self.state.events_in, self.state.replay_rate = progress, stats.acked, stats.rate
             if "replay" not in completed and not thread.is_alive():
                 completed["replay"] = stats.finished or time.time()
+            search = _service_of(pipeline, "elasticsearch_sink")
+            if progress.es_docs < total <= progress.committed.get(search, 0) and progress.lag.get(search, 1) == 0:
+                probe.es_refresh()  # the sink has written everything: make it visible to the count now
+                progress.es_docs = probe.es_count()
             if progress.es_docs >= total:
                 completed.setdefault("elasticsearch", progress.at)
             if progress.pg_flights >= total:
@@ -321,7 +325,8 @@ class DemoRun:
                                  f"{progress.committed.get(archive, 0)} (logs: {self.processes.log_dir})")
             tick += 1
             time.sleep(1.0)
-        sampler.poll()
+        progress = self.state.progress = probe.read(fresh=True)
+        sampler.poll(fresh=True)
         done()
         all_done = max(completed[s] for s in ("elasticsearch", "postgres", "s3"))
         until = round(all_done - t0, 1)
