@@ -27,7 +27,8 @@ PROBLEM = re.compile(r"^\S+ \S+ ERROR |Traceback|Exception in thread", re.MULTIL
 
 def _config(env, tmp_path: Path, kafka) -> Path:
     config = tmp_path / "pipeline.yaml"
-    config.write_text(textwrap.dedent(f"""\
+    config.write_text(
+        textwrap.dedent(f"""\
         version: 1
         kafka:
           bootstrap_servers: {kafka.bootstrap_servers}
@@ -49,15 +50,20 @@ def _config(env, tmp_path: Path, kafka) -> Path:
           trigger_interval_s: 1
           checkpoint_location: {tmp_path / "checkpoint"}
           spark: {{master: "local[1]", driver_memory: 1g}}
-        """))
+        """)
+    )
     return config
 
 
 def _start(config: Path, log: Path, *args: str) -> subprocess.Popen:
     threes = Path(sys.executable).parent / "threes"
     with log.open("w") as out:  # its own session: the signal below reaches it and its JVM, as a supervisor's would
-        return subprocess.Popen([str(threes), "-v", "stream", "run", str(config), *args],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [str(threes), "-v", "stream", "run", str(config), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
@@ -75,7 +81,9 @@ def _last_checkpoint(tmp_path: Path) -> tuple[dict, pa.Table]:
         return manifest, reader.read_all()
 
 
-def test_sigterm_to_the_group_stops_cleanly_with_a_last_checkpoint_and_available_now_logs_no_error(env, kafka, tmp_path):
+def test_sigterm_to_the_group_stops_cleanly_with_a_last_checkpoint_and_available_now_logs_no_error(
+    env, kafka, tmp_path
+):
     env.put_airport("EWR")
     env.put_airport("LAX")
     env.put_flights([flight(1, "EWR", "LAX")])
