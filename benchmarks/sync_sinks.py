@@ -15,6 +15,11 @@ printed below it.
   same rows, same 10k-row transactions.
 * S3: MB/s of ``S3Sink.write`` (JSON Lines encoding + upload) vs boto3
   ``upload_fileobj`` of the same bytes.
+* S3 Parquet (``--only s3pq``): records/s of ``S3Sink.write`` on records shaped
+  like the demo's (the 51-field enriched flight), in small objects (~150 rows,
+  67 ``dt=`` folders per batch) and large ones (25k rows), vs the sink as it
+  was before (types inferred per object, objects uploaded one after another
+  with ``upload_fileobj``), side by side in the same run.
 * Memory: peak RSS of a sync service process (real consumer, batching,
   backpressure) whose sink is throttled to a tenth of the input rate, vs its
   configured ``buffer_max_bytes``.
@@ -259,18 +264,142 @@ def bench_s3(conn: S3Connection, n: int, rounds: int) -> dict[str, float]:
                 s3.upload_fileobj(io.BytesIO(body), bucket, f"base/{r}/{i}.jsonl")
 
         base_rates.append(total_mb / timed(baseline))
-        cfg = S3SinkConfig(name="bench-s3", type="s3_sink", connection="s3", topics=["bench"], bucket=bucket,
-                           prefix=f"sink/{r}/", format="jsonl")
+        cfg = S3SinkConfig(
+            name="bench-s3",
+            type="s3_sink",
+            connection="s3",
+            topics=["bench"],
+            bucket=bucket,
+            prefix=f"sink/{r}/",
+            format="jsonl",
+        )
         sink = S3Sink(cfg, conn, limiter=AdaptiveConcurrency("bench-s3", cfg.max_concurrency))
         sink.open()
         sink_rates.append(total_mb / timed(lambda sink=sink, data=data: drive(sink, data, PARTITIONS)))
         seq_rates.append(total_mb / timed(lambda sink=sink, data=data: drive(sink, data, 1)))
+        sink.close()
+    _empty_bucket(s3, bucket)
+    return {
+        "s3_baseline_mb_s": statistics.median(base_rates),
+        "s3_sink_mb_s": statistics.median(sink_rates),
+        "s3_sink_one_partition_mb_s": statistics.median(seq_rates),
+    }
+
+
+def _empty_bucket(s3: Any, bucket: str) -> None:
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for o in page.get("Contents", []):
             s3.delete_object(Bucket=bucket, Key=o["Key"])
     s3.delete_bucket(Bucket=bucket)
-    return {"s3_baseline_mb_s": statistics.median(base_rates), "s3_sink_mb_s": statistics.median(sink_rates),
-            "s3_sink_one_partition_mb_s": statistics.median(seq_rates)}
+
+
+# -- S3 Parquet: the demo's records, the sink before and after explicit schemas + concurrent uploads --------
+
+ENRICHED = json.loads((ROOT / "schemas" / "nycflights13" / "enriched_flight.avsc").read_text())
+
+
+def enriched_row(i: int) -> dict[str, Any]:
+    """A value of the demo's enriched-flight schema (51 fields): deterministic, ~1 in 7 nullable fields null."""
+    out: dict[str, Any] = {}
+    for j, f in enumerate(ENRICHED["fields"]):
+        typ = f["type"]
+        nullable = isinstance(typ, list)
+        base = typ[1] if nullable else typ
+        if nullable and (i * 31 + j * 17) % 7 == 0:
+            out[f["name"]] = None
+        elif isinstance(base, dict):  # time_hour, timestamp-micros
+            out[f["name"]] = T0 + timedelta(hours=i % 8760)
+        elif base == "int":
+            out[f["name"]] = (i * 7 + j) % 2400
+        elif base == "double":
+            out[f["name"]] = ((i * 13 + j) % 1000) / 7.0
+        else:
+            out[f["name"]] = ("UA", "AA", "JFK", "LGA", "America/New_York", "Boeing 737-800")[(i + j) % 6]
+    return out
+
+
+def enriched_batches(n: int, per_object: int, objects_per_batch: int) -> list[SinkBatch]:
+    """Batches of ``per_object * objects_per_batch`` records, ``per_object`` consecutive ones per ``dt`` day."""
+    parsed = fastavro.parse_schema(ENRICHED)
+    fp = fingerprint(ENRICHED)
+    size = per_object * objects_per_batch
+    out = []
+    for start in range(0, n, size):
+        recs = []
+        for i in range(start, min(n, start + size)):
+            value = enriched_row(i)
+            value["time_hour"] = T0 + timedelta(days=i // per_object % 365, hours=i % 24)
+            recs.append(
+                SinkRecord(
+                    "bench",
+                    len(out) % PARTITIONS,
+                    i,
+                    i,
+                    value,
+                    1,
+                    timestamp_ms=0,
+                    size_bytes=600,
+                    value_schema=parsed,
+                    value_fingerprint=fp,
+                )
+            )
+        out.append(SinkBatch("bench", len(out) % PARTITIONS, recs[0].offset, recs[-1].offset, recs))
+    return out
+
+
+def previous_s3_sink() -> type:
+    """``S3Sink`` as it was before (reference for the Parquet figures): types inferred per object, and one
+    object after another through ``upload_fileobj`` (a TransferManager and thread pool per object)."""
+    from connectors.s3.sink import S3Sink, encode_parquet
+
+    class PreviousS3Sink(S3Sink):
+        def write(self, batch: SinkBatch) -> list[Any]:
+            for obj in self.objects(batch):
+                body = encode_parquet(obj.records)  # no writer schema: inference, as before
+                self.client.upload_fileobj(io.BytesIO(body), self.config.bucket, obj.key, Config=self._transfer)
+            return []
+
+    return PreviousS3Sink
+
+
+def bench_s3_parquet(conn: S3Connection, n: int, rounds: int) -> dict[str, float]:
+    """Records/s of the Parquet sink, before vs after, on small (~150-row) and large (~25k-row) objects."""
+    from connectors.s3.config import S3SinkConfig
+    from connectors.s3.sink import S3Sink
+
+    s3 = clients.s3_client(conn)
+    bucket = f"bench-pq-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    before = previous_s3_sink()
+    figures: dict[str, float] = {}
+    for label, per_object, per_batch in (("small", 150, 67), ("large", 25_000, 1)):
+        data = enriched_batches(max(n, per_object * per_batch), per_object, per_batch)
+        total = sum(len(b.records) for b in data)
+        rates: dict[str, list[float]] = {"before": [], "after": []}
+        for r in range(rounds):
+            for name, cls in (("before", before), ("after", S3Sink)):
+                cfg = S3SinkConfig(
+                    name=f"bench-pq-{name}",
+                    type="s3_sink",
+                    connection="s3",
+                    topics=["bench"],
+                    bucket=bucket,
+                    prefix=f"{label}/{name}/{r}/",
+                    format="parquet",
+                    partition_by="time_hour",
+                )
+                sink = cls(cfg, conn, limiter=AdaptiveConcurrency("bench-pq", cfg.max_concurrency))
+                sink.open()
+                rates[name].append(total / timed(lambda sink=sink, data=data: drive(sink, data, PARTITIONS)))
+                sink.close()
+        figures[f"s3_parquet_{label}_before_rec_s"] = statistics.median(rates["before"])
+        figures[f"s3_parquet_{label}_after_rec_s"] = statistics.median(rates["after"])
+        figures[f"s3_parquet_{label}_ratio"] = (
+            figures[f"s3_parquet_{label}_after_rec_s"] / figures[f"s3_parquet_{label}_before_rec_s"]
+        )
+        figures[f"s3_parquet_{label}_objects"] = sum(len(S3Sink.objects(sink, b)) for b in data)
+    _empty_bucket(s3, bucket)
+    return figures
 
 
 # -- memory under a throttled sink --------------------------------------------------------------
@@ -374,7 +503,7 @@ def main() -> None:
     parser.add_argument("--bound-mb", type=int, default=64)
     parser.add_argument("--input-rate", type=float, default=20_000, help="records/s produced during the RSS run")
     parser.add_argument("--rss-seconds", type=float, default=30)
-    parser.add_argument("--only", choices=["es", "pg", "s3", "rss"], action="append")
+    parser.add_argument("--only", choices=["es", "pg", "s3", "s3pq", "rss"], action="append")
     parser.add_argument("--rss-child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child:
@@ -383,7 +512,7 @@ def main() -> None:
         return
     ep = Endpoints.from_env()
     kafka = KafkaConfig(bootstrap_servers=ep.kafka_bootstrap)
-    only = set(args.only or ["es", "pg", "s3", "rss"])
+    only = set(args.only or ["es", "pg", "s3", "s3pq", "rss"])
     figures: dict[str, Any] = {"records": args.records, "rounds": args.rounds}
     if "es" in only:
         figures |= bench_es(ElasticsearchConnection(type="elasticsearch", hosts=[ep.elasticsearch_url]),
@@ -398,6 +527,11 @@ def main() -> None:
                                          secret_access_key=ep.s3_secret_access_key, path_style=True),
                             args.records, args.rounds)
         figures["s3_ratio"] = figures["s3_sink_mb_s"] / figures["s3_baseline_mb_s"]
+    if "s3pq" in only:
+        figures |= bench_s3_parquet(S3Connection(type="s3", endpoint_url=ep.s3_endpoint_url, region=ep.s3_region,
+                                                 access_key_id=ep.s3_access_key_id,
+                                                 secret_access_key=ep.s3_secret_access_key, path_style=True),
+                                    args.records, args.rounds)
     if "rss" in only:
         figures |= bench_rss(kafka, args.bound_mb * 1024 * 1024, args.input_rate, args.rss_seconds)
         figures["rss_headroom_mb"] = figures["rss_bound_mb"] + 150 - figures["rss_peak_mb"]
@@ -412,6 +546,11 @@ def main() -> None:
             print(f"{label:<24}{figures[base]:>14,.1f}{figures[ours]:>14,.1f}{figures[ratio]:>9.2f}  {target}")
             seq = ours.replace("_sink_", "_sink_one_partition_")
             print(f"{'  (one partition)':<24}{'':>14}{figures[seq]:>14,.1f}{figures[seq] / figures[base]:>9.2f}")
+    for label in ("small", "large"):
+        if f"s3_parquet_{label}_ratio" in figures:
+            print(f"{'S3 Parquet ' + label + ' rec/s':<24}{figures[f's3_parquet_{label}_before_rec_s']:>14,.1f}"
+                  f"{figures[f's3_parquet_{label}_after_rec_s']:>14,.1f}{figures[f's3_parquet_{label}_ratio']:>9.2f}"
+                  f"  after vs before ({figures[f's3_parquet_{label}_objects']:.0f} objects)")
     if "rss_peak_mb" in figures:
         print(f"{'peak RSS MB (throttled)':<24}{figures['rss_bound_mb'] + 150:>14,.1f}{figures['rss_peak_mb']:>14,.1f}"
               f"{'':>9}  <= bound + 150 MB (bound {figures['rss_bound_mb']:.0f} MB, "

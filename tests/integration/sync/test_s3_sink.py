@@ -19,8 +19,17 @@ from tests.integration.sync.contract import SinkContract, batch, record
 
 
 def make_config(bucket: str, fmt: str, **extra: Any) -> S3SinkConfig:
-    return S3SinkConfig(name=f"s3-{bucket}", type="s3_sink", connection="s3", topics=["updates.items"],
-                        bucket=bucket, prefix="lake/", format=fmt, create_bucket=True, **extra)
+    return S3SinkConfig(
+        name=f"s3-{bucket}",
+        type="s3_sink",
+        connection="s3",
+        topics=["updates.items"],
+        bucket=bucket,
+        prefix="lake/",
+        format=fmt,
+        create_bucket=True,
+        **extra,
+    )
 
 
 def read_rows(s3: Any, bucket: str, key: str) -> list[dict[str, Any]]:
@@ -81,9 +90,7 @@ class S3Contract(SinkContract):
 
     def test_object_names_follow_topic_partition_first_offset(self, sink: S3Sink) -> None:
         sink.write(batch([record(k, 1, 100 + k, partition=3) for k in range(5)]))
-        assert self.artifacts(sink) == [
-            f"lake/updates.items/partition=3/updates.items+3+{100:020d}.{self.fmt}"
-        ]
+        assert self.artifacts(sink) == [f"lake/updates.items/partition=3/updates.items+3+{100:020d}.{self.fmt}"]
 
 
 class TestS3SinkJsonl(S3Contract):
@@ -110,8 +117,9 @@ class TestS3SinkAvro(S3Contract):
 
 def test_partition_by_date_and_multipart_upload(s3_conn: S3Connection, bucket: str, s3: Any) -> None:
     # 5 MiB threshold (the S3 minimum part size): this object goes up as a multipart upload
-    sink = S3Sink(make_config(bucket, "jsonl", partition_by="updated_at", multipart_threshold_bytes=5 * 1024 * 1024),
-                  s3_conn)
+    sink = S3Sink(
+        make_config(bucket, "jsonl", partition_by="updated_at", multipart_threshold_bytes=5 * 1024 * 1024), s3_conn
+    )
     sink.open()
     recs = [record(k, 1 + k % 2, k) for k in range(4)]
     big = "x" * (6 * 1024 * 1024)
@@ -141,8 +149,9 @@ def test_stale_multipart_upload_is_aborted_at_open(s3_conn: S3Connection, bucket
     sink.open()
     left = [u["Key"] for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
     assert left == [theirs]
-    s3.abort_multipart_upload(Bucket=bucket, Key=theirs,
-                              UploadId=s3.list_multipart_uploads(Bucket=bucket)["Uploads"][0]["UploadId"])
+    s3.abort_multipart_upload(
+        Bucket=bucket, Key=theirs, UploadId=s3.list_multipart_uploads(Bucket=bucket)["Uploads"][0]["UploadId"]
+    )
     sink.close()
 
 
@@ -150,3 +159,41 @@ def test_missing_bucket_is_fatal_without_create_bucket(s3_conn: S3Connection, un
     sink = S3Sink(make_config(f"absent-{unique}", "jsonl").model_copy(update={"create_bucket": False}), s3_conn)
     with pytest.raises(FatalError, match="not usable"):
         sink.open()
+
+
+def test_parquet_objects_of_a_batch_all_uploaded_with_one_schema(s3_conn: S3Connection, bucket: str, s3: Any) -> None:
+    # 12 dt folders: 12 objects uploaded concurrently (max_concurrency 3); `note` all null in the odd days' objects
+    sink = S3Sink(make_config(bucket, "parquet", partition_by="updated_at", max_concurrency=3), s3_conn)
+    sink.open()
+    recs = []
+    for day in range(1, 13):
+        for k in range(3):
+            r = record(day * 10 + k, 1, len(recs))
+            r.value["updated_at"] = r.value["updated_at"].replace(day=day)
+            r.value["note"] = None if day % 2 else f"d{day}"
+            recs.append(r)
+    recs.append(record(999, 2, len(recs), delete=True))  # no date field: its Kafka date, day 1
+    assert sink.write(batch(recs)) == []
+    keys = list_keys(s3, bucket)
+    assert len(keys) == 12
+    tables = [pq.read_table(io.BytesIO(s3.get_object(Bucket=bucket, Key=k)["Body"].read())) for k in keys]
+    assert all(t.schema == tables[0].schema for t in tables)
+    rows = [row for t in tables for row in t.to_pylist()]
+    assert sorted(r["offset"] for r in rows) == list(range(len(recs)))
+    assert {r["key"]: r["value"] for r in rows if not r["deleted"]} == {str(r.key): r.value for r in recs[:-1]}
+    sink.close()
+    sink.close()  # closing twice is harmless
+
+
+def test_a_failed_upload_fails_the_whole_batch(s3_conn: S3Connection, bucket: str, s3: Any) -> None:
+    sink = S3Sink(make_config(bucket, "parquet", partition_by="updated_at"), s3_conn)
+    sink.open()
+    s3.delete_bucket(Bucket=bucket)  # every upload now fails with NoSuchBucket
+    recs = [record(k, 1, k) for k in range(6)]
+    for r in recs:
+        r.value["updated_at"] = r.value["updated_at"].replace(day=1 + r.offset)
+    with pytest.raises(FatalError, match="NoSuchBucket"):
+        sink.write(batch(recs))
+    s3.create_bucket(Bucket=bucket)  # the retry of the same batch writes every object
+    assert sink.write(batch(recs)) == [] and len(list_keys(s3, bucket)) == 6
+    sink.close()
