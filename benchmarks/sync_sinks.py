@@ -348,14 +348,27 @@ def enriched_batches(n: int, per_object: int, objects_per_batch: int) -> list[Si
 
 
 def previous_s3_sink() -> type:
-    """``S3Sink`` as it was before (reference for the Parquet figures): types inferred per object, and one
-    object after another through ``upload_fileobj`` (a TransferManager and thread pool per object)."""
-    from connectors.s3.sink import S3Sink, encode_parquet
+    """``S3Sink`` as it was before (reference for the Parquet figures): types inferred per object, dictionary
+    encoding always, and one object after another through ``upload_fileobj`` (a TransferManager and thread
+    pool per object)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from connectors.s3.sink import S3Sink, _arrow_safe, envelope
+
+    def encode_parquet_inferred(records: list[SinkRecord]) -> bytes:
+        rows = [envelope(r) for r in records]
+        for row in rows:
+            if row["value"] is not None:
+                row["value"] = _arrow_safe(row["value"])
+        out = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(rows), out, compression="zstd")
+        return out.getvalue()
 
     class PreviousS3Sink(S3Sink):
         def write(self, batch: SinkBatch) -> list[Any]:
             for obj in self.objects(batch):
-                body = encode_parquet(obj.records)  # no writer schema: inference, as before
+                body = encode_parquet_inferred(obj.records)
                 self.client.upload_fileobj(io.BytesIO(body), self.config.bucket, obj.key, Config=self._transfer)
             return []
 
