@@ -148,6 +148,8 @@ class StreamJob:
             if self._late is None:
                 self._late = _LateEvents(cfg.name)
                 self.spark.streams.addListener(self._late)
+                for query in self.queries:  # running now: its last events come to the listener
+                    self._late.expect(query)
             self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
             self.spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
             for update in aggregations:
@@ -406,6 +408,15 @@ class StreamJob:
             query.stop()
         self.queries = []
         if self._late is not None:
+            # Spark delivers query events through an asynchronous bus: the stopped queries' last progress
+            # (late events to count) and their termination may not have reached the listener yet. Removed
+            # sooner, the listener would miss them, or get them in a call to a Python side that is exiting.
+            if not self._late.wait_terminated(grace_s):
+                log.warning(
+                    "job=%s the late-events listener did not hear the end of every query within %.0f s",
+                    self.config.name,
+                    grace_s,
+                )
             self.spark.streams.removeListener(self._late)
             self._late = None
         self._reporter.shutdown(wait=True)
@@ -501,11 +512,39 @@ class _LateEvents(StreamingQueryListener):
         self.job = job
         self.dropped: dict[str, int] = {}  # update topic -> events dropped so far
         self._topics: dict[str, str] = {}  # query id -> update topic
+        self._ended = threading.Condition()
+        self._expected: set[str] = set()  # run ids whose termination event will reach this listener
+        self._terminated: set[str] = set()  # run ids whose termination event did
 
     def watch(self, query: Any, topic: str) -> None:
-        """Count the late events of an aggregation query writing ``topic``."""
+        """Count the late events of an aggregation query writing ``topic`` (started after the listener)."""
         self._topics[str(query.id)] = topic
         self.dropped.setdefault(topic, 0)
+        self.expect(query)
+
+    def expect(self, query: Any) -> None:
+        """Wait for ``query``'s termination event in :meth:`wait_terminated` if it is running now.
+
+        A query still active once the listener is registered posts its
+        termination event after that, so the event reaches the listener; one
+        that ended before may have had its event delivered already.
+        """
+        if query.isActive:
+            with self._ended:
+                self._expected.add(str(query.runId))
+
+    def wait_terminated(self, timeout_s: float) -> bool:
+        """Wait until the termination event of every expected query was delivered, up to ``timeout_s`` seconds.
+
+        Spark's listener bus delivers a query's events in order, its
+        termination last; so afterwards none of the expected queries' events
+        is still on its way (call it once they are stopped).
+
+        Returns:
+            Whether all were delivered.
+        """
+        with self._ended:
+            return self._ended.wait_for(lambda: self._expected <= self._terminated, timeout_s)
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's listener interface
         """Nothing to do."""
@@ -534,4 +573,7 @@ class _LateEvents(StreamingQueryListener):
         """Nothing to do."""
 
     def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
-        """Nothing to do."""
+        """Note that the query's last event was delivered."""
+        with self._ended:
+            self._terminated.add(str(event.runId))
+            self._ended.notify_all()
