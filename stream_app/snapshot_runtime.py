@@ -467,11 +467,17 @@ class Snapshot:
             overlay=overlay if overlay is not None and overlay.num_rows else None,
         )
 
-    def maybe_checkpoint(self, force: bool = False) -> bool:
+    def maybe_checkpoint(self, force: bool = False, final: bool = False) -> bool:
         """Checkpoint the snapshot (merged, with its offsets) when the interval has passed.
 
         The driver's Arrow table is written by a background thread (it is
         immutable); a partitioned base is collected first, here.
+
+        Args:
+            force: checkpoint now, whatever the interval (unless nothing changed since the last one).
+            final: the snapshot is closing: the overlay is folded into the checkpoint's Arrow table
+                on the driver instead of into a new base, which would cost a Spark job (a cached
+                DataFrame, or a broadcast and the workers' index) for a base nobody joins against.
 
         Returns:
             Whether a checkpoint was started.
@@ -485,10 +491,14 @@ class Snapshot:
             if not force:
                 return False
             self._checkpoint_thread.join()
-        self.merge()
-        offsets = {t: dict(p) for t, p in self.base_offsets.items()}
+        if final:
+            table = self._merged_table()
+            offsets = {t: dict(p) for t, p in self.offsets.items()}
+        else:
+            self.merge()
+            table = self.base.as_arrow()
+            offsets = {t: dict(p) for t, p in self.base_offsets.items()}
         self._last_checkpoint = (time.monotonic(), offsets)
-        table = self.base.as_arrow()
         checkpoint = self.checkpoint
 
         def save() -> None:
@@ -501,6 +511,25 @@ class Snapshot:
         self._checkpoint_thread.start()
         return True
 
+    def _merged_table(self) -> pa.Table:
+        """The base with the overlay applied, as an Arrow table (what :meth:`merge` would install).
+
+        Only a partitioned base costs a Spark job here (it is collected).
+        """
+        table = self.base.as_arrow()
+        if self._log is None or self._log.num_rows == 0:
+            return table
+        started = time.monotonic()
+        merged = nullable_table(apply_changes(table, dedupe_last(self._log)))
+        log.info(
+            "snapshot=%s overlay records=%d folded into the last checkpoint keys=%d elapsed_s=%.2f",
+            self.name,
+            self._log.num_rows,
+            merged.num_rows,
+            time.monotonic() - started,
+        )
+        return merged
+
     def wait_checkpoint(self, timeout_s: float | None = None) -> None:
         """Wait for a checkpoint being written."""
         if self._checkpoint_thread is not None:
@@ -509,7 +538,7 @@ class Snapshot:
     def close(self, checkpoint: bool = True) -> None:
         """Write a last checkpoint (optional), wait for it, and release the broadcast/cache."""
         if checkpoint:
-            self.maybe_checkpoint(force=True)
+            self.maybe_checkpoint(force=True, final=True)
         self.wait_checkpoint()
         self._ranges.close()
         self.base.release()
