@@ -354,7 +354,8 @@ def previous_s3_sink() -> type:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from connectors.s3.sink import S3Sink, _arrow_safe, envelope
+    from connectors.s3.formats import _arrow_safe, envelope
+    from connectors.s3.sink import S3Sink
 
     def encode_parquet_inferred(records: list[SinkRecord]) -> bytes:
         rows = [envelope(r) for r in records]

