@@ -249,7 +249,8 @@ class S3Sink(Sink):
         if self.config.format == "jsonl":
             return encode_jsonl(records)
         if self.config.format == "parquet":
-            return encode_parquet(records, obj.value_schema, obj.fingerprint, self._schemas)
+            return encode_parquet(records, obj.value_schema, obj.fingerprint, self._schemas,
+                                  self.config.parquet_compression)
         return encode_avro(records, obj.value_schema)
 
     def _encode_or_isolate(self, obj: S3Object, failures: list[RecordFailure]) -> tuple[list[SinkRecord], bytes]:
