@@ -120,7 +120,7 @@ class ProgressProbe:
         list_every_s: the archive's object listing is reused for this long, seconds.
     """
 
-    def __init__(self, targets: Targets, list_every_s: float = 5.0):
+    def __init__(self, targets: Targets, list_every_s: float = 10.0):
         self.targets = targets
         self.list_every_s = list_every_s
         self._listing: tuple[float, list[str]] | None = None
