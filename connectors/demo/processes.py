@@ -145,8 +145,11 @@ class PipelineProcesses:
                     f"{child.tail()}"
                 )
 
-    def stop(self, timeout_s: float = 60.0) -> dict[str, int | None]:
+    def stop(self, timeout_s: float = 90.0) -> dict[str, int | None]:
         """SIGTERM every child, wait up to ``timeout_s`` for all, then SIGKILL the groups still there.
+
+        The default leaves the stream job its clean stop: the running micro-batch (up to 30 s),
+        the queries' last events (up to 30 s) and the snapshot checkpoint.
 
         Returns:
             name -> exit code (``None`` when it had to be killed).
