@@ -217,7 +217,7 @@ class DemoRun:
 
         opts = self.options
         self.processes.start_sources(opts.offsets_topic)
-        self.processes.start_sync([s.name for s in pipeline.sync])
+        self.processes.start_sync()
         conf = pipeline.kafka.librdkafka_config()
         deadline = time.monotonic() + opts.start_timeout_s
         wanted = {s.topic: TABLES[s.name].rows for s in pipeline.sources if s.name in TABLES}
