@@ -120,10 +120,10 @@ class PipelineProcesses:
         """Start every sync service of the config in one process (``threes sync run``).
 
         One process for the three demo services, not one each: on the 2-core
-        machine the demo's figures are measured on, separate processes (even at
-        a lower CPU priority) took CPU from the stream job, the pipeline's
-        critical path, and made more, smaller archive objects: first flight to
-        all sinks 188-205 s against 171-181 s with one process.
+        machine the demo's figures are measured on, one process per service
+        (also tried at niceness 10) used more CPU in the pipeline phase
+        (387-417 CPU s against 357) and made more, smaller archive objects;
+        first flight to all sinks 171-211 s over four runs against 181 s.
         """
         return self.start("sync", ["sync", "run", str(self.config)])
 
