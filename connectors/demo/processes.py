@@ -121,9 +121,10 @@ class PipelineProcesses:
 
         One process for the three demo services, not one each: on the 2-core
         machine the demo's figures are measured on, one process per service
-        (also tried at niceness 10) used more CPU in the pipeline phase
-        (387-417 CPU s against 357) and made more, smaller archive objects;
-        first flight to all sinks 171-211 s over four runs against 181 s.
+        (also tried at niceness 10) mostly used more CPU in the pipeline phase
+        (335-417 CPU s, three of four runs above 385, against 357) and made
+        more, smaller archive objects; first flight to all sinks 171-211 s
+        over four runs against 181 s (docs/nycflights13.md).
         """
         return self.start("sync", ["sync", "run", str(self.config)])
 
