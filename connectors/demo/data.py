@@ -130,7 +130,7 @@ def non_null(avro_type: Any) -> tuple[Any, bool]:
 
 
 def arrow_type(avro_type: Any) -> Any:
-    """The Arrow type of an Avro field type, the way Spark and the sinks read it.
+    """The Arrow type of a CSV column's Avro field type: :mod:`schemas.arrow`'s mapping, scalars only.
 
     Args:
         avro_type: a primitive name or a dict with ``logicalType`` (nullability stripped).
@@ -139,30 +139,18 @@ def arrow_type(avro_type: Any) -> Any:
         A ``pyarrow.DataType``.
 
     Raises:
-        ConfigError: a type a CSV column cannot hold (record, array, map, ...).
+        ConfigError: a type a CSV column cannot hold (record, array, map, fixed, a union, ...).
     """
-    import pyarrow as pa
+    from schemas.arrow import UnsupportedAvroType
+    from schemas.arrow import arrow_type as avro_arrow_type
 
-    primitive = {
-        "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
-        "string": pa.string(), "boolean": pa.bool_(), "bytes": pa.binary(),
-    }
-    if isinstance(avro_type, str) and avro_type in primitive:
-        return primitive[avro_type]
-    if isinstance(avro_type, dict):
-        logical = avro_type.get("logicalType")
-        base = avro_type.get("type")
-        if logical == "timestamp-micros":
-            return pa.timestamp("us", tz="UTC")
-        if logical == "timestamp-millis":
-            return pa.timestamp("ms", tz="UTC")
-        if logical == "local-timestamp-micros":
-            return pa.timestamp("us")
-        if logical == "date":
-            return pa.date32()
-        if isinstance(base, str) and base in primitive:
-            return primitive[base]
-    raise ConfigError(f"Avro type {avro_type} cannot be read from a CSV column")
+    kind = avro_type.get("type") if isinstance(avro_type, dict) else avro_type
+    if not isinstance(kind, str) or kind in ("null", "record", "error", "array", "map", "fixed"):
+        raise ConfigError(f"Avro type {avro_type} cannot be read from a CSV column")
+    try:
+        return avro_arrow_type(avro_type)
+    except UnsupportedAvroType as exc:
+        raise ConfigError(f"Avro type {avro_type} cannot be read from a CSV column: {exc}") from exc
 
 
 def arrow_schema(avro_schema: dict[str, Any], columns: Sequence[str] | None = None) -> Any:
