@@ -287,11 +287,11 @@ class LatencySampler:
         with self._lock:
             return [s for s in self.samples if sink not in s.seen]
 
-    def poll(self, fresh: bool = False) -> None:
-        """Look for the pending samples in each sink once (``fresh``: list the archive now)."""
+    def poll(self) -> None:
+        """Look for the pending samples in each sink once (the archive as the probe last listed it)."""
         self._poll_es()
         self._poll_pg()
-        self._poll_s3(fresh)
+        self._poll_s3()
 
     def _poll_es(self) -> None:
         from elasticsearch import NotFoundError
@@ -332,13 +332,13 @@ class LatencySampler:
             if counts.get(s.group, 0) >= s.group_count:
                 s.seen["postgres"] = now
 
-    def _poll_s3(self, fresh: bool = False) -> None:
+    def _poll_s3(self) -> None:
         from connectors.demo.sinks import read_parquet_objects
 
         pending = self._pending("s3")
         if not pending:
             return
-        new = [k for k in self.probe.s3_keys(fresh) if k.endswith(".parquet") and k not in self._read_objects]
+        new = [k for k in self.probe.s3_keys() if k.endswith(".parquet") and k not in self._read_objects]
         if not new:
             return
         conn, bucket, _ = self.probe.targets.s3

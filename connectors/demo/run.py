@@ -325,8 +325,8 @@ class DemoRun:
                                  f"{progress.committed.get(archive, 0)} (logs: {self.processes.log_dir})")
             tick += 1
             time.sleep(1.0)
-        progress = self.state.progress = probe.read(fresh=True)
-        sampler.poll(fresh=True)
+        progress = self.state.progress = probe.read(fresh=True)  # lists the archive now, for the sampler too
+        sampler.poll()
         done()
         all_done = max(completed[s] for s in ("elasticsearch", "postgres", "s3"))
         until = round(all_done - t0, 1)
