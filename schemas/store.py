@@ -53,6 +53,15 @@ class InMemorySchemaStore:
         except KeyError:
             raise UnknownSchemaError(fp, "the in-memory schema store") from None
 
+    def get_json(self, fp: bytes) -> str:
+        """The writer schema JSON of a fingerprint (logical types and defaults kept).
+
+        Raises:
+            UnknownSchemaError: never registered here.
+        """
+        self.get(fp)
+        return self._json[fp]
+
     def schemas_json(self) -> dict[bytes, str]:
         """All known writer schemas: fingerprint -> schema JSON."""
         return dict(self._json)

@@ -39,6 +39,7 @@ from connectors import clients, registry
 from connectors.config.models import KafkaConfig
 from connectors.exceptions import FatalError, SetupError
 from connectors.runtime.sink import Sink
+from schemas.columnar import ColumnarDecoder
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from sync_service.batching import PartitionBuffer, message_size
@@ -159,6 +160,7 @@ class SyncService:
         kconf = self.kafka.librdkafka_config()
         store = self._schema_store or SchemaStore(kconf, self.kafka.schema_topic)
         deserializer = AvroDeserializer(store)
+        columnar = ColumnarDecoder(store)
         self._ensure_dead_letter_topic()
         self.producer = clients.kafka_producer(self.kafka, linger_ms=5)
         for sink in self._build_sinks():
@@ -168,7 +170,7 @@ class SyncService:
             sink.limiter = limiter
             sink.open()
             writer = BatchWriter(cfg.name, sink, deserializer, self.producer, cfg.dead_letter_topic,
-                                 cfg.retry, self.metrics, cfg.stop_on_error)
+                                 cfg.retry, self.metrics, cfg.stop_on_error, columnar=columnar)
             pool = ThreadPoolExecutor(max_workers=max_limit, thread_name_prefix=f"sink-{sink.name}")
             slot = SinkSlot(sink, writer, limiter, pool)
             self.slots.append(slot)

@@ -18,6 +18,8 @@ from connectors.dlq import DeadLetter
 from connectors.exceptions import FatalError, RetriableError, SinkBackpressureError, SkippableRecordError
 from connectors.runtime.sink import Sink, SinkBatch, SinkRecord
 from connectors.updates import version_of
+from schemas.columnar import ColumnarDecodeError, ColumnarDecoder
+from schemas.exceptions import SerdeError
 from schemas.serde import split
 from sync_service.batching import Job, message_size
 from sync_service.metrics import SyncMetrics
@@ -69,6 +71,8 @@ class BatchWriter:
         retry: the retry policy for transient errors.
         metrics: the service's metrics.
         stop_on_error: raise instead of dead-lettering a bad record.
+        columnar: the columnar value decoder (shared by the service's writers); one on
+            ``deserializer.resolver`` when ``None``.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class BatchWriter:
         retry: RetryPolicy,
         metrics: SyncMetrics,
         stop_on_error: bool = False,
+        columnar: ColumnarDecoder | None = None,
     ):
         self.service = service
         self.sink = sink
@@ -91,6 +96,7 @@ class BatchWriter:
         self.metrics = metrics
         self.stop_on_error = stop_on_error
         self.component = f"{service}/{sink.name}"
+        self.columnar = columnar or ColumnarDecoder(deserializer.resolver)
         # when several sinks read a topic, one of them dead-letters its undecodable
         # records, so each bad record reaches the dead letter topic once
         self.decode_dlq_topics: set[str] = set(sink.config.topics)
@@ -100,25 +106,95 @@ class BatchWriter:
     def decode(self, job: Job) -> SinkBatch:
         """Decode the job's messages; undecodable ones join ``job.dead`` (stage ``decode``).
 
+        Keys, headers and fingerprints are read per record; values are decoded in
+        columns, one Arrow table per writer schema (:mod:`schemas.columnar`), and
+        fastavro decodes a value only when a sink asks for it as a dict. A block
+        that does not decode as a whole is decoded record by record to find the
+        bad bodies (dead letters); the others are decoded in columns again.
+
         Returns:
-            The batch of decodable records.
+            The batch of decodable records, with ``tables`` holding the columnar values.
         """
         batch = SinkBatch(job.topic, job.partition, job.first_offset, job.last_offset)
+        by_schema: dict[bytes, list[SinkRecord]] = {}
         for msg in job.raw:
             try:
-                batch.records.append(self.decode_one(msg))
+                record = self._decode_head(msg)
             except SkippableRecordError as exc:
-                if msg.topic() in self.decode_dlq_topics:
-                    job.dead.append((msg, exc, "decode"))
-                else:
-                    log.debug("sink=%s skips %s (dead-lettered by another sink of the topic)", self.sink.name, exc)
+                self._skip(job, msg, exc)
+                continue
+            batch.records.append(record)
+            if record.body is not None:
+                by_schema.setdefault(record.value_fingerprint, []).append(record)
+        bad: list[SinkRecord] = []
+        for fp, records in by_schema.items():
+            bad += self._decode_values(batch, fp, records)
+        if bad:
+            by_offset = {m.offset(): m for m in job.raw}
+            dropped = set()
+            for record in bad:
+                dropped.add(record.offset)
+                self._skip(job, by_offset[record.offset], record.value)  # the error is kept in value
+            batch.records = [r for r in batch.records if r.offset not in dropped]
         return batch
 
-    def decode_one(self, msg: Any) -> SinkRecord:
-        """Decode one message into a :class:`SinkRecord`.
+    def _skip(self, job: Job, msg: Any, exc: BaseException) -> None:
+        if msg.topic() in self.decode_dlq_topics:
+            job.dead.append((msg, exc, "decode"))
+        else:
+            log.debug("sink=%s skips %s (dead-lettered by another sink of the topic)", self.sink.name, exc)
+
+    def _decode_values(self, batch: SinkBatch, fp: bytes, records: list[SinkRecord]) -> list[SinkRecord]:
+        """Decode the values of one writer schema; returns the records whose body does not decode.
+
+        A returned record carries its error in ``value`` (it never reaches a sink).
+        """
+        if self.columnar.supports(fp):
+            try:
+                table = self.columnar.decode(fp, [r.body for r in records])
+            except ColumnarDecodeError as exc:
+                log.warning("sink=%s topic=%s partition=%d: %s; decoding that block record by record",
+                            self.sink.name, batch.topic, batch.partition, exc)
+                bad = self._decode_each(fp, records)
+                failed = {id(r) for r in bad}
+                records = [r for r in records if id(r) not in failed]
+                try:
+                    table = self.columnar.decode(fp, [r.body for r in records])
+                except ColumnarDecodeError:
+                    return bad  # the rest keep the values fastavro decoded
+            else:
+                bad = []
+            for i, record in enumerate(records):
+                record.row = i
+            batch.tables[fp] = table
+            return bad
+        return self._decode_each(fp, records)
+
+    @staticmethod
+    def _decode_each(fp: bytes, records: list[SinkRecord]) -> list[SinkRecord]:
+        """fastavro, one record at a time (the exact per-record path); returns the undecodable ones."""
+        bad = []
+        for record in records:
+            try:
+                value = record.value
+            except Exception as exc:  # noqa: BLE001 - fastavro raises many kinds; the dead letter names it
+                record.value = SerdeError(f"{record.where()}: cannot decode Avro body with writer schema "
+                                          f"{fp.hex()}: {exc}")
+                bad.append(record)
+                continue
+            if not isinstance(value, dict):
+                record.value = SkippableRecordError(
+                    f"{record.where()}: value is Avro {type(value).__name__}, a record is expected"
+                )
+                bad.append(record)
+        return bad
+
+    def _decode_head(self, msg: Any) -> SinkRecord:
+        """Decode a message's key, version header and value fingerprint; the value stays an Avro body.
 
         Raises:
-            SkippableRecordError: the key or value is not decodable Avro, or the
+            SkippableRecordError: the key is not decodable Avro, the value has no
+                single-object header or an unknown writer schema, or the
                 ``version`` header is missing or malformed; the message names the record.
         """
         where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
@@ -133,25 +209,37 @@ class BatchWriter:
         # serde errors propagate as they are: their class names the problem in the dead letter
         key = self.deserializer(msg.key())
         raw_value = msg.value()
-        value = self.deserializer(raw_value)
-        if value is not None and not isinstance(value, dict):
-            raise SkippableRecordError(f"{where}: value is Avro {type(value).__name__}, a record is expected")
-        schema = fp = None
+        schema = fp = body = None
         if raw_value is not None:
-            fp = split(raw_value)[0]
+            fp, body = split(raw_value)
             schema = self.deserializer.resolver.get(fp)
         return SinkRecord(
             topic=msg.topic(),
             partition=msg.partition(),
             offset=msg.offset(),
             key=key,
-            value=value,
+            value=None,
             version=version,
             timestamp_ms=msg.timestamp()[1],
             size_bytes=message_size(msg),
             value_schema=schema,
             value_fingerprint=fp,
+            body=body,
         )
+
+    def decode_one(self, msg: Any) -> SinkRecord:
+        """Decode one message into a :class:`SinkRecord`, its value as a dict (the per-record path).
+
+        Raises:
+            SkippableRecordError: the key or value is not decodable Avro, or the
+                ``version`` header is missing or malformed; the message names the record.
+        """
+        record = self._decode_head(msg)
+        if record.body is not None:
+            bad = self._decode_each(record.value_fingerprint, [record])
+            if bad:
+                raise record.value  # the error _decode_each stored
+        return record
 
     # -- write --------------------------------------------------------------------------------
 

@@ -40,10 +40,16 @@ from typing import Any, ClassVar, Protocol
 
 from connectors.config.models import BatchPolicy, SinkConnectorConfig
 
+_LAZY = object()  # the value is decoded from ``body`` on first access
 
-@dataclass(slots=True)
+
 class SinkRecord:
     """One decoded update record.
+
+    The sync service decodes values in columns (:mod:`schemas.columnar`): a
+    record then holds its Avro ``body`` and its ``row`` in the batch's table of
+    its writer schema (:attr:`SinkBatch.tables`), and ``value`` is decoded from
+    the body with fastavro only when a sink asks for it as a dict.
 
     Attributes:
         topic: the update topic.
@@ -56,23 +62,61 @@ class SinkRecord:
         size_bytes: bytes of key, value and headers as consumed.
         value_schema: the parsed Avro writer schema of the value (``None`` for a tombstone).
         value_fingerprint: its 8-byte fingerprint (``None`` for a tombstone).
+        body: the value's Avro body (no single-object header), when ``value`` is decoded lazily.
+        row: the record's row in ``SinkBatch.tables[value_fingerprint]``, or -1 when it has none.
     """
 
-    topic: str
-    partition: int
-    offset: int
-    key: Any
-    value: dict[str, Any] | None
-    version: int
-    timestamp_ms: int = 0
-    size_bytes: int = 0
-    value_schema: Any = None
-    value_fingerprint: bytes | None = None
+    __slots__ = ("topic", "partition", "offset", "key", "_value", "version", "timestamp_ms", "size_bytes",
+                 "value_schema", "value_fingerprint", "body", "row")
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: Any,
+        value: dict[str, Any] | None = None,
+        version: int = 0,
+        timestamp_ms: int = 0,
+        size_bytes: int = 0,
+        value_schema: Any = None,
+        value_fingerprint: bytes | None = None,
+        *,
+        body: bytes | memoryview | None = None,
+        row: int = -1,
+    ):
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self._value = _LAZY if body is not None and value is None else value
+        self.version = version
+        self.timestamp_ms = timestamp_ms
+        self.size_bytes = size_bytes
+        self.value_schema = value_schema
+        self.value_fingerprint = value_fingerprint
+        self.body = body
+        self.row = row
+
+    @property
+    def value(self) -> dict[str, Any] | None:
+        """The value as a dict (decoded from ``body`` by fastavro on first access), ``None`` for a tombstone."""
+        if self._value is _LAZY:
+            import io
+
+            import fastavro
+
+            self._value = fastavro.schemaless_reader(io.BytesIO(self.body), self.value_schema, None)
+        return self._value
+
+    @value.setter
+    def value(self, value: dict[str, Any] | None) -> None:
+        self._value = value
 
     @property
     def is_delete(self) -> bool:
         """``True`` for a tombstone."""
-        return self.value is None
+        return self._value is None
 
     @property
     def key_id(self) -> str:
@@ -84,6 +128,19 @@ class SinkRecord:
     def where(self) -> str:
         """``topic[partition]@offset``, for error messages."""
         return f"{self.topic}[{self.partition}]@{self.offset}"
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.topic, self.partition, self.offset, self.key, self.value, self.version, self.timestamp_ms,
+                self.size_bytes, self.value_fingerprint)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SinkRecord) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return (f"SinkRecord({self.where()}, key={self.key!r}, version={self.version}, "
+                f"{'delete' if self.is_delete else 'upsert'})")
 
 
 @dataclass(slots=True)
@@ -97,6 +154,9 @@ class SinkBatch:
         last_offset: the last offset it covers (records that went to the dead
             letter queue while decoding are covered but absent from ``records``).
         records: the records to apply, in offset order.
+        tables: the upserts' values decoded in columns, one ``pyarrow.Table`` per value
+            writer fingerprint, typed by :mod:`schemas.arrow`; a record's ``row`` is its
+            row there. A writer schema decoded per record has no table.
     """
 
     topic: str
@@ -104,6 +164,29 @@ class SinkBatch:
     first_offset: int
     last_offset: int
     records: list[SinkRecord] = field(default_factory=list)
+    tables: dict[bytes, Any] = field(default_factory=dict)
+
+    def value_table(self, records: Sequence[SinkRecord]) -> Any:
+        """The values of ``records`` (upserts of one writer schema) as one Arrow table, in their order.
+
+        Args:
+            records: upserts of this batch, all with the same ``value_fingerprint``.
+
+        Returns:
+            A ``pyarrow.Table`` (row ``i`` is ``records[i]``'s value), or ``None`` when these
+            values were not decoded in columns (the caller uses ``record.value``).
+        """
+        if not records:
+            return None
+        table = self.tables.get(records[0].value_fingerprint)
+        if table is None or any(r.row < 0 for r in records):
+            return None
+        rows = [r.row for r in records]
+        if len(rows) == table.num_rows and all(i == r for i, r in enumerate(rows)):
+            return table
+        import pyarrow as pa
+
+        return table.take(pa.array(rows, pa.int64()))
 
     @property
     def size_bytes(self) -> int:

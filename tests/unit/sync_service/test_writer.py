@@ -110,3 +110,24 @@ def test_stop_on_error_fails_instead_of_dead_lettering(store: InMemorySchemaStor
     producer = FakeProducer()
     out = writer(store, ScriptedSink(), producer, stop_on_error=True).run(job(msgs(store, 3, value=b"x")))
     assert out.status == "failed" and "t[0]@1" in str(out.error) and producer.produced == []
+
+
+def test_values_are_decoded_in_columns_and_a_bad_body_in_the_block_is_dead_lettered(
+    store: InMemorySchemaStore,
+) -> None:
+    raw = msgs(store, 6)
+    header = raw[0].value()[:10]  # a registered writer schema, and no body
+    raw[3] = FakeMessage(3, raw[3].key(), header,  # no body at all
+                         headers=raw[3].headers())
+    sink, producer = ScriptedSink(), FakeProducer()
+    out = writer(store, sink, producer).run(job(raw))
+    assert out.status == "done" and out.applied == 5 and out.dead == 1
+    [batch] = sink.batches
+    assert [r.offset for r in batch.records] == [0, 1, 2, 4, 5]
+    table = batch.value_table(batch.records)
+    assert table is not None and table.column("a").to_pylist() == [0, 1, 2, 4, 5]
+    assert batch.value_table(batch.records[1:3]).column("a").to_pylist() == [1, 2]
+    assert [r.value for r in batch.records] == [{"a": i} for i in (0, 1, 2, 4, 5)]  # the dict path agrees
+    [letter] = producer.produced
+    assert letter["headers"]["dlq.offset"] == b"3" and letter["headers"]["dlq.stage"] == b"decode"
+    assert letter["headers"]["dlq.error.class"] == b"SerdeError"
