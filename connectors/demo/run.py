@@ -13,7 +13,9 @@ Phases (each one's wall time is in the summary):
 5. **pipeline** - the flights are replayed (:class:`~connectors.demo.replay.Replayer`)
    while the two reference changes are made (:mod:`connectors.demo.changes`), until
    every sink holds every flight: this is the phase the 120 s target is about,
-   from the first replayed flight to the last sink complete;
+   from the first replayed flight to the last sink complete; the CPU seconds each
+   component used over it (:mod:`connectors.demo.cpu`, read from ``/proc``) and the
+   pipeline's CPU microseconds per flight are in the summary's ``cpu``;
 6. **verify** - every sink against the pandas oracle (:mod:`connectors.demo.verify`).
 
 The pipeline's processes are stopped at the end (SIGTERM: they flush and commit).
@@ -22,6 +24,7 @@ The pipeline's processes are stopped at the end (SIGTERM: they flush and commit)
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import urllib.request
@@ -90,6 +93,7 @@ class LiveState:
     state_topics: dict[str, int] = field(default_factory=dict)
     changes: list[ReferenceChange] = field(default_factory=list)
     latencies: dict[str, Any] = field(default_factory=dict)
+    cpu: dict[str, Any] = field(default_factory=dict)
     sinks_done: dict[str, float] = field(default_factory=dict)
     first_event_at: float | None = None
     message: str = ""
@@ -202,8 +206,16 @@ class DemoRun:
         summary["phases_s"] = dict(self.phases)
         summary["reset"] = {k: (len(v) if isinstance(v, list) else v) for k, v in reset.items()}
         summary["reference_loads"] = [
-            {"table": r.table, "target": r.target, "inserted": r.inserted, "updated": r.updated,
-             "deleted": r.deleted, "unchanged": r.unchanged, "elapsed_s": round(r.elapsed_s, 2)} for r in loads
+            {
+                "table": r.table,
+                "target": r.target,
+                "inserted": r.inserted,
+                "updated": r.updated,
+                "deleted": r.deleted,
+                "unchanged": r.unchanged,
+                "elapsed_s": round(r.elapsed_s, 2),
+            }
+            for r in loads
         ]
         summary["logs"] = str(log_dir)
         self.state.phase = "done"
@@ -233,8 +245,10 @@ class DemoRun:
             if all(self.state.state_topics.get(t, 0) >= n for t, n in wanted.items()):
                 break
             if time.monotonic() > deadline:
-                raise SetupError(f"the sources did not fill their state topics within {opts.start_timeout_s:.0f} s: "
-                                 f"{self.state.state_topics} of {wanted} (logs: {self.processes.log_dir})")
+                raise SetupError(
+                    f"the sources did not fill their state topics within {opts.start_timeout_s:.0f} s: "
+                    f"{self.state.state_topics} of {wanted} (logs: {self.processes.log_dir})"
+                )
             time.sleep(1.0)
         ensure_event_topic(pipeline.kafka, targets.events_topic, opts.partitions)
         self.processes.start_stream()
@@ -248,13 +262,15 @@ class DemoRun:
                 self.state.message = f"waiting for {what} (metrics on port {port})"
                 self.on_update(self.state)
                 if time.monotonic() > deadline:
-                    raise SetupError(f"{what} was not ready within {opts.start_timeout_s:.0f} s "
-                                     f"(logs: {self.processes.log_dir})")
+                    raise SetupError(
+                        f"{what} was not ready within {opts.start_timeout_s:.0f} s (logs: {self.processes.log_dir})"
+                    )
                 time.sleep(1.0)
         self.state.message = ""
 
-    def _stream(self, pipeline: Any, targets: Targets, probe: ProgressProbe, flights: Any,
-                references: dict[str, Any]) -> dict[str, Any]:
+    def _stream(
+        self, pipeline: Any, targets: Targets, probe: ProgressProbe, flights: Any, references: dict[str, Any]
+    ) -> dict[str, Any]:
         """Replay, make the changes, watch until every sink is complete; the pipeline phase."""
         from connectors.demo.oracle import ROUTE_KEY
         from connectors.demo.replay import Replayer, ReplayStats, table_source
@@ -265,9 +281,15 @@ class DemoRun:
         sampler = LatencySampler(probe, FLIGHT_KEY, ROUTE_KEY, every=opts.sample_every)
         self.state.changes = default_changes() if opts.changes else []
         driver = ChangeDriver(pipeline, probe, self.state.changes, total, references, exact=opts.exact_changes)
-        replayer = Replayer(pipeline.kafka, targets.events_topic, load_schema("nycflights13/flight"), FLIGHT_KEY,
-                            key_schema=load_schema("nycflights13/flight_key"), partitions=opts.partitions,
-                            rate=opts.rate)
+        replayer = Replayer(
+            pipeline.kafka,
+            targets.events_topic,
+            load_schema("nycflights13/flight"),
+            FLIGHT_KEY,
+            key_schema=load_schema("nycflights13/flight_key"),
+            partitions=opts.partitions,
+            rate=opts.rate,
+        )
         stats = ReplayStats()
         failure: list[BaseException] = []
 
@@ -282,6 +304,7 @@ class DemoRun:
                 failure.append(exc)
 
         done = self._phase("pipeline")
+        meter = self._cpu_meter()
         thread = threading.Thread(target=replay, name="demo-replay", daemon=True)
         thread.start()
         while stats.started is None and thread.is_alive():
@@ -314,17 +337,22 @@ class DemoRun:
             if tick % 2 == 0 or len(completed) == 4:
                 sampler.poll()
                 self.state.latencies = sampler.latencies()
+            if meter is not None and tick % 5 == 0:
+                self.state.cpu = meter.read().as_dict(stats.acked, per="flight")
             driver.poll(stats.produced, progress.enriched_out)
             self.on_update(self.state)
             if len(completed) == 4 and not _waiting_for_changes(driver, progress.at, completed):
                 break
             if time.time() > deadline:
-                raise FatalError(f"not complete {opts.timeout_s:.0f} s after the first flight: events in "
-                                 f"{stats.acked}/{total}, enriched {progress.enriched_out}, Elasticsearch "
-                                 f"{progress.es_docs}, route_stats flights {progress.pg_flights}, archive committed "
-                                 f"{progress.committed.get(archive, 0)} (logs: {self.processes.log_dir})")
+                raise FatalError(
+                    f"not complete {opts.timeout_s:.0f} s after the first flight: events in "
+                    f"{stats.acked}/{total}, enriched {progress.enriched_out}, Elasticsearch "
+                    f"{progress.es_docs}, route_stats flights {progress.pg_flights}, archive committed "
+                    f"{progress.committed.get(archive, 0)} (logs: {self.processes.log_dir})"
+                )
             tick += 1
             time.sleep(1.0)
+        cpu = self.state.cpu = meter.read().as_dict(total, per="flight") if meter is not None else {}
         progress = self.state.progress = probe.read(fresh=True)  # lists the archive now, for the sampler too
         sampler.poll()
         done()
@@ -335,10 +363,15 @@ class DemoRun:
             "events_in": stats.acked,
             "enriched_out": progress.enriched_out,
             "dead_letters": progress.dead_letters,
-            "replay": {"elapsed_s": round(stats.elapsed_s, 1), "events_per_s": round(stats.rate),
-                       "rate_limit": opts.rate, "paused_for_changes_s": round(driver.paused_s, 1)},
-            "first_flight_to_sink_complete_s": {s: round(completed[s] - t0, 1)
-                                               for s in ("elasticsearch", "postgres", "s3")},
+            "replay": {
+                "elapsed_s": round(stats.elapsed_s, 1),
+                "events_per_s": round(stats.rate),
+                "rate_limit": opts.rate,
+                "paused_for_changes_s": round(driver.paused_s, 1),
+            },
+            "first_flight_to_sink_complete_s": {
+                s: round(completed[s] - t0, 1) for s in ("elasticsearch", "postgres", "s3")
+            },
             "first_flight_to_all_sinks_s": until,
             "target_s": opts.target_s,
             "target_met": until <= opts.target_s,
@@ -346,13 +379,43 @@ class DemoRun:
             "sinks": {
                 "elasticsearch": {"index": targets.es[1], "docs": progress.es_docs},
                 "postgres": {"table": targets.pg[1], "rows": progress.pg_rows, "flights": progress.pg_flights},
-                "s3": {"bucket": targets.s3[1], "prefix": targets.s3[2], "objects": progress.s3_objects,
-                       "rows": progress.committed.get(archive, 0)},
+                "s3": {
+                    "bucket": targets.s3[1],
+                    "prefix": targets.s3[2],
+                    "objects": progress.s3_objects,
+                    "rows": progress.committed.get(archive, 0),
+                },
             },
             "latency_s": sampler.latencies(),
             "latency_note": f"1 flight in {opts.sample_every} sampled; produce call to first poll (~1 s) that sees it",
             "lag": dict(progress.lag),
+            "cpu": cpu,
         }
+
+    def _cpu_meter(self) -> Any:
+        """Start measuring CPU per component (``None`` where ``/proc`` cannot be read: not Linux).
+
+        Components: each pipeline process (``sources``, ``sync``, ``stream``), this process
+        (``demo``: the replay and the watcher) and the local stack's servers it recorded.
+        """
+        from connectors.demo.cpu import CpuMeter, stack_pids
+
+        def roots() -> dict[str, int]:
+            out = {name: child.process.pid for name, child in self.processes.children.items()}
+            out["demo"] = os.getpid()
+            try:
+                out.update(stack_pids())
+            except Exception as exc:  # noqa: BLE001 - measuring must never fail the run
+                log.warning("demo: the local stack's processes are not measured: %s", exc)
+            return out
+
+        meter = CpuMeter(roots)
+        try:
+            meter.start()
+        except OSError as exc:
+            log.warning("demo: CPU per component is not measured (/proc unreadable: %s)", exc)
+            return None
+        return meter
 
 
 def _service_of(pipeline: Any, sink_type: str) -> str:

@@ -37,12 +37,16 @@ def live(state: LiveState) -> Panel:
         for topic, count in sorted(state.state_topics.items()):
             table.add_row(f"state topic {topic}", _n(count), "")
     if p is not None:
-        table.add_row("events in (replayed)", _n(state.events_in), _bar(state.events_in, total)
-                      + f"  {state.replay_rate:,.0f}/s")
+        table.add_row(
+            "events in (replayed)", _n(state.events_in), _bar(state.events_in, total) + f"  {state.replay_rate:,.0f}/s"
+        )
         table.add_row("enriched out", _n(p.enriched_out), _bar(p.enriched_out, total))
         table.add_row("Elasticsearch docs", _n(p.es_docs), _bar(p.es_docs, total))
-        table.add_row("PostgreSQL route_stats", _n(p.pg_rows), f"rows; flights counted {_n(p.pg_flights)} "
-                      + _bar(p.pg_flights, total, 12))
+        table.add_row(
+            "PostgreSQL route_stats",
+            _n(p.pg_rows),
+            f"rows; flights counted {_n(p.pg_flights)} " + _bar(p.pg_flights, total, 12),
+        )
         table.add_row("S3 archive objects", _n(p.s3_objects), "")
         for name, committed in sorted(p.committed.items()):
             table.add_row(f"sync {name}", _n(committed), f"committed, lag {_n(p.lag.get(name, 0))}")
@@ -60,8 +64,19 @@ def live(state: LiveState) -> Panel:
         table.add_row(Text(change.label, style="cyan"), "", status)
     for sink, lat in state.latencies.items():
         if lat.get("samples"):
-            table.add_row(f"latency {sink}", f"p50 {lat['p50_s']:.1f} s", f"p99 {lat['p99_s']:.1f} s "
-                          f"({lat['samples']}/{lat['of']} samples)")
+            table.add_row(
+                f"latency {sink}",
+                f"p50 {lat['p50_s']:.1f} s",
+                f"p99 {lat['p99_s']:.1f} s ({lat['samples']}/{lat['of']} samples)",
+            )
+    cpu = state.cpu
+    if cpu.get("components_s"):
+        top = sorted(((v, k) for k, v in cpu["components_s"].items() if v), reverse=True)[:4]
+        table.add_row(
+            "CPU so far",
+            f"{cpu['pipeline_s']:,.0f} s",
+            f"{cpu.get('pipeline_cores') or 0:.2f} cores; " + ", ".join(f"{k} {v:,.0f}" for v, k in top),
+        )
     elapsed = now - (state.first_event_at or state.phase_started)
     title = f"threes demo · {state.phase} · {elapsed:5.0f} s"
     body: list[Any] = [table]
@@ -97,6 +112,8 @@ def summary_table(summary: dict[str, Any]) -> Group:
         if lat.get("samples"):
             main.add_row(f"latency → {sink}", f"p50 {lat['p50_s']:.1f} s, p99 {lat['p99_s']:.1f} s")
 
+    cpu = cpu_table(summary.get("cpu") or {})
+
     oracle = summary.get("oracle", {})
     checks = Table("check", "result", title="oracle (pandas, from the CSV files)")
     rates = oracle.get("match_rate", {})
@@ -110,14 +127,61 @@ def summary_table(summary: dict[str, Any]) -> Group:
         if key in oracle:
             r = oracle[key]
             verdict = "[green]match[/green]" if r.get("ok") else "[red]MISMATCH[/red]"
-            checks.add_row(key.replace("_", " "), f"{verdict} {r.get('actual_rows', 0):,}/{r.get('expected_rows', 0):,}"
-                           + (f" {r['examples'][:2]}" if not r.get("ok") and r.get("examples") else ""))
+            checks.add_row(
+                key.replace("_", " "),
+                f"{verdict} {r.get('actual_rows', 0):,}/{r.get('expected_rows', 0):,}"
+                + (f" {r['examples'][:2]}" if not r.get("ok") and r.get("examples") else ""),
+            )
     for change in oracle.get("reference_changes", []):
         ok = "[green]clean switch[/green]" if change.get("boundary_ok") else "[red]NOT clean[/red]"
-        checks.add_row(change["change"], f"state topic +{change.get('to_state_topic_s')} s, Elasticsearch "
-                       f"+{change.get('to_elasticsearch_s')} s; {change.get('flights_with_new_value', 0):,} of "
-                       f"{change.get('flights_affected', 0):,} flights carry the new value; {ok}")
+        checks.add_row(
+            change["change"],
+            f"state topic +{change.get('to_state_topic_s')} s, Elasticsearch "
+            f"+{change.get('to_elasticsearch_s')} s; {change.get('flights_with_new_value', 0):,} of "
+            f"{change.get('flights_affected', 0):,} flights carry the new value; {ok}",
+        )
     if oracle:
         verdict = "[green]yes[/green]" if oracle.get("all_match") else "[red]NO[/red]"
         checks.add_row("full output matches the oracle", verdict)
-    return Group(phases, main, checks)
+    return Group(*(t for t in (phases, main, cpu, checks) if t is not None))
+
+
+COMPONENT_TITLES = {
+    "stream": "stream job (driver, Spark JVM, Python workers)",
+    "demo": "threes demo (replay, watcher)",
+    "s3": "S3 server (s3proxy)",
+    "postgres": "PostgreSQL (all backends)",
+}
+
+
+def cpu_table(cpu: dict[str, Any]) -> Table | None:
+    """CPU seconds per component over the pipeline phase (``None`` when not measured)."""
+    components = cpu.get("components_s") or {}
+    if not components:
+        return None
+    total = cpu.get("pipeline_s") or 0.0
+    table = Table(
+        "component",
+        "CPU s",
+        "share",
+        "processes (CPU s)",
+        title=f"CPU over the pipeline phase ({cpu.get('window_s', 0):.1f} s)",
+    )
+    for name, seconds in sorted(components.items(), key=lambda kv: -(kv[1] or 0)):
+        procs = cpu.get("processes_s", {}).get(name, {})
+        detail = ", ".join(f"{comm} {s:,.1f}" for comm, s in procs.items()) if len(procs) > 1 else ""
+        if seconds is None:
+            table.add_row(COMPONENT_TITLES.get(name, name), "-", "", "not running")
+            continue
+        share = f"{seconds / total:.0%}" if total else ""
+        table.add_row(COMPONENT_TITLES.get(name, name), f"{seconds:,.1f}", share, detail)
+    table.add_row(
+        "[bold]pipeline[/bold]",
+        f"[bold]{total:,.1f}[/bold]",
+        "",
+        f"{cpu.get('pipeline_cores') or 0:.2f} cores busy"
+        + (f"; {cpu['cpu_us_per_flight']:,} µs per flight" if "cpu_us_per_flight" in cpu else ""),
+    )
+    if cpu.get("other_s") is not None:
+        table.add_row("rest of the machine", f"{cpu['other_s']:,.1f}", "", "not the pipeline's processes")
+    return table
