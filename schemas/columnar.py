@@ -107,7 +107,12 @@ def conform(array: Any, target: Any) -> Any:
     if array.type == target:
         return array
     if pa.types.is_struct(target):
-        children = [conform(array.field(i), target.field(i).type) for i in range(target.num_fields)]
+        children = []
+        for i, f in enumerate(target):
+            child = conform(array.field(i), f.type)
+            if not f.nullable and child.null_count:
+                child = _filled(child, f.type)  # only under null parents: what Arrow's from_pylist puts there
+            children.append(child)
         mask = array.is_null() if array.null_count else None
         return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
     if pa.types.is_dictionary(array.type):
@@ -118,6 +123,44 @@ def conform(array: Any, target: Any) -> Any:
         mask = array.is_null() if array.null_count else None
         return pa.ListArray.from_arrays(offsets.cast(pa.int32()), values, type=target, mask=mask)
     return array.cast(target)
+
+
+def _filled(array: Any, typ: Any) -> Any:
+    """``array`` without nulls: each null becomes its type's zero (0, "", b"", [], a struct of zeros).
+
+    A required child of an optional record is null where the record is; Parquet's
+    writer refuses nulls in a required column even there, and Arrow's own
+    ``from_pylist`` stores zeros in those slots.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if array.null_count == 0:
+        return array
+    if pa.types.is_struct(typ):
+        kids = [array.field(i) if f.nullable else _filled(array.field(i), f.type) for i, f in enumerate(typ)]
+        return pa.StructArray.from_arrays(kids, fields=list(typ))
+    return pc.fill_null(array, pa.scalar(_zero(typ), typ))
+
+
+def _zero(typ: Any) -> Any:
+    import decimal
+
+    import pyarrow as pa
+
+    if pa.types.is_boolean(typ):
+        return False
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return ""
+    if pa.types.is_fixed_size_binary(typ):
+        return bytes(typ.byte_width)
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        return b""
+    if pa.types.is_decimal(typ):
+        return decimal.Decimal(0)
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_map(typ):
+        return []
+    return 0  # numbers, timestamps, dates, times: their epoch
 
 
 def _has_struct(typ: Any) -> bool:

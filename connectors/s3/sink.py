@@ -193,10 +193,41 @@ class S3Sink(Sink):
             log.info("sink=%s aborted %d stale multipart upload(s)", self.name, aborted)
         return aborted
 
-    def _dt(self, record: SinkRecord) -> str | None:
+    def _dt_columns(self, batch: SinkBatch) -> dict[bytes, list[str | None]]:
+        """The ``dt`` of every row of the batch's columnar values, per writer fingerprint (one compute call each).
+
+        The same rule as :meth:`_dt`: a timestamp's UTC date (a local timestamp's own date), a
+        date, the first 10 characters of a string; ``None`` (the record's Kafka timestamp
+        decides) for anything else or null.
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        field = self.config.partition_by
+        out: dict[bytes, list[str | None]] = {}
+        for fp, table in batch.tables.items():
+            if field not in table.column_names:
+                continue
+            column = table.column(field)
+            typ = column.type
+            if pa.types.is_timestamp(typ) or pa.types.is_date(typ):
+                # Arrow keeps tz-aware timestamps in UTC: the cast gives the UTC date, like astimezone(UTC)
+                days = pc.cast(column, pa.timestamp(typ.unit) if pa.types.is_timestamp(typ) else typ)
+                text = pc.strftime(days, format="%Y-%m-%d")
+            elif pa.types.is_string(typ) or pa.types.is_large_string(typ):
+                text = pc.if_else(pc.greater_equal(pc.utf8_length(column), 10), pc.utf8_slice_codeunits(column, 0, 10),
+                                  pa.scalar(None, pa.string()))
+            else:
+                continue
+            out[fp] = text.to_pylist()
+        return out
+
+    def _dt(self, record: SinkRecord, columns: dict[bytes, list[str | None]] | None = None) -> str | None:
         field = self.config.partition_by
         if field is None:
             return None
+        if columns and record.row >= 0 and (found := columns.get(record.value_fingerprint)) is not None:
+            return found[record.row] or datetime.fromtimestamp(record.timestamp_ms / 1000.0, UTC).date().isoformat()
         value = record.value.get(field) if record.value else None
         if isinstance(value, datetime):
             return value.astimezone(UTC).date().isoformat() if value.tzinfo else value.date().isoformat()
@@ -220,6 +251,7 @@ class S3Sink(Sink):
         groups: dict[tuple[str | None, bytes | None], list[SinkRecord]] = {}
         schemas: dict[bytes | None, Any] = {None: None}
         by_schema = self.config.format in ("avro", "parquet")
+        dt_columns = self._dt_columns(batch) if self.config.partition_by and batch.tables else None
         current: bytes | None = next((r.value_fingerprint for r in batch.records if r.value_fingerprint), None)
         if current is not None:
             schemas[current] = next(r.value_schema for r in batch.records if r.value_fingerprint == current)
@@ -230,13 +262,16 @@ class S3Sink(Sink):
                     current = record.value_fingerprint
                     schemas[current] = record.value_schema
                 fp = current
-            groups.setdefault((self._dt(record), fp), []).append(record)
+            groups.setdefault((self._dt(record, dt_columns), fp), []).append(record)
         out = []
         for (dt, fp), records in groups.items():
             key = object_key(
                 self.config.prefix, batch.topic, batch.partition, records[0].offset, self.config.format, dt
             )
-            out.append(S3Object(key, records, schemas.get(fp), fp))
+            table = None
+            if self.config.format == "parquet":
+                table = batch.value_table([r for r in records if not r.is_delete])
+            out.append(S3Object(key, records, schemas.get(fp), fp, table))
         return out
 
     def encode(self, obj: S3Object, records: list[SinkRecord] | None = None) -> bytes:
@@ -250,7 +285,7 @@ class S3Sink(Sink):
             return encode_jsonl(records)
         if self.config.format == "parquet":
             return encode_parquet(records, obj.value_schema, obj.fingerprint, self._schemas,
-                                  self.config.parquet_compression)
+                                  self.config.parquet_compression, obj.table if records is obj.records else None)
         return encode_avro(records, obj.value_schema)
 
     def _encode_or_isolate(self, obj: S3Object, failures: list[RecordFailure]) -> tuple[list[SinkRecord], bytes]:
@@ -367,12 +402,15 @@ class S3Object(NamedTuple):
         records: its records, in offset order.
         value_schema: their parsed value writer schema (``None`` when only tombstones, or JSON Lines).
         fingerprint: that schema's fingerprint (``None`` likewise).
+        table: the upserts' values as one Arrow table, in record order (Parquet, when the
+            sync service decoded them in columns), else ``None``.
     """
 
     key: str
     records: list[SinkRecord]
     value_schema: Any
     fingerprint: bytes | None
+    table: Any = None
 
 
 class _Release(BaseSubscriber):

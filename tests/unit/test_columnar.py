@@ -37,16 +37,47 @@ EVERY_TYPE = {
         {"name": "t_ms", "type": {"type": "int", "logicalType": "time-millis"}},
         {"name": "t_us", "type": {"type": "long", "logicalType": "time-micros"}},
         {"name": "dec", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 4}},
-        {"name": "dec_fixed", "type": {"type": "fixed", "name": "D8", "size": 8, "logicalType": "decimal",
-                                       "precision": 12, "scale": 2}},
+        {
+            "name": "dec_fixed",
+            "type": {"type": "fixed", "name": "D8", "size": 8, "logicalType": "decimal", "precision": 12, "scale": 2},
+        },
         {"name": "u", "type": {"type": "string", "logicalType": "uuid"}},
         {"name": "e", "type": {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN"]}},
         {"name": "a", "type": {"type": "array", "items": "long"}},
         {"name": "a_null", "type": {"type": "array", "items": ["null", "string"]}},
-        {"name": "r", "type": ["null", {"type": "record", "name": "Inner",
-                                        "fields": [{"name": "x", "type": "int"}, {"name": "y", "type": ["null", "string"]}]}]},
-        {"name": "ra", "type": {"type": "array", "items": {"type": "record", "name": "Item",
-                                                           "fields": [{"name": "q", "type": ["null", "int"]}]}}},
+        {
+            "name": "r",
+            "type": [
+                "null",
+                {
+                    "type": "record",
+                    "name": "Inner",
+                    "fields": [
+                        {"name": "x", "type": "int"},
+                        {"name": "y", "type": ["null", "string"]},
+                        {"name": "when", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+                        {
+                            "name": "amt",
+                            "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2},
+                        },
+                        {"name": "ok", "type": "boolean"},
+                        {"name": "raw", "type": {"type": "fixed", "name": "F2", "size": 2}},
+                        {"name": "tags", "type": {"type": "array", "items": "string"}},
+                        {
+                            "name": "deep",
+                            "type": {"type": "record", "name": "Deep", "fields": [{"name": "z", "type": "long"}]},
+                        },
+                    ],
+                },
+            ],
+        },
+        {
+            "name": "ra",
+            "type": {
+                "type": "array",
+                "items": {"type": "record", "name": "Item", "fields": [{"name": "q", "type": ["null", "int"]}]},
+            },
+        },
         {"name": "fx", "type": {"type": "fixed", "name": "F4", "size": 4}},
     ],
 }
@@ -54,16 +85,40 @@ EVERY_TYPE = {
 
 def every_value(n: int) -> dict:
     return {
-        "i": n - 3, "l": None if n % 3 == 0 else n * 10_000_000_000, "f": 1.5 * n, "d": None if n % 2 else n / 7,
-        "s": f"s{n} é", "b": bytes([n % 256, 0]), "bo": n % 2 == 0,
+        "i": n - 3,
+        "l": None if n % 3 == 0 else n * 10_000_000_000,
+        "f": 1.5 * n,
+        "d": None if n % 2 else n / 7,
+        "s": f"s{n} é",
+        "b": bytes([n % 256, 0]),
+        "bo": n % 2 == 0,
         "ts_us": dt.datetime(2013, 1, 1, 5, tzinfo=UTC) + dt.timedelta(seconds=n, microseconds=7),
         "ts_ms": None if n % 2 else dt.datetime(1969, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
-        "lts_us": dt.datetime(2013, 1, 1, 5, 0, 0, 123456), "lts_ms": dt.datetime(2013, 1, 1, 5, 0, 0, 123000),
-        "day": dt.date(2013, 1, 2) + dt.timedelta(days=n), "t_ms": dt.time(1, 2, 3, 4000), "t_us": dt.time(23, 59, 59, 999999),
-        "dec": decimal.Decimal("-1.2345") * n, "dec_fixed": decimal.Decimal("3.25"),
-        "u": str(uuid.UUID(int=n)), "e": "GREEN" if n % 2 else "RED", "a": [1, 2, n] if n % 2 else [],
-        "a_null": [None, "x"], "r": {"x": n, "y": None} if n % 2 else None,
-        "ra": [{"q": None}, {"q": n}] if n % 2 else [], "fx": b"abcd",
+        "lts_us": dt.datetime(2013, 1, 1, 5, 0, 0, 123456),
+        "lts_ms": dt.datetime(2013, 1, 1, 5, 0, 0, 123000),
+        "day": dt.date(2013, 1, 2) + dt.timedelta(days=n),
+        "t_ms": dt.time(1, 2, 3, 4000),
+        "t_us": dt.time(23, 59, 59, 999999),
+        "dec": decimal.Decimal("-1.2345") * n,
+        "dec_fixed": decimal.Decimal("3.25"),
+        "u": str(uuid.UUID(int=n)),
+        "e": "GREEN" if n % 2 else "RED",
+        "a": [1, 2, n] if n % 2 else [],
+        "a_null": [None, "x"],
+        "r": {
+            "x": n,
+            "y": None,
+            "when": dt.datetime(2020, 2, 29, tzinfo=UTC),
+            "amt": decimal.Decimal("9.99"),
+            "ok": True,
+            "raw": b"zz",
+            "tags": ["a"],
+            "deep": {"z": n},
+        }
+        if n % 2
+        else None,
+        "ra": [{"q": None}, {"q": n}] if n % 2 else [],
+        "fx": b"abcd",
     }
 
 

@@ -109,7 +109,7 @@ def test_objects_split_by_date_and_by_writer_schema() -> None:
         rec(3, 1, 103),
     ]
     objects = sink.objects(SinkBatch("t", 0, 100, 103, records))
-    assert [(k.split("/", 2)[2], [r.offset for r in rs]) for k, rs, _s, _fp in objects] == [
+    assert [(o.key.split("/", 2)[2], [r.offset for r in o.records]) for o in objects] == [
         ("dt=2024-05-01/t+0+00000000000000000100.avro", [100]),
         ("dt=2024-05-02/t+0+00000000000000000101.avro", [101]),
         # the tombstone has no date field: its Kafka timestamp's date, and the writer schema before it
@@ -222,3 +222,42 @@ def _client_error(code: str) -> Exception:
 def test_upload_errors_map_to_what_the_runtime_does(exc: Exception, expected: str) -> None:
     cfg = S3SinkConfig(name="s", type="s3_sink", connection="c", topics=["t"], bucket="b")
     assert type(S3Sink(cfg, None)._upload_error("k", exc)).__name__ == expected
+
+
+def test_parquet_from_columns_equals_parquet_from_dicts_with_dates_and_tombstones() -> None:
+    """The sync service's columnar values give the same objects, folders and rows as the per-record dicts."""
+    from connectors.config.models import RetryPolicy
+    from connectors.updates import encode_version
+    from schemas.serde import AvroSerializer
+    from schemas.store import InMemorySchemaStore
+    from sync_service.batching import Job
+    from sync_service.metrics import SyncMetrics
+    from sync_service.writer import BatchWriter
+    from tests.unit.sync_service.fakes import FakeMessage, FakeProducer, ScriptedSink
+    from tests.unit.test_columnar import EVERY_TYPE, every_value
+
+    store = InMemorySchemaStore()
+    key_ser, value_ser = AvroSerializer("long", store), AvroSerializer(EVERY_TYPE, store)
+    raw = []
+    for i in range(40):
+        value = None if i % 7 == 3 else value_ser(every_value(i))
+        raw.append(FakeMessage(i, key_ser(i % 30), value, headers=[("version", encode_version(i + 1))]))
+    writer = BatchWriter("svc", ScriptedSink(), __import__("schemas.serde").serde.AvroDeserializer(store),
+                         FakeProducer(), "dlq", RetryPolicy(), SyncMetrics("svc"))
+    batch = writer.decode(Job("fake", "t", 0, raw, 100))
+    assert batch.tables, "the values were decoded in columns"
+    cfg = S3SinkConfig(name="s", type="s3_sink", connection="c", topics=["t"], bucket="b", format="parquet",
+                       partition_by="day")
+    sink = S3Sink(cfg, None)
+    columnar = sink.objects(batch)
+    per_record = sink.objects(SinkBatch("t", 0, 0, 39, batch.records))  # no tables: the dict path
+    assert all(o.table is not None for o in columnar if not all(r.is_delete for r in o.records))
+    assert all(o.table is None for o in per_record)
+    assert [(o.key, [r.offset for r in o.records]) for o in columnar] == [
+        (o.key, [r.offset for r in o.records]) for o in per_record
+    ]
+    assert len({o.key.split("dt=")[1][:10] for o in columnar}) > 10  # one folder per day of the "day" field
+    for a, b in zip(columnar, per_record, strict=True):
+        ta, tb = pq.read_table(io.BytesIO(sink.encode(a))), pq.read_table(io.BytesIO(sink.encode(b)))
+        assert ta.schema == tb.schema
+        assert ta.to_pylist() == tb.to_pylist()
