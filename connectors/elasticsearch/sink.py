@@ -52,6 +52,10 @@ class ElasticsearchSink(Sink):
 
     Idempotency key: ``_id`` (the key; composite keys joined by ``|``) and the version.
 
+    Documents: values the sync service decoded in columns are written as JSON
+    in one call per writer schema (:mod:`connectors.elasticsearch.documents`,
+    byte-identical to the client's serializer); others per record.
+
     Requests: the batch's newest update per key, in bulk requests of
     ``chunk_records`` actions (the client's ``helpers.streaming_bulk``), sent
     concurrently up to the adaptive concurrency limit. Per-item results are read
@@ -114,7 +118,28 @@ class ElasticsearchSink(Sink):
         if self.client is not None:
             self.client.close()
 
-    def _action(self, record: SinkRecord) -> dict[str, Any]:
+    @staticmethod
+    def _sources(batch: SinkBatch, records: list[SinkRecord]) -> dict[int, bytes]:
+        """The JSON ``_source`` of every upsert whose value was decoded in columns, by ``id(record)``.
+
+        One NDJSON write per writer schema (:mod:`connectors.elasticsearch.documents`),
+        byte-identical to what the client's serializer writes for the value dict.
+        """
+        from connectors.elasticsearch.documents import documents
+
+        by_schema: dict[bytes, list[SinkRecord]] = {}
+        for record in records:
+            if record.row >= 0 and not record.is_delete:
+                by_schema.setdefault(record.value_fingerprint, []).append(record)
+        out: dict[int, bytes] = {}
+        for group in by_schema.values():
+            table = batch.value_table(group)
+            docs = documents(table) if table is not None else None
+            if docs is not None and len(docs) == len(group):
+                out.update(zip(map(id, group), docs, strict=True))
+        return out
+
+    def _action(self, record: SinkRecord, source: bytes | None = None) -> dict[str, Any]:
         if record.version < 0:
             raise ValueError(f"{record.where()}: version {record.version} is negative; Elasticsearch external "
                              "versions are 0..2^63-1")
@@ -128,7 +153,8 @@ class ElasticsearchSink(Sink):
             action["_op_type"] = "delete"
         else:
             action["_op_type"] = "index"
-            action["_source"] = _json_safe(record.value)
+            # JSON already written in columns goes through the client as it is (bytes are not serialized again)
+            action["_source"] = source if source is not None else _json_safe(record.value)
         return action
 
     def write(self, batch: SinkBatch) -> list[RecordFailure]:
@@ -142,9 +168,11 @@ class ElasticsearchSink(Sink):
         assert self._pool is not None, "open() first"
         failures: list[RecordFailure] = []
         actions: list[tuple[SinkRecord, dict[str, Any]]] = []
-        for record in latest_per_key(batch.records):
+        records = latest_per_key(batch.records)
+        sources = self._sources(batch, records) if batch.tables else {}
+        for record in records:
             try:
-                actions.append((record, self._action(record)))
+                actions.append((record, self._action(record, sources.get(id(record)))))
             except ValueError as exc:
                 failures.append(RecordFailure(record, exc))
         n = self.config.chunk_records

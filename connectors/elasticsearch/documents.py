@@ -1,0 +1,98 @@
+"""Elasticsearch documents from columns: one JSON text per row of an Arrow table, written by polars.
+
+The per-record path serializes each value dict with the client's serializer
+(orjson, with elasticsearch-py's ``default`` for what orjson lacks). This module
+writes the same JSON for a whole table at once (polars' NDJSON writer), after
+converting in columns the types whose JSON the two would spell differently:
+
+=================================  =====================================================
+Arrow (from :mod:`schemas.arrow`)  JSON, as the client writes the Python value
+=================================  =====================================================
+``decimal128``                     number (the client's ``default`` gives ``float``)
+``float32``                        number of the float64 it widens to (Python has no f32)
+binary / fixed                     base64 text (``_json_safe`` of the sink)
+``timestamp`` without time zone    ``YYYY-MM-DDTHH:MM:SS[.ffffff]`` (``isoformat``)
+``timestamp`` in UTC               ``YYYY-MM-DDTHH:MM:SS[.ffffff]+00:00`` (``isoformat``)
+``time32`` / ``time64``            ``HH:MM:SS[.ffffff]`` (``isoformat``)
+=================================  =====================================================
+
+Dates, numbers, strings, booleans and
+nulls are written alike by both; NaN becomes ``null`` in both. A table with one
+of the converted types nested inside a struct or a list is not converted
+(:func:`documents` returns ``None``) and the sink takes the per-record path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _kind(typ: Any) -> str | None:
+    import pyarrow as pa
+
+    if pa.types.is_decimal(typ):
+        return "decimal"
+    if pa.types.is_float32(typ) or pa.types.is_float16(typ):
+        return "float32"
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_fixed_size_binary(typ):
+        return "binary"
+    if pa.types.is_timestamp(typ):
+        return "naive timestamp" if not typ.tz else "utc timestamp" if typ.tz in ("UTC", "+00:00") else None
+    if pa.types.is_time(typ):
+        return "time"
+    return None
+
+
+def _nested_needs_conversion(typ: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_struct(typ):
+        return any(_kind(f.type) or _nested_needs_conversion(f.type) for f in typ)
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+        return bool(_kind(typ.value_type) or _nested_needs_conversion(typ.value_type))
+    return pa.types.is_map(typ)
+
+
+def documents(table: Any) -> list[bytes] | None:
+    """One JSON document per row of ``table``, equal to what the client writes for ``row`` dicts.
+
+    Args:
+        table: a ``pyarrow.Table`` typed by :mod:`schemas.arrow` (the sync service's columnar values).
+
+    Returns:
+        ``table.num_rows`` JSON texts (UTF-8, no newline), in row order; ``None`` when a
+        column needs a conversion inside a nested type (the caller serializes per record).
+    """
+    import polars as pl
+
+    if any(_nested_needs_conversion(f.type) for f in table.schema):
+        return None
+    if table.num_rows == 0:
+        return []
+    frame = pl.from_arrow(table, rechunk=False)
+    conversions = []
+    for field in table.schema:
+        kind = _kind(field.type)
+        if kind is None:
+            continue
+        col = pl.col(field.name)
+        if kind in ("decimal", "float32"):
+            conversions.append(col.cast(pl.Float64))
+        elif kind == "binary":
+            conversions.append(col.cast(pl.Binary).bin.encode("base64"))
+        else:
+            whole = "%H:%M:%S" if kind == "time" else "%Y-%m-%dT%H:%M:%S"
+            zone = "+00:00" if kind == "utc timestamp" else ""
+            conversions.append(
+                pl.when(col.dt.microsecond() == 0)
+                .then(col.dt.to_string(whole + zone))
+                .otherwise(col.dt.to_string(whole + ".%6f" + zone))
+                .alias(field.name)
+            )
+    if conversions:
+        frame = frame.with_columns(conversions)
+    text = frame.write_ndjson().encode()
+    lines = text.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return lines
