@@ -4,6 +4,11 @@
 ``pyspark==4.0.0``) with their runtime dependencies, minus the jars pyspark
 already ships (see ``spark-pom.xml``). After the first resolution a
 SparkSession needs no network: pass the paths as ``spark.jars``.
+
+Hadoop's S3A file system (``s3a://`` checkpoints) comes separately into
+``.threes/spark-s3a-jars``: ``hadoop-aws`` pinned to the Hadoop version of
+pyspark's own ``hadoop-client-api`` jar, and the AWS SDK v2 bundle it needs
+(``spark-s3a-pom.xml``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from .maven import copy_dependencies
 logger = logging.getLogger(__name__)
 
 SPARK_VERSION = "4.0.0"
+HADOOP_VERSION = "3.4.1"
+"""The Hadoop of pyspark 4.0.0 (``pyspark/jars/hadoop-client-api-3.4.1.jar``): hadoop-aws must match it."""
 
 
 def spark_jars_dir(layout: Layout) -> Path:
@@ -41,6 +48,48 @@ def resolve_spark_jars(layout: Layout) -> list[Path]:
     jars = sorted(target.glob("*.jar"))
     if not any(j.name.startswith("spark-sql-kafka") for j in jars):
         raise LocalStackError(f"{target} lacks spark-sql-kafka; delete that folder and run up again")
+    return jars
+
+
+def s3a_jars_dir(layout: Layout) -> Path:
+    """Return the folder of hadoop-aws and the AWS SDK bundle."""
+    return layout.home / "spark-s3a-jars"
+
+
+def pyspark_hadoop_version() -> str | None:
+    """Return the Hadoop version of the installed pyspark's ``hadoop-client-api`` jar, if found."""
+    try:
+        import pyspark
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        return None
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    return jars[0].name.removeprefix("hadoop-client-api-").removesuffix(".jar") if jars else None
+
+
+def resolve_s3a_jars(layout: Layout) -> list[Path]:
+    """Return hadoop-aws and its AWS SDK bundle, resolving them with Maven on first use (~560 MB).
+
+    Args:
+        layout: The project-local folder.
+
+    Returns:
+        Absolute jar paths, sorted by name.
+
+    Raises:
+        LocalStackError: If pyspark's Hadoop is not the one pinned here (hadoop-aws must
+            match it exactly), or Maven cannot resolve the jars.
+    """
+    found = pyspark_hadoop_version()
+    if found is not None and found != HADOOP_VERSION:
+        raise LocalStackError(
+            f"pyspark ships Hadoop {found} but spark-s3a-pom.xml pins hadoop-aws {HADOOP_VERSION}; "
+            "update the pom and HADOOP_VERSION together"
+        )
+    layout.create()
+    target = copy_dependencies(layout, "spark-s3a-pom.xml", s3a_jars_dir(layout), log_name="spark-s3a")
+    jars = sorted(target.glob("*.jar"))
+    if not any(j.name == f"hadoop-aws-{HADOOP_VERSION}.jar" for j in jars):
+        raise LocalStackError(f"{target} lacks hadoop-aws-{HADOOP_VERSION}.jar; delete that folder and run up again")
     return jars
 
 

@@ -20,12 +20,19 @@ from .mysql import MYSQL_URL, MySQL
 from .postgres import PG_DATABASE, PG_PASSWORD, PG_PORT, PG_USER, Postgres
 from .s3 import ACCESS_KEY_ID, REGION, S3, S3_PORT, SECRET_ACCESS_KEY
 from .service import Service
-from .spark import resolve_spark_jars, spark_jars_dir
+from .spark import resolve_s3a_jars, resolve_spark_jars, s3a_jars_dir, spark_jars_dir
+from .spark_cluster import MASTER_URL, cluster_services, external_master_probe
 
 logger = logging.getLogger(__name__)
 
 SERVICES: tuple[str, ...] = ("kafka", "postgres", "elasticsearch", "s3", "mysql", "spark")
-"""Every service name ``up`` accepts; ``spark`` means "resolve the Spark connector jars"."""
+"""Every service name ``up`` accepts.
+
+``spark`` named explicitly (``up --service spark``) resolves the Spark connector and
+S3A jars and starts the standalone cluster (a master and two workers); a plain ``up``
+only resolves the connector jars, so the demo and ``local[*]`` jobs do not pay for a
+cluster they do not use.
+"""
 
 # Start order: the slowest first (Elasticsearch takes ~40 s), waited for in parallel.
 _START_ORDER = ("elasticsearch", "kafka", "postgres", "s3", "mysql", "spark")
@@ -45,6 +52,7 @@ class Endpoints:
         s3_region: S3 region name.
         mysql_url: SQLAlchemy URL of the MySQL-compatible server (MariaDB),
             ``mysql+pymysql://user:password@host:port/db?charset=utf8mb4``.
+        spark_master: Master URL of the Spark standalone cluster (``spark://host:port``).
     """
 
     kafka_bootstrap: str
@@ -55,6 +63,7 @@ class Endpoints:
     s3_secret_access_key: str
     s3_region: str = REGION
     mysql_url: str = MYSQL_URL
+    spark_master: str = MASTER_URL
 
     @classmethod
     def local(cls) -> Endpoints:
@@ -68,6 +77,7 @@ class Endpoints:
             s3_secret_access_key=SECRET_ACCESS_KEY,
             s3_region=REGION,
             mysql_url=MYSQL_URL,
+            spark_master=MASTER_URL,
         )
 
     @classmethod
@@ -96,6 +106,7 @@ ENV_VARS: dict[str, str] = {
     "s3_secret_access_key": "THREES_S3_SECRET_ACCESS_KEY",
     "s3_region": "THREES_S3_REGION",
     "mysql_url": "THREES_MYSQL_URL",
+    "spark_master": "THREES_SPARK_MASTER",
 }
 """Endpoints field -> environment variable that overrides it."""
 
@@ -139,6 +150,7 @@ class LocalStack:
         self._services: dict[str, Service] = {
             cls.name: cls(self.layout) for cls in (Elasticsearch, Kafka, Postgres, S3, MySQL)
         }
+        self._cluster = cluster_services(self.layout)
 
     # -- public API -----------------------------------------------------------------
 
@@ -154,13 +166,15 @@ class LocalStack:
         environment override are not started, only waited for.
 
         Args:
-            services: Subset of :data:`SERVICES`; all of them when None.
+            services: Subset of :data:`SERVICES`; all of them when None (the Spark
+                cluster only when ``spark`` is named).
 
         Raises:
             LocalStackError: Unknown service, or one could not be installed,
                 started or reached (one message covering every failure).
         """
         names = self._select(services)
+        cluster = services is not None and "spark" in names
         self.layout.create()
         started = time.monotonic()
         endpoints = self.endpoints()
@@ -169,7 +183,7 @@ class LocalStack:
             threads = [
                 threading.Thread(
                     target=self._up_one,
-                    args=(name, endpoints, errors),
+                    args=(name, endpoints, errors, cluster),
                     name=f"threes-up-{name}",
                     daemon=True,
                 )
@@ -191,7 +205,7 @@ class LocalStack:
         killed after a timeout. Processes that are not ours are never touched.
 
         Args:
-            services: Subset of the servers (``spark`` has no process); all when None.
+            services: Subset of :data:`SERVICES` (``spark``: the standalone cluster); all when None.
 
         Raises:
             LocalStackError: Unknown service.
@@ -200,10 +214,11 @@ class LocalStack:
         if not self.layout.run.exists():
             return
         with self._lock():
+            stopping = [svc for svc in self._services.values() if svc.name in names]
+            if "spark" in names:
+                stopping += self._cluster
             threads = [
-                threading.Thread(target=svc.stop, name=f"threes-down-{svc.name}", daemon=True)
-                for svc in self._services.values()
-                if svc.name in names
+                threading.Thread(target=svc.stop, name=f"threes-down-{svc.name}", daemon=True) for svc in stopping
             ]
             for thread in threads:
                 thread.start()
@@ -211,11 +226,12 @@ class LocalStack:
                 thread.join()
 
     def status(self) -> list[ServiceStatus]:
-        """Return the state of each server (kafka, postgres, elasticsearch, s3, mysql)."""
+        """Return the state of each server (kafka, postgres, elasticsearch, s3, mysql, the Spark cluster)."""
         endpoints = self.endpoints()
         result = []
-        for name in ("kafka", "postgres", "elasticsearch", "s3", "mysql"):
-            svc = self._services[name]
+        servers = [self._services[n] for n in ("kafka", "postgres", "elasticsearch", "s3", "mysql")]
+        for svc in [*servers, *self._cluster]:
+            name = svc.name
             address = svc.address(endpoints)
             if self._is_external(svc):
                 try:
@@ -238,6 +254,23 @@ class LocalStack:
                 )
             )
         return result
+
+    def spark_s3a_jars(self) -> list[Path]:
+        """Return hadoop-aws (Spark's Hadoop version) and the AWS SDK bundle, resolving them on first call.
+
+        Put them on ``spark.driver.extraClassPath`` / ``spark.executor.extraClassPath``
+        (the SDK bundle is ~560 MB: shipping it with ``spark.jars`` would copy it
+        into every executor of every application).
+
+        Raises:
+            LocalStackError: If they are missing and Maven cannot resolve them.
+        """
+        target = s3a_jars_dir(self.layout)
+        if target.is_dir():
+            return sorted(target.glob("*.jar"))
+        self.layout.create()
+        with self._lock():
+            return resolve_s3a_jars(self.layout)
 
     def spark_jars(self) -> list[Path]:
         """Return the Spark Kafka + Avro connector jars, resolving them on first call.
@@ -284,12 +317,15 @@ class LocalStack:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _up_one(self, name: str, endpoints: Endpoints, errors: dict[str, str]) -> None:
+    def _up_one(self, name: str, endpoints: Endpoints, errors: dict[str, str], cluster: bool = False) -> None:
         began = time.monotonic()
         try:
             if name == "spark":
                 jars = resolve_spark_jars(self.layout)
                 logger.info("spark: %d connector jars in %s", len(jars), spark_jars_dir(self.layout))
+                if cluster:
+                    resolve_s3a_jars(self.layout)
+                    self._up_cluster(endpoints)
                 return
             svc = self._services[name]
             address = svc.address(endpoints)
@@ -330,6 +366,38 @@ class LocalStack:
         except Exception as exc:  # noqa: BLE001 - reported as one line, details in debug log
             logger.debug("%s failed", name, exc_info=True)
             errors[name] = f"{name}: unexpected error: {type(exc).__name__}: {exc}"
+
+    def _up_cluster(self, endpoints: Endpoints) -> None:
+        """Start the master, wait for it, then the workers (they register with a running master)."""
+        if os.environ.get("THREES_SPARK_MASTER"):
+            logger.info("spark: using %s (from THREES_SPARK_MASTER)", endpoints.spark_master)
+            wait_until(lambda: external_master_probe(endpoints.spark_master), timeout=30, what="Spark master")
+            return
+        master, *workers = self._cluster
+        began = time.monotonic()
+        for group in ([master], workers):
+            records = {}
+            for svc in group:
+                record = svc.running()
+                if record is None:
+                    svc.check_ports()
+                    record = svc.start()
+                records[svc.name] = record
+            for svc in group:
+                wait_until(
+                    lambda svc=svc: svc.probe(endpoints),
+                    timeout=svc.health_timeout,
+                    what=svc.title,
+                    log=self._relative(svc.log),
+                    alive=lambda svc=svc, records=records: svc.alive(records[svc.name]),
+                )
+        logger.info(
+            "spark: cluster at %s with %d workers after %.1f s (logs %s)",
+            endpoints.spark_master,
+            len(workers),
+            time.monotonic() - began,
+            self._relative(self.layout.logs),
+        )
 
     @staticmethod
     def _relative(path: Path) -> Path:
