@@ -1,10 +1,13 @@
 """SparkSession construction: the one place the stream job's Spark settings are applied.
 
 Spark binds to a non-loopback address unless told otherwise (STACK.md), so a
-``local[...]`` master is pinned to 127.0.0.1; a cluster master keeps Spark's
-own networking. The Kafka and Avro connectors come either as jar files
-resolved beforehand (``jars``, offline) or as Maven coordinates resolved by
-Spark's Ivy at start-up (``spark.jars.packages``).
+``local[...]`` master, or a cluster master on the loopback address (the local
+stack's standalone cluster), pins the driver to 127.0.0.1; another cluster
+master keeps Spark's own networking. The Kafka and Avro connectors come either
+as jar files resolved beforehand (``jars``, offline) or as Maven coordinates
+resolved by Spark's Ivy at start-up (``spark.jars.packages``). On a cluster
+the project's own Python code is shipped to the executors as a zip
+(:mod:`stream_app.pyfiles`).
 """
 
 from __future__ import annotations
@@ -27,21 +30,44 @@ SPARK_PACKAGES = (
 )
 
 
-def spark_session(settings: SparkSettings, jars: Sequence[Path | str] | None = None) -> Any:
+def is_local(master: str) -> bool:
+    """Whether ``master`` runs executors inside the driver (``local``, ``local[*]``, ``local[2]``...)."""
+    return master == "local" or master.startswith("local[")
+
+
+def _loopback_master(master: str) -> bool:
+    host = master.split("://", 1)[-1].split(":", 1)[0]
+    return host in ("127.0.0.1", "localhost")
+
+
+def spark_session(
+    settings: SparkSettings,
+    jars: Sequence[Path | str] | None = None,
+    classpath: Sequence[Path | str] | None = None,
+) -> Any:
     """Build (or return the running) SparkSession for the stream job.
 
     Args:
         settings: master, app name, driver memory and any ``spark.*`` conf.
         jars: jar files of the Kafka and Avro connectors; ``None`` resolves
             :data:`SPARK_PACKAGES` through Ivy instead (needs Maven Central).
+        classpath: jar files put on the driver's and the executors' class path
+            as they are (``spark.driver.extraClassPath`` / ``spark.executor.extraClassPath``),
+            not copied to every executor like ``jars``: hadoop-aws and its 560 MB AWS SDK
+            bundle, present at the same path on every host. The driver's entry
+            counts only when this process starts its JVM (the first session).
 
     Returns:
         A :class:`pyspark.sql.SparkSession`.
+
+    Raises:
+        ImportError: on a cluster, a package of the code zip cannot be found
+            (:func:`stream_app.pyfiles.build_code_zip`).
     """
     from pyspark.sql import SparkSession
 
-    local = settings.master.startswith("local")
-    if local:
+    local = is_local(settings.master)
+    if local or _loopback_master(settings.master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must import the project's dependencies: use this interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -61,19 +87,46 @@ def spark_session(settings: SparkSettings, jars: Sequence[Path | str] | None = N
         # sites would be this package's own lines; `stream.spark.conf` can turn it back on.
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
-    if local:
+    if local or _loopback_master(settings.master):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    if classpath:
+        entries = ":".join(str(j) for j in classpath)
+        for key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath"):
+            builder = builder.config(key, ":".join(filter(None, [settings.conf.get(key), entries])))
     if jars:
         builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
     else:
         builder = builder.config("spark.jars.packages", ",".join(SPARK_PACKAGES))
     for key, value in settings.conf.items():
-        builder = builder.config(key, value)
+        if not (classpath and key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath")):
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     _quiet(spark)
+    if not local:
+        ship_code(spark)
     log.info("spark session master=%s version=%s", settings.master, spark.version)
     return spark
+
+
+def ship_code(spark: Any) -> Path:
+    """Ship the project's packages to the executors as a zip (``SparkContext.addPyFile``).
+
+    Args:
+        spark: a SparkSession on a cluster.
+
+    Returns:
+        The zip's path on the driver (its copy on an executor is under Spark's ``userFiles``
+        folder of the application).
+
+    Raises:
+        ImportError: a package cannot be zipped (:func:`stream_app.pyfiles.build_code_zip`).
+    """
+    from stream_app.pyfiles import build_code_zip
+
+    code = build_code_zip()
+    spark.sparkContext.addPyFile(str(code))
+    return code
 
 
 _QUIET = {
@@ -92,4 +145,3 @@ def _quiet(spark: Any) -> None:
             configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.toLevel(level))
     except Exception:  # another logging backend: keep the warnings
         log.debug("could not lower Spark loggers %s", sorted(_QUIET), exc_info=True)
-

@@ -131,15 +131,53 @@ def topic(unique: str) -> str:
     return f"test.{unique}"
 
 
-@pytest.fixture(scope="session")
-def spark(stack: Any) -> Iterator[Any]:
-    """One local SparkSession for the test session, with the Kafka and Avro connectors."""
-    from connectors.config.stream import SparkSettings
-    from stream_app.session import spark_session
+class SparkSessions:
+    """The test process's one SparkSession (Spark allows one per process): local[2], or on a cluster.
 
-    session = spark_session(
-        SparkSettings(master="local[2]", app_name="threes-tests", driver_memory="2g"),
-        jars=stack.spark_jars(),
-    )
-    yield session
-    session.stop()
+    Tests ask for a master; a session on another master is stopped first. The
+    first session starts the JVM, so it carries the driver's class path for
+    ``s3a://`` (hadoop-aws and the AWS SDK bundle) whichever master comes first.
+    """
+
+    LOCAL = "local[2]"
+
+    def __init__(self, stack: Any) -> None:
+        self.stack = stack
+        self.session: Any = None
+        self.master: str | None = None
+
+    def get(self, master: str = LOCAL) -> Any:
+        """The running session on ``master``, started (and any other stopped) when needed."""
+        from connectors.config.stream import SparkSettings
+        from stream_app.session import spark_session
+
+        if self.session is not None and self.master == master and self.session.sparkContext._jsc is not None:
+            return self.session
+        self.close()
+        self.session = spark_session(
+            SparkSettings(master=master, app_name="threes-tests", driver_memory="2g"),
+            jars=self.stack.spark_jars(),
+            classpath=self.stack.spark_s3a_jars(),
+        )
+        self.master = master
+        return self.session
+
+    def close(self) -> None:
+        """Stop the current session, if any."""
+        if self.session is not None:
+            self.session.stop()
+        self.session, self.master = None, None
+
+
+@pytest.fixture(scope="session")
+def spark_sessions(stack: Any) -> Iterator[SparkSessions]:
+    """The process's SparkSession, switched between local[2] and the standalone cluster on demand."""
+    sessions = SparkSessions(stack)
+    yield sessions
+    sessions.close()
+
+
+@pytest.fixture
+def spark(spark_sessions: SparkSessions) -> Any:
+    """The local[2] SparkSession of the test session, with the Kafka and Avro connectors (started once)."""
+    return spark_sessions.get(SparkSessions.LOCAL)

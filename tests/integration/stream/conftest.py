@@ -80,8 +80,12 @@ class Env:
         """Write an airport (or its tombstone); returns (partition, offset) once acknowledged."""
         acked: list[Any] = []
         value = None if delete else self.airport_ser(airport(faa, name))
-        self.producer.produce(self.airports, key=self.key_ser({"faa": faa}), value=value,
-                              on_delivery=lambda err, msg: acked.append((err, msg)))
+        self.producer.produce(
+            self.airports,
+            key=self.key_ser({"faa": faa}),
+            value=value,
+            on_delivery=lambda err, msg: acked.append((err, msg)),
+        )
         self.producer.flush(10)
         err, msg = acked[0]
         assert err is None
@@ -103,8 +107,12 @@ class Env:
             "name": f"test-{self.unique}",
             "events": {"topic": self.events, "value_schema": "flight.avsc", "starting_offsets": "earliest"},
             "snapshots": [
-                {"name": "airports", "topics": [self.airports], "key_schema": "nycflights13/airport_key",
-                 "value_schema": "nycflights13/airport"}
+                {
+                    "name": "airports",
+                    "topics": [self.airports],
+                    "key_schema": "nycflights13/airport_key",
+                    "value_schema": "nycflights13/airport",
+                }
             ],
             "lookups": [
                 {"snapshot": "airports", "on": {"origin": "faa"}, "prefix": "origin_", "fields": ["name", "tz"]},
@@ -124,27 +132,48 @@ class Env:
         job.start(available_now=available_now)
         return job
 
-    def consume(self, topic: str, until: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 60.0,
-                deserialize: bool = True) -> list[dict[str, Any]]:
+    def consume(
+        self,
+        topic: str,
+        until: Callable[[list[dict[str, Any]]], bool],
+        timeout_s: float = 60.0,
+        deserialize: bool = True,
+    ) -> list[dict[str, Any]]:
         """Read ``topic`` from the start until ``until(records)`` holds; fails after ``timeout_s``."""
-        consumer = Consumer({**self.conf, "group.id": f"t-{self.unique}-{time.monotonic_ns()}",
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                **self.conf,
+                "group.id": f"t-{self.unique}-{time.monotonic_ns()}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
         des = AvroDeserializer(self.store)
         got: list[dict[str, Any]] = []
         try:
             consumer.subscribe([topic])
             deadline = time.monotonic() + timeout_s
             while not until(got):
-                assert time.monotonic() < deadline, f"{topic}: condition not met after {timeout_s} s, got {len(got)} records"
+                assert time.monotonic() < deadline, (
+                    f"{topic}: condition not met after {timeout_s} s, got {len(got)} records"
+                )
                 msg = consumer.poll(0.5)
                 if msg is None or msg.error():
                     continue
                 headers = dict(msg.headers() or [])
-                got.append({
-                    "key": msg.key(), "raw": msg.value(), "headers": headers, "timestamp_ms": msg.timestamp()[1],
-                    "partition": msg.partition(), "offset": msg.offset(),
-                    "value": des(msg.value()) if deserialize and msg.value() and msg.value()[:2] == b"\xc3\x01" else None,
-                })
+                got.append(
+                    {
+                        "key": msg.key(),
+                        "raw": msg.value(),
+                        "headers": headers,
+                        "timestamp_ms": msg.timestamp()[1],
+                        "partition": msg.partition(),
+                        "offset": msg.offset(),
+                        "value": des(msg.value())
+                        if deserialize and msg.value() and msg.value()[:2] == b"\xc3\x01"
+                        else None,
+                    }
+                )
         finally:
             consumer.close()
         return got
@@ -165,8 +194,13 @@ def env(kafka, kafka_conf, unique, tmp_path) -> Iterator[Env]:
 def flight(i: int, origin: str = "EWR", dest: str = "LAX", hour: int = 6, delay: float | None = 1.0) -> dict[str, Any]:
     import datetime as dt
 
-    return {"flight_id": i, "origin": origin, "dest": dest, "dep_delay": delay,
-            "time_hour": dt.datetime(2013, 1, 1, hour, tzinfo=dt.UTC)}
+    return {
+        "flight_id": i,
+        "origin": origin,
+        "dest": dest,
+        "dep_delay": delay,
+        "time_hour": dt.datetime(2013, 1, 1, hour, tzinfo=dt.UTC),
+    }
 
 
 def offsets_header(record: dict[str, Any], name: str = "airports") -> dict[str, dict[str, int]]:
@@ -188,3 +222,48 @@ def _job_logs(caplog):
     import logging
 
     caplog.set_level(logging.INFO, logger="stream_app")
+
+
+CLUSTER = "cluster"
+
+
+@pytest.fixture(scope="session")
+def spark_cluster_master(stack) -> str:
+    """The local stack's Spark standalone cluster (a master and two workers), started if needed."""
+    stack.up(["spark"])
+    return stack.endpoints().spark_master
+
+
+@pytest.fixture
+def cluster_spark(spark_sessions, spark_cluster_master):
+    """A SparkSession on the standalone cluster (the local one is stopped meanwhile)."""
+    return spark_sessions.get(spark_cluster_master)
+
+
+@pytest.fixture(scope="session", params=[CLUSTER, "local[2]"])
+def master(request) -> str:
+    """Each master a semantics test runs on; grouped by pytest, so the session switches twice."""
+    return request.param
+
+
+@pytest.fixture
+def spark_on_master(request, spark_sessions, master):
+    """The SparkSession on ``master`` (the standalone cluster, then local[2])."""
+    if master == CLUSTER:
+        return spark_sessions.get(request.getfixturevalue("spark_cluster_master"))
+    return spark_sessions.get(master)
+
+
+@pytest.fixture(scope="session")
+def outputs_by_master() -> dict[str, dict[str, Any]]:
+    """What a test produced on each master (test name -> master -> output), to compare across masters."""
+    return {}
+
+
+def same_on_every_master(outputs: dict[str, dict[str, Any]], request, master: str, output: Any) -> None:
+    """Record a test's output on ``master`` and assert it equals what the other master produced."""
+    name = request.node.originalname
+    seen = outputs.setdefault(name, {})
+    seen[master] = output
+    for other, value in seen.items():
+        assert value == output, f"{name}: output on {master} differs from the output on {other}"
