@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import operator
 import threading
@@ -25,6 +26,19 @@ _BUSY_STATES = {"55P03", "57014", "40001", "40P01", "53300", "53200", "53100"}  
 _RETRY_PREFIXES = ("08", "57P", "58")  # connection exceptions, operator intervention, system errors
 # MySQL: lock wait timeout, deadlock, too many connections
 _MYSQL_BUSY = {1205, 1213, 1040}
+
+
+def _csv_safe(typ: Any) -> bool:
+    """Whether pyarrow's CSV text of a column reads back equal in PostgreSQL (no binary, nothing nested)."""
+    import pyarrow as pa
+
+    return not (
+        pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+        or pa.types.is_fixed_size_binary(typ)
+        or pa.types.is_nested(typ)
+        or pa.types.is_dictionary(typ)
+    )
 
 
 class _RecordProblem(Exception):
@@ -209,6 +223,7 @@ class RdsSink(Sink):
                         return []  # only deletes, and no table yet: nothing to delete
                     self._create(sample.value_schema, sample)
         failures: list[RecordFailure] = []
+        columns, records = self._columnar(batch, records) if self._dialect == "postgresql" else ([], records)
         rows: list[tuple[SinkRecord, tuple[Any, ...] | None]] = []
         for record in records:
             try:
@@ -216,6 +231,15 @@ class RdsSink(Sink):
             except ValueError as exc:
                 failures.append(RecordFailure(record, exc))
         start = time.monotonic()
+        if columns:
+            try:
+                self._transaction(rows, columns)
+                rows = []
+            except _RecordProblem:
+                # a refused value: the per-record path bisects the whole batch to find it
+                for records_of, _table in columns:
+                    rows += [(r, self._values(r)) for r in records_of]
+                rows.sort(key=lambda row: row[0].offset)
         self._apply(rows, failures)
         log.debug(
             "sink=%s table=%s records=%d elapsed_s=%.3f",
@@ -317,7 +341,61 @@ class RdsSink(Sink):
             self._apply(rows[:mid], failures)
             self._apply(rows[mid:], failures)
 
-    def _transaction(self, rows: list[tuple[SinkRecord, tuple[Any, ...] | None]]) -> None:
+    def _columnar(
+        self, batch: SinkBatch, records: list[SinkRecord]
+    ) -> tuple[list[tuple[list[SinkRecord], Any]], list[SinkRecord]]:
+        """Split the upserts whose values were decoded in columns into COPY-ready Arrow tables.
+
+        Returns:
+            ``([(records, table in the target's column order)], the other records)``; a
+            writer schema's upserts stay per record when a field is not a column of the
+            target or a column's type has no CSV text PostgreSQL reads back as it was
+            (binary, nested values).
+        """
+        import pyarrow as pa
+
+        assert self.table is not None
+        names = [c.name for c in self.table.c]
+        key, version = self.config.key, self.config.version_column
+        groups: dict[bytes, list[SinkRecord]] = {}
+        rest: list[SinkRecord] = []
+        for record in records:
+            if record.row >= 0 and not record.is_delete:
+                groups.setdefault(record.value_fingerprint, []).append(record)
+            else:
+                rest.append(record)
+        out = []
+        for group in groups.values():
+            values = batch.value_table(group)
+            if (
+                values is None
+                or not set(values.column_names) <= set(names)
+                or not all(_csv_safe(f.type) for f in values.schema)
+            ):
+                rest += group
+                continue
+            try:
+                keys = [self._key_values(r) for r in group]
+            except ValueError:
+                rest += group  # the per-record path names the record
+                continue
+            arrays = []
+            for name in names:
+                if name == version:
+                    arrays.append(pa.array([r.version for r in group], pa.int64()))
+                elif name in key:
+                    arrays.append(pa.array([k[name] for k in keys]))  # the record's key wins, as in _row
+                elif name in values.column_names:
+                    arrays.append(values.column(name))
+                else:
+                    arrays.append(pa.nulls(len(group)))
+            out.append((group, pa.Table.from_arrays(arrays, names=names)))
+        rest.sort(key=lambda r: r.offset)
+        return out, rest
+
+    def _transaction(
+        self, rows: list[tuple[SinkRecord, tuple[Any, ...] | None]], columns: list[tuple[Any, Any]] = ()
+    ) -> None:
         assert self.table is not None
         upserts = [values for _r, values in rows if values is not None]
         deletes = [{**self._key_values(r), "_v": r.version} for r, row in rows if row is None]
@@ -327,8 +405,8 @@ class RdsSink(Sink):
                     conn.execute(
                         select(func.set_config("lock_timeout", f"{int(self.config.lock_timeout_s * 1000)}ms", True))
                     )
-                    if upserts:
-                        self._pg_upsert(conn, upserts)
+                    if upserts or columns:
+                        self._pg_upsert(conn, upserts, [table for _records, table in columns])
                     upserts = []
                 if upserts:
                     names = [c.name for c in self.table.c]
@@ -391,8 +469,13 @@ class RdsSink(Sink):
             where=t.c[v] < stmt.excluded[v],
         )
 
-    def _pg_upsert(self, conn: Any, rows: list[tuple[Any, ...]]) -> None:
-        """COPY into a session temporary table, then one conditional ``INSERT ... SELECT``."""
+    def _pg_upsert(self, conn: Any, rows: list[tuple[Any, ...]], tables: list[Any] = ()) -> None:
+        """COPY into a session temporary table, then one conditional ``INSERT ... SELECT``.
+
+        ``rows`` go row by row (psycopg); ``tables`` (Arrow, the target's columns in
+        order) go as CSV written by pyarrow in one call each. One key appears once
+        in all of them together (the batch's newest update per key).
+        """
         from psycopg import sql
         from psycopg.types.json import Jsonb
         from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -418,6 +501,17 @@ class RdsSink(Sink):
             copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(
                 sql.Identifier(stage_name), sql.SQL(", ").join(map(sql.Identifier, cols))
             )
+            if tables:
+                import pyarrow.csv as pacsv
+
+                csv_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+                    sql.Identifier(stage_name), sql.SQL(", ").join(map(sql.Identifier, cols))
+                )
+                for table in tables:
+                    out = io.BytesIO()
+                    pacsv.write_csv(table, out, pacsv.WriteOptions(include_header=False))
+                    with cur.copy(csv_sql) as copy:
+                        copy.write(out.getvalue())
             with cur.copy(copy_sql) as copy:
                 for values in rows:
                     if json_at:
