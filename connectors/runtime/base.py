@@ -48,16 +48,23 @@ class SourceBatch:
             names the object a row came from); ``None`` for none.
         rows_read: rows read from the system for this batch, for progress and
             metrics (may exceed ``len(records)`` when rows were skipped on purpose).
+        columns: the batch's entities column-wise instead of ``records``: a
+            ``pyarrow.Table`` with one column per value field (Avro names, the
+            types of :func:`schemas.arrow.arrow_type`), keys taken from the key
+            fields. The worker encodes it in one call
+            (:class:`~connectors.runtime.columnar.ColumnarEncoder`) instead of
+            once per record; ``records`` is then empty. No tombstones.
     """
 
     records: list[SourceRecord]
     position: dict[str, Any] | None
     headers: list[tuple[str, bytes]] | None = None
     rows_read: int | None = None
+    columns: Any = None
 
     def __post_init__(self) -> None:
         if self.rows_read is None:
-            self.rows_read = len(self.records)
+            self.rows_read = len(self.records) if self.columns is None else self.columns.num_rows
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from connectors.exceptions import FatalError, RetriableError, ThreesError
 from connectors.registry import load_implementation
 from connectors.runtime import metrics
 from connectors.runtime.base import SourceBatch, SourceTask, TopicState
+from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 from connectors.runtime.offsets import OffsetStore, PositionTracker, offsets_key, require_position_shape
 from connectors.runtime.state import live_keys
 from connectors.topics import ensure_compacted_topic
@@ -168,8 +169,13 @@ class TaskRunner:
             self.stats.state = "failed"
             self.stats.error = str(exc)
             metrics.ERRORS.labels(self._label, "fatal").inc()
-            log.error("source=%s task=%d failed: %s", self._label, self.task_id, exc, exc_info=not isinstance(
-                exc, ThreesError))
+            log.error(
+                "source=%s task=%d failed: %s",
+                self._label,
+                self.task_id,
+                exc,
+                exc_info=not isinstance(exc, ThreesError),
+            )
         finally:
             self._shutdown()
         return self.stats
@@ -181,18 +187,35 @@ class TaskRunner:
         kconf = self.kafka.librdkafka_config()
         spec = cfg.topic_spec
         ensure_compacted_topic(
-            kconf, cfg.topic, partitions=spec.partitions, replication_factor=spec.replication_factor,
-            configs=spec.configs, timeout_s=self.kafka.request_timeout_s,
+            kconf,
+            cfg.topic,
+            partitions=spec.partitions,
+            replication_factor=spec.replication_factor,
+            configs=spec.configs,
+            timeout_s=self.kafka.request_timeout_s,
         )
         position = require_position_shape(self.offsets.load(self.key), f"source {cfg.name!r}")
         self._written = position
         self.stats.position = position
-        log.info("source=%s task=%d topic=%s resuming from position=%s", cfg.name, self.task_id, cfg.topic,
-                 position if position is not None else "none (snapshot)")
+        log.info(
+            "source=%s task=%d topic=%s resuming from position=%s",
+            cfg.name,
+            self.task_id,
+            cfg.topic,
+            position if position is not None else "none (snapshot)",
+        )
         schemas = self._retrying(stop, lambda: self.task.open(position))
         self._value_schema = schemas.value
+        self._key_names = [f["name"] for f in schemas.key.get("fields", [])]
         self.key_ser = AvroSerializer(schemas.key, self.schema_store)
         self.value_ser = AvroSerializer(schemas.value, self.schema_store)
+        try:
+            self._columnar: ColumnarEncoder | None = ColumnarEncoder(
+                schemas.value, self.value_ser.header, schemas.key, self.key_ser.header
+            )
+        except ColumnarUnsupported as exc:
+            self._columnar = None
+            log.debug("source=%s batches are encoded record by record: %s", cfg.name, exc)
         self._producer = clients.kafka_producer(self.kafka, **self.producer_overrides)
         self.stats.state = "running"
         last_reconcile: float | None = None
@@ -220,8 +243,13 @@ class TaskRunner:
 
         def before_sleep(state: Any) -> None:
             metrics.ERRORS.labels(self._label, "retriable").inc()
-            log.warning("source=%s transient failure (attempt %d of %d), retrying: %s", self._label,
-                        state.attempt_number, policy.max_attempts, state.outcome.exception())
+            log.warning(
+                "source=%s transient failure (attempt %d of %d), retrying: %s",
+                self._label,
+                state.attempt_number,
+                policy.max_attempts,
+                state.outcome.exception(),
+            )
 
         retrying = Retrying(
             retry=retry_if_exception_type(RetriableError),
@@ -250,8 +278,13 @@ class TaskRunner:
         before = self.stats.tombstones
         for batch in self.task.reconcile(state):
             self._send(batch)
-        log.info("source=%s reconciled topic=%s live_keys=%d tombstones=%d", self._label, self.config.topic,
-                 len(live), self.stats.tombstones - before)
+        log.info(
+            "source=%s reconciled topic=%s live_keys=%d tombstones=%d",
+            self._label,
+            self.config.topic,
+            len(live),
+            self.stats.tombstones - before,
+        )
 
     def _idle(self, stop: threading.Event, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -265,6 +298,9 @@ class TaskRunner:
     # -- produce --------------------------------------------------------------------------------------
 
     def _send(self, batch: SourceBatch) -> None:
+        if batch.columns is not None:
+            self._send_columns(batch)
+            return
         records = batch.records
         pending = self._tracker.add(len(records), batch.position, f"source {self._label!r} topic {self.config.topic!r}")
         on_delivery = pending.ack
@@ -298,6 +334,50 @@ class TaskRunner:
         metrics.RECORDS_READ.labels(self._label).inc(batch.rows_read or 0)
         if tombstones:
             metrics.TOMBSTONES.labels(self._label).inc(tombstones)
+        self._producer.poll(0)
+        self._commit()
+
+    def _send_columns(self, batch: SourceBatch) -> None:
+        """Produce a column-wise batch: keys and values encoded in one call, then one ``produce`` per record.
+
+        A batch the columnar encoder cannot write (a null in a non-null field, a
+        value out of its range) goes through the per-record path, which names
+        the record and field that cannot be encoded, as for any batch.
+        """
+        table = batch.columns
+        encoded: tuple[list[bytes], list[bytes]] | None = None
+        if self._columnar is not None:
+            try:
+                encoded = self._columnar.encode(table)
+            except (ValueError, TypeError, ArithmeticError) as exc:  # pyarrow's errors are ValueError/TypeError
+                log.debug("source=%s batch encoded record by record: %s", self._label, exc)
+        if encoded is None:
+            names = self._key_names
+            records: list[Any] = [({k: row[k] for k in names}, row) for row in table.to_pylist()]
+            self._send(SourceBatch(records, batch.position, batch.headers, batch.rows_read))
+            return
+        keys, values = encoded
+        n = len(values)
+        pending = self._tracker.add(n, batch.position, f"source {self._label!r} topic {self.config.topic!r}")
+        on_delivery = pending.ack
+        produce = self._producer.produce
+        topic = self.config.topic
+        headers = batch.headers
+        if headers is None:
+            for kb, vb in zip(keys, values, strict=True):
+                try:
+                    produce(topic, vb, kb, on_delivery=on_delivery)
+                except BufferError:
+                    self._produce_when_room(topic, vb, kb, on_delivery=on_delivery)
+        else:
+            for kb, vb in zip(keys, values, strict=True):
+                try:
+                    produce(topic, vb, kb, on_delivery=on_delivery, headers=headers)
+                except BufferError:
+                    self._produce_when_room(topic, vb, kb, on_delivery=on_delivery, headers=headers)
+        self.stats.rows_read += batch.rows_read or 0
+        self.stats.produced += n
+        metrics.RECORDS_READ.labels(self._label).inc(batch.rows_read or 0)
         self._producer.poll(0)
         self._commit()
 
@@ -352,8 +432,9 @@ class TaskRunner:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._tracker.in_flight > 0:
             if deadline is not None and time.monotonic() > deadline:
-                raise RetriableError(f"source {self._label!r}: {self._tracker.in_flight} records not acknowledged "
-                                     f"within {timeout_s} s")
+                raise RetriableError(
+                    f"source {self._label!r}: {self._tracker.in_flight} records not acknowledged within {timeout_s} s"
+                )
             self._producer.poll(0.1)
             if raise_errors and self._tracker.first_error():
                 break
@@ -371,8 +452,14 @@ class TaskRunner:
                 remaining = self._producer.flush(30.0)
                 if remaining:
                     log.error("source=%s on stop: %d records/positions not acknowledged", self._label, remaining)
-                log.info("source=%s stopped rows_read=%d acked=%d tombstones=%d position=%s", self._label,
-                         self.stats.rows_read, self.stats.acked, self.stats.tombstones, self.stats.position)
+                log.info(
+                    "source=%s stopped rows_read=%d acked=%d tombstones=%d position=%s",
+                    self._label,
+                    self.stats.rows_read,
+                    self.stats.acked,
+                    self.stats.tombstones,
+                    self.stats.position,
+                )
         finally:
             try:
                 self.task.close()
