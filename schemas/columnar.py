@@ -125,6 +125,31 @@ def conform(array: Any, target: Any) -> Any:
     return array.cast(target)
 
 
+def null_rows_filled(array: Any) -> Any:
+    """A struct array whose null rows hold zeros in their required fields (Parquet's writer wants that).
+
+    ``take`` with null indices (a tombstone's row) gives null structs whose children
+    are null too, required ones included; Arrow's ``from_pylist`` puts zeros there.
+
+    Args:
+        array: a ``pyarrow.StructArray``.
+
+    Returns:
+        The same rows, nulls kept at the struct level.
+    """
+    import pyarrow as pa
+
+    kids = []
+    for i, f in enumerate(array.type):
+        child = array.field(i)
+        if pa.types.is_struct(f.type):
+            child = null_rows_filled(child)  # an optional record's own required fields, where it is null
+        if not f.nullable and child.null_count:
+            child = _filled(child, f.type)
+        kids.append(child)
+    return pa.StructArray.from_arrays(kids, fields=list(array.type), mask=array.is_null() if array.null_count else None)
+
+
 def _filled(array: Any, typ: Any) -> Any:
     """``array`` without nulls: each null becomes its type's zero (0, "", b"", [], a struct of zeros).
 
@@ -138,7 +163,14 @@ def _filled(array: Any, typ: Any) -> Any:
     if array.null_count == 0:
         return array
     if pa.types.is_struct(typ):
-        kids = [array.field(i) if f.nullable else _filled(array.field(i), f.type) for i, f in enumerate(typ)]
+        kids = [
+            _filled(array.field(i), f.type)
+            if not f.nullable
+            else null_rows_filled(array.field(i))
+            if pa.types.is_struct(f.type)
+            else array.field(i)
+            for i, f in enumerate(typ)
+        ]
         return pa.StructArray.from_arrays(kids, fields=list(typ))
     return pc.fill_null(array, pa.scalar(_zero(typ), typ))
 

@@ -149,7 +149,7 @@ class ElasticsearchSink(Sink):
             "version": record.version,
             "version_type": "external",
         }
-        if record.value is None:
+        if record.is_delete:
             action["_op_type"] = "delete"
         else:
             action["_op_type"] = "index"

@@ -264,14 +264,18 @@ class S3Sink(Sink):
                 fp = current
             groups.setdefault((self._dt(record, dt_columns), fp), []).append(record)
         out = []
+        structs: dict[bytes, Any] = {}  # the batch's values of a writer schema as one struct column
         for (dt, fp), records in groups.items():
             key = object_key(
                 self.config.prefix, batch.topic, batch.partition, records[0].offset, self.config.format, dt
             )
-            table = None
-            if self.config.format == "parquet":
-                table = batch.value_table([r for r in records if not r.is_delete])
-            out.append(S3Object(key, records, schemas.get(fp), fp, table))
+            values = None
+            if self.config.format == "parquet" and fp in batch.tables:
+                values = structs.get(fp)
+                if values is None:
+                    table = batch.tables[fp]
+                    values = structs[fp] = table.to_struct_array().combine_chunks()
+            out.append(S3Object(key, records, schemas.get(fp), fp, values))
         return out
 
     def encode(self, obj: S3Object, records: list[SinkRecord] | None = None) -> bytes:
@@ -402,8 +406,9 @@ class S3Object(NamedTuple):
         records: its records, in offset order.
         value_schema: their parsed value writer schema (``None`` when only tombstones, or JSON Lines).
         fingerprint: that schema's fingerprint (``None`` likewise).
-        table: the upserts' values as one Arrow table, in record order (Parquet, when the
-            sync service decoded them in columns), else ``None``.
+        table: the batch's values of this writer schema as one ``pyarrow.StructArray``
+            (``record.row`` indexes it; Parquet, when the sync service decoded them in
+            columns), else ``None``.
     """
 
     key: str
