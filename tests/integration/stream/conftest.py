@@ -224,9 +224,6 @@ def _job_logs(caplog):
     caplog.set_level(logging.INFO, logger="stream_app")
 
 
-CLUSTER = "cluster"
-
-
 @pytest.fixture(scope="session")
 def spark_cluster_master(stack) -> str:
     """The local stack's Spark standalone cluster (a master and two workers), started if needed."""
@@ -236,34 +233,24 @@ def spark_cluster_master(stack) -> str:
 
 @pytest.fixture
 def cluster_spark(spark_sessions, spark_cluster_master):
-    """A SparkSession on the standalone cluster (the local one is stopped meanwhile)."""
+    """A SparkSession on the standalone cluster (the local[2] one is stopped meanwhile).
+
+    The cluster tests live in one module (``test_cluster.py``), so a test session
+    switches masters twice, not once per test.
+    """
     return spark_sessions.get(spark_cluster_master)
-
-
-@pytest.fixture(scope="session", params=[CLUSTER, "local[2]"])
-def master(request) -> str:
-    """Each master a semantics test runs on; grouped by pytest, so the session switches twice."""
-    return request.param
-
-
-@pytest.fixture
-def spark_on_master(request, spark_sessions, master):
-    """The SparkSession on ``master`` (the standalone cluster, then local[2])."""
-    if master == CLUSTER:
-        return spark_sessions.get(request.getfixturevalue("spark_cluster_master"))
-    return spark_sessions.get(master)
 
 
 @pytest.fixture(scope="session")
 def outputs_by_master() -> dict[str, dict[str, Any]]:
-    """What a test produced on each master (test name -> master -> output), to compare across masters."""
+    """What a scenario produced on each master (scenario -> master -> output), to compare across masters."""
     return {}
 
 
-def same_on_every_master(outputs: dict[str, dict[str, Any]], request, master: str, output: Any) -> None:
-    """Record a test's output on ``master`` and assert it equals what the other master produced."""
-    name = request.node.originalname
-    seen = outputs.setdefault(name, {})
+def same_on_every_master(outputs: dict[str, dict[str, Any]], scenario: str, spark, output: Any) -> None:
+    """Record a scenario's output on ``spark``'s master; assert it equals what the other masters produced."""
+    master = spark.sparkContext.master
+    seen = outputs.setdefault(scenario, {})
     seen[master] = output
     for other, value in seen.items():
-        assert value == output, f"{name}: output on {master} differs from the output on {other}"
+        assert value == output, f"{scenario}: the output on {master} differs from the output on {other}"

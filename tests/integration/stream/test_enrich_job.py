@@ -8,7 +8,7 @@ import pytest
 
 from connectors.dlq import DeadLetter
 
-from .conftest import flight, offsets_header
+from .conftest import flight, offsets_header, same_on_every_master
 
 pytestmark = pytest.mark.spark
 
@@ -106,7 +106,7 @@ ENGINES = {"broadcast": {}, "indexed": {"index_min_rows": 0}, "partitioned": {"b
 
 
 @pytest.mark.parametrize("join", list(ENGINES))
-def test_deleted_reference_gives_nulls_and_a_reinsert_brings_it_back(spark, env, join):
+def test_deleted_reference_gives_nulls_and_a_reinsert_brings_it_back(spark, env, join, outputs_by_master):
     for faa in ("EWR", "LAX", "JFK"):
         env.put_airport(faa)
     snapshots = [{**env.config().model_dump()["snapshots"][0], **ENGINES[join]}]
@@ -130,6 +130,8 @@ def test_deleted_reference_gives_nulls_and_a_reinsert_brings_it_back(spark, env,
     assert got[2]["value"]["dest_name"] is None and got[2]["value"]["dest_alt"] is None  # left join: nulls
     assert 3 not in got  # inner join on a deleted origin: dropped
     assert got[5]["value"]["dest_name"] == "Los Angeles AGAIN"  # re-inserted
+    # the same enriched events whatever the master (local[2] or the standalone cluster: test_cluster.py)
+    same_on_every_master(outputs_by_master, f"tombstones-{join}", spark, {i: r["value"] for i, r in got.items()})
 
 
 def test_undecodable_records_go_to_the_dead_letter_topic_and_the_job_goes_on(spark, env):
