@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from connectors.exceptions import ThreesError
+from connectors.exceptions import SetupError, ThreesError
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,12 @@ def _s3a_classpath(checkpoint_location: str) -> list[Path] | None:
     """
     if not checkpoint_location.startswith("s3a://"):
         return None
-    from connectors.local import LocalStack
+    from connectors.local import LocalStack, LocalStackError
 
-    return LocalStack().spark_s3a_jars()
+    try:
+        return LocalStack().spark_s3a_jars()
+    except LocalStackError as exc:
+        raise SetupError(f"stream.checkpoint_location: no hadoop-aws for s3a:// ({exc})") from None
 
 
 @stream_app.command()

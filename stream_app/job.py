@@ -41,7 +41,7 @@ from stream_app import metrics
 from stream_app.avro import decode_avro
 from stream_app.avro_schemas import subset_schema
 from stream_app.batch import SOURCE_HEADER, BatchPlan
-from stream_app.checkpoint import BatchOffsetsLog, CheckpointFs, SnapshotCheckpoint, child
+from stream_app.checkpoint import BatchOffsetsLog, SnapshotCheckpoint, child, open_checkpoint_location
 from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import TopicWatermarks, offsets_json, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
@@ -119,11 +119,11 @@ class StreamJob:
         self._writers = writers
         for schema in [plan.enriched] + [s for u in plan.updates for s in (u.key, u.value)]:
             writers.register(schema.avro)
-        fs = self._checkpoint_fs()
-        self._offsets_log = BatchOffsetsLog(fs) if fs is not None else None
+        fs = open_checkpoint_location(cfg.checkpoint_location, self.spark)  # unusable: an error, never "no checkpoints"
+        self._offsets_log = BatchOffsetsLog(fs)
         dead_letters = DeadLetterProducer(self.kafka, cfg.dead_letter_topic, cfg.name)
         for snap_plan in plan.snapshots.values():
-            checkpoint = SnapshotCheckpoint(fs, snap_plan.config.name, snap_plan.schema_id) if fs else None
+            checkpoint = SnapshotCheckpoint(fs, snap_plan.config.name, snap_plan.schema_id)
             self.snapshots[snap_plan.config.name] = Snapshot(
                 self.spark, self.kafka, snap_plan, writers, self._watermarks, checkpoint, dead_letters, cfg.name
             )
@@ -174,18 +174,6 @@ class StreamJob:
             self._bootstrap_error = exc
         finally:
             self._ready.set()
-
-    def _checkpoint_fs(self) -> CheckpointFs | None:
-        try:
-            return CheckpointFs(self.config.checkpoint_location)
-        except ValueError as exc:
-            log.warning(
-                "job=%s no snapshot checkpoints (%s): restarts read the snapshot topics from the start, "
-                "and a replayed batch joins the current snapshot",
-                self.config.name,
-                exc,
-            )
-            return None
 
     def _check_topics(self) -> None:
         """Snapshot topics must be compacted; missing output topics are created."""
