@@ -139,6 +139,8 @@ def null_rows_filled(array: Any) -> Any:
     """
     import pyarrow as pa
 
+    if not array.null_count and not _rebuilt_nulls(array):
+        return array  # conform() already filled what is under a null optional record
     kids = []
     for i, f in enumerate(array.type):
         child = array.field(i)
@@ -148,6 +150,11 @@ def null_rows_filled(array: Any) -> Any:
             child = _filled(child, f.type)
         kids.append(child)
     return pa.StructArray.from_arrays(kids, fields=list(array.type), mask=array.is_null() if array.null_count else None)
+
+
+def _rebuilt_nulls(array: Any) -> bool:
+    """Whether a required child of ``array`` holds a null (``take`` with null indices puts them there)."""
+    return any(not f.nullable and array.field(i).null_count for i, f in enumerate(array.type))
 
 
 def _filled(array: Any, typ: Any) -> Any:
