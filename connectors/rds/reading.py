@@ -206,3 +206,132 @@ def stream_rows(conn: Any, stmt: Any, dialect: Any, size: int) -> Iterator[list[
             # a lost connection fails the rollback too: raise it as SQLAlchemy's error (retriable), never
             # as the driver's own, which would replace the error being raised and escape the caller's handling
             raise DBAPIError.instance("ROLLBACK", None, exc, error_class, hide_parameters=True) from exc
+
+
+# -- Arrow pages (PostgreSQL through ADBC) -------------------------------------------------------------------
+
+
+def adbc_connect(url: Any, connect_timeout_s: float) -> Any:
+    """An ADBC PostgreSQL connection (autocommit: each page query is its own transaction) to a SQLAlchemy URL.
+
+    The libpq connection string is the one SQLAlchemy's psycopg dialect would use
+    (host, port, user, password, database and the URL's query options).
+
+    Raises:
+        ImportError: ``adbc-driver-postgresql`` is not installed.
+        adbc_driver_manager.Error: the connection failed.
+    """
+    import adbc_driver_postgresql.dbapi as adbc
+    import psycopg
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    _args, kwargs = PGDialect_psycopg().create_connect_args(url)
+    kwargs.setdefault("connect_timeout", int(max(1, connect_timeout_s)))
+    return adbc.connect(psycopg.conninfo.make_conninfo(**kwargs), autocommit=True)
+
+
+_DOLLAR_DIALECT: Any = None
+
+
+def _dollar_dialect() -> Any:
+    """PostgreSQL with ``$1`` placeholders (libpq's, which ADBC binds)."""
+    global _DOLLAR_DIALECT
+    if _DOLLAR_DIALECT is None:
+        from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+        _DOLLAR_DIALECT = PGDialect_psycopg(paramstyle="numeric_dollar")
+    return _DOLLAR_DIALECT
+
+
+def arrow_pages(adbc_conn: Any, stmt: Any, size: int) -> Iterator[Any]:
+    """Rows of a Core statement as Arrow tables of ``size`` rows (the last one shorter), read through ADBC.
+
+    ADBC's PostgreSQL driver reads the result with ``COPY ... TO STDOUT (FORMAT
+    binary)`` straight into Arrow columns: no Python object per value. Types
+    are the driver's (``numeric`` arrives as text in an opaque extension type);
+    the caller casts them.
+
+    Args:
+        adbc_conn: from :func:`adbc_connect`.
+        stmt: a Core ``Select`` (compiled with ``$n`` placeholders, values bound by ADBC).
+        size: rows per table.
+
+    Raises:
+        adbc_driver_manager.Error: the query failed (``OperationalError`` for a lost connection).
+    """
+    import pyarrow as pa
+
+    compiled = stmt.compile(dialect=_dollar_dialect())
+    params = tuple(compiled.params[name] for name in compiled.positiontup or ())
+    with adbc_conn.cursor() as cur:
+        cur.execute(str(compiled), params or None)
+        reader = cur.fetch_record_batch()
+        pending: list[Any] = []
+        rows = 0
+        for batch in reader:
+            pending.append(batch)
+            rows += batch.num_rows
+            while rows >= size:
+                table = pa.Table.from_batches(pending)
+                yield table.slice(0, size)
+                rest = table.slice(size)
+                pending, rows = rest.to_batches(), rest.num_rows
+        if rows:
+            yield pa.Table.from_batches(pending)
+
+
+def prefetched(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """Iterate ``items`` in a background thread, at most ``depth`` items ahead of the caller.
+
+    Reading a page through ADBC (libpq, Arrow's C++ reader) releases the GIL,
+    so the next page is read while the caller encodes and produces this one.
+    An error of ``items`` is raised to the caller, at the item where it occurred.
+    When the caller stops early, the thread stops after the item it is reading
+    and closes ``items`` (which closes its cursor) before this generator returns.
+
+    Args:
+        items: a generator; it runs only in the background thread.
+        depth: items read ahead (each is a page: bounds memory).
+    """
+    import queue
+    import threading
+
+    done = object()
+    handoff: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any, error: BaseException | None = None) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put((item, error), timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(done)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+            put(done, exc)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=run, name="threes-rds-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = handoff.get()
+            if item is done:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()

@@ -48,8 +48,17 @@ from connectors import clients
 from connectors.config.models import RdsConnection
 from connectors.exceptions import ConfigError, FatalError, RetriableError
 from connectors.rds.config import RdsSourceConfig
-from connectors.rds.reading import BATCHES_PER_QUERY, commit_safe_bound, stream_rows, utc_sessions
+from connectors.rds.reading import (
+    BATCHES_PER_QUERY,
+    adbc_connect,
+    arrow_pages,
+    commit_safe_bound,
+    prefetched,
+    stream_rows,
+    utc_sessions,
+)
 from connectors.rds.types import (
+    ARROW_NATIVE_CONVERTERS,
     avro_name,
     avro_record_schema,
     converters_for_schema,
@@ -108,6 +117,8 @@ class RdsSource(SourceTask):
     def __init__(self, config: RdsSourceConfig, connection: RdsConnection, **kwargs: Any):
         super().__init__(config, connection, **kwargs)
         self.engine: Any = None
+        self._adbc: Any = None
+        self._use_adbc = False
         self.where = ""
         self._scan_finished = False
         self._last_held_warning = 0.0
@@ -253,6 +264,11 @@ class RdsSource(SourceTask):
             self.split = func.abs(k % literal(self.task_count)) == literal(self.task_id)
         positions = {id(c): i for i, c in enumerate(columns)}
         self.order_idx = [positions[id(c)] for c in order]
+        native = all(fn in ARROW_NATIVE_CONVERTERS for _, fn in self._column_converters)
+        self._use_adbc = self._arrow_schema is not None and native and adbc_available()
+        if self._use_adbc and not all(_adbc_bindable(c.type) for c in order):
+            self._use_adbc = False
+        self._adbc: Any = None
 
     def _columnar_schema(self) -> Any:
         """The Arrow schema of column-wise batches, or ``None`` to yield one dict per row.
@@ -342,6 +358,13 @@ class RdsSource(SourceTask):
                 conn.rollback()
                 while True:
                     got = 0
+                    if self._use_adbc:
+                        for batch in self._arrow_batches(self._page_statement(bound, per_query)):
+                            got += batch.rows_read or 0
+                            yield batch
+                        if got < per_query:
+                            break
+                        continue
                     for rows in self._stream(conn, self._page_statement(bound, per_query)):
                         got += len(rows)
                         table = self._columns(rows) if self._arrow_schema is not None else None
@@ -374,6 +397,65 @@ class RdsSource(SourceTask):
             self.cursor = None
             self._scan_finished = True
             yield SourceBatch([], self._position())
+
+    def _arrow_batches(self, stmt: Any) -> Iterator[SourceBatch]:
+        """Pages read as Arrow through ADBC (PostgreSQL), one column-wise batch each, the next read meanwhile.
+
+        A page whose columns do not convert to the value schema's Arrow types (a
+        ``numeric`` value with more digits than its scale, ``NaN``) becomes one
+        dict per row, so the per-record path reports the column as it always did.
+
+        Raises:
+            RetriableError: the connection failed.
+            FatalError: the database rejected the query.
+        """
+        import adbc_driver_manager
+
+        cfg = self.config
+        try:
+            if self._adbc is None:
+                self._adbc = adbc_connect(self.connection.sqlalchemy_url(), self.connection.connect_timeout_s)
+            pages = arrow_pages(self._adbc, stmt, cfg.batch_records)
+            for raw, table in prefetched((raw, self._conform(raw)) for raw in pages):
+                last = _python_rows(raw.slice(raw.num_rows - 1), self._arrow_schema)[0]
+                self.cursor = [last[i] for i in self.order_idx]
+                if table is not None:
+                    yield SourceBatch([], self._position(), columns=table)
+                    continue
+                records: list[Any] = []
+                for row in _python_rows(raw, self._arrow_schema):
+                    v = self.to_value(row)
+                    records.append(({k: v[k] for k in self.key_fields}, v))
+                yield SourceBatch(records, self._position())
+        except adbc_driver_manager.Error as exc:
+            self._close_adbc()
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, (adbc_driver_manager.OperationalError, adbc_driver_manager.InterfaceError)):
+                raise RetriableError(f"source {cfg.name!r}: reading {self.where} failed: {reason}") from exc
+            raise FatalError(f"source {cfg.name!r}: reading {self.where} failed: {reason}") from exc
+
+    def _conform(self, raw: Any) -> Any:
+        """A page from ADBC in the value schema's Arrow types (``None`` when a value does not convert)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        try:
+            arrays = []
+            for i, f in enumerate(self._arrow_schema):
+                col = _storage(raw.column(i))
+                arrays.append(col if col.type == f.type else pc.cast(col, f.type))
+            return pa.Table.from_arrays(arrays, schema=self._arrow_schema)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            log.debug("source=%s a page goes record by record: %s", self.config.name, exc)
+            return None
+
+    def _close_adbc(self) -> None:
+        if self._adbc is not None:
+            try:
+                self._adbc.close()
+            except Exception as exc:  # noqa: BLE001 - a broken connection may fail to close
+                log.debug("source=%s closing the ADBC connection: %s", self.config.name, exc)
+            self._adbc = None
 
     def _stream(self, conn: Any, stmt: Any) -> Iterator[list[Any]]:
         return stream_rows(conn, stmt, self.engine.dialect, self.config.batch_records)
@@ -477,9 +559,50 @@ class RdsSource(SourceTask):
         return f'column "{self.field_to_column.get(field, field)}"'
 
     def close(self) -> None:
-        """Dispose of the engine's pool."""
+        """Dispose of the engine's pool and close the ADBC connection."""
+        self._close_adbc()
         if self.engine is not None:
             self.engine.dispose()
+
+
+def adbc_available() -> bool:
+    """Whether ADBC's PostgreSQL driver is installed (pages are then read as Arrow, see :meth:`RdsSource.poll`)."""
+    import importlib.util
+
+    return importlib.util.find_spec("adbc_driver_postgresql") is not None
+
+
+def _adbc_bindable(sql_type: Any) -> bool:
+    """Whether a cursor column's values bind as ADBC parameters exactly (integers, text, dates, date-times)."""
+    from sqlalchemy import types as sqltypes
+
+    if isinstance(sql_type, sqltypes.Enum):
+        return False
+    return isinstance(sql_type, (sqltypes.Integer, sqltypes.String, sqltypes.DateTime, sqltypes.Date))
+
+
+def _storage(column: Any) -> Any:
+    """An extension-typed column (ADBC's ``numeric`` is an opaque text type) as its storage."""
+    import pyarrow as pa
+
+    if isinstance(column.type, pa.ExtensionType):
+        return pa.chunked_array([c.storage for c in column.chunks], type=column.type.storage_type)
+    return column
+
+
+def _python_rows(raw: Any, schema: Any) -> list[tuple[Any, ...]]:
+    """A page from ADBC as row tuples of the values psycopg would return (``numeric`` as ``Decimal``)."""
+    import decimal
+
+    import pyarrow as pa
+
+    columns = []
+    for i, f in enumerate(schema):
+        values = _storage(raw.column(i)).to_pylist()
+        if pa.types.is_decimal(f.type):
+            values = [None if v is None or isinstance(v, decimal.Decimal) else decimal.Decimal(v) for v in values]
+        columns.append(values)
+    return list(zip(*columns, strict=True))
 
 
 def _is_integer(sql_type: Any) -> bool:

@@ -231,6 +231,10 @@ DRIVER_EXACT_TIMESTAMPS = frozenset({"postgresql"})
 :func:`ensure_aware` / :func:`ensure_naive` are not needed there (one Python call per value saved)."""
 
 
+ARROW_NATIVE_CONVERTERS: frozenset[Converter] = frozenset({_to_bytes})
+"""Converters an Arrow reader (ADBC) makes unnecessary: it hands ``bytea`` as Arrow binary, not ``memoryview``."""
+
+
 def drop_needless_converters(converters: Sequence[tuple[str, Converter]], dialect: str) -> list[tuple[str, Converter]]:
     """Remove the timestamp converters a dialect's driver makes unnecessary (see :data:`DRIVER_EXACT_TIMESTAMPS`)."""
     if dialect not in DRIVER_EXACT_TIMESTAMPS:

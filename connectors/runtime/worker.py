@@ -144,6 +144,8 @@ class TaskRunner:
         self.retry = retry or RetryPolicy()
         self.offset_flush_interval_s = offset_flush_interval_s
         self.producer_overrides = dict(producer_overrides or {})
+        # librdkafka's queue.buffering.max.messages (its default): a batch is queued only once it fits
+        self._queue_max_messages = int(self.producer_overrides.get("queue_buffering_max_messages", 100_000))
         impl = load_implementation(config)
         self.task: SourceTask = impl(config, connection, kafka=kafka, task_id=task_id, task_count=task_count)
         self.stats = RunnerStats()
@@ -338,7 +340,7 @@ class TaskRunner:
         self._commit()
 
     def _send_columns(self, batch: SourceBatch) -> None:
-        """Produce a column-wise batch: keys and values encoded in one call, then one ``produce`` per record.
+        """Produce a column-wise batch: keys and values encoded in one call, queued with ``produce_batch``.
 
         A batch the columnar encoder cannot write (a null in a non-null field, a
         value out of its range) goes through the per-record path, which names
@@ -359,17 +361,10 @@ class TaskRunner:
         keys, values = encoded
         n = len(values)
         pending = self._tracker.add(n, batch.position, f"source {self._label!r} topic {self.config.topic!r}")
-        on_delivery = pending.ack
-        produce = self._producer.produce
-        topic = self.config.topic
-        headers = batch.headers
-        if headers is None:
-            for kb, vb in zip(keys, values, strict=True):
-                try:
-                    produce(topic, vb, kb, on_delivery=on_delivery)
-                except BufferError:
-                    self._produce_when_room(topic, vb, kb, on_delivery=on_delivery)
-        else:
+        if batch.headers is None:
+            self._produce_batch(keys, values, pending)
+        else:  # produce_batch carries no headers
+            produce, topic, headers, on_delivery = self._producer.produce, self.config.topic, batch.headers, pending.ack
             for kb, vb in zip(keys, values, strict=True):
                 try:
                     produce(topic, vb, kb, on_delivery=on_delivery, headers=headers)
@@ -380,6 +375,39 @@ class TaskRunner:
         metrics.RECORDS_READ.labels(self._label).inc(batch.rows_read or 0)
         self._producer.poll(0)
         self._commit()
+
+    def _produce_batch(self, keys: list[bytes], values: list[bytes], pending: Any) -> None:
+        """Hand a batch's records to librdkafka in one ``produce_batch`` call (keys partitioned as ``produce`` does).
+
+        The local queue is first made to have room for the whole batch (delivery
+        reports served until it has), so no record is refused for a full queue
+        and the batch's records are queued in order. A record refused for any
+        other reason (too large...) stops the task like a failed ``produce``:
+        the batch's position is never stored.
+
+        Raises:
+            FatalError: a record was refused.
+        """
+        step = max(1, self._queue_max_messages // 2)  # a batch larger than the queue goes in parts
+        for first in range(0, len(values), step):
+            part = slice(first, first + step)
+            messages = [{"key": kb, "value": vb} for kb, vb in zip(keys[part], values[part], strict=True)]
+            room = self._queue_max_messages - len(messages)
+            if len(self._producer) > room:
+                self.stats.queue_full += 1
+                metrics.QUEUE_FULL.labels(self._label).inc()
+                while len(self._producer) > room:
+                    self._producer.poll(0.05)
+            queued = self._producer.produce_batch(self.config.topic, messages, on_delivery=pending.ack)
+            if queued != len(messages):
+                failed = [m["_error"] for m in messages if "_error" in m]
+                error = FatalError(
+                    f"source {self._label!r} (topic {self.config.topic!r}): {len(failed)} record(s) of a batch "
+                    f"refused by the producer, first: {failed[0] if failed else 'unknown'}"
+                )
+                # the refused records and the parts not produced owe no acknowledgement; the batch never commits
+                self._tracker.abandon(pending, len(values) - first - queued, str(error))
+                raise error
 
     def _produce_when_room(self, topic: str, value: bytes | None, key: bytes, **kwargs: Any) -> None:
         """Produce after the local queue was found full: serve delivery reports until there is room; never drop."""

@@ -7,6 +7,7 @@ import decimal
 import uuid
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
 from connectors.config.models import RdsConnection
@@ -56,17 +57,23 @@ def _fill(pg_engine: Any, table: str) -> None:
         )
 
 
+@pytest.mark.parametrize("reader", ["adbc", "psycopg"])
 def test_pages_are_column_wise_and_encode_to_the_per_record_bytes(
-    pg_engine: Any, pg: RdsConnection, kafka: Any, unique: str
+    pg_engine: Any, pg: RdsConnection, kafka: Any, unique: str, reader: str
 ) -> None:
-    table = f"columnar_{unique}"
+    """ADBC reads pages as Arrow when no column needs a Python converter; with ``jsonb``/``uuid``, psycopg does."""
+    table = f"columnar_{reader}_{unique}"
     _fill(pg_engine, table)
+    if reader == "adbc":
+        with pg_engine.begin() as c:
+            c.execute(text(f"ALTER TABLE {table} DROP COLUMN doc, DROP COLUMN uid"))
     pipeline = source_pipeline(
         kafka, pg, name=f"col-{unique}", topic=f"state.{unique}", table=table, mode="bulk", batch_records=1_000
     )
     config = pipeline.sources[0]
     source = RdsSource(config, pipeline.connections["pg"], kafka=pipeline.kafka)
     schemas = source.open(None)
+    assert source._use_adbc == (reader == "adbc")
     try:
         batches = [b for b in source.poll() if b.records or b.columns is not None]
         with source.engine.connect() as c:
