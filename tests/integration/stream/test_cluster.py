@@ -43,8 +43,9 @@ def test_executors_import_the_project_from_the_shipped_zip(cluster_spark):
 
 # The semantics tests that matter, on the cluster: the same scenario bodies as on local[2], whose
 # outputs are also compared with the local[2] run's when both run in one session (same_on_every_master).
-# Executors in separate JVMs with their own Python workers: the indexed engine's worker-side index, the
-# aggregation's RocksDB state store and the dead letters all run there.
+# Executors in separate JVMs with their own Python workers: the indexed engine's worker-side index and
+# the aggregation's RocksDB state store run there. (A restart from the snapshot checkpoint is part of the
+# replay test; test_s3a_checkpoint.py restarts from object storage.)
 
 
 def test_tombstones_and_reinserts_on_the_cluster(cluster_spark, env, outputs_by_master):
@@ -59,5 +60,97 @@ def test_replayed_batch_gives_identical_update_records_on_the_cluster(cluster_sp
     )
 
 
-def test_restart_reads_only_the_snapshot_tail_on_the_cluster(cluster_spark, env):
-    restart_and_updates.test_restart_loses_no_event_and_reads_only_the_snapshot_tail(cluster_spark, env)
+def _latest(records: list[dict], *fields: str) -> dict[tuple, dict]:
+    """The latest update value per key (identified by the value's ``fields``), tombstones left out."""
+    latest: dict[tuple, dict] = {}
+    for rec in records:
+        if rec["value"] is not None:
+            latest[tuple(rec["value"][f] for f in fields)] = rec["value"]
+    return latest
+
+
+def test_a_worker_killed_mid_run_leaves_the_update_topics_as_a_failure_free_run(
+    cluster_spark, env, stack, spark_cluster_master, tmp_path
+):
+    import os
+    import signal
+
+    from connectors.local.process import PidRecord, is_alive
+
+    from .conftest import flight
+
+    for faa in ("EWR", "JFK", "LGA", "LAX"):
+        env.put_airport(faa)
+    n = 150
+    env.put_flights([flight(i, ("EWR", "JFK", "LGA")[i % 3], "LAX", delay=float(i % 17)) for i in range(1, n + 1)])
+
+    def config(suffix: str):
+        updates = [
+            {
+                "topic": f"{env.updates}{suffix}",
+                "kind": "projection",
+                "key": ["flight_id"],
+                "fields": ["flight_id", "origin", "dest_name", "dep_delay"],
+                "version": "offset",
+            },
+            {
+                "topic": f"{env.delays}{suffix}",
+                "kind": "aggregation",
+                "group_by": ["origin"],
+                "event_time": "time_hour",
+                "window": "1 day",
+                "watermark": "1 day",
+                "aggregations": {"flights": "count", "mean_delay": "mean(dep_delay)"},
+            },
+        ]
+        events = {
+            "topic": env.events,
+            "value_schema": "flight.avsc",
+            "starting_offsets": "earliest",
+            "max_offsets_per_trigger": 25,
+        }
+        return env.config(
+            updates=updates,
+            events=events,
+            enriched_topic=f"{env.enriched}{suffix}",
+            checkpoint_location=str(tmp_path / f"checkpoint{suffix}"),
+        )
+
+    # the failure-free run
+    reference = env.start(cluster_spark, config(".ref"), available_now=True)
+    assert reference.await_termination(300)
+    reference.stop()
+    want_projection = _latest(env.consume(f"{env.updates}.ref", lambda rs: len(rs) >= n, timeout_s=60), "flight_id")
+    want_aggregates = _latest(
+        env.consume(
+            f"{env.delays}.ref",
+            lambda rs: sum(v["flights"] for v in _latest(rs, "origin", "window_start").values()) == n,
+            timeout_s=120,
+        ),
+        "origin",
+        "window_start",
+    )
+    assert len(want_projection) == n and sum(v["flights"] for v in want_aggregates.values()) == n
+
+    # the same input, and worker 2's JVM killed (-9) once the first micro-batches are written
+    job = env.start(cluster_spark, config(""))
+    before = env.consume(env.updates, lambda rs: len(rs) >= 25, timeout_s=120)
+    worker = PidRecord.load(stack.layout.pid_file("spark-worker-2"))
+    assert worker is not None and is_alive(worker.pid)
+    os.kill(worker.pid, signal.SIGKILL)
+    assert len(_latest(before, "flight_id")) < n  # killed mid-run
+    try:
+        got_projection = _latest(
+            env.consume(env.updates, lambda rs: len(_latest(rs, "flight_id")) >= n, timeout_s=300), "flight_id"
+        )
+        got_aggregates = _latest(
+            env.consume(env.delays, lambda rs: _latest(rs, "origin", "window_start") == want_aggregates, timeout_s=300),
+            "origin",
+            "window_start",
+        )
+        assert all(q.isActive for q in job.queries)  # the job went on, on the remaining executor
+    finally:
+        job.stop()
+        stack.up(["spark"])  # worker 2 back for whatever runs next
+    assert got_projection == want_projection
+    assert got_aggregates == want_aggregates
