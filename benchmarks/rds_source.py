@@ -19,15 +19,19 @@ registration, producer) to the last acknowledgement.
 * **rds_source**: ``RdsSource`` in ``bulk`` mode run by the worker until caught
   up (``--once``): keyset pages of ``batch_records`` rows, positions tracked per
   batch and written to the offsets topic, metrics; reconciliation off (the
-  baseline has none).
+  baseline has none). Pages are read as Arrow (ADBC) and encoded column-wise
+  (:mod:`connectors.runtime.columnar`), queued with ``produce_batch``.
+* **rds_source_per_record**: the same source with column-wise batches off, one
+  dict and one fastavro call per record: what ``rds_source`` did before issue #12,
+  measured in the same run for a before/after side by side.
 
 * **rds_source_N_tasks** (``--tasks N``): the same source with ``tasks: N``, each
   task in its own process (what N workers of a ``--group`` do), timed from the
   start of the tasks to the last acknowledgement.
 
 The sides alternate (baseline first) ``--rounds`` times; the best round of each
-counts. Prints a table and, last, one JSON line with both rates and their ratio.
-Target (issue #4): ratio >= 0.8 and >= 100k rows/s.
+counts. Prints a table and, last, one JSON line with the rates and ratios.
+Target (issue #12): ``rds_source`` >= 100k rows/s and >= 0.8x the baseline.
 """
 
 from __future__ import annotations
@@ -71,14 +75,19 @@ def ensure_table(admin_url: str, rows: int) -> tuple[RdsConnection, str]:
         exists = c.execute(text("SELECT to_regclass(:t) IS NOT NULL"), {"t": table}).scalar_one()
         if not exists:
             t0 = time.perf_counter()
-            c.execute(text(
-                f"CREATE TABLE {table} (id bigint PRIMARY KEY, name text NOT NULL, amount numeric(12,2) NOT NULL, "
-                "qty integer, flag boolean NOT NULL, updated_at timestamptz NOT NULL)"
-            ))
-            c.execute(text(
-                f"INSERT INTO {table} SELECT g, 'customer-' || g, (g % 100000) / 100.0, g % 1000, g % 2 = 0, "
-                "timestamptz '2024-01-01' + g * interval '1 second' FROM generate_series(1, :n) g"
-            ), {"n": rows})
+            c.execute(
+                text(
+                    f"CREATE TABLE {table} (id bigint PRIMARY KEY, name text NOT NULL, amount numeric(12,2) NOT NULL, "
+                    "qty integer, flag boolean NOT NULL, updated_at timestamptz NOT NULL)"
+                )
+            )
+            c.execute(
+                text(
+                    f"INSERT INTO {table} SELECT g, 'customer-' || g, (g % 100000) / 100.0, g % 1000, g % 2 = 0, "
+                    "timestamptz '2024-01-01' + g * interval '1 second' FROM generate_series(1, :n) g"
+                ),
+                {"n": rows},
+            )
             c.execute(text(f"ANALYZE {table}"))
             print(f"created {table} ({rows:,} rows) in {time.perf_counter() - t0:.1f} s")
     engine.dispose()
@@ -87,7 +96,9 @@ def ensure_table(admin_url: str, rows: int) -> tuple[RdsConnection, str]:
 
 KEY_SCHEMA = {"type": "record", "name": "bench_key", "fields": [{"name": "id", "type": "long"}]}
 VALUE_SCHEMA = {
-    "type": "record", "name": "bench", "fields": [
+    "type": "record",
+    "name": "bench",
+    "fields": [
         {"name": "id", "type": "long"},
         {"name": "name", "type": "string"},
         {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
@@ -116,8 +127,9 @@ def run_baseline(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int)
             errors.append(err)
 
     url = conn.sqlalchemy_url()
-    with psycopg.connect(host=url.host, port=url.port, user=url.username, password=url.password,
-                         dbname=url.database) as pgc:
+    with psycopg.connect(
+        host=url.host, port=url.port, user=url.username, password=url.password, dbname=url.database
+    ) as pgc:
         with pgc.cursor(name="bench") as cur:
             cur.itersize = PAGE
             cur.execute(f"SELECT id, name, amount, qty, flag, updated_at FROM {table}")  # noqa: S608 - fixed name
@@ -148,14 +160,26 @@ def run_baseline(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int)
     return elapsed
 
 
-def _pipeline_doc(conn: RdsConnection, table: str, kafka: KafkaConfig, name: str, topic: str,
-                  tasks: int) -> dict[str, Any]:
+def _pipeline_doc(
+    conn: RdsConnection, table: str, kafka: KafkaConfig, name: str, topic: str, tasks: int
+) -> dict[str, Any]:
     return {
         "kafka": kafka.model_dump(mode="json", exclude_none=True),
         "connections": {"pg": {"type": "rds", "url": conn.url, "password": conn.password.get_secret_value()}},
-        "sources": [{"name": name, "type": "rds_source", "connection": "pg", "topic": topic, "table": table,
-                     "mode": "bulk", "batch_records": PAGE, "reconcile_interval_s": None, "tasks": tasks,
-                     "topic_spec": {"partitions": max(1, tasks)}}],
+        "sources": [
+            {
+                "name": name,
+                "type": "rds_source",
+                "connection": "pg",
+                "topic": topic,
+                "table": table,
+                "mode": "bulk",
+                "batch_records": PAGE,
+                "reconcile_interval_s": None,
+                "tasks": tasks,
+                "topic_spec": {"partitions": max(1, tasks)},
+            }
+        ],
     }
 
 
@@ -191,6 +215,18 @@ def run_rds_source_tasks(conn: RdsConnection, table: str, kafka: KafkaConfig, ro
     return elapsed
 
 
+def run_rds_source_per_record(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int) -> float:
+    """``rds_source`` with column-wise batches off (one dict and one fastavro call per record), for comparison."""
+    from connectors.rds.source import RdsSource
+
+    columnar = RdsSource._columnar_schema
+    RdsSource._columnar_schema = lambda self: None  # type: ignore[method-assign]
+    try:
+        return run_rds_source(conn, table, kafka, rows)
+    finally:
+        RdsSource._columnar_schema = columnar  # type: ignore[method-assign]
+
+
 def run_rds_source(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int) -> float:
     name = f"bench-{uuid.uuid4().hex[:8]}"
     topic = f"bench.rds_source.{name}"
@@ -212,20 +248,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--tasks", type=int, default=1,
-                        help="also run the source split into this many tasks, one worker process each")
+    parser.add_argument(
+        "--tasks", type=int, default=1, help="also run the source split into this many tasks, one worker process each"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     endpoints = Endpoints.from_env()
     kafka = KafkaConfig(bootstrap_servers=endpoints.kafka_bootstrap)
     conn, table = ensure_table(endpoints.postgres_url, args.rows)
 
-    results: dict[str, list[float]] = {"baseline": [], "rds_source": []}
+    results: dict[str, list[float]] = {"baseline": [], "rds_source_per_record": [], "rds_source": []}
     tasks_side = f"rds_source_{args.tasks}_tasks"
     if args.tasks > 1:
         results[tasks_side] = []
     for _ in range(args.rounds):
         results["baseline"].append(run_baseline(conn, table, kafka, args.rows))
+        results["rds_source_per_record"].append(run_rds_source_per_record(conn, table, kafka, args.rows))
         results["rds_source"].append(run_rds_source(conn, table, kafka, args.rows))
         if args.tasks > 1:
             results[tasks_side].append(run_rds_source_tasks(conn, table, kafka, args.rows, args.tasks))
@@ -241,18 +279,36 @@ def main() -> None:
     for side in results:
         out.add_row(side, f"{best[side]:.2f}", f"{rate[side]:,.0f}", ", ".join(f"{s:.2f}" for s in results[side]))
     Console().print(out)
-    print(f"ratio rds_source/baseline = {ratio:.3f} (target >= 0.8); rds_source {rate['rds_source']:,.0f} rows/s "
-          "(target >= 100,000)")
+    print(
+        f"ratio rds_source/baseline = {ratio:.3f} (target >= 0.8); rds_source {rate['rds_source']:,.0f} rows/s "
+        "(target >= 100,000)"
+    )
+    print(
+        f"rds_source {rate['rds_source'] / rate['rds_source_per_record']:.2f} x the per-record path "
+        f"({rate['rds_source_per_record']:,.0f} rows/s) in the same run"
+    )
     summary = {
-        "benchmark": "rds_source", "rows": args.rows, "rounds": args.rounds,
-        "baseline_rows_per_s": round(rate["baseline"]), "rds_source_rows_per_s": round(rate["rds_source"]),
+        "benchmark": "rds_source",
+        "rows": args.rows,
+        "rounds": args.rounds,
+        "baseline_rows_per_s": round(rate["baseline"]),
+        "rds_source_rows_per_s": round(rate["rds_source"]),
         "ratio": round(ratio, 3),
+        "rds_source_per_record_rows_per_s": round(rate["rds_source_per_record"]),
+        "speedup_vs_per_record": round(rate["rds_source"] / rate["rds_source_per_record"], 2),
     }
     if args.tasks > 1:
-        summary.update({"tasks": args.tasks, "rds_source_tasks_rows_per_s": round(rate[tasks_side]),
-                        "tasks_ratio": round(rate[tasks_side] / rate["baseline"], 3)})
-        print(f"{args.tasks} tasks in {args.tasks} processes: {rate[tasks_side]:,.0f} rows/s, "
-              f"{rate[tasks_side] / rate['baseline']:.2f} x the one-loop baseline")
+        summary.update(
+            {
+                "tasks": args.tasks,
+                "rds_source_tasks_rows_per_s": round(rate[tasks_side]),
+                "tasks_ratio": round(rate[tasks_side] / rate["baseline"], 3),
+            }
+        )
+        print(
+            f"{args.tasks} tasks in {args.tasks} processes: {rate[tasks_side]:,.0f} rows/s, "
+            f"{rate[tasks_side] / rate['baseline']:.2f} x the one-loop baseline"
+        )
     print(json.dumps(summary))
 
 
