@@ -124,3 +124,45 @@ def test_the_column_wise_path_through_kafka(
     assert state[(2,)]["uid"] == uuid.UUID("c81e728d-9d4c-2f63-6f06-7f89cc14862c")
     assert state[(2,)]["t"] == dt.time(0, 0, 34, 1)
     assert state[(2,)]["local_at"] == dt.datetime(2013, 3, 10, 2, 1, 59, 500000)
+
+
+def test_a_record_the_producer_refuses_stops_the_task_before_its_batch_s_position(
+    pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
+    """A column-wise batch is queued in one produce_batch call; a refused record fails the task, no position past it."""
+    import threading
+
+    from connectors.runtime.offsets import OffsetStore
+    from connectors.runtime.standalone import SourceWorker, task_specs
+
+    table = f"refused_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id bigint PRIMARY KEY, v text NOT NULL)"))
+        c.execute(
+            text(
+                f"INSERT INTO {table} SELECT g, CASE WHEN g = 1500 THEN repeat('x', 20000) ELSE 'v' || g END "
+                "FROM generate_series(1, 3000) g"
+            )
+        )
+    offsets_topic = f"_offsets.{unique}"
+    pipeline = source_pipeline(
+        kafka,
+        pg,
+        name=f"ref-{unique}",
+        topic=f"state.{unique}",
+        table=table,
+        mode="bulk",
+        batch_records=1_000,
+        reconcile_interval_s=None,
+    )
+    worker = SourceWorker(pipeline, offsets_topic=offsets_topic, producer_overrides={"message_max_bytes": 10_000})
+    (spec,) = task_specs(pipeline.sources)
+    worker.start(spec, once=True)
+    worker.wait(threading.Event())
+    (stats,) = worker.stats().values()
+    assert stats.state == "failed"
+    assert "refused by the producer" in (stats.error or "") and "too large" in (stats.error or "").lower()
+    stored = OffsetStore(kafka_conf, offsets_topic).load(f"ref-{unique}")
+    assert stored == {"mode": "bulk", "after": [1000]}  # the first page, acknowledged; never the refused one's
+    ids = {k[0] for k in topic_state(kafka_conf, f"state.{unique}")}
+    assert set(range(1, 1001)) <= ids and 1500 not in ids and not ids & set(range(2001, 3001))
