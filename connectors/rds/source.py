@@ -12,6 +12,16 @@ scan, and each page is its own short transaction.
 are not skipped (details there). Rows with equal timestamps are ordered by the
 key (or ``incrementing_column``), so a page boundary inside a tie loses nothing.
 
+**Column-wise pages** (PostgreSQL): a page is handed to the worker as one
+Arrow table, encoded column-wise (:mod:`connectors.runtime.columnar`) instead of
+one dict and one fastavro call per row. With ADBC's PostgreSQL driver installed
+and no column needing a Python converter (``jsonb``, ``uuid``), pages are read
+straight into Arrow (``COPY`` binary, the next page read in a background thread
+while the worker produces this one); otherwise psycopg's rows are turned into
+columns. Cursor values must then bind as plain parameters (integers, text,
+dates, date-times). A page whose values do not fit the schema's Arrow types
+goes record by record, so errors name the column as before.
+
 ``incrementing`` mode has no time to bound: an id taken by a transaction that
 commits after a larger id was read is behind the cursor. Reconciliation (below)
 re-emits such rows, so they arrive late (within ``reconcile_interval_s``) but
@@ -89,7 +99,8 @@ class RdsSource(SourceTask):
 
     Backpressure: the worker blocks the read loop while the producer's local
     queue is full (``BufferError`` waited out); the database is read one page
-    (``batch_records`` rows) at a time, so a slow broker slows the reads.
+    (``batch_records`` rows) at a time, at most two pages ahead when reading
+    through ADBC, so a slow broker slows the reads.
 
     Example::
 
@@ -273,9 +284,10 @@ class RdsSource(SourceTask):
     def _columnar_schema(self) -> Any:
         """The Arrow schema of column-wise batches, or ``None`` to yield one dict per row.
 
-        Column-wise on PostgreSQL (psycopg returns the exact Python types, see
-        :func:`~connectors.rds.reading.stream_rows`) when the columnar encoder writes
-        every field; other dialects and other types keep the per-record path.
+        Column-wise on PostgreSQL (ADBC's Arrow types, or psycopg's exact Python
+        types, see :func:`~connectors.rds.reading.stream_rows`) when the columnar
+        encoder writes every field; other dialects and other types keep the
+        per-record path.
         """
         if self.dialect != "postgresql":
             return None

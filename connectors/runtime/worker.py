@@ -9,6 +9,11 @@ on another. The runner owns everything a connector author must not touch
 * the Avro serializers, with writer schemas registered in the schema store;
 * the produce loop: a full local queue (``BufferError``) is waited out by
   serving delivery reports, never dropped;
+* column-wise batches (``SourceBatch.columns``): keys and values encoded for
+  the whole batch at once (:class:`~connectors.runtime.columnar.ColumnarEncoder`)
+  and queued with one ``produce_batch`` call once the local queue has room for
+  the batch; every record keeps its delivery report, so positions still move
+  only after the broker acknowledged them;
 * positions: a batch's position is written to the offsets topic only once it
   and every batch before it are acknowledged (:class:`PositionTracker`), at
   most every ``offset_flush_interval_s`` and on stop;
