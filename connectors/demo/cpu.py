@@ -319,19 +319,30 @@ class CpuMeter:
         return cpu_between(self._start, read_proc(self.proc), self.roots, self.hz)
 
 
-def stack_pids(home: Path | None = None) -> dict[str, int]:
-    """The local stack's server processes as the stack recorded them (``.threes/run/<service>.json``).
+def stack_pids(home: Path | None = None, skip: tuple[str, ...] = ("mysql",)) -> dict[str, int]:
+    """The local stack's server processes, from the PID records it keeps (``.threes/run/<service>.json``).
 
-    Services reached through ``THREES_*`` variables (not ours) and MariaDB (not
-    part of the demo's pipeline) are left out.
+    Read from the records, not from ``threes local status``: the tests point
+    ``THREES_*`` variables at the stack they started, which ``status`` then
+    reports as external services without a pid. A record whose process is gone
+    or is not ours (its command line lacks the record's marker) is left out, as
+    are services reached elsewhere (they have no record) and ``skip`` (MariaDB
+    is no part of the demo's pipeline).
 
     Args:
         home: the stack's folder (``THREES_HOME`` or ``.threes`` when ``None``).
+        skip: service names not to measure.
+
+    Returns:
+        service name (the record's file name: ``kafka``, ``postgres``, ``spark-master``...) -> pid.
     """
     from connectors.local import LocalStack
+    from connectors.local.process import PidRecord, owns
 
+    run = LocalStack(home).layout.run
     out: dict[str, int] = {}
-    for status in LocalStack(home).status():
-        if status.name != "mysql" and status.pid is not None and not status.external:
-            out[status.name] = status.pid
+    for path in sorted(run.glob("*.json")) if run.is_dir() else []:
+        record = PidRecord.load(path)
+        if path.stem not in skip and record is not None and owns(record.pid, record.marker):
+            out[path.stem] = record.pid
     return out

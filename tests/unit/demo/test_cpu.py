@@ -188,3 +188,26 @@ def test_summary_table_shows_cpu_per_component_and_per_flight() -> None:
     text = console.export_text()
     assert "stream job (driver, Spark JVM, Python workers)" in text and "java 110.0" in text
     assert "836 µs per flight" in text and "281.5" in text and "not running" in text
+
+
+def test_stack_pids_reads_the_stack_s_records_of_live_processes_only(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from connectors.demo.cpu import stack_pids
+    from connectors.local.process import PidRecord
+
+    marker = f"{tmp_path}/kafka/"
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    try:
+        run = tmp_path / "run"
+        run.mkdir()
+        PidRecord(server.pid, datetime.now(UTC), marker).save(run / "kafka.json")
+        PidRecord(server.pid, datetime.now(UTC), marker).save(run / "mysql.json")  # not the demo's
+        PidRecord(server.pid, datetime.now(UTC), "not-in-its-command-line").save(run / "postgres.json")
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        PidRecord(dead.pid, datetime.now(UTC), "x").save(run / "s3.json")
+        assert stack_pids(tmp_path) == {"kafka": server.pid}
+    finally:
+        server.kill()
+        server.wait()
