@@ -126,7 +126,10 @@ class SparkMaster(_SparkDaemon):
         return ["--host", HOST, "--port", str(MASTER_PORT), "--webui-port", str(MASTER_UI_PORT)]
 
     def probe(self, endpoints: Endpoints) -> None:
-        """Raise unless the master's web UI says ALIVE."""
+        """Raise unless the master's web UI says ALIVE (another master: unless its port answers)."""
+        if endpoints.spark_master != MASTER_URL:
+            external_master_probe(endpoints.spark_master)
+            return
         state = _master_state()
         if state.get("status") != "ALIVE":
             raise LocalStackError(f"Spark master status {state.get('status')!r}")
@@ -190,7 +193,10 @@ class SparkWorker(_SparkDaemon):
         return f"{HOST}:{self.port} ({endpoints.spark_master})"
 
     def probe(self, endpoints: Endpoints) -> None:
-        """Raise unless the master lists this worker as ALIVE."""
+        """Raise unless the master lists this worker as ALIVE (another master: unless its port answers)."""
+        if endpoints.spark_master != MASTER_URL:
+            external_master_probe(endpoints.spark_master)
+            return
         for worker in _master_state().get("workers", []):
             if worker.get("port") == self.port and worker.get("state") == "ALIVE":
                 return
