@@ -233,6 +233,7 @@ class ColumnarDecoder:
     def __init__(self, resolver: Any):
         self.resolver = resolver
         self._plans: dict[bytes, tuple[bytes, Any] | None] = {}
+        self._wrapped: dict[bytes, tuple[bytes, Any] | None] = {}
         self._lock = threading.Lock()
 
     def supports(self, fingerprint: bytes) -> bool:
@@ -259,6 +260,45 @@ class ColumnarDecoder:
             log.info("writer schema %s decoded per record (%s)", fingerprint.hex(), exc)
         with self._lock:
             self._plans[fingerprint] = plan
+        return plan
+
+    def decode_objects(self, fingerprint: bytes, bodies: Sequence[bytes | memoryview]) -> list[Any] | None:
+        """Decode bodies of any writer schema (a key: ``long``, ``string``, a record) into Python objects.
+
+        The schema is wrapped in a one-field record, read in columns, and converted
+        with ``to_pylist`` in one call: the same objects fastavro gives (a record as
+        a dict, a decimal as ``Decimal``, a timestamp as an aware ``datetime``).
+
+        Returns:
+            One object per body, in order; ``None`` when this schema is not read in
+            columns (it has a ``uuid``, which fastavro gives as ``uuid.UUID``, or a type
+            polars cannot read): decode per record then.
+
+        Raises:
+            ColumnarDecodeError: the block did not decode (decode per record to find the bad body).
+        """
+        plan = self._wrapped_plan(fingerprint)
+        if plan is None:
+            return None
+        return self._read(fingerprint, plan, bodies).column(0).to_pylist()
+
+    def _wrapped_plan(self, fingerprint: bytes) -> tuple[bytes, Any] | None:
+        if fingerprint in self._wrapped:
+            return self._wrapped[fingerprint]
+        parsed = self.resolver.get(fingerprint)
+        plan = None
+        try:
+            from schemas.arrow import has_uuid
+
+            schema = json.loads(self.resolver.get_json(fingerprint))
+            if has_uuid(schema):
+                raise ValueError("a uuid logical type (fastavro decodes it as uuid.UUID)")
+            wrapper = {"type": "record", "name": "threes_columnar_wrapper", "fields": [{"name": "v", "type": schema}]}
+            plan = self._make_plan(wrapper, {"type": "record", "name": "w", "fields": [{"name": "v", "type": parsed}]})
+        except Exception as exc:  # noqa: BLE001 - any reason means "per record"
+            log.info("writer schema %s (keys) decoded per record (%s)", fingerprint.hex(), exc)
+        with self._lock:
+            self._wrapped[fingerprint] = plan
         return plan
 
     @staticmethod
@@ -299,12 +339,17 @@ class ColumnarDecoder:
             ColumnarDecodeError: the block did not decode, or its rows are misaligned (a bad body);
                 decode the bodies one by one to find it.
         """
-        import polars as pl
-        import pyarrow as pa
-
         plan = self._plan(fingerprint)
         if plan is None:
             raise ColumnarDecodeError(f"writer schema {fingerprint.hex()} is not decoded columnar")
+        return self._read(fingerprint, plan, bodies)
+
+    @staticmethod
+    def _read(fingerprint: bytes, plan: tuple[bytes, Any], bodies: Sequence[bytes | memoryview]) -> Any:
+        """One container block of ``bodies`` read by polars, checked, conformed to the plan's Arrow schema."""
+        import polars as pl
+        import pyarrow as pa
+
         header, schema = plan
         if not bodies:
             return schema.empty_table()

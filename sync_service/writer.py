@@ -17,11 +17,11 @@ from connectors.config.models import RetryPolicy
 from connectors.dlq import DeadLetter
 from connectors.exceptions import FatalError, RetriableError, SinkBackpressureError, SkippableRecordError
 from connectors.runtime.sink import Sink, SinkBatch, SinkRecord
-from connectors.updates import version_of
+from connectors.updates import _INT64, VERSION_HEADER, version_of
 from schemas.columnar import ColumnarDecodeError, ColumnarDecoder
 from schemas.exceptions import SerdeError
-from schemas.serde import split
-from sync_service.batching import Job, message_size
+from schemas.serde import HEADER_BYTES, MARKER, split
+from sync_service.batching import RECORD_OVERHEAD_BYTES, Job, message_size
 from sync_service.metrics import SyncMetrics
 
 log = logging.getLogger(__name__)
@@ -117,12 +117,7 @@ class BatchWriter:
         """
         batch = SinkBatch(job.topic, job.partition, job.first_offset, job.last_offset)
         by_schema: dict[bytes, list[SinkRecord]] = {}
-        for msg in job.raw:
-            try:
-                record = self._decode_head(msg)
-            except SkippableRecordError as exc:
-                self._skip(job, msg, exc)
-                continue
+        for record in self._decode_heads(job):
             batch.records.append(record)
             if record.body is not None:
                 by_schema.setdefault(record.value_fingerprint, []).append(record)
@@ -188,6 +183,75 @@ class BatchWriter:
                 )
                 bad.append(record)
         return bad
+
+    def _decode_heads(self, job: Job) -> list[SinkRecord]:
+        """The records of a job with keys, versions and value fingerprints decoded; values stay Avro bodies.
+
+        The common case costs a few attribute reads per message: keys are decoded in
+        columns per key writer schema (:meth:`ColumnarDecoder.decode_objects`), writer
+        schemas are resolved once per batch. A message off that path (no key, no or a
+        bad ``version`` header, no single-object header, an unknown schema, a key
+        block that does not decode) goes through :meth:`_decode_head`, which names the
+        problem, and to the dead letter topic.
+        """
+        resolver = self.deserializer.resolver
+        schemas: dict[bytes, Any] = {}
+        records: list[SinkRecord] = []
+        slow: list[Any] = []  # messages for _decode_head, with their place in records
+        keys: dict[bytes, list[tuple[int, Any]]] = {}  # key fingerprint -> (index in records, body)
+        for msg in job.raw:
+            key, value, headers = msg.key(), msg.value(), msg.headers()
+            version = None
+            size = RECORD_OVERHEAD_BYTES + len(key or b"") + len(value or b"")
+            for name, hvalue in headers or ():
+                size += len(name) + len(hvalue or b"")
+                if version is None and name == VERSION_HEADER and hvalue is not None and len(hvalue) == 8:
+                    version = _INT64.unpack(hvalue)[0]
+            if (
+                version is None
+                or key is None
+                or len(key) < HEADER_BYTES
+                or key[:2] != MARKER
+                or (value is not None and (len(value) < HEADER_BYTES or value[:2] != MARKER))
+            ):
+                slow.append((len(records), msg))
+                records.append(None)  # type: ignore[arg-type]  # filled below
+                continue
+            fp = body = schema = None
+            if value is not None:
+                fp = value[2:HEADER_BYTES]
+                schema = schemas.get(fp)
+                if schema is None:
+                    try:
+                        schema = schemas[fp] = resolver.get(fp)
+                    except SkippableRecordError:
+                        slow.append((len(records), msg))
+                        records.append(None)  # type: ignore[arg-type]
+                        continue
+                body = memoryview(value)[HEADER_BYTES:]
+            keys.setdefault(key[2:HEADER_BYTES], []).append((len(records), memoryview(key)[HEADER_BYTES:]))
+            records.append(SinkRecord(msg.topic(), msg.partition(), msg.offset(), None, None, version,
+                                      msg.timestamp()[1], size, schema, fp, body=body))
+        for key_fp, entries in keys.items():
+            decoded = None
+            try:
+                decoded = self.columnar.decode_objects(key_fp, [body for _i, body in entries])
+            except (ColumnarDecodeError, SkippableRecordError):
+                decoded = None
+            if decoded is None:  # per record: the exact fastavro path, and the errors it names
+                for i, _body in entries:
+                    slow.append((i, job.raw[i]))
+                continue
+            for (i, _body), value in zip(entries, decoded, strict=True):
+                records[i].key = value
+        failed: set[int] = set()
+        for i, msg in slow:
+            try:
+                records[i] = self._decode_head(msg)
+            except SkippableRecordError as exc:
+                self._skip(job, msg, exc)
+                failed.add(i)
+        return [r for i, r in enumerate(records) if i not in failed]
 
     def _decode_head(self, msg: Any) -> SinkRecord:
         """Decode a message's key, version header and value fingerprint; the value stays an Avro body.

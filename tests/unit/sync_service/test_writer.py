@@ -131,3 +131,22 @@ def test_values_are_decoded_in_columns_and_a_bad_body_in_the_block_is_dead_lette
     [letter] = producer.produced
     assert letter["headers"]["dlq.offset"] == b"3" and letter["headers"]["dlq.stage"] == b"decode"
     assert letter["headers"]["dlq.error.class"] == b"SerdeError"
+
+
+def test_record_keys_decoded_in_columns_equal_fastavro(store: InMemorySchemaStore) -> None:
+    from decimal import Decimal
+
+    key_schema = {"type": "record", "name": "K", "fields": [
+        {"name": "region", "type": "string"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}}]}
+    import datetime as dt
+
+    key_ser, value_ser = AvroSerializer(key_schema, store), AvroSerializer(SCHEMA, store)
+    keys = [{"region": f"r{i}", "amount": Decimal(i) / 4, "day": dt.date(2024, 1, 1 + i)} for i in range(5)]
+    raw = [FakeMessage(i, key_ser(k), value_ser({"a": i}), headers=[("version", encode_version(1))])
+           for i, k in enumerate(keys)]
+    w = writer(store, ScriptedSink(), FakeProducer())
+    assert w.columnar.decode_objects(raw[0].key()[2:10], [raw[0].key()[10:]]) == [keys[0]]  # the columnar path ran
+    batch = w.decode(job(raw))
+    assert [r.key for r in batch.records] == keys == [AvroDeserializer(store)(m.key()) for m in raw]
