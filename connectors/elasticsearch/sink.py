@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -56,10 +57,11 @@ class ElasticsearchSink(Sink):
     in one call per writer schema (:mod:`connectors.elasticsearch.documents`,
     byte-identical to the client's serializer); others per record.
 
-    Requests: the batch's newest update per key, in bulk requests of
-    ``chunk_records`` actions (the client's ``helpers.streaming_bulk``), sent
+    Requests: the batch's newest update per key, in NDJSON bulk bodies of at
+    most ``chunk_records`` actions and ``chunk_bytes`` bytes, built once (documents
+    already JSON from the columns) and sent with the client's ``bulk`` API
     concurrently up to the adaptive concurrency limit. Per-item results are read
-    even when the HTTP status is 200: 2xx, 409 and a 404 on delete are success;
+    when the answer says ``errors`` (even with HTTP 200): 2xx, 409 and a 404 on delete are success;
     items answered 429 are retried alone (``item_retries``, with backoff) and,
     if still refused, the whole batch is :class:`SinkBackpressureError`; 5xx
     items make the batch :class:`RetriableError`; any other refusal (a field the
@@ -92,7 +94,10 @@ class ElasticsearchSink(Sink):
         Raises:
             SetupError: the cluster does not answer.
         """
+        from elasticsearch import OrjsonSerializer
+
         self.client = clients.elasticsearch_client(self.connection)
+        self._serializer = OrjsonSerializer()  # the client's own (connectors/clients.py), for per-record documents
         self._pool = ThreadPoolExecutor(max_workers=self.config.max_concurrency, thread_name_prefix=f"es-{self.name}")
         self.check()
 
@@ -139,23 +144,24 @@ class ElasticsearchSink(Sink):
                 out.update(zip(map(id, group), docs, strict=True))
         return out
 
-    def _action(self, record: SinkRecord, source: bytes | None = None) -> dict[str, Any]:
+    def _lines(self, record: SinkRecord, source: bytes | None = None) -> bytes:
+        """The bulk body lines of one update: the action (index or delete, external version), and the document.
+
+        Raises:
+            ValueError: a negative version (Elasticsearch's external versions are 0..2^63-1).
+        """
+        import orjson
+
         if record.version < 0:
             raise ValueError(f"{record.where()}: version {record.version} is negative; Elasticsearch external "
                              "versions are 0..2^63-1")
-        action: dict[str, Any] = {
-            "_index": self.config.index,
-            "_id": doc_id(record.key),
-            "version": record.version,
-            "version_type": "external",
-        }
+        meta = {"_index": self.config.index, "_id": doc_id(record.key), "version": record.version,
+                "version_type": "external"}
         if record.is_delete:
-            action["_op_type"] = "delete"
-        else:
-            action["_op_type"] = "index"
-            # JSON already written in columns goes through the client as it is (bytes are not serialized again)
-            action["_source"] = source if source is not None else _json_safe(record.value)
-        return action
+            return orjson.dumps({"delete": meta}) + b"\n"
+        if source is None:  # per record: the client's own serializer, as a document of the client's API
+            source = self._serializer.dumps(_json_safe(record.value))
+        return orjson.dumps({"index": meta}) + b"\n" + source + b"\n"
 
     def write(self, batch: SinkBatch) -> list[RecordFailure]:
         """Send the batch's newest update per key in concurrent bulk requests.
@@ -167,17 +173,23 @@ class ElasticsearchSink(Sink):
         """
         assert self._pool is not None, "open() first"
         failures: list[RecordFailure] = []
-        actions: list[tuple[SinkRecord, dict[str, Any]]] = []
         records = latest_per_key(batch.records)
         sources = self._sources(batch, records) if batch.tables else {}
+        chunks: list[list[tuple[SinkRecord, bytes]]] = [[]]
+        size = 0
         for record in records:
             try:
-                actions.append((record, self._action(record, sources.get(id(record)))))
+                lines = self._lines(record, sources.get(id(record)))
             except ValueError as exc:
                 failures.append(RecordFailure(record, exc))
-        n = self.config.chunk_records
-        chunks = [actions[i:i + n] for i in range(0, len(actions), n)]
-        futures = [self._pool.submit(self._send, chunk) for chunk in chunks]
+                continue
+            full = len(chunks[-1]) >= self.config.chunk_records or size + len(lines) > self.config.chunk_bytes
+            if chunks[-1] and full:
+                chunks.append([])
+                size = 0
+            chunks[-1].append((record, lines))
+            size += len(lines)
+        futures = [self._pool.submit(self._send, chunk) for chunk in chunks if chunk]
         errors: list[BaseException] = []
         for future in futures:
             try:
@@ -193,27 +205,15 @@ class ElasticsearchSink(Sink):
             raise errors[0]
         return failures
 
-    def _send(self, chunk: list[tuple[SinkRecord, dict[str, Any]]]) -> list[RecordFailure]:
-        """One bulk request (plus its 429 item retries); returns the refused records."""
-        from elasticsearch import ApiError, TransportError, helpers
+    def _bulk(self, chunk: list[tuple[SinkRecord, bytes]]) -> Any:
+        """One ``_bulk`` request of ready NDJSON lines; the answer keeps only what is read (``filter_path``)."""
+        from elasticsearch import ApiError, TransportError
 
-        by_id = {action["_id"]: record for record, action in chunk}
-        failures: list[RecordFailure] = []
-        throttled = retry_items = 0
         try:
             with self.limiter.slot(len(chunk)):
-                results = list(
-                    helpers.streaming_bulk(
-                        self.client,
-                        [action for _r, action in chunk],
-                        chunk_size=len(chunk),
-                        max_chunk_bytes=self.config.chunk_bytes,
-                        raise_on_error=False,
-                        max_retries=self.config.item_retries,
-                        initial_backoff=0.5,
-                        max_backoff=10.0,
-                        retry_on_status=(429,),
-                    )
+                return self.client.bulk(
+                    operations=b"".join(lines for _r, lines in chunk),
+                    filter_path="errors,items.*.status,items.*.error,items.*._id",
                 )
         except ApiError as exc:
             if exc.meta.status == 429:
@@ -225,30 +225,48 @@ class ElasticsearchSink(Sink):
                              f"{exc}") from exc
         except TransportError as exc:
             raise RetriableError(f"sink {self.name!r}: Elasticsearch unreachable: {exc}") from exc
-        for ok, item in results:
-            if ok:
-                continue
-            op, info = next(iter(item.items()))
-            status = int(info.get("status", 0))
-            if status == 409 or (status == 404 and op == "delete"):
-                continue  # a newer version is already there / nothing to delete: the update is applied
-            if status == 429:
-                throttled += 1
-            elif status >= 500:
-                retry_items += 1
-            else:
-                record = by_id.get(str(info.get("_id")))
-                error = info.get("error") or {}
-                reason = error.get("reason") if isinstance(error, dict) else str(error)
-                etype = error.get("type") if isinstance(error, dict) else "error"
-                where = record.where() if record else info.get("_id")
-                exc = ElasticsearchItemError(f"{where}: index {self.config.index!r} refused _id "
-                                             f"{info.get('_id')!r} ({status} {etype}): {reason}")
-                if record is not None:
+
+    def _send(self, chunk: list[tuple[SinkRecord, bytes]]) -> list[RecordFailure]:
+        """One bulk request, then its items answered 429 again (``item_retries``, backoff 0.5 s doubling to 10 s).
+
+        The per-item results are read only when the answer says ``errors`` (the
+        common case reads nothing per item): 2xx, 409 (a newer version is there)
+        and 404 on delete are applied; 429 items are sent again; 5xx items make the
+        batch retriable; any other refusal is the record's dead letter.
+
+        Returns:
+            The refused records.
+        """
+        failures: list[RecordFailure] = []
+        pending = chunk
+        for attempt in range(self.config.item_retries + 1):
+            if attempt:
+                time.sleep(min(10.0, 0.5 * 2 ** (attempt - 1)))
+            answer = self._bulk(pending)
+            if not answer.get("errors"):
+                return failures
+            throttled: list[tuple[SinkRecord, bytes]] = []
+            retry_items = 0
+            for (record, lines), item in zip(pending, answer["items"], strict=True):
+                op, info = next(iter(item.items()))
+                status = int(info.get("status", 0))
+                if status < 300 or status == 409 or (status == 404 and op == "delete"):
+                    continue  # applied / a newer version is already there / nothing to delete
+                if status == 429:
+                    throttled.append((record, lines))
+                elif status >= 500:
+                    retry_items += 1
+                else:
+                    error = info.get("error") or {}
+                    reason = error.get("reason") if isinstance(error, dict) else str(error)
+                    etype = error.get("type") if isinstance(error, dict) else "error"
+                    exc = ElasticsearchItemError(f"{record.where()}: index {self.config.index!r} refused _id "
+                                                 f"{info.get('_id')!r} ({status} {etype}): {reason}")
                     failures.append(RecordFailure(record, exc))
-        if throttled:
-            self.limiter.backpressure()
-            raise SinkBackpressureError(2.0, f"sink {self.name!r}: {throttled} item(s) still answered 429")
-        if retry_items:
-            raise RetriableError(f"sink {self.name!r}: {retry_items} item(s) failed with 5xx")
-        return failures
+            if retry_items:
+                raise RetriableError(f"sink {self.name!r}: {retry_items} item(s) failed with 5xx")
+            if not throttled:
+                return failures
+            pending = throttled
+        self.limiter.backpressure()
+        raise SinkBackpressureError(2.0, f"sink {self.name!r}: {len(pending)} item(s) still answered 429")
