@@ -8,7 +8,7 @@ converting in columns the types whose JSON the two would spell differently:
 =================================  =====================================================
 Arrow (from :mod:`schemas.arrow`)  JSON, as the client writes the Python value
 =================================  =====================================================
-``decimal128``                     number (the client's ``default`` gives ``float``)
+``decimal128``                     number (the client's ``default`` gives ``float``), or text
 ``float32``                        number of the float64 it widens to (Python has no f32)
 binary / fixed                     base64 text (``_json_safe`` of the sink)
 ``timestamp`` without time zone    ``YYYY-MM-DDTHH:MM:SS[.ffffff]`` (``isoformat``)
@@ -53,11 +53,14 @@ def _nested_needs_conversion(typ: Any) -> bool:
     return pa.types.is_map(typ)
 
 
-def documents(table: Any) -> list[bytes] | None:
+def documents(table: Any, decimals: str = "number") -> list[bytes] | None:
     """One JSON document per row of ``table``, equal to what the client writes for ``row`` dicts.
 
     Args:
         table: a ``pyarrow.Table`` typed by :mod:`schemas.arrow` (the sync service's columnar values).
+        decimals: ``"number"`` (elasticsearch-py's ``default``: ``float``) or ``"text"``
+            (``str(Decimal)``, what the S3 sink's JSON Lines write; Arrow's decimal to string
+            follows the same to-scientific-string rule).
 
     Returns:
         ``table.num_rows`` JSON texts (UTF-8, no newline), in row order; ``None`` when a
@@ -69,6 +72,12 @@ def documents(table: Any) -> list[bytes] | None:
         return None
     if table.num_rows == 0:
         return []
+    if decimals == "text":
+        import pyarrow as pa
+
+        for i, field in enumerate(table.schema):
+            if pa.types.is_decimal(field.type):
+                table = table.set_column(i, field.name, table.column(i).cast(pa.string()))
     frame = pl.from_arrow(table, rechunk=False)
     conversions = []
     for field in table.schema:

@@ -65,8 +65,15 @@ def envelope(record: SinkRecord) -> dict[str, Any]:
     }
 
 
-def encode_jsonl(records: Iterable[SinkRecord]) -> bytes:
+def encode_jsonl(records: Iterable[SinkRecord], documents: Any = None) -> bytes:
     """JSON Lines, one envelope per line (dates RFC 3339, decimals as text, bytes base64), with orjson.
+
+    Args:
+        records: the object's records.
+        documents: the value JSON of every row of the batch's columnar values of these
+            records' writer schema (``record.row`` indexes it), written in columns by
+            :func:`connectors.elasticsearch.documents.documents` with decimals as text: the
+            same bytes orjson writes for the value dict; ``None`` serializes each value.
 
     Raises:
         TypeError: a value JSON cannot represent (orjson's ``JSONEncodeError`` is a ``TypeError``).
@@ -74,7 +81,17 @@ def encode_jsonl(records: Iterable[SinkRecord]) -> bytes:
     import orjson
 
     dumps, option = orjson.dumps, orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
-    return b"".join(dumps(envelope(r), default=_json_default, option=option) for r in records)
+    if documents is None:
+        return b"".join(dumps(envelope(r), default=_json_default, option=option) for r in records)
+    out = []
+    for r in records:
+        if r.is_delete or r.row < 0:
+            out.append(dumps(envelope(r), default=_json_default, option=option))
+            continue
+        head = {"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
+                "key": r.key_id, "version": r.version, "deleted": False}
+        out.append(dumps(head)[:-1] + b',"value":' + documents[r.row] + b"}\n")
+    return b"".join(out)
 
 
 def envelope_arrow_schema(value_type: Any) -> Any:

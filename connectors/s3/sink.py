@@ -265,11 +265,14 @@ class S3Sink(Sink):
             groups.setdefault((self._dt(record, dt_columns), fp), []).append(record)
         out = []
         structs: dict[bytes, Any] = {}  # the batch's values of a writer schema as one struct column
+        docs: dict[bytes, Any] = {}  # the batch's values of a writer schema as JSON documents
         for (dt, fp), records in groups.items():
             key = object_key(
                 self.config.prefix, batch.topic, batch.partition, records[0].offset, self.config.format, dt
             )
             values = None
+            if self.config.format == "jsonl":
+                values = self._documents(batch, records, docs)
             if self.config.format == "parquet" and fp in batch.tables:
                 values = structs.get(fp)
                 if values is None:
@@ -277,6 +280,24 @@ class S3Sink(Sink):
                     values = structs[fp] = table.to_struct_array().combine_chunks()
             out.append(S3Object(key, records, schemas.get(fp), fp, values))
         return out
+
+    @staticmethod
+    def _documents(batch: SinkBatch, records: list[SinkRecord], docs: dict[bytes, Any]) -> list[bytes] | None:
+        """The JSON documents of the batch's columnar values of ``records``' writer schema (one per row).
+
+        ``None`` when the upserts among ``records`` are not all of one writer schema
+        decoded in columns (then each value is serialized on its own).
+        """
+        from connectors.elasticsearch.documents import documents
+
+        fps = {r.value_fingerprint for r in records if not r.is_delete}
+        if len(fps) != 1 or any(r.row < 0 for r in records if not r.is_delete):
+            return None
+        fp = fps.pop()
+        if fp not in docs:
+            table = batch.tables.get(fp)
+            docs[fp] = documents(table, decimals="text") if table is not None else None
+        return docs[fp]
 
     def encode(self, obj: S3Object, records: list[SinkRecord] | None = None) -> bytes:
         """Encode an object's records (or ``records``, a subset of them) in the configured format.
@@ -286,7 +307,7 @@ class S3Sink(Sink):
         """
         records = obj.records if records is None else records
         if self.config.format == "jsonl":
-            return encode_jsonl(records)
+            return encode_jsonl(records, obj.table if records is obj.records else None)
         if self.config.format == "parquet":
             return encode_parquet(records, obj.value_schema, obj.fingerprint, self._schemas,
                                   self.config.parquet_compression, obj.table if records is obj.records else None)
@@ -406,9 +427,9 @@ class S3Object(NamedTuple):
         records: its records, in offset order.
         value_schema: their parsed value writer schema (``None`` when only tombstones, or JSON Lines).
         fingerprint: that schema's fingerprint (``None`` likewise).
-        table: the batch's values of this writer schema as one ``pyarrow.StructArray``
-            (``record.row`` indexes it; Parquet, when the sync service decoded them in
-            columns), else ``None``.
+        table: the batch's values of this writer schema in columns (``record.row`` indexes
+            them), when the sync service decoded them so: for Parquet one
+            ``pyarrow.StructArray``, for JSON Lines a list of JSON documents; else ``None``.
     """
 
     key: str
