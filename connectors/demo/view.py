@@ -151,7 +151,15 @@ COMPONENT_TITLES = {
     "demo": "threes demo (replay, watcher)",
     "s3": "S3 server (s3proxy)",
     "postgres": "PostgreSQL (all backends)",
+    "spark-master": "Spark master",
 }
+
+
+def component_title(name: str) -> str:
+    """How the summary names a component (a Spark worker runs the stream job's executors on a cluster)."""
+    if name.startswith("spark-worker"):
+        return f"Spark {name.removeprefix('spark-')} (stream job's executors)"
+    return COMPONENT_TITLES.get(name, name)
 
 
 def cpu_table(cpu: dict[str, Any]) -> Table | None:
@@ -171,10 +179,10 @@ def cpu_table(cpu: dict[str, Any]) -> Table | None:
         procs = cpu.get("processes_s", {}).get(name, {})
         detail = ", ".join(f"{comm} {s:,.1f}" for comm, s in procs.items()) if len(procs) > 1 else ""
         if seconds is None:
-            table.add_row(COMPONENT_TITLES.get(name, name), "-", "", "not running")
+            table.add_row(component_title(name), "-", "", "not running")
             continue
         share = f"{seconds / total:.0%}" if total else ""
-        table.add_row(COMPONENT_TITLES.get(name, name), f"{seconds:,.1f}", share, detail)
+        table.add_row(component_title(name), f"{seconds:,.1f}", share, detail)
     table.add_row(
         "[bold]pipeline[/bold]",
         f"[bold]{total:,.1f}[/bold]",

@@ -174,7 +174,15 @@ def test_meter_measures_a_real_process_tree_apart_from_this_process() -> None:
 def test_summary_table_shows_cpu_per_component_and_per_flight() -> None:
     cpu = {
         "window_s": 150.0,
-        "components_s": {"stream": 120.5, "sync": 110.0, "demo": 30.0, "kafka": 18.0, "postgres": 3.0, "s3": None},
+        "components_s": {
+            "stream": 120.5,
+            "sync": 110.0,
+            "demo": 30.0,
+            "kafka": 18.0,
+            "postgres": 3.0,
+            "s3": None,
+            "spark-worker-1": 33.0,
+        },
         "processes_s": {"stream": {"java": 110.0, "python": 8.5, "threes": 2.0}},
         "pipeline_s": 281.5,
         "pipeline_cores": 1.88,
@@ -187,6 +195,7 @@ def test_summary_table_shows_cpu_per_component_and_per_flight() -> None:
     console.print(summary_table({"cpu": cpu}))
     text = console.export_text()
     assert "stream job (driver, Spark JVM, Python workers)" in text and "java 110.0" in text
+    assert "Spark worker-1 (stream job's executors)" in text
     assert "836 µs per flight" in text and "281.5" in text and "not running" in text
 
 
