@@ -396,7 +396,8 @@ class DemoRun:
         """Start measuring CPU per component (``None`` where ``/proc`` cannot be read: not Linux).
 
         Components: each pipeline process (``sources``, ``sync``, ``stream``), this process
-        (``demo``: the replay and the watcher) and the local stack's servers it recorded.
+        (``demo``: the replay and the watcher) and the local stack's servers it recorded (the
+        Spark standalone cluster's only when the stream job runs on a ``spark://`` master).
         """
         from connectors.demo.cpu import CpuMeter, stack_pids
 
@@ -404,7 +405,12 @@ class DemoRun:
             out = {name: child.process.pid for name, child in self.processes.children.items()}
             out["demo"] = os.getpid()
             try:
-                out.update(stack_pids())
+                servers = stack_pids()
+                stream = getattr(self.pipeline, "stream", None)
+                if stream is None or not str(stream.spark.master).startswith("spark://"):
+                    # a standalone cluster left running (tests, another job) does no work for this demo
+                    servers = {k: v for k, v in servers.items() if not k.startswith("spark-")}
+                out.update(servers)
             except Exception as exc:  # noqa: BLE001 - measuring must never fail the run
                 log.warning("demo: the local stack's processes are not measured: %s", exc)
             return out
