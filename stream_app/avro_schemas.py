@@ -233,6 +233,30 @@ def record_name_for(topic: str, suffix: str) -> str:
     return f"threes.updates.{_ident(topic)}_{suffix}"
 
 
+STRING_KEY_NAMESPACE = "threes.stringkey"
+"""Namespace of the key schemas :func:`string_key_schema` makes (never written to Kafka)."""
+
+
+def string_key_schema(snapshot: str, key_field: str) -> dict[str, Any]:
+    """The key schema a snapshot with ``key_format: string`` is planned with.
+
+    Such a topic's keys are plain UTF-8 bytes (Kafka Streams' ``Serdes.String()``),
+    not Avro: the job renders each as a struct of one string field so that
+    lookups, the lookup key and the plan treat it like a one-field Avro key.
+    The schema only describes that struct; no record is encoded with it.
+
+    Args:
+        snapshot: the snapshot's name (gives the record its name).
+        key_field: the field's name, the one lookups join on.
+    """
+    return {
+        "type": "record",
+        "name": f"{_ident(snapshot)}_StringKey",
+        "namespace": STRING_KEY_NAMESPACE,
+        "fields": [{"name": key_field, "type": "string"}],
+    }
+
+
 _NOT_ENCODED = frozenset({"name", "namespace", "doc", "aliases", "default", "order"})
 
 

@@ -27,6 +27,7 @@ from stream_app.avro_schemas import (
     fields_of,
     nullable,
     record_name_for,
+    string_key_schema,
     subset_schema,
 )
 
@@ -191,7 +192,10 @@ def build_plan(config: StreamJobConfig, spark: Any | None = None, base_dir: Path
             problem("events.value_schema", f"field names starting with '__' are reserved: {internal}")
     snaps: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     for i, snap in enumerate(config.snapshots):
-        key = load(snap.key_schema, f"snapshots[{i}].key_schema")
+        if snap.key_format == "string":  # plain UTF-8 keys: one string field, no schema to load
+            key: dict[str, Any] | None = string_key_schema(snap.name, snap.key_field or "key")
+        else:
+            key = load(snap.key_schema or "", f"snapshots[{i}].key_schema")
         value = load(snap.value_schema, f"snapshots[{i}].value_schema")
         if key is not None and value is not None:
             snaps[snap.name] = (key, value)
@@ -237,9 +241,9 @@ def build_plan(config: StreamJobConfig, spark: Any | None = None, base_dir: Path
             snap,
             _schema(snaps[snap.name][0]),
             _schema(snaps[snap.name][1]),
-            hashlib.sha256(
-                (schema_json(snaps[snap.name][0]) + schema_json(snaps[snap.name][1])).encode()
-            ).hexdigest()[:16],
+            hashlib.sha256((schema_json(snaps[snap.name][0]) + schema_json(snaps[snap.name][1])).encode()).hexdigest()[
+                :16
+            ],
         )
         for snap in config.snapshots
     }

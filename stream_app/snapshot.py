@@ -121,6 +121,7 @@ def record_decoder(
     value_schema_json: str,
     key_type: Any,
     topic_rank: Mapping[str, int],
+    key_format: str = "avro",
 ) -> Any:
     """The decoding of compacted-topic records as a function of Spark's Kafka rows (columns built once).
 
@@ -134,6 +135,10 @@ def record_decoder(
         value_schema_json: reader schema of the values.
         key_type: Spark type of the decoded key.
         topic_rank: topic -> position in the snapshot's topic list.
+        key_format: ``avro`` (single-object keys, read with ``key_schema_json``)
+            or ``string``: plain UTF-8 keys (Kafka Streams' ``Serdes.String()``),
+            taken as the one string field of ``key_type`` by Spark's binary to
+            string cast (invalid UTF-8 becomes U+FFFD, as in Java's ``String``).
 
     Returns:
         ``decode(raw) -> DataFrame``, see :func:`decode_records`.
@@ -141,17 +146,26 @@ def record_decoder(
     from stream_app.avro import decode_avro
 
     f = _f()
+    if key_format == "string":
+        name = key_type.fields[0].name
+        key = f.when(f.col("key").isNotNull(), f.struct(f.col("key").cast("string").alias(name)))
+    else:
+        key = decode_avro(f.col("key"), writers, key_schema_json)
     first = [
         "key",
         "value",
         f.col("topic").alias(TOPIC),
         f.col("partition").alias(PARTITION),
         f.col("offset").alias(OFFSET),
-        decode_avro(f.col("key"), writers, key_schema_json).alias("__k"),
+        key.alias("__k"),
         decode_avro(f.col("value"), writers, value_schema_json).alias("__v"),
     ]
     second = [
-        "key", "value", TOPIC, PARTITION, OFFSET,
+        "key",
+        "value",
+        TOPIC,
+        PARTITION,
+        OFFSET,
         corrupt_to_null(f.col("__k"), key_schema_json).alias("__k"),
         corrupt_to_null(f.col("__v"), value_schema_json).alias("__v"),
     ]
@@ -191,6 +205,7 @@ def decode_records(
     value_schema_json: str,
     key_type: Any,
     topic_rank: Mapping[str, int],
+    key_format: str = "avro",
 ) -> Any:
     """Decode compacted-topic records (Spark's Kafka rows) in the JVM.
 
@@ -201,13 +216,14 @@ def decode_records(
         value_schema_json: reader schema of the values.
         key_type: Spark type of the decoded key.
         topic_rank: topic -> position in the snapshot's topic list.
+        key_format: ``avro`` or ``string`` (see :func:`record_decoder`).
 
     Returns:
         ``__lk, __lh, __deleted, __topic, __partition, __offset, __rank,
         __error, key, value, __v`` where ``__v`` is the decoded value struct
         and ``__error`` the reason a record cannot be used (``null`` if it can).
     """
-    return record_decoder(writers, key_schema_json, value_schema_json, key_type, topic_rank)(raw)
+    return record_decoder(writers, key_schema_json, value_schema_json, key_type, topic_rank, key_format)(raw)
 
 
 def decode_error_reason(col: Any, writers: Mapping[bytes, str], what: str) -> Any:
@@ -373,9 +389,7 @@ class SnapshotView:
     def overlay_df(self, spark: Any) -> Any:
         """The overlay as a small DataFrame (Spark joins it by broadcast), ``None`` when empty."""
         if self.overlay_rows and self._overlay_df is None:
-            self._overlay_df = spark.createDataFrame(
-                self.overlay.select([LK, DELETED, *self.value_type.fieldNames()])
-            )
+            self._overlay_df = spark.createDataFrame(self.overlay.select([LK, DELETED, *self.value_type.fieldNames()]))
         return self._overlay_df
 
     @classmethod
@@ -405,7 +419,13 @@ class SnapshotView:
         if mode == "indexed":
             arrow = table.toArrow()
             return cls(
-                name, key_type, value_type, {}, mode, arrow.num_rows, uuid.uuid4().hex,
+                name,
+                key_type,
+                value_type,
+                {},
+                mode,
+                arrow.num_rows,
+                uuid.uuid4().hex,
                 broadcast=spark.sparkContext.broadcast(ipc_bytes(arrow)),
             )
         if mode == "partitioned":

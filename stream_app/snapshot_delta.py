@@ -121,6 +121,9 @@ class DriverDecoder:
         log_schema: the Arrow schema of an overlay log table (``__lk, __lh,
             __deleted, __topic, __partition, __offset`` + value fields).
         topic_rank: topic -> position in the snapshot's topic list.
+        key_format: ``avro`` or ``string`` (plain UTF-8 keys, taken as they are;
+            one that is not valid UTF-8 goes to the JVM path, which decodes it
+            as Spark's cast does).
     """
 
     def __init__(
@@ -131,7 +134,9 @@ class DriverDecoder:
         key_field: str,
         log_schema: pa.Schema,
         topic_rank: Mapping[str, int],
+        key_format: str = "avro",
     ):
+        self.string_keys = key_format == "string"
         self.writers = {fp: fastavro.parse_schema(json.loads(text)) for fp, text in writers.items()}
         self.key_reader = fastavro.parse_schema(json.loads(key_schema_json))
         self.value_reader = fastavro.parse_schema(json.loads(value_schema_json))
@@ -168,7 +173,10 @@ class DriverDecoder:
             try:
                 if key is None:
                     return None
-                lk = self._body(key, self.key_reader)[self.key_field]
+                if self.string_keys:
+                    lk = bytes(key).decode("utf-8")
+                else:
+                    lk = self._body(key, self.key_reader)[self.key_field]
                 decoded = None if value is None else self._body(value, self.value_reader)
             except Exception as exc:  # the JVM path names the reason in the dead letter
                 log.debug("record %s[%d]@%d needs the JVM decoder: %s", topic, partition, offset, exc)

@@ -119,13 +119,19 @@ class Snapshot:
     def _relevant_writers(self) -> dict[bytes, str]:
         """The known writer schemas that resolve to the key or the value reader schema (fingerprint -> JSON)."""
         writers = self.writers()
-        return {**writers_for(writers, self.plan.key.avro), **writers_for(writers, self.plan.value.avro)}
+        keys = writers_for(writers, self.plan.key.avro) if self.cfg.key_format == "avro" else {}
+        return {**keys, **writers_for(writers, self.plan.value.avro)}
 
     def _decode(self, raw: Any) -> Any:
         relevant = self._relevant_writers()
         if self._decoder is None or self._decoder[0] != frozenset(relevant):
             decode = record_decoder(
-                relevant, self.plan.key.json, self.plan.value.json, self.plan.key.spark_type, self.rank
+                relevant,
+                self.plan.key.json,
+                self.plan.value.json,
+                self.plan.key.spark_type,
+                self.rank,
+                self.cfg.key_format,
             )
             self._decoder = (frozenset(relevant), decode)
         return self._decoder[1](raw)
@@ -159,7 +165,13 @@ class Snapshot:
         relevant = self._relevant_writers()
         if self._driver is None or self._driver[0] != frozenset(relevant):
             decoder = DriverDecoder(
-                relevant, self.plan.key.json, self.plan.value.json, key_field, self._empty_log().schema, self.rank
+                relevant,
+                self.plan.key.json,
+                self.plan.value.json,
+                key_field,
+                self._empty_log().schema,
+                self.rank,
+                self.cfg.key_format,
             )
             self._driver = (frozenset(relevant), decoder)
         return self._driver[1]

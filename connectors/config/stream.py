@@ -13,6 +13,8 @@ Example::
       snapshots:
         - {name: airports, topics: [state.airports], key_schema: nycflights13/airport_key,
            value_schema: nycflights13/airport}
+        # a topic keyed by plain UTF-8 strings (Kafka Streams' Serdes.String()):
+        - {name: customers, topics: [customers], key_format: string, key_field: id, value_schema: bench/customer}
       lookups:
         - {snapshot: airports, on: {origin: faa}, prefix: origin_}
         - {snapshot: airports, on: {dest: faa}, prefix: dest_, how: inner, fields: [name, tz]}
@@ -64,7 +66,19 @@ class SnapshotConfig(StrictModel):
 
     name: Name
     topics: list[TopicName] = Field(min_length=1)
-    key_schema: str = Field(description="Avro reader schema of the record keys (a record)")
+    key_format: Literal["avro", "string"] = Field(
+        "avro",
+        description="how record keys are encoded: 'avro' (single-object Avro, read with key_schema) or 'string' "
+        "(plain UTF-8, as Kafka Streams' Serdes.String() writes them; the key is one string field named key_field)",
+    )
+    key_schema: str | None = Field(
+        None, description="Avro reader schema of the record keys (a record); required with key_format avro"
+    )
+    key_field: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="key_format string: the name lookups join on (`on: {event_field: <key_field>}`), default 'key'",
+    )
     value_schema: str = Field(description="Avro reader schema of the record values (a record)")
     index_min_rows: int = Field(
         100_000,
@@ -86,6 +100,17 @@ class SnapshotConfig(StrictModel):
     partitions: int | None = Field(
         None, ge=1, description="partitions of a partitioned snapshot (default spark.sql.shuffle.partitions)"
     )
+
+    @model_validator(mode="after")
+    def _key_format(self) -> SnapshotConfig:
+        if self.key_format == "avro":
+            if self.key_schema is None:
+                raise ValueError("key_schema is required with key_format avro")
+            if self.key_field is not None:
+                raise ValueError("key_field applies to key_format string only (an Avro key names its own fields)")
+        elif self.key_schema is not None:
+            raise ValueError("key_schema does not apply to key_format string (the key is one string: key_field)")
+        return self
 
 
 class LookupConfig(StrictModel):
@@ -115,9 +140,7 @@ class UpdateConfig(StrictModel):
     kind: Literal["projection", "aggregation"] = "projection"
     key: list[str] | None = Field(None, min_length=1, description="projection: key field(s) of the update records")
     fields: list[str] | None = Field(None, min_length=1, description="projection: fields to keep (default all)")
-    version: str = Field(
-        "offset", description="projection: 'offset' | 'timestamp' (Kafka, ms) | a numeric event field"
-    )
+    version: str = Field("offset", description="projection: 'offset' | 'timestamp' (Kafka, ms) | a numeric event field")
     group_by: list[str] | None = Field(None, min_length=1, description="aggregation: grouping fields")
     aggregations: dict[str, str] | None = Field(
         None, description="aggregation: output field -> 'count' | 'mean(f)' | 'sum(f)' | 'min(f)' | 'max(f)'"
