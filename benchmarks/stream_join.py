@@ -17,12 +17,55 @@ side by side on the same events:
 2. snapshot bootstrap keys/s at 100k and 1M keys;
 3. refresh time of the 1M-key snapshot after 1k updates vs a full reload;
 4. restart-to-first-batch time at 1M keys with and without the snapshot checkpoint;
-5. p50/p99 event -> enriched latency at a fixed input rate.
+5. p50/p99 event -> enriched latency at a fixed input rate (``THREES_BENCH_RATE``) and
+   at a fixed 20k events/s (``latency_p99_s_20k``, target p99 <= 2 s), both against the
+   ``THREES_BENCH_KEYS``-key snapshot, the events referencing 10k of its keys
+   (the labels say so);
+6. **Kafka Streams side by side** (part ``kstreams``), on the SAME topics, at 10k and
+   1M keys (``THREES_BENCH_KS_KEYS``, default ``10000,1000000``) with
+   ``THREES_BENCH_KS_EVENTS`` events (default 500000). The Kafka Streams GlobalKTable
+   reference application (``../shared/anchors/kstreams-ref``, built when its jar is
+   missing into ``.threes/kstreams-ref`` with its own Maven command; never copied
+   here) loads its topics with its own loader (``ref.Main load``: a compacted
+   reference topic keyed by plain UTF-8 strings, values Avro single-object
+   ``bench.Ref``; an events topic of ``bench.Event`` {eid, fk, amount, ts}; 2
+   partitions each; new topic names per run). The job reads those topics as they
+   are: its snapshot has ``key_format: string`` (the option users of existing Kafka
+   Streams topics need), the lookup is ``on: {fk: key}``, and the reference's
+   writer schemas (the same JSON as ``Schemas.java``; their CRC-64-AVRO
+   fingerprints are checked against bytes 2..10 of a loaded record) are
+   registered in threes' schema topic. Then, one after the other:
+
+   a. Kafka Streams: ``ref.Main app`` with a fresh application id and
+      ``--expect=E`` (exits once E events were joined), 2 stream threads,
+      at-least-once, heap ``THREES_BENCH_KS_HEAP`` (-Xms2g -Xmx2g as in its
+      run.sh). Measured the anchor's way: its ``ref.Main measure`` on its output
+      topic (created by the loader with ``message.timestamp.type=LogAppendTime``):
+      (count - 1) / (last - first broker append time), with its correctness
+      checks (distinct eids, dups, misses, wrong joins);
+   b. the threes job (local[2], micro-batches of ``THREES_BENCH_BATCH``,
+      ``availableNow``) writing its own enriched topic, created beforehand with
+      LogAppendTime and 2 partitions. Measured the same way, by this script
+      (the anchor's ``measure`` decodes only its own ``bench.Enriched`` schema):
+      (count - 1) / (last - first append time) on the job's output topic, with
+      the same checks (values decoded through threes' schema topic). Spark's own
+      progress figure (gate left out, as in part 1) is printed beside it.
+
+   Loading is excluded on both sides: the topics are written before either
+   starts, and each side's figure starts at its first output record, so the
+   Kafka Streams global store restore and the job's snapshot bootstrap
+   (readiness gate) are outside it (both are printed). Note the first
+   output record of the job is appended at the end of its first micro-batch,
+   so the span leaves that batch's processing out (as it leaves out Kafka
+   Streams' first poll/process); the p10..p90 append-time rate is printed too.
+   ``ratio_vs_kafka_streams_10k`` / ``_1m`` = job events/s / Kafka Streams
+   events/s, both by append time (targets >= 0.8 and >= 1.0).
 
 Sizes: ``THREES_BENCH_KEYS`` (default 1000000), ``THREES_BENCH_EVENTS`` (500000,
 in micro-batches of ``THREES_BENCH_BATCH`` = 50000), ``THREES_BENCH_RATE``
 (events/s for the latency run, 2000) and ``THREES_BENCH_LATENCY_S`` (30);
-``THREES_BENCH_PARTS`` picks parts (default ``throughput,bootstrap,restart,latency``);
+``THREES_BENCH_PARTS`` picks parts (default ``throughput,bootstrap,restart,latency,kstreams``;
+``latency20k`` adds the 20k events/s latency run);
 throughput configurations run ``THREES_BENCH_ROUNDS`` (2) times in turn and the best
 run of each counts, as the machine is shared.
 Prints a table, then one JSON line with every figure.
@@ -34,6 +77,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +101,12 @@ RATE = int(os.environ.get("THREES_BENCH_RATE", "2000"))
 LATENCY_S = float(os.environ.get("THREES_BENCH_LATENCY_S", "30"))
 ROUNDS = int(os.environ.get("THREES_BENCH_ROUNDS", "2"))
 SMALL, MEDIUM = 10_000, 100_000
+KS_EVENTS = int(os.environ.get("THREES_BENCH_KS_EVENTS", "500000"))
+KS_KEYS = [int(n) for n in os.environ.get("THREES_BENCH_KS_KEYS", "10000,1000000").split(",")]
+KS_HEAP = os.environ.get("THREES_BENCH_KS_HEAP", "-Xms2g -Xmx2g").split()
+KS_ANCHOR = Path(os.environ.get("THREES_KSTREAMS_REF", str(ROOT.parent / "shared" / "anchors" / "kstreams-ref")))
+KS_DIR = ROOT / ".threes" / "kstreams-ref"
+LATENCY_20K = 20_000
 STRIDE = max(1, KEYS // SMALL)  # events reference keys 0, STRIDE, 2*STRIDE...: present in every snapshot
 
 KEY = {
@@ -91,7 +141,61 @@ EVENT = {
     ],
 }
 
+# the Kafka Streams reference's schemas: the same JSON as its Schemas.java (SchemaBuilder, required fields)
+KS_REF = {
+    "type": "record",
+    "name": "Ref",
+    "namespace": "bench",
+    "fields": [
+        {"name": "name", "type": "string"},
+        {"name": "category", "type": "string"},
+        {"name": "score", "type": "double"},
+        {"name": "updated_ms", "type": "long"},
+    ],
+}
+KS_EVENT = {
+    "type": "record",
+    "name": "Event",
+    "namespace": "bench",
+    "fields": [
+        {"name": "eid", "type": "long"},
+        {"name": "fk", "type": "string"},
+        {"name": "amount", "type": "double"},
+        {"name": "ts", "type": "long"},
+    ],
+}
+
 log = logging.getLogger("bench")
+
+
+def ks_ref_name(i: int) -> str:
+    """The name the reference's loader gives key ``k<i>`` (``Load.refName``)."""
+    return f"customer-{i:010d}-abcdefghijklmnopqrst"
+
+
+def ks_ref_category(i: int) -> str:
+    """The category the reference's loader gives key ``k<i>`` (``Load.refCategory``)."""
+    return f"segment-{i % 997:03d}"
+
+
+def parse_results(text: str) -> dict[str, dict[str, Any]]:
+    """``RESULT <kind> k=v ...`` lines of the reference's tools, by kind (numbers as floats)."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        if not line.startswith("RESULT "):
+            continue
+        kind, *pairs = line.split()[1:]
+        values: dict[str, Any] = {}
+        for pair in pairs:
+            if "=" not in pair:
+                continue
+            k, v = pair.split("=", 1)
+            try:
+                values[k] = float(v)
+            except ValueError:
+                values[k] = v
+        out[kind] = values
+    return out
 
 
 def faa(i: Any) -> Any:
@@ -491,16 +595,20 @@ class Bench:
             )
         producer.flush(30)
 
-    def latency(self, large: str) -> None:
-        """p50/p99 of enriched.timestamp - event.timestamp (both CreateTime, this machine's clock)."""
+    def latency(self, large: str, rate: int) -> None:
+        """p50/p99 of enriched.timestamp - event.timestamp (both CreateTime, this machine's clock).
+
+        The job joins the ``KEYS``-key snapshot ``large``; the events reference
+        ``SMALL`` of its keys (every ``STRIDE``-th). The label names both.
+        """
         from confluent_kafka import Consumer, Producer
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        events = self.topic("latency")
+        events = self.topic(f"latency.{rate}")
         admin = AdminClient(self.conf)
         for fut in admin.create_topics([NewTopic(events, num_partitions=2)]).values():
             fut.result(30)
-        config = self.config(events, large, self.tmp / "latency")
+        config = self.config(events, large, self.tmp / f"latency-{rate}")
         job = self.job(config)
         job.start()
         ser = AvroSerializer(EVENT)
@@ -520,7 +628,7 @@ class Bench:
         sent = 0
         started = time.monotonic()
         while time.monotonic() - started < LATENCY_S:
-            due = int((time.monotonic() - started) * RATE)
+            due = int((time.monotonic() - started) * rate)
             while sent < due:
                 producer.produce(events, key=str(sent).encode(), value=payloads[sent % len(payloads)])
                 sent += 1
@@ -550,32 +658,278 @@ class Bench:
         job.stop(checkpoint=False)
         warm = sorted(lat[len(lat) // 10 :])  # the first 10 % include the start-up
         p50, p99 = warm[len(warm) // 2], warm[int(len(warm) * 0.99)]
-        self.results["latency_1m"] = {
-            "rate_per_s": RATE,
+        name = "latency" if rate == RATE else f"latency_{rate // 1000}k"
+        self.results[name] = {
+            "snapshot_keys": KEYS,
+            "keys_referenced": SMALL,
+            "rate_per_s": rate,
             "events": sent,
             "enriched": len(seen),
             "p50_s": p50,
             "p99_s": p99,
             "trigger_s": config.trigger_interval_s,
         }
+        if rate == LATENCY_20K:
+            self.results["latency_p99_s_20k"] = p99
         self.rows.append(
             (
-                f"latency at {RATE}/s, 1M keys",
+                f"latency at {rate:,}/s, snapshot of {KEYS:,} keys ({SMALL:,} referenced)",
                 f"p50 {p50:.2f} s",
-                f"p99 {p99:.2f} s, trigger 1 s, {len(seen)}/{sent} enriched",
+                f"p99 {p99:.2f} s{' (target <= 2 s)' if rate == LATENCY_20K else ''}, trigger 1 s, "
+                f"{len(seen)}/{sent} enriched",
             )
         )
+
+    # -- Kafka Streams side by side (part 6) --------------------------------------------------------
+
+    def ks_classpath(self) -> str:
+        """The reference's classpath; builds it into .threes/kstreams-ref with its own Maven command when missing."""
+        target = KS_DIR / "target"
+        jar = target / "kstreams-ref-1.0.jar"
+        if not jar.exists():
+            log.info("building the Kafka Streams reference from %s into %s", KS_ANCHOR, target)
+            subprocess.run(
+                ["mvn", "-B", "-q", "package", "-DskipTests", f"-Dref.build.dir={target}"], cwd=KS_ANCHOR, check=True
+            )
+        return f"{jar}:{target}/lib/*"
+
+    def ks_run(self, name: str, tool: str, *args: str) -> dict[str, dict[str, Any]]:
+        """Run one tool of the reference (``ref.Main <tool>``) on the local stack's broker; its RESULT lines."""
+        logs = KS_DIR / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            "java",
+            *KS_HEAP,
+            f"-Dlog4j2.configurationFile={KS_ANCHOR / 'conf' / 'log4j2-app.properties'}",
+            f"-Dref.log.file={logs / f'{self.run_id}-{name}.log'}",
+            "-cp",
+            self.ks_classpath(),
+            "ref.Main",
+            tool,
+            *args,
+            f"--bootstrap={self.kafka.bootstrap_servers}",
+        ]
+        started = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        (logs / f"{self.run_id}-{name}.out").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            raise RuntimeError(f"kstreams-ref {tool} failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
+        results = parse_results(proc.stdout)
+        log.info("kstreams-ref %s done in %.1f s: %s", tool, time.monotonic() - started, results)
+        return results
+
+    def ks_check_fingerprints(self, ref_topic: str, events_topic: str) -> None:
+        """The loaded records' fingerprints (bytes 2..10) are threes' ``fingerprint()`` of KS_REF / KS_EVENT."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({**self.conf, "group.id": uuid.uuid4().hex, "enable.auto.commit": False})
+        try:
+            for topic, schema in ((ref_topic, KS_REF), (events_topic, KS_EVENT)):
+                consumer.assign([TopicPartition(topic, 0, 0)])
+                msg = None
+                deadline = time.monotonic() + 30
+                while (msg is None or msg.error()) and time.monotonic() < deadline:
+                    msg = consumer.poll(1)
+                if msg is None or msg.error():
+                    raise RuntimeError(f"{topic}: no record to check the fingerprint of")
+                if msg.value()[2:10] != fingerprint(schema):
+                    raise RuntimeError(
+                        f"{topic}: record fingerprint {msg.value()[2:10].hex()} != threes' "
+                        f"{fingerprint(schema).hex()} of {schema['namespace']}.{schema['name']}"
+                    )
+        finally:
+            consumer.close()
+
+    def measure_output(self, topic: str, keys: int) -> dict[str, Any]:
+        """The anchor's ``measure``, for the job's output: rate by broker append time, and its checks.
+
+        ``rate_eps`` = (count - 1) / (last - first append time); ``p10_p90_rate_eps``
+        = records between the 10th and 90th percentile of append time / that span
+        (as ``Measure.java``); dups, misses and wrong joins as it counts them.
+        """
+        from confluent_kafka import Consumer, TopicPartition
+
+        from schemas.serde import AvroDeserializer
+
+        des = AvroDeserializer(self.store)
+        consumer = Consumer({**self.conf, "group.id": uuid.uuid4().hex, "enable.auto.commit": False})
+        parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        stamps: list[int] = []
+        ts_types: set[int] = set()
+        seen: set[int] = set()
+        dups = misses = wrong = 0
+        positions = dict.fromkeys(parts, 0)
+        deadline = time.monotonic() + 300
+        while any(positions[p] < ends[p] for p in parts) and time.monotonic() < deadline:
+            for msg in consumer.consume(10000, 1.0):
+                if msg.error():
+                    continue
+                positions[msg.partition()] = msg.offset() + 1
+                ts_type, ts = msg.timestamp()
+                ts_types.add(ts_type)
+                stamps.append(ts)
+                v = des(msg.value())
+                if v["eid"] in seen:
+                    dups += 1
+                seen.add(v["eid"])
+                name = v.get("ref_name")
+                misses += name is None
+                idx = int(v["fk"][1:])
+                ok = (
+                    name == ks_ref_name(idx) and v.get("ref_category") == ks_ref_category(idx)
+                    if idx < keys
+                    else name is None and v.get("ref_score") is None
+                )
+                wrong += not ok
+        consumer.close()
+        count = len(stamps)
+        stamps.sort()
+        span = (stamps[-1] - stamps[0]) / 1000 if count else 0.0
+        mid = 0.0
+        if count > 100:
+            i10, i90 = int(count * 0.1), int(count * 0.9)
+            mid_span = (stamps[i90] - stamps[i10]) / 1000
+            mid = (i90 - i10) / mid_span if mid_span > 0 else 0.0
+        from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+
+        return {
+            "count": count,
+            "distinct_eids": len(seen),
+            "dups": dups,
+            "misses": misses,
+            "wrong_joins": wrong,
+            "log_append_time": ts_types == {TIMESTAMP_LOG_APPEND_TIME},
+            "span_s": span,
+            "rate_eps": (count - 1) / span if span > 0 else 0.0,
+            "p10_p90_rate_eps": mid,
+        }
+
+    def ks_threes_job(self, ref_topic: str, events_topic: str, keys: int) -> dict[str, Any]:
+        """The threes job on the reference's topics (string-key snapshot), measured on its own output topic."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        out = self.topic(f"ks.threes.enriched.{keys}")
+        admin = AdminClient(self.conf)
+        new = NewTopic(out, num_partitions=2, config={"message.timestamp.type": "LogAppendTime"})
+        for fut in admin.create_topics([new]).values():
+            fut.result(30)
+        (self.tmp / "ks_ref.avsc").write_text(json.dumps(KS_REF))
+        (self.tmp / "ks_event.avsc").write_text(json.dumps(KS_EVENT))
+        config = StreamJobConfig.model_validate(
+            {
+                "name": f"bench-ks-{uuid.uuid4().hex[:6]}",
+                "events": {
+                    "topic": events_topic,
+                    "value_schema": "ks_event.avsc",
+                    "starting_offsets": "earliest",
+                    "max_offsets_per_trigger": BATCH,
+                },
+                "snapshots": [
+                    {
+                        "name": "refs",
+                        "topics": [ref_topic],
+                        "key_format": "string",
+                        "key_field": "key",
+                        "value_schema": "ks_ref.avsc",
+                    }
+                ],
+                "lookups": [{"snapshot": "refs", "on": {"fk": "key"}, "prefix": "ref_"}],
+                "enriched_topic": out,
+                "dead_letter_topic": self.topic("ks.dlq"),
+                "trigger_interval_s": 1,
+                "checkpoint_location": str(self.tmp / f"cp-ks-{uuid.uuid4().hex[:6]}"),
+            }
+        )
+        job = self.job(config)
+        job.start(available_now=True)
+        job.await_termination()
+        stats = self.throughput(job.queries[0], job.gate_wait_s)
+        stats["engine"] = job.snapshots["refs"].mode
+        stats["ready_s"] = sum(r["elapsed_s"] for r in job.readiness.values())
+        stats["snapshot_keys"] = job.snapshots["refs"].base_rows
+        job.stop(checkpoint=False)
+        return {"spark": stats, "measure": self.measure_output(out, keys)}
+
+    def kafka_streams(self) -> None:
+        """Kafka Streams and the job side by side on the same topics (see the module docstring, part 6)."""
+        for schema in (KS_REF, KS_EVENT):
+            self.store.register(schema)
+        for keys in KS_KEYS:
+            label = f"{keys // 1_000_000}m" if keys >= 1_000_000 and keys % 1_000_000 == 0 else f"{keys // 1000}k"
+            ref_topic, events_topic = self.topic(f"ks.ref.{label}"), self.topic(f"ks.events.{label}")
+            ks_out = self.topic(f"ks.enriched.{label}")
+            topics = [f"--ref-topic={ref_topic}", f"--events-topic={events_topic}", f"--out-topic={ks_out}"]
+            loaded = self.ks_run(f"load-{label}", "load", f"--n={keys}", f"--e={KS_EVENTS}", *topics)["load"]
+            self.ks_check_fingerprints(ref_topic, events_topic)
+            time.sleep(5)  # let the broker settle after the bulk load (as the reference's run.sh does)
+            app = self.ks_run(
+                f"app-{label}",
+                "app",
+                f"--app-id=threes-bench-{self.run_id}-{label}",
+                f"--state-dir={self.tmp / 'ks-state'}",
+                f"--expect={KS_EVENTS}",
+                *topics,
+            )
+            ks = self.ks_run(
+                f"measure-{label}", "measure", f"--topic={ks_out}", f"--n={keys}", "--isolation=read_uncommitted"
+            )["measure"]
+            threes = self.ks_threes_job(ref_topic, events_topic, keys)
+            job, spark = threes["measure"], threes["spark"]
+            ratio = job["rate_eps"] / ks["rate_eps"]
+            self.results[f"kafka_streams_{label}"] = {
+                "keys": keys,
+                "events": KS_EVENTS,
+                "expected_misses": loaded.get("expected_misses"),
+                "kafka_streams": {"measure": ks, "startup": app.get("startup"), "throughput": app.get("throughput")},
+                "job": threes,
+            }
+            self.results[f"ratio_vs_kafka_streams_{label}"] = ratio
+            self.results[f"ratio_vs_kafka_streams_{label}_p10_p90"] = job["p10_p90_rate_eps"] / ks["p10_p90_rate_eps"]
+            startup = app.get("startup", {})
+            self.rows.append(
+                (
+                    f"Kafka Streams {label} keys, events/s",
+                    f"{ks['rate_eps']:,.0f}",
+                    f"first->last append, {ks['count']:,.0f} out, p10-p90 {ks['p10_p90_rate_eps']:,.0f}/s, "
+                    f"wrong {ks['wrong_joins']:.0f}, dups {ks['dups']:.0f}; global restore "
+                    f"{startup.get('restore_s', 0):.1f} s, start->RUNNING {startup.get('start_to_running_s', 0):.1f} s",
+                )
+            )
+            self.rows.append(
+                (
+                    f"job {label} keys (same topics), events/s",
+                    f"{job['rate_eps']:,.0f}",
+                    f"first->last append, {job['count']:,} out, p10-p90 {job['p10_p90_rate_eps']:,.0f}/s, "
+                    f"wrong {job['wrong_joins']}, dups {job['dups']}; Spark progress {spark['events_per_s']:,.0f}/s "
+                    f"({spark['batches']} batches), engine {spark['engine']}, snapshot ready {spark['ready_s']:.1f} s",
+                )
+            )
+            target = 0.8 if keys <= SMALL else 1.0
+            self.rows.append(
+                (
+                    f"job / Kafka Streams, {label} keys",
+                    f"{ratio:.2f}x",
+                    f"target >= {target}; p10-p90 rates {self.results[f'ratio_vs_kafka_streams_{label}_p10_p90']:.2f}x",
+                )
+            )
 
     def main(self, parts: set[str]) -> None:
         small, medium, large = self.topic("snap10k"), self.topic("snap100k"), self.topic("snap1m")
         events = self.topic("events")
         started = time.monotonic()
-        self.write_snapshot(small, SMALL, stride=STRIDE)  # exactly the keys the events reference
+        if "throughput" in parts:
+            self.write_snapshot(small, SMALL, stride=STRIDE)  # exactly the keys the events reference
         if "bootstrap" in parts:
             self.write_snapshot(medium, MEDIUM)
-        self.write_snapshot(large, KEYS)
-        self.write_events(events, EVENTS)
+        if parts & {"throughput", "bootstrap", "restart", "latency", "latency20k"}:
+            self.write_snapshot(large, KEYS)
+        if "throughput" in parts:
+            self.write_events(events, EVENTS)
         log.info("data written in %.1f s", time.monotonic() - started)
+        if "kstreams" in parts:  # first: its topics are loaded by the reference's own loader
+            self.kafka_streams()
         if "throughput" in parts:
             self.throughput_runs(events, small, large)
         if "bootstrap" in parts:
@@ -583,17 +937,31 @@ class Bench:
         if "restart" in parts:
             self.restart(self.topic("restart-events"), large)
         if "latency" in parts:
-            self.latency(large)
+            self.latency(large, RATE)
+        if "latency20k" in parts:
+            self.latency(large, LATENCY_20K)
         self.print()
 
     def print(self) -> None:
         width = max(len(r[0]) for r in self.rows)
-        print(f"\nstream_join benchmark: local[2], {EVENTS:,} events in micro-batches of {BATCH:,}, {KEYS:,} keys")
+        ks_keys = ", ".join(f"{k:,}" for k in KS_KEYS)
+        print(
+            f"\nstream_join benchmark: local[2], micro-batches of {BATCH:,}; parts 1-5: {EVENTS:,} events, "
+            f"{KEYS:,} keys; Kafka Streams side by side: {KS_EVENTS:,} events at {ks_keys} keys"
+        )
         for name, value, note in self.rows:
             print(f"  {name:<{width}}  {value:>16}  {note}")
         print(
             json.dumps(
-                {"benchmark": "stream_join", "keys": KEYS, "events": EVENTS, "batch": BATCH, **self.results},
+                {
+                    "benchmark": "stream_join",
+                    "keys": KEYS,
+                    "events": EVENTS,
+                    "batch": BATCH,
+                    "kafka_streams_events": KS_EVENTS,
+                    "kafka_streams_keys": KS_KEYS,
+                    **self.results,
+                },
                 default=float,
             )
         )
@@ -609,6 +977,8 @@ if __name__ == "__main__":
         logging.getLogger(noisy).setLevel(logging.WARNING)
     bench = Bench()
     try:
-        bench.main(set(os.environ.get("THREES_BENCH_PARTS", "throughput,bootstrap,restart,latency").split(",")))
+        bench.main(
+            set(os.environ.get("THREES_BENCH_PARTS", "throughput,bootstrap,restart,latency,kstreams").split(","))
+        )
     finally:
         bench.close()
