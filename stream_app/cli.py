@@ -35,7 +35,7 @@ def _jars() -> list[Path] | None:
     return stack.spark_jars() if (stack.home / "spark-jars").is_dir() else None
 
 
-def _s3a_classpath(checkpoint_location: str) -> list[Path] | None:
+def _s3a_jars(checkpoint_location: str) -> list[Path] | None:
     """hadoop-aws and the AWS SDK bundle of the local stack for an ``s3a://`` checkpoint, else None.
 
     Resolved with Maven on first use; a cluster elsewhere needs them at the same path on every host.
@@ -68,7 +68,7 @@ def run(
     if master:
         settings = settings.model_copy(update={"master": master})
     try:
-        spark = spark_session(settings, _jars(), _s3a_classpath(pipeline.stream.checkpoint_location))
+        spark = spark_session(settings, _jars(), _s3a_jars(pipeline.stream.checkpoint_location))
         StreamJob(pipeline.stream, pipeline.kafka, spark, base_dir=config.parent).run(available_now)
     except ThreesError as exc:
         raise fail(exc) from None

@@ -43,7 +43,7 @@ def _loopback_master(master: str) -> bool:
 def spark_session(
     settings: SparkSettings,
     jars: Sequence[Path | str] | None = None,
-    classpath: Sequence[Path | str] | None = None,
+    local_jars: Sequence[Path | str] | None = None,
 ) -> Any:
     """Build (or return the running) SparkSession for the stream job.
 
@@ -51,11 +51,15 @@ def spark_session(
         settings: master, app name, driver memory and any ``spark.*`` conf.
         jars: jar files of the Kafka and Avro connectors; ``None`` resolves
             :data:`SPARK_PACKAGES` through Ivy instead (needs Maven Central).
-        classpath: jar files put on the driver's and the executors' class path
-            as they are (``spark.driver.extraClassPath`` / ``spark.executor.extraClassPath``),
-            not copied to every executor like ``jars``: hadoop-aws and its 560 MB AWS SDK
-            bundle, present at the same path on every host. The driver's entry
-            counts only when this process starts its JVM (the first session).
+        local_jars: jar files present at the same path on every host, appended to the
+            class path of the driver and of the executors, after Spark's own jars, and
+            read in place: hadoop-aws and its 560 MB AWS SDK bundle. Spark's launcher
+            appends ``SPARK_DIST_CLASSPATH`` to every JVM it builds (the driver's, when
+            this process starts its JVM with the first session; the executors', through
+            ``spark.executorEnv``). ``spark.jars`` would copy the bundle into every
+            executor of every application (a ``local:`` URI too, in Spark 4.0), and
+            ``extraClassPath`` would put the bundle's unshaded slf4j 1.x before Spark's
+            and silence Spark's logging.
 
     Returns:
         A :class:`pyspark.sql.SparkSession`.
@@ -89,16 +93,18 @@ def spark_session(
     )
     if local or _loopback_master(settings.master):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-    if classpath:
-        entries = ":".join(str(j) for j in classpath)
-        for key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath"):
-            builder = builder.config(key, ":".join(filter(None, [settings.conf.get(key), entries])))
+    if local_jars:
+        entries = [str(Path(j).resolve()) for j in local_jars]
+        driver = os.environ.get("SPARK_DIST_CLASSPATH", "")
+        os.environ["SPARK_DIST_CLASSPATH"] = ":".join([driver, *[e for e in entries if e not in driver]]).strip(":")
+        key = "spark.executorEnv.SPARK_DIST_CLASSPATH"
+        builder = builder.config(key, ":".join(filter(None, [settings.conf.get(key), *entries])))
     if jars:
         builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
     else:
         builder = builder.config("spark.jars.packages", ",".join(SPARK_PACKAGES))
     for key, value in settings.conf.items():
-        if not (classpath and key in ("spark.driver.extraClassPath", "spark.executor.extraClassPath")):
+        if not (local_jars and key == "spark.executorEnv.SPARK_DIST_CLASSPATH"):
             builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

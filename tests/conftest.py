@@ -157,7 +157,7 @@ class SparkSessions:
         self.session = spark_session(
             SparkSettings(master=master, app_name="threes-tests", driver_memory="2g"),
             jars=self.stack.spark_jars(),
-            classpath=self.stack.spark_s3a_jars(),
+            local_jars=self.stack.spark_s3a_jars(),
         )
         self.master = master
         return self.session

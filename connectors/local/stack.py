@@ -258,9 +258,11 @@ class LocalStack:
     def spark_s3a_jars(self) -> list[Path]:
         """Return hadoop-aws (Spark's Hadoop version) and the AWS SDK bundle, resolving them on first call.
 
-        Put them on ``spark.driver.extraClassPath`` / ``spark.executor.extraClassPath``
-        (the SDK bundle is ~560 MB: shipping it with ``spark.jars`` would copy it
-        into every executor of every application).
+        Append them to the driver's and the executors' class path, read in place
+        (``stream_app.session``: ``SPARK_DIST_CLASSPATH``): the SDK bundle is ~560 MB,
+        which ``spark.jars`` would copy into every executor of every application; on
+        ``extraClassPath`` its unshaded slf4j 1.x would come before Spark's and
+        silence Spark's logging.
 
         Raises:
             LocalStackError: If they are missing and Maven cannot resolve them.

@@ -21,7 +21,8 @@ def test_cli_runs_the_job_from_yaml(env, kafka, tmp_path):
     env.put_flights([flight(1, "EWR", "LAX"), flight(2, "XXX", "LAX")])
     (tmp_path / "flight.avsc").write_text(json.dumps(FLIGHT))
     config = tmp_path / "pipeline.yaml"
-    config.write_text(textwrap.dedent(f"""\
+    config.write_text(
+        textwrap.dedent(f"""\
         version: 1
         kafka:
           bootstrap_servers: {kafka.bootstrap_servers}
@@ -39,10 +40,15 @@ def test_cli_runs_the_job_from_yaml(env, kafka, tmp_path):
           dead_letter_topic: {env.dlq}
           checkpoint_location: {tmp_path / "checkpoint"}
           spark: {{master: "local[1]", driver_memory: 1g}}
-        """))
+        """)
+    )
     threes = Path(sys.executable).parent / "threes"
-    done = subprocess.run([str(threes), "-v", "stream", "run", str(config), "--available-now"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [str(threes), "-v", "stream", "run", str(config), "--available-now"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "snapshot=airports ready keys=1" in done.stderr
     assert sum(end_offsets(env.conf, env.enriched).values()) == 1  # flight 2's origin is unknown: inner join
@@ -62,7 +68,8 @@ def test_cli_runs_the_job_on_the_cluster_with_an_s3a_checkpoint(
     env.put_flights([flight(1, "EWR", "LAX"), flight(2, "XXX", "LAX")])
     (tmp_path / "flight.avsc").write_text(json.dumps(FLIGHT))
     config = tmp_path / "pipeline.yaml"
-    config.write_text(textwrap.dedent(f"""\
+    config.write_text(
+        textwrap.dedent(f"""\
         version: 1
         kafka:
           bootstrap_servers: {kafka.bootstrap_servers}
@@ -90,13 +97,23 @@ def test_cli_runs_the_job_on_the_cluster_with_an_s3a_checkpoint(
               spark.hadoop.fs.s3a.connection.ssl.enabled: "false"
               spark.hadoop.fs.s3a.access.key: ${{env:THREES_TEST_S3_KEY}}
               spark.hadoop.fs.s3a.secret.key: ${{env:THREES_TEST_S3_SECRET}}
-        """))
+        """)
+    )
     threes = Path(sys.executable).parent / "threes"
-    environ = {**os.environ, "THREES_TEST_S3_KEY": endpoints.s3_access_key_id,
-               "THREES_TEST_S3_SECRET": endpoints.s3_secret_access_key,
-               "THREES_HOME": str(stack.home)}  # the stack's jars (Spark connectors, hadoop-aws), run from elsewhere
-    done = subprocess.run([str(threes), "-v", "stream", "run", str(config), "--available-now"],
-                          capture_output=True, text=True, timeout=600, env=environ, cwd=tmp_path)
+    environ = {
+        **os.environ,
+        "THREES_TEST_S3_KEY": endpoints.s3_access_key_id,
+        "THREES_TEST_S3_SECRET": endpoints.s3_secret_access_key,
+        "THREES_HOME": str(stack.home),
+    }  # the stack's jars (Spark connectors, hadoop-aws), run from elsewhere
+    done = subprocess.run(
+        [str(threes), "-v", "stream", "run", str(config), "--available-now"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=environ,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"spark session master={spark_cluster_master}" in done.stderr
     assert "snapshot=airports ready keys=1 mode=indexed" in done.stderr  # the index lives in executors' workers
@@ -106,3 +123,5 @@ def test_cli_runs_the_job_on_the_cluster_with_an_s3a_checkpoint(
     assert any(k.startswith("cp/events/commits/") for k in keys)
     assert any(k.startswith("cp/snapshots/airports/") for k in keys)
     assert endpoints.s3_secret_access_key not in done.stderr
+    # Spark logs through log4j: hadoop-aws's SDK bundle (with an slf4j 1.x inside) comes after Spark's jars
+    assert 'Setting default log level to "WARN"' in done.stderr

@@ -38,6 +38,12 @@ def test_executors_import_the_project_from_the_shipped_zip(cluster_spark):
         # the shipped copy is the driver's code, not an installed one
         with zipfile.ZipFile(archive) as zf:
             assert zf.read(inner) == Path(__file__).parents[3].joinpath(inner).read_bytes()
+        # hadoop-aws and the AWS SDK bundle are loaded in place (local: jars), behind Spark's own jars:
+        # the executor keeps Spark's logging (the bundle's slf4j 1.x first would make it a no-op)
+        stderr = (executor_dir / "stderr").read_text()
+        assert "bundle-2.24.6.jar" not in " ".join(p.name for p in executor_dir.iterdir())  # not copied
+        assert "/spark-s3a-jars/bundle-2.24.6.jar" in stderr.splitlines()[0]  # the launch command's class path
+        assert "INFO Executor" in stderr, stderr[-2000:]
     assert cluster_spark.sparkContext.master.startswith("spark://127.0.0.1:")
 
 
