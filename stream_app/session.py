@@ -95,8 +95,6 @@ def spark_session(
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     if local_jars:
         entries = [str(Path(j).resolve()) for j in local_jars]
-        driver = os.environ.get("SPARK_DIST_CLASSPATH", "")
-        os.environ["SPARK_DIST_CLASSPATH"] = ":".join([driver, *[e for e in entries if e not in driver]]).strip(":")
         key = "spark.executorEnv.SPARK_DIST_CLASSPATH"
         builder = builder.config(key, ":".join(filter(None, [settings.conf.get(key), *entries])))
     if jars:
@@ -106,7 +104,18 @@ def spark_session(
     for key, value in settings.conf.items():
         if not (local_jars and key == "spark.executorEnv.SPARK_DIST_CLASSPATH"):
             builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # the driver's JVM (started by the first getOrCreate of this process) reads it from our environment;
+    # restored afterwards so that child processes do not inherit it
+    saved = os.environ.get("SPARK_DIST_CLASSPATH")
+    if local_jars:
+        os.environ["SPARK_DIST_CLASSPATH"] = ":".join(filter(None, [saved, *entries]))
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        if saved is None:
+            os.environ.pop("SPARK_DIST_CLASSPATH", None)
+        else:
+            os.environ["SPARK_DIST_CLASSPATH"] = saved
     spark.sparkContext.setLogLevel("WARN")
     _quiet(spark)
     if not local:
