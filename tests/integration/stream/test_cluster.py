@@ -155,6 +155,8 @@ def test_a_worker_killed_mid_run_leaves_the_update_topics_as_a_failure_free_run(
             "window_start",
         )
         assert all(q.isActive for q in job.queries)  # the job went on, on the remaining executor
+        executors = cluster_spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # minus the driver
+        assert executors == 1, f"{executors} executors: worker 2's was not lost"
     finally:
         job.stop()
         stack.up(["spark"])  # worker 2 back for whatever runs next
