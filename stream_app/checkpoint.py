@@ -309,7 +309,12 @@ def open_checkpoint_location(location: str, spark: object | None = None) -> Chec
             jvm.org.apache.hadoop.fs.Path(location).getFileSystem(hadoop)
         except Exception as exc:  # py4j's Java errors: the class or the scheme is missing
             reason = _first_line(exc)
-            hint = " (put hadoop-aws and the AWS SDK bundle on the class path)" if "s3a" in reason.lower() else ""
+            hint = (
+                " (hadoop-aws and the AWS SDK bundle are not on Spark's class path: "
+                "`threes local up --service spark` resolves them, see docs/operations.md)"
+                if "s3a" in reason.lower()
+                else ""
+            )
             raise ConfigError([ConfigProblem(where, f"Spark cannot use {location!r}: {reason}{hint}")]) from None
         s3a = {str(k): str(v) for k, v in dict(hadoop.getPropsWithPrefix("fs.s3a.")).items()}
     try:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from connectors.exceptions import SetupError, ThreesError
+from connectors.exceptions import ThreesError
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +36,19 @@ def _jars() -> list[Path] | None:
 
 
 def _s3a_jars(checkpoint_location: str) -> list[Path] | None:
-    """hadoop-aws and the AWS SDK bundle of the local stack for an ``s3a://`` checkpoint, else None.
+    """hadoop-aws and the AWS SDK bundle of the local stack for an ``s3a://`` checkpoint, when resolved.
 
-    Resolved with Maven on first use; a cluster elsewhere needs them at the same path on every host.
+    ``threes local up --service spark`` resolves them (``.threes/spark-s3a-jars``); a
+    cluster elsewhere needs them at the same path on every host, or brings its own
+    (then the job's start-up check finds S3A on Spark's class path). Never downloaded
+    here: 560 MB should not land silently in whatever folder the job runs from.
     """
     if not checkpoint_location.startswith("s3a://"):
         return None
-    from connectors.local import LocalStack, LocalStackError
+    from connectors.local import LocalStack
 
-    try:
-        return LocalStack().spark_s3a_jars()
-    except LocalStackError as exc:
-        raise SetupError(f"stream.checkpoint_location: no hadoop-aws for s3a:// ({exc})") from None
+    stack = LocalStack()
+    return stack.spark_s3a_jars() if (stack.home / "spark-s3a-jars").is_dir() else None
 
 
 @stream_app.command()
