@@ -104,6 +104,8 @@ SMALL, MEDIUM = 10_000, 100_000
 KS_EVENTS = int(os.environ.get("THREES_BENCH_KS_EVENTS", "500000"))
 KS_KEYS = [int(n) for n in os.environ.get("THREES_BENCH_KS_KEYS", "10000,1000000").split(",")]
 KS_HEAP = os.environ.get("THREES_BENCH_KS_HEAP", "-Xms2g -Xmx2g").split()
+# the job's snapshot engine in the side by side: unset = the config's default (broadcast below 100k keys)
+KS_INDEX_MIN_ROWS = os.environ.get("THREES_BENCH_KS_INDEX_MIN_ROWS")
 KS_ANCHOR = Path(os.environ.get("THREES_KSTREAMS_REF", str(ROOT.parent / "shared" / "anchors" / "kstreams-ref")))
 KS_DIR = ROOT / ".threes" / "kstreams-ref"
 LATENCY_20K = 20_000
@@ -833,6 +835,7 @@ class Bench:
                         "key_format": "string",
                         "key_field": "key",
                         "value_schema": "ks_ref.avsc",
+                        **({"index_min_rows": int(KS_INDEX_MIN_ROWS)} if KS_INDEX_MIN_ROWS else {}),
                     }
                 ],
                 "lookups": [{"snapshot": "refs", "on": {"fk": "key"}, "prefix": "ref_"}],
