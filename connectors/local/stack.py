@@ -93,8 +93,17 @@ class Endpoints:
         return cls(**values)
 
     def as_env(self) -> dict[str, str]:
-        """Return the ``THREES_*`` variables that describe these endpoints."""
-        return {var: getattr(self, field) for field, var in ENV_VARS.items()}
+        """Return the ``THREES_*`` variables that describe these endpoints.
+
+        ``THREES_SPARK_MASTER`` only when it is set already: the standalone cluster is
+        started on request (``--service spark``), and a config's
+        ``${env:THREES_SPARK_MASTER:-local[2]}`` must not point at a cluster nobody started.
+        """
+        return {
+            var: getattr(self, field)
+            for field, var in ENV_VARS.items()
+            if field != "spark_master" or os.environ.get(var)
+        }
 
 
 ENV_VARS: dict[str, str] = {

@@ -32,3 +32,14 @@ def test_hadoop_aws_is_pinned_to_pysparks_hadoop():
     assert pyspark_hadoop_version() == HADOOP_VERSION
     pom = (Path(__file__).parents[3] / "connectors" / "local" / "spark-s3a-pom.xml").read_text()
     assert f"<version>{HADOOP_VERSION}</version>" in pom
+
+
+def test_the_cluster_master_is_exported_only_when_set(monkeypatch) -> None:
+    """A config's ${env:THREES_SPARK_MASTER:-local[2]} must not reach a cluster nobody started."""
+    from connectors.local import Endpoints
+
+    monkeypatch.delenv("THREES_SPARK_MASTER", raising=False)
+    env = Endpoints.from_env().as_env()
+    assert "THREES_SPARK_MASTER" not in env and "THREES_KAFKA_BOOTSTRAP" in env
+    monkeypatch.setenv("THREES_SPARK_MASTER", "spark://127.0.0.1:7077")
+    assert Endpoints.from_env().as_env()["THREES_SPARK_MASTER"] == "spark://127.0.0.1:7077"
