@@ -244,22 +244,38 @@ class ColumnarDecoder:
         """
         return self._plan(fingerprint) is not None
 
-    def arrow_schema(self, fingerprint: bytes) -> Any:
-        """The Arrow schema of decoded tables of this writer schema (``None`` when not supported)."""
-        plan = self._plan(fingerprint)
-        return None if plan is None else plan[1]
-
     def _plan(self, fingerprint: bytes) -> tuple[bytes, Any] | None:
-        if fingerprint in self._plans:
-            return self._plans[fingerprint]
+        return self._cached(self._plans, fingerprint, False)
+
+    def _cached(self, plans: dict[bytes, Any], fingerprint: bytes, wrapped: bool) -> tuple[bytes, Any] | None:
+        """The plan of a writer schema, made once per fingerprint (``None``: decode per record).
+
+        ``wrapped``: the schema inside a one-field record (any schema, for keys);
+        otherwise the schema itself, which must be a record (values).
+
+        Raises:
+            UnknownSchemaError: the fingerprint is not registered.
+        """
+        if fingerprint in plans:
+            return plans[fingerprint]
         parsed = self.resolver.get(fingerprint)  # UnknownSchemaError propagates
         plan = None
         try:
-            plan = self._make_plan(json.loads(self.resolver.get_json(fingerprint)), parsed)
+            schema = json.loads(self.resolver.get_json(fingerprint))
+            if wrapped:
+                from schemas.arrow import has_uuid
+
+                if has_uuid(schema):
+                    raise ValueError("a uuid logical type (fastavro decodes it as uuid.UUID)")
+                wrapper = [{"name": "v", "type": schema}]
+                schema = {"type": "record", "name": "threes_columnar_wrapper", "fields": wrapper}
+                parsed = {"type": "record", "name": "w", "fields": [{"name": "v", "type": parsed}]}
+            plan = self._make_plan(schema, parsed)
         except Exception as exc:  # noqa: BLE001 - any reason means "per record", logged once
-            log.info("writer schema %s decoded per record (%s)", fingerprint.hex(), exc)
+            log.info("writer schema %s%s decoded per record (%s)", fingerprint.hex(), " (wrapped)" if wrapped else "",
+                     exc)
         with self._lock:
-            self._plans[fingerprint] = plan
+            plans[fingerprint] = plan
         return plan
 
     def decode_objects(self, fingerprint: bytes, bodies: Sequence[bytes | memoryview]) -> list[Any] | None:
@@ -277,29 +293,10 @@ class ColumnarDecoder:
         Raises:
             ColumnarDecodeError: the block did not decode (decode per record to find the bad body).
         """
-        plan = self._wrapped_plan(fingerprint)
+        plan = self._cached(self._wrapped, fingerprint, True)
         if plan is None:
             return None
         return self._read(fingerprint, plan, bodies).column(0).to_pylist()
-
-    def _wrapped_plan(self, fingerprint: bytes) -> tuple[bytes, Any] | None:
-        if fingerprint in self._wrapped:
-            return self._wrapped[fingerprint]
-        parsed = self.resolver.get(fingerprint)
-        plan = None
-        try:
-            from schemas.arrow import has_uuid
-
-            schema = json.loads(self.resolver.get_json(fingerprint))
-            if has_uuid(schema):
-                raise ValueError("a uuid logical type (fastavro decodes it as uuid.UUID)")
-            wrapper = {"type": "record", "name": "threes_columnar_wrapper", "fields": [{"name": "v", "type": schema}]}
-            plan = self._make_plan(wrapper, {"type": "record", "name": "w", "fields": [{"name": "v", "type": parsed}]})
-        except Exception as exc:  # noqa: BLE001 - any reason means "per record"
-            log.info("writer schema %s (keys) decoded per record (%s)", fingerprint.hex(), exc)
-        with self._lock:
-            self._wrapped[fingerprint] = plan
-        return plan
 
     @staticmethod
     def _make_plan(schema: dict[str, Any], parsed: Any) -> tuple[bytes, Any]:

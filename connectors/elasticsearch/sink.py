@@ -54,7 +54,7 @@ class ElasticsearchSink(Sink):
     Idempotency key: ``_id`` (the key; composite keys joined by ``|``) and the version.
 
     Documents: values the sync service decoded in columns are written as JSON
-    in one call per writer schema (:mod:`connectors.elasticsearch.documents`,
+    in one call per writer schema (:mod:`schemas.documents`,
     byte-identical to the client's serializer); others per record.
 
     Requests: the batch's newest update per key, in NDJSON bulk bodies of at
@@ -127,10 +127,10 @@ class ElasticsearchSink(Sink):
     def _sources(batch: SinkBatch, records: list[SinkRecord]) -> dict[int, bytes]:
         """The JSON ``_source`` of every upsert whose value was decoded in columns, by ``id(record)``.
 
-        One NDJSON write per writer schema (:mod:`connectors.elasticsearch.documents`),
+        One NDJSON write per writer schema (:mod:`schemas.documents`),
         byte-identical to what the client's serializer writes for the value dict.
         """
-        from connectors.elasticsearch.documents import documents
+        from schemas.documents import documents
 
         by_schema: dict[bytes, list[SinkRecord]] = {}
         for record in records:

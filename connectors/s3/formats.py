@@ -72,7 +72,7 @@ def encode_jsonl(records: Iterable[SinkRecord], documents: Any = None) -> bytes:
         records: the object's records.
         documents: the value JSON of every row of the batch's columnar values of these
             records' writer schema (``record.row`` indexes it), written in columns by
-            :func:`connectors.elasticsearch.documents.documents` with decimals as text: the
+            :func:`schemas.documents.documents` with decimals as text: the
             same bytes orjson writes for the value dict; ``None`` serializes each value.
 
     Raises:

@@ -288,7 +288,7 @@ class S3Sink(Sink):
         ``None`` when the upserts among ``records`` are not all of one writer schema
         decoded in columns (then each value is serialized on its own).
         """
-        from connectors.elasticsearch.documents import documents
+        from schemas.documents import documents
 
         fps = {r.value_fingerprint for r in records if not r.is_delete}
         if len(fps) != 1 or any(r.row < 0 for r in records if not r.is_delete):

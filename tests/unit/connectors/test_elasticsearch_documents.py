@@ -6,9 +6,9 @@ import copy
 
 from elasticsearch import OrjsonSerializer
 
-from connectors.elasticsearch.documents import documents
 from connectors.elasticsearch.sink import _json_safe
 from schemas.columnar import ColumnarDecoder
+from schemas.documents import documents
 from schemas.serde import AvroDeserializer, split
 from tests.unit.test_columnar import EVERY_TYPE, encode, every_value
 

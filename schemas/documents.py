@@ -1,7 +1,9 @@
-"""Elasticsearch documents from columns: one JSON text per row of an Arrow table, written by polars.
+"""JSON documents from columns: one JSON text per row of an Arrow table, written by polars.
 
-The per-record path serializes each value dict with the client's serializer
-(orjson, with elasticsearch-py's ``default`` for what orjson lacks). This module
+Used by the sinks that write JSON (Elasticsearch documents, S3 JSON Lines) from the
+sync service's columnar values (:mod:`schemas.columnar`). The per-record path
+serializes each value dict with orjson (with elasticsearch-py's ``default``, or the
+S3 sink's, for what orjson lacks). This module
 writes the same JSON for a whole table at once (polars' NDJSON writer), after
 converting in columns the types whose JSON the two would spell differently:
 
