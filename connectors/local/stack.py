@@ -15,13 +15,14 @@ from pathlib import Path
 
 from .common import HOST, Layout, LocalStackError, wait_until
 from .elasticsearch import HTTP_PORT, Elasticsearch
-from .kafka import KAFKA_PORT, Kafka
+from .kafka import KAFKA_PORT, SASL_PASSWORD, SASL_SSL_PORT, SASL_USERNAME, Kafka
 from .mysql import MYSQL_URL, MySQL
 from .postgres import PG_DATABASE, PG_PASSWORD, PG_PORT, PG_USER, Postgres
 from .s3 import ACCESS_KEY_ID, REGION, S3, S3_PORT, SECRET_ACCESS_KEY
 from .service import Service
 from .spark import resolve_s3a_jars, resolve_spark_jars, s3a_jars_dir, spark_jars_dir
 from .spark_cluster import MASTER_URL, cluster_services, external_master_probe
+from .tls import tls_dir
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,12 @@ class Endpoints:
         mysql_url: SQLAlchemy URL of the MySQL-compatible server (MariaDB),
             ``mysql+pymysql://user:password@host:port/db?charset=utf8mb4``.
         spark_master: Master URL of the Spark standalone cluster (``spark://host:port``).
+        kafka_sasl_bootstrap: ``host:port`` of the broker's SASL_SSL (SCRAM-SHA-512)
+            listener; empty when Kafka is external and no SASL_SSL address was given.
+        kafka_sasl_username: SCRAM user of that listener.
+        kafka_sasl_password: Its password.
+        tls_ca_location: PEM file of the CA that signed the stack's server
+            certificates (Kafka SASL_SSL, PostgreSQL); clients verify against it.
     """
 
     kafka_bootstrap: str
@@ -64,10 +71,20 @@ class Endpoints:
     s3_region: str = REGION
     mysql_url: str = MYSQL_URL
     spark_master: str = MASTER_URL
+    kafka_sasl_bootstrap: str = f"{HOST}:{SASL_SSL_PORT}"
+    kafka_sasl_username: str = SASL_USERNAME
+    kafka_sasl_password: str = SASL_PASSWORD
+    tls_ca_location: str = ""
 
     @classmethod
-    def local(cls) -> Endpoints:
-        """Return the endpoints of the project-local services (no overrides)."""
+    def local(cls, home: Path | None = None) -> Endpoints:
+        """Return the endpoints of the project-local services (no overrides).
+
+        Args:
+            home: The stack's folder (for the CA file); ``$THREES_HOME`` or ``./.threes`` when None.
+        """
+        if home is None:
+            home = Path(os.environ.get("THREES_HOME") or ".threes").expanduser().resolve()
         return cls(
             kafka_bootstrap=f"{HOST}:{KAFKA_PORT}",
             postgres_url=(f"postgresql+psycopg://{PG_USER}:{PG_PASSWORD}@{HOST}:{PG_PORT}/{PG_DATABASE}"),
@@ -78,18 +95,25 @@ class Endpoints:
             s3_region=REGION,
             mysql_url=MYSQL_URL,
             spark_master=MASTER_URL,
+            tls_ca_location=str(tls_dir(Layout(home)) / "ca.pem"),
         )
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Endpoints:
+    def from_env(cls, environ: Mapping[str, str] | None = None, home: Path | None = None) -> Endpoints:
         """Return the local endpoints with ``THREES_*`` environment overrides applied.
+
+        An external Kafka (``THREES_KAFKA_BOOTSTRAP``) has no SASL_SSL address
+        unless ``THREES_KAFKA_SASL_BOOTSTRAP`` gives one.
 
         Args:
             environ: Mapping to read (defaults to ``os.environ``, read at call time).
+            home: The stack's folder (see :meth:`local`).
         """
         env = os.environ if environ is None else environ
-        base = cls.local()
+        base = cls.local(home)
         values = {field: env.get(var) or getattr(base, field) for field, var in ENV_VARS.items()}
+        if env.get("THREES_KAFKA_BOOTSTRAP") and not env.get("THREES_KAFKA_SASL_BOOTSTRAP"):
+            values["kafka_sasl_bootstrap"] = ""
         return cls(**values)
 
     def as_env(self) -> dict[str, str]:
@@ -102,7 +126,7 @@ class Endpoints:
         return {
             var: getattr(self, field)
             for field, var in ENV_VARS.items()
-            if field != "spark_master" or os.environ.get(var)
+            if (field != "spark_master" or os.environ.get(var)) and getattr(self, field)
         }
 
 
@@ -116,6 +140,10 @@ ENV_VARS: dict[str, str] = {
     "s3_region": "THREES_S3_REGION",
     "mysql_url": "THREES_MYSQL_URL",
     "spark_master": "THREES_SPARK_MASTER",
+    "kafka_sasl_bootstrap": "THREES_KAFKA_SASL_BOOTSTRAP",
+    "kafka_sasl_username": "THREES_KAFKA_SASL_USERNAME",
+    "kafka_sasl_password": "THREES_KAFKA_SASL_PASSWORD",
+    "tls_ca_location": "THREES_TLS_CA",
 }
 """Endpoints field -> environment variable that overrides it."""
 
@@ -165,7 +193,7 @@ class LocalStack:
 
     def endpoints(self) -> Endpoints:
         """Return the endpoints, with ``THREES_*`` environment overrides applied."""
-        return Endpoints.from_env()
+        return Endpoints.from_env(home=self.home)
 
     def up(self, services: Sequence[str] | None = None) -> None:
         """Install what is missing, start what is down and wait until all are healthy.
