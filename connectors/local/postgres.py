@@ -4,6 +4,11 @@
 server refuses to run as root). The bootstrap superuser is ``threes``
 (password ``threes``); the database ``threes`` is created on first start.
 ``.threes/postgres/.initialized`` marks a completed ``initdb``.
+
+TLS is on (``ssl = on``) with the stack's server certificate for 127.0.0.1 /
+localhost (:mod:`.tls`), copied to ``.threes/postgres/tls`` for the server's
+user; clients connect with ``sslmode=verify-full sslrootcert=.threes/tls/ca.pem``
+(plain connections stay allowed: ``pg_hba`` is ``host``, not ``hostssl``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from .common import HOST, LocalStackError, now, redact, wait_until
 from .process import PidRecord, owns, run, terminate
 from .service import Service
 from .system import apt_install, chown_tree, ensure_system_user, find_program, make_traversable
+from .tls import ensure_certificates
 
 if TYPE_CHECKING:
     from .stack import Endpoints
@@ -166,7 +172,7 @@ class Postgres(Service):
             with (self.data / "postgresql.conf").open("a") as conf:
                 conf.write("\n# Added by connectors.local.postgres\ninclude 'threes.conf'\n")
             marker.touch()
-        settings = {**SETTINGS, "unix_socket_directories": f"'{self.socket_dir}'"}
+        settings = {**SETTINGS, "unix_socket_directories": f"'{self.socket_dir}'", **self._tls_settings(user)}
         conf_file = self.data / "threes.conf"
         conf_file.write_text(
             "# Written by connectors.local.postgres on every start.\n"
@@ -174,6 +180,28 @@ class Postgres(Service):
         )
         if user:
             os.chown(conf_file, user.pw_uid, user.pw_gid)
+
+    def _tls_settings(self, user: object | None) -> dict[str, str]:
+        """Copy the stack's server certificate and key where the server's user owns them; return the settings.
+
+        PostgreSQL refuses a key file readable by others or not owned by its user.
+        """
+        certs = ensure_certificates(self.layout)
+        folder = self.dir / "tls"
+        folder.mkdir(exist_ok=True)
+        cert, key = folder / "server.crt", folder / "server.key"
+        cert.write_bytes(certs.cert.read_bytes())
+        key.touch(mode=0o600)
+        key.chmod(0o600)
+        key.write_bytes(certs.key.read_bytes())
+        if user is not None:
+            chown_tree(folder, user)  # type: ignore[arg-type]
+        return {
+            "ssl": "on",
+            "ssl_cert_file": f"'{cert}'",
+            "ssl_key_file": f"'{key}'",
+            "ssl_min_protocol_version": "'TLSv1.2'",
+        }
 
     def _postmaster_pid(self) -> int | None:
         try:
