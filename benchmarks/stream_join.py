@@ -472,8 +472,8 @@ class Bench:
         from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint
         from stream_app.kafka_io import TopicWatermarks
         from stream_app.plan import build_plan
-        from stream_app.snapshot_base import DeadLetterProducer
-        from stream_app.snapshot_runtime import Snapshot
+        from stream_app.snapshot.engines import DeadLetterProducer
+        from stream_app.snapshot.runtime import Snapshot
         from stream_app.writers import WriterSchemas
 
         config = self.config(self.topic("events"), topic, checkpoint or self.tmp / "unused")
@@ -976,7 +976,7 @@ class Bench:
 
 if __name__ == "__main__":
     logging.basicConfig(level=os.environ.get("THREES_BENCH_LOG", "INFO"), format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("py4j", "stream_app.lookup"):
+    for noisy in ("py4j", "stream_app.snapshot.indexed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     bench = Bench()
     try:

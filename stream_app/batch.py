@@ -25,7 +25,7 @@ from stream_app.enrich import BoundLookup, enrich
 from stream_app.kafka_io import offsets_json
 from stream_app.plan import JobPlan, writers_for
 from stream_app.records import dead_letter, explode_records, header, no_headers, record
-from stream_app.snapshot import ERROR, SnapshotView, decode_error_reason
+from stream_app.snapshot.data import ERROR, SnapshotView, decode_error_reason
 from stream_app.updates import projection_records
 
 SOURCE_HEADER = "source"  # on enriched events: "topic:partition:offset" of the event they enrich

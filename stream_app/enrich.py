@@ -14,7 +14,7 @@ Three engines, chosen per snapshot by its size:
   the snapshot is small.
 * **indexed** (up to ``broadcast_max_rows``): a scalar pandas UDF per lookup
   probes the hash index the Python workers keep of the base, shipped once per
-  base (:mod:`stream_app.lookup`); only the keys cross into Python, and the
+  base (:mod:`stream_app.snapshot.indexed`); only the keys cross into Python, and the
   cost follows the events, not the snapshot.
 * **partitioned** (above): a shuffle join against the base, a DataFrame cached
   and hash-partitioned by lookup key (so only the events move).
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from connectors.config.stream import LookupConfig
-from stream_app.lookup import MATCHED, ArrowLookup, lookup_udf_function
-from stream_app.snapshot import DELETED, LK, SnapshotView, event_lookup_key
+from stream_app.snapshot.data import DELETED, LK, SnapshotView, event_lookup_key
+from stream_app.snapshot.indexed import MATCHED, ArrowLookup, lookup_udf_function
 
 
 @dataclass(frozen=True)

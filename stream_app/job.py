@@ -35,7 +35,7 @@ from connectors import clients
 from connectors.config.models import KafkaConfig
 from connectors.config.stream import StreamJobConfig
 from connectors.exceptions import ConfigError, ConfigProblem, FatalError
-from connectors.topics import ensure_compacted_topic, topic_configs
+from connectors.topics import cluster_metadata, ensure_compacted_topic, topic_configs
 from schemas.serde import schema_json
 from stream_app import metrics
 from stream_app.avro import decode_avro
@@ -46,9 +46,9 @@ from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import TopicWatermarks, offsets_json, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import write_records
-from stream_app.snapshot import corrupt_to_null
-from stream_app.snapshot_base import DeadLetterProducer
-from stream_app.snapshot_runtime import Snapshot
+from stream_app.snapshot.data import corrupt_to_null
+from stream_app.snapshot.engines import DeadLetterProducer
+from stream_app.snapshot.runtime import Snapshot
 from stream_app.updates import aggregate, aggregation_input_fields, aggregation_records
 from stream_app.writers import WriterSchemas
 
@@ -178,6 +178,8 @@ class StreamJob:
     def _check_topics(self) -> None:
         """Snapshot topics must be compacted; missing output topics are created."""
         cfg, conf = self.config, self.kafka.librdkafka_config()
+        # a refused login or an unverifiable broker certificate: SetupError in one line, at once
+        cluster_metadata(conf, self.kafka.request_timeout_s)
         problems = []
         for i, snap in enumerate(cfg.snapshots):
             for topic in snap.topics:

@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from connectors.config.stream import LookupConfig
 from stream_app.enrich import BoundLookup, enrich
-from stream_app.snapshot import SnapshotView, lookup_key
+from stream_app.snapshot.data import SnapshotView, lookup_key
 
 pytestmark = pytest.mark.spark
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from stream_app.lookup import _index, probe
+from stream_app.snapshot.indexed import _index, probe
 
 
 def test_probe_confirms_hash_hits_by_key():

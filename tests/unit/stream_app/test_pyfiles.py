@@ -14,7 +14,7 @@ def test_zip_holds_the_packages_sources_and_data_without_bytecode(tmp_path):
         names = set(zf.namelist())
     for package in PACKAGES:
         assert f"{package}/__init__.py" in names
-    assert "stream_app/lookup.py" in names  # what the executors' UDFs import
+    assert "stream_app/snapshot/indexed.py" in names  # what the executors' UDFs import
     assert any(n.startswith("schemas/") and n.endswith(".avsc") for n in names)  # package data too
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     root = package_dir("stream_app").parent

@@ -7,7 +7,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from stream_app.snapshot import apply_changes, below, dedupe_last, event_lookup_key, latest_per_key, lookup_key
+from stream_app.snapshot.data import apply_changes, below, dedupe_last, event_lookup_key, latest_per_key, lookup_key
 
 pytestmark = pytest.mark.spark
 

@@ -13,7 +13,7 @@ from connectors.exceptions import ConfigError
 from schemas.serde import AvroSerializer, fingerprint, schema_json
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.plan import Schema, build_plan, spark_type
-from stream_app.snapshot import (
+from stream_app.snapshot.data import (
     DELETED,
     ERROR,
     LH,
@@ -25,8 +25,8 @@ from stream_app.snapshot import (
     latest_per_key,
     record_decoder,
 )
-from stream_app.snapshot_base import nullable_schema
-from stream_app.snapshot_delta import DriverDecoder, simple_key_field
+from stream_app.snapshot.delta import DriverDecoder, simple_key_field
+from stream_app.snapshot.engines import nullable_schema
 
 # the Kafka Streams reference's value schema (anchors/kstreams-ref Schemas.java)
 REF = {

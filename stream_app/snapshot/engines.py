@@ -5,7 +5,7 @@
   micro-batch, which costs little at this size).
 * ``indexed`` (up to ``broadcast_max_rows``): an Arrow IPC broadcast variable,
   shipped once per base and indexed by each Python worker
-  (:mod:`stream_app.lookup`); pre-loaded into the workers in the background.
+  (:mod:`stream_app.snapshot.indexed`); pre-loaded into the workers in the background.
 * ``partitioned`` (above): a cached DataFrame hash-partitioned by lookup key.
 
 The driver keeps the Arrow table of the first two: merges apply change sets
@@ -28,8 +28,8 @@ from connectors.config.models import KafkaConfig
 from connectors.config.stream import SnapshotConfig
 from connectors.dlq import DeadLetter
 from connectors.exceptions import RetriableError
-from stream_app.lookup import ArrowLookup, warm_udf_function
-from stream_app.snapshot import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC, apply_changes, ipc_bytes
+from stream_app.snapshot.data import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC, apply_changes, ipc_bytes
+from stream_app.snapshot.indexed import ArrowLookup, warm_udf_function
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ A :class:`Snapshot` keeps, on the driver:
 Before each micro-batch :meth:`Snapshot.catch_up` reads only the new offset
 ranges ``[offsets, end offsets)`` from Kafka into the overlay (a few records:
 one long-lived consumer on the driver, decoded there by fastavro,
-:mod:`stream_app.snapshot_delta`; many: Spark's Kafka source, decoded in the
+:mod:`stream_app.snapshot.delta`; many: Spark's Kafka source, decoded in the
 JVM), so a refresh costs what was written since the last one, not the
 snapshot's size. When the overlay passes ``overlay_max_rows`` it is merged
 into a new base (one broadcast variable, or one cached DataFrame). This is the base +
@@ -42,7 +42,7 @@ from stream_app import metrics
 from stream_app.checkpoint import SnapshotCheckpoint
 from stream_app.kafka_io import Offsets, RangeReader, TopicWatermarks, count_between, offsets_json, read_range
 from stream_app.plan import SnapshotPlan, writers_for
-from stream_app.snapshot import (
+from stream_app.snapshot.data import (
     DELETED,
     ERROR,
     LH,
@@ -58,8 +58,8 @@ from stream_app.snapshot import (
     latest_per_key,
     record_decoder,
 )
-from stream_app.snapshot_base import DeadLetterProducer, SnapshotBase, nullable_schema, nullable_table
-from stream_app.snapshot_delta import DriverDecoder, simple_key_field, supported_schema
+from stream_app.snapshot.delta import DriverDecoder, simple_key_field, supported_schema
+from stream_app.snapshot.engines import DeadLetterProducer, SnapshotBase, nullable_schema, nullable_table
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class Snapshot:
         """Records in ``[start, ends)``: the whole log when small, else the latest per key (tombstones kept).
 
         A few records are read on the driver by one long-lived consumer and
-        decoded there by fastavro (:mod:`stream_app.snapshot_delta`: no Spark
+        decoded there by fastavro (:mod:`stream_app.snapshot.delta`: no Spark
         job), or in the JVM when fastavro cannot reproduce Spark's decoding;
         many are read and decoded by Spark.
         """

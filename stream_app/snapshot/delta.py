@@ -41,7 +41,7 @@ import pyarrow as pa
 import xxhash
 
 from schemas.serde import HEADER_BYTES, MARKER
-from stream_app.snapshot import DELETED, LH, LK, OFFSET, PARTITION, TOPIC
+from stream_app.snapshot.data import DELETED, LH, LK, OFFSET, PARTITION, TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def supported_schema(schema: Any, named: set[str] | None = None) -> bool:
 
 
 def simple_key_field(key_type: Any) -> str | None:
-    """The key's one field when :func:`stream_app.snapshot.lookup_key` renders it by a plain cast, else ``None``."""
+    """The key's one field when :func:`~stream_app.snapshot.data.lookup_key` renders it as a cast, else ``None``."""
     from pyspark.sql import types as T
 
     fields = key_type.fields

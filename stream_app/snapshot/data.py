@@ -9,12 +9,12 @@ GlobalKTable). Its rows carry two internal columns beside the value fields:
   :func:`lookup_key` the same way on the event side, so a foreign key and a
   snapshot key meet on equal strings whatever their Avro writer schema.
 * ``__lh`` (long): ``xxhash64(__lk)``, the hash the broadcast lookup indexes
-  (:mod:`stream_app.lookup`), which checks ``__lk`` on every hit.
+  (:mod:`stream_app.snapshot.indexed`), which checks ``__lk`` on every hit.
 
 Nothing here has side effects: the Spark functions take and return
 DataFrames, the Arrow ones take and return tables, so unit tests call them on
 small frames. The live snapshot (reading Kafka, broadcasting, checkpointing)
-is :mod:`stream_app.snapshot_runtime`.
+is :mod:`stream_app.snapshot.runtime`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,15 @@
+"""The snapshot: a GlobalKTable-like table of compacted topics that micro-batches join against.
+
+Modules, from data to runtime:
+
+* :mod:`~stream_app.snapshot.data`: pure functions from compacted-topic records
+  to the latest value per key (decoding, lookup keys, tombstones, change sets)
+  and :class:`~stream_app.snapshot.data.SnapshotView`, what one micro-batch joins.
+* :mod:`~stream_app.snapshot.engines`: where a snapshot's base lives by its size
+  (broadcast for small snapshots, partitioned by key on the executors above).
+* :mod:`~stream_app.snapshot.partitioned`: the partitioned store on the
+  executors: bootstrap, merges and versions written and read by the executors.
+* :mod:`~stream_app.snapshot.delta`: small refreshes decoded on the driver.
+* :mod:`~stream_app.snapshot.runtime`: :class:`Snapshot`, the live snapshot
+  (readiness gate, catch-up before each micro-batch, checkpoints, replays).
+"""
