@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from connectors import clients
 from connectors.config.models import ElasticsearchConnection, RdsConnection, S3Connection
 from connectors.config.pipeline import PipelineBase
+from connectors.exceptions import SetupError
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +39,17 @@ class CheckResult:
 
 
 def _kafka(pipeline: PipelineBase) -> CheckResult:
-    from confluent_kafka import KafkaException
+    from connectors.topics import cluster_metadata
 
     kafka = pipeline.kafka
     try:
-        md = clients.kafka_admin(kafka).list_topics(timeout=kafka.request_timeout_s)
-    except KafkaException as exc:
-        return CheckResult(
-            "kafka",
-            kafka.bootstrap_servers,
-            False,
-            f"no metadata within {kafka.request_timeout_s:g} s ({exc.args[0].str() if exc.args else exc})",
-            "is the broker running and kafka.bootstrap_servers right? (`threes local up` starts one)",
-        )
+        # a refused login or an unverifiable certificate fails at once, not after the timeout
+        md = cluster_metadata(kafka.librdkafka_config(), kafka.request_timeout_s)
+    except SetupError as exc:
+        message = str(exc)
+        if exc.hint and message.endswith(f". {exc.hint}"):
+            message = message[: -len(exc.hint) - 2]
+        return CheckResult("kafka", kafka.bootstrap_servers, False, message, exc.hint or "")
     return CheckResult("kafka", kafka.bootstrap_servers, True, f"{len(md.brokers)} broker(s), {len(md.topics)} topics")
 
 

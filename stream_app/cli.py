@@ -69,6 +69,10 @@ def run(
     if master:
         settings = settings.model_copy(update={"master": master})
     try:
+        from connectors.topics import cluster_metadata
+
+        # before the SparkSession (seconds to start): a refused login or certificate fails at once, in one line
+        cluster_metadata(pipeline.kafka.librdkafka_config(), pipeline.kafka.request_timeout_s)
         spark = spark_session(settings, _jars(), _s3a_jars(pipeline.stream.checkpoint_location))
         StreamJob(pipeline.stream, pipeline.kafka, spark, base_dir=config.parent).run(available_now)
     except ThreesError as exc:

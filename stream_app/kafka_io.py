@@ -29,30 +29,112 @@ _JAAS = {
 }
 
 
-def spark_kafka_options(kafka: KafkaConfig) -> dict[str, str]:
-    """Options of Spark's Kafka source and sink (Java client properties, ``kafka.`` prefixed).
+# librdkafka properties of ``kafka.client_config`` that the Java client knows by the same
+# name and with the same meaning and values (librdkafka CONFIGURATION.md vs Kafka's
+# client configs): these are passed on to Spark's Kafka source and sink. Security and
+# connection settings are never taken from client_config (the typed fields decide them).
+JAVA_CLIENT_SAME_NAME: frozenset[str] = frozenset(
+    {
+        "client.id",
+        "client.dns.lookup",
+        "socket.connection.setup.timeout.ms",
+        "socket.connection.setup.timeout.max.ms",
+        "connections.max.idle.ms",
+        "reconnect.backoff.ms",
+        "reconnect.backoff.max.ms",
+        "retry.backoff.ms",
+        "retry.backoff.max.ms",
+        "metadata.max.age.ms",
+        "fetch.min.bytes",
+        "fetch.max.bytes",
+        "max.partition.fetch.bytes",
+        "isolation.level",
+        "compression.type",
+        "linger.ms",
+        "batch.size",
+        "acks",
+        "enable.idempotence",
+    }
+)
 
-    ``client_config`` holds librdkafka properties and is not passed on: the Java
-    client has other names for most of them.
+_TYPED_PREFIXES = ("bootstrap.servers", "security.protocol", "sasl.", "ssl.")
+
+
+def jaas_quote(value: str) -> str:
+    r"""Return ``value`` as a double-quoted JAAS option value.
+
+    Kafka's ``JaasConfig`` reads ``sasl.jaas.config`` with Java's
+    ``StreamTokenizer``: inside ``"..."`` a backslash escapes the next character
+    (``\\``, ``\"``, ``\n``, ``\r``, ``\t``). Escaping the backslash first keeps
+    every other character as it is, so any password round-trips.
+
+    Args:
+        value: The raw option value (a user name or password).
+
+    Returns:
+        The quoted value, e.g. ``"p\"w"`` for ``p"w``.
+    """
+    escaped = (
+        value.replace("\\", "\\\\")
+        .replace('"', '\\"')
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\t", "\\t")
+    )
+    return f'"{escaped}"'
+
+
+def sasl_jaas_config(mechanism: str, username: str, password: str) -> str:
+    """Return the Java client's ``sasl.jaas.config`` for PLAIN or SCRAM, values quoted by :func:`jaas_quote`.
+
+    Raises:
+        ValueError: For a mechanism other than PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+    """
+    if mechanism not in _JAAS:
+        raise ValueError(f"no JAAS login module for sasl_mechanism {mechanism!r}")
+    return f"{_JAAS[mechanism]} required username={jaas_quote(username)} password={jaas_quote(password)};"
+
+
+def spark_kafka_options(kafka: KafkaConfig) -> dict[str, str]:
+    r"""Options of Spark's Kafka source and sink (Java client properties, ``kafka.`` prefixed).
+
+    The typed security settings map onto the Java client: ``security_protocol``,
+    ``sasl_mechanism`` with a JAAS login module (values escaped, so a ``"`` or ``\\``
+    in a password is fine), ``ssl_ca_location`` as a PEM trust store (Kafka
+    clients >= 2.7, KIP-651) and host name verification (``https``) whenever TLS
+    is used. Of ``client_config`` (librdkafka properties), the keys in
+    :data:`JAVA_CLIENT_SAME_NAME` are passed on; security and connection keys
+    never are (the typed fields win), the others have no Java equivalent and are
+    left out (logged once per call at debug level).
 
     Returns:
         ``{"kafka.bootstrap.servers": ..., ...}``; the SASL password sits in
         ``kafka.sasl.jaas.config``, which Spark redacts in its logs.
     """
     options = {
-        "kafka.bootstrap.servers": kafka.bootstrap_servers,
-        "kafka.security.protocol": kafka.security_protocol,
-        "kafka.request.timeout.ms": str(int(kafka.request_timeout_s * 1000)),
+        f"kafka.{key}": str(value).lower() if isinstance(value, bool) else str(value)
+        for key, value in kafka.client_config.items()
+        if key in JAVA_CLIENT_SAME_NAME and not key.startswith(_TYPED_PREFIXES)
     }
-    if kafka.sasl_mechanism:
+    skipped = sorted(k for k in kafka.client_config if k not in JAVA_CLIENT_SAME_NAME)
+    if skipped:
+        log.debug("client_config keys without a Java client equivalent, not passed to Spark: %s", skipped)
+    options.update(
+        {
+            "kafka.bootstrap.servers": kafka.bootstrap_servers,
+            "kafka.security.protocol": kafka.security_protocol,
+            "kafka.request.timeout.ms": str(int(kafka.request_timeout_s * 1000)),
+        }
+    )
+    if kafka.sasl_mechanism and kafka.security_protocol.startswith("SASL"):
         options["kafka.sasl.mechanism"] = kafka.sasl_mechanism
         password = kafka.sasl_password.get_secret_value() if kafka.sasl_password else ""
-        options["kafka.sasl.jaas.config"] = (
-            f'{_JAAS[kafka.sasl_mechanism]} required username="{kafka.sasl_username or ""}" password="{password}";'
-        )
-    if kafka.ssl_ca_location:
-        options["kafka.ssl.truststore.type"] = "PEM"
-        options["kafka.ssl.truststore.location"] = kafka.ssl_ca_location
+        options["kafka.sasl.jaas.config"] = sasl_jaas_config(kafka.sasl_mechanism, kafka.sasl_username or "", password)
+    if kafka.security_protocol.endswith("SSL"):
+        options["kafka.ssl.endpoint.identification.algorithm"] = "https"
+        if kafka.ssl_ca_location:
+            options["kafka.ssl.truststore.type"] = "PEM"
+            options["kafka.ssl.truststore.location"] = kafka.ssl_ca_location
     return options
 
 
