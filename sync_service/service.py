@@ -39,6 +39,7 @@ from connectors import clients, registry
 from connectors.config.models import KafkaConfig
 from connectors.exceptions import FatalError, SetupError
 from connectors.runtime.sink import Sink
+from connectors.topics import cluster_metadata
 from schemas.columnar import ColumnarDecoder
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
@@ -134,11 +135,8 @@ class SyncService:
 
         admin = clients.kafka_admin(self.kafka)
         topic = self.config.dead_letter_topic
-        try:
-            meta = admin.list_topics(timeout=self.kafka.request_timeout_s)
-        except KafkaException as exc:
-            raise SetupError(f"Kafka at {self.kafka.bootstrap_servers} did not answer: {exc}",
-                             "check kafka.bootstrap_servers or run `threes local up`") from exc
+        # SetupError at once (one line) when the broker refuses the login or its certificate
+        meta = cluster_metadata(self.kafka.librdkafka_config(), self.kafka.request_timeout_s)
         if topic in meta.topics:
             return
         try:
