@@ -172,20 +172,35 @@ class LoadedSnapshot:
     """A snapshot read back from its checkpoint.
 
     Attributes:
-        table: the data (a zero-copy view over ``ipc``).
+        table: the data (a zero-copy view over ``ipc``); ``None`` for a partitioned version.
         offsets: the next offset per topic-partition it covers.
         written_at: when it was written, epoch seconds.
-        ipc: the file's bytes (an Arrow IPC stream), to broadcast as they are.
+        ipc: the file's bytes (an Arrow IPC stream), to broadcast as they are; ``None`` for a
+            partitioned version.
+        version: the version's name (``v<ms>`` Arrow IPC, ``p<ms>`` partitioned Parquet).
+        path: a partitioned version's data folder, as Spark reads it.
+        rows: keys in the version.
+        partitions: a partitioned version's buckets.
     """
 
-    table: pa.Table
+    table: pa.Table | None
     offsets: Offsets
     written_at: float
-    ipc: bytes
+    ipc: bytes | None
+    version: str = ""
+    path: str = ""
+    rows: int = 0
+    partitions: int = 0
 
 
 class SnapshotCheckpoint:
-    """Checkpoints of one snapshot (data as Parquet + offsets).
+    """Checkpoints of one snapshot: versions of its data, each with the offsets it covers.
+
+    A version is a folder ``snapshots/<name>/<version>/`` whose ``_manifest.json``
+    (written last) makes it valid. ``v<ms>``: one Arrow IPC file written by the
+    driver (small, broadcast snapshots); ``p<ms>``: Parquet bucketed by lookup
+    key, written by the executors (partitioned snapshots,
+    :mod:`stream_app.snapshot.partitioned`), never read by the driver.
 
     Args:
         fs: the checkpoint location.
@@ -193,13 +208,59 @@ class SnapshotCheckpoint:
         schema_id: identity of the snapshot's reader schemas; a checkpoint
             written with others is ignored.
         keep: how many versions to keep.
+        spark_folder: the same ``snapshots/<name>`` folder as Spark names it
+            (partitioned versions are written and read by Spark).
     """
 
-    def __init__(self, fs: CheckpointFs, name: str, schema_id: str, keep: int = 2):
+    def __init__(self, fs: CheckpointFs, name: str, schema_id: str, keep: int = 2, spark_folder: str | None = None):
         self.fs = fs
         self.folder = fs.path("snapshots", name)
+        self.spark_folder = spark_folder or self.folder
         self.schema_id = schema_id
         self.keep = keep
+
+    def _versions(self) -> list[str]:
+        """Version folders, oldest first (by their time stamp, whatever their kind)."""
+        names = [v for v in self.fs.children(self.folder) if v[:1] in ("v", "p") and v[1:].isdigit()]
+        return sorted(names, key=lambda v: int(v[1:]))
+
+    def _clean_up(self) -> None:
+        """Delete versions older than the newest ``keep`` valid ones (unfinished ones among them)."""
+        versions = self._versions()
+        valid = [v for v in versions if self.fs.read(f"{self.folder}/{v}/_manifest.json") is not None]
+        if len(valid) <= self.keep:
+            return
+        oldest_kept = int(valid[-self.keep][1:])
+        for old in versions:
+            if int(old[1:]) < oldest_kept:
+                self.fs.delete(f"{self.folder}/{old}")
+
+    def version_path(self, version: str) -> str:
+        """The data folder of a partitioned version, as Spark names it."""
+        return f"{self.spark_folder}/{version}/data"
+
+    def save_partitioned(self, version: str, rows: int, partitions: int, offsets: Offsets | None) -> None:
+        """Make a partitioned version (its data already written by Spark) valid: its manifest, written last.
+
+        Args:
+            version: ``p<ms>``.
+            rows: keys it holds.
+            partitions: its buckets.
+            offsets: the offsets it covers; ``None``: not a checkpoint (no manifest written).
+        """
+        if offsets is None:
+            return
+        manifest = {
+            "format": "partitioned",
+            "offsets": json.loads(offsets_json(offsets)),
+            "rows": rows,
+            "partitions": partitions,
+            "schema_id": self.schema_id,
+            "written_at": time.time(),
+        }
+        self.fs.write_atomic(f"{self.folder}/{version}/_manifest.json", json.dumps(manifest).encode())
+        self._clean_up()
+        log.info("snapshot checkpoint written folder=%s/%s keys=%d (partitioned)", self.folder, version, rows)
 
     def save(self, table: pa.Table, offsets: Offsets) -> str:
         """Write a new version; older ones beyond ``keep`` are deleted.
@@ -221,8 +282,7 @@ class SnapshotCheckpoint:
             "written_at": time.time(),
         }
         self.fs.write_atomic(f"{folder}/_manifest.json", json.dumps(manifest).encode())
-        for old in [v for v in self.fs.children(self.folder) if v.startswith("v")][: -self.keep]:
-            self.fs.delete(f"{self.folder}/{old}")
+        self._clean_up()
         log.info(
             "snapshot checkpoint written folder=%s keys=%d elapsed_s=%.2f",
             folder,
@@ -233,7 +293,7 @@ class SnapshotCheckpoint:
 
     def load(self) -> LoadedSnapshot | None:
         """The newest valid version, or ``None`` (none written, or written for other schemas)."""
-        for version in reversed([v for v in self.fs.children(self.folder) if v.startswith("v")]):
+        for version in reversed(self._versions()):
             raw = self.fs.read(f"{self.folder}/{version}/_manifest.json")
             if raw is None:
                 continue  # a version whose writing did not finish
@@ -241,11 +301,23 @@ class SnapshotCheckpoint:
             if manifest.get("schema_id") != self.schema_id:
                 log.info("snapshot checkpoint %s/%s was written for other schemas: not used", self.folder, version)
                 return None
+            offsets = parse_offsets(json.dumps(manifest["offsets"]))
+            if manifest.get("format") == "partitioned":
+                return LoadedSnapshot(
+                    None,
+                    offsets,
+                    manifest["written_at"],
+                    None,
+                    version=version,
+                    path=self.version_path(version),
+                    rows=manifest["rows"],
+                    partitions=manifest["partitions"],
+                )
             data = self.fs.read(f"{self.folder}/{version}/{DATA}")
             if data is None:
                 continue
             table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-            return LoadedSnapshot(table, parse_offsets(json.dumps(manifest["offsets"])), manifest["written_at"], data)
+            return LoadedSnapshot(table, offsets, manifest["written_at"], data, version=version, rows=table.num_rows)
         return None
 
 

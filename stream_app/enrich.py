@@ -144,9 +144,21 @@ def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None)
     spark = df.sparkSession
     values = lookup.value_columns()
     key = f"__lk{i}"
-    base = view.base_df.select(f.col(LK).alias(key), f.struct(*values).alias(f"__b{i}"))
-    df = df.join(f.broadcast(base) if view.mode == "broadcast" else base, key, "left")
-    value = f.col(f"__b{i}")
+    if view.mode == "broadcast":
+        base = view.base_df.select(f.col(LK).alias(key), f.struct(*values).alias(f"__b{i}"))
+        df = df.join(f.broadcast(base), key, "left")
+        value = f.col(f"__b{i}")
+    else:
+        # partitioned: the base's columns are joined flat (a struct built per base row would cost a
+        # projection of the whole base per batch) and made a struct for the matched events only; the
+        # cached base is partitioned and sorted by __lk, so only the events are shuffled and sorted
+        flat = [f.col(name).alias(f"__b{i}_{j}") for j, name in enumerate(values)]
+        base = view.base_df.select(f.col(LK).alias(key), f.col(LK).alias(f"__bk{i}"), *flat)
+        df = df.join(base, key, "left")
+        value = f.when(
+            f.col(f"__bk{i}").isNotNull(),
+            f.struct(*[f.col(f"__b{i}_{j}").alias(name) for j, name in enumerate(values)]),
+        )
     overlay = view.overlay_df(spark)
     if overlay is not None:
         ov = overlay.select(

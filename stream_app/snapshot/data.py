@@ -429,6 +429,6 @@ class SnapshotView:
                 broadcast=spark.sparkContext.broadcast(ipc_bytes(arrow)),
             )
         if mode == "partitioned":
-            table = table.repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), LK)
+            table = table.repartition(int(spark.conf.get("spark.sql.shuffle.partitions")), LK).sortWithinPartitions(LK)
         base = table.cache()
         return cls(name, key_type, value_type, {}, mode, base.count(), base_df=base)

@@ -6,7 +6,9 @@
 * ``indexed`` (up to ``broadcast_max_rows``): an Arrow IPC broadcast variable,
   shipped once per base and indexed by each Python worker
   (:mod:`stream_app.snapshot.indexed`); pre-loaded into the workers in the background.
-* ``partitioned`` (above): a cached DataFrame hash-partitioned by lookup key.
+* ``partitioned`` (above): the base stays on the executors, hash-partitioned
+  and sorted by lookup key, versioned in the checkpoint location
+  (:mod:`stream_app.snapshot.partitioned`); the driver never holds its rows.
 
 The driver keeps the Arrow table of the first two: merges apply change sets
 to it and checkpoints write it. Also here: the producer of the snapshot's dead
@@ -30,6 +32,7 @@ from connectors.dlq import DeadLetter
 from connectors.exceptions import RetriableError
 from stream_app.snapshot.data import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC, apply_changes, ipc_bytes
 from stream_app.snapshot.indexed import ArrowLookup, warm_udf_function
+from stream_app.snapshot.partitioned import PartitionedStore
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +77,13 @@ class SnapshotBase:
         config: the snapshot's config (thresholds, partitions).
         value_names: the value columns (after ``__lk, __lh``).
         empty: an empty table of the base's schema.
+        versions: where a partitioned base writes its versions (the snapshot's
+            :class:`~stream_app.checkpoint.SnapshotCheckpoint`), or ``None``.
     """
 
-    def __init__(self, spark: Any, config: SnapshotConfig, value_names: list[str], empty: pa.Table):
+    def __init__(
+        self, spark: Any, config: SnapshotConfig, value_names: list[str], empty: pa.Table, versions: Any = None
+    ):
         self.spark, self.config, self.value_names, self.empty = spark, config, value_names, empty
         self.mode = "broadcast"
         self.rows = 0
@@ -85,63 +92,116 @@ class SnapshotBase:
         self.broadcast: Any = None  # indexed
         self.token = ""
         self._warming: threading.Thread | None = None
+        partitions = config.partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
+        self.store = PartitionedStore(spark, config.name, partitions, empty.column_names, versions)
+
+    @property
+    def version(self) -> str | None:
+        """The checkpoint version a partitioned base was read from (``None`` otherwise)."""
+        return self.store.version if self.mode == "partitioned" else None
 
     def install(
-        self, table: pa.Table | None = None, df: Any = None, rows: int | None = None, ipc: bytes | None = None
+        self,
+        table: pa.Table | None = None,
+        df: Any = None,
+        ipc: bytes | None = None,
+        offsets: Any = None,
     ) -> None:
-        """Install a new base (an Arrow table or a DataFrame); the previous one is released.
+        """Install a new base; the previous one is released.
 
         Args:
-            table: the base as an Arrow table (``__lk, __lh`` + values).
-            df: the base as a DataFrame (when no table is at hand).
-            rows: its row count, when known.
+            table: the base as an Arrow table (``__lk, __lh`` + values) on the driver.
+            df: the base as a DataFrame computed by the executors (a bootstrap
+                read by Spark): it is built partitioned, on the executors, and
+                only collected when it turns out small.
             ipc: the table's Arrow IPC bytes when already at hand (a
                 checkpoint), broadcast as they are.
+            offsets: the offsets the base covers (a partitioned base's version manifest).
         """
-        old_broadcast, old_df = self.broadcast, self.df
-        if rows is None:
-            rows = table.num_rows if table is not None else df.count()
-        self.broadcast, self.df = None, None
+        if df is not None:
+            self._release_driver_side()
+            self.store.build(df, offsets)
+            self.mode, self.rows, self.table, self.df = "partitioned", self.store.rows, None, self.store.df
+            if self.store.rows <= self.config.broadcast_max_rows:  # small after all (updates, tombstones)
+                small = nullable_table(self.store.df.toArrow())
+                self.store.release()
+                self.install(small)
+            return
+        rows = table.num_rows
         if rows > self.config.broadcast_max_rows:
-            if df is None:
-                df = self.spark.createDataFrame(table)
-            partitions = self.config.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
-            df = df.repartition(partitions, LK).persist()
-            rows = df.count()
-            self.mode, self.table, self.df = "partitioned", None, df
+            self.install(df=self.spark.createDataFrame(table), offsets=offsets)
+            return
+        old_broadcast, old_df, was_partitioned = self.broadcast, self.df, self.mode == "partitioned"
+        self.broadcast, self.df = None, None
+        table = nullable_table(table)
+        self.table = table
+        if rows >= self.config.index_min_rows:
+            self.mode, self.token = "indexed", uuid.uuid4().hex
+            self.broadcast = self.spark.sparkContext.broadcast(ipc if ipc is not None else ipc_bytes(table))
+            self._prewarm()
         else:
-            table = nullable_table(table if table is not None else df.toArrow())
-            self.table = table
-            if rows >= self.config.index_min_rows:
-                self.mode, self.token = "indexed", uuid.uuid4().hex
-                self.broadcast = self.spark.sparkContext.broadcast(ipc if ipc is not None else ipc_bytes(table))
-                self._prewarm()
-            else:
-                self.mode = "broadcast"
-                self.df = self.spark.createDataFrame(table).persist()
-                self.df.count()
+            self.mode = "broadcast"
+            self.df = self.spark.createDataFrame(table).persist()
+            self.df.count()
         self.rows = rows
         if old_broadcast is not None:
             old_broadcast.unpersist()
-        if old_df is not None:
+        if was_partitioned:
+            self.store.release()
+        elif old_df is not None:
             old_df.unpersist()
 
-    def apply(self, changes: pa.Table) -> None:
-        """Apply a change set (one row per key, ``__deleted``): installs the new base."""
+    def restore(self, loaded: Any) -> None:
+        """Install a partitioned version from the checkpoint (registered and cached by the executors).
+
+        Args:
+            loaded: a :class:`~stream_app.checkpoint.LoadedSnapshot` with a ``path``.
+        """
+        self._release_driver_side()
+        self.store.restore(loaded.version, loaded.path, loaded.rows, loaded.partitions)
+        self.mode, self.rows, self.table, self.df = "partitioned", self.store.rows, None, self.store.df
+
+    def _release_driver_side(self) -> None:
+        if self.broadcast is not None:
+            self.broadcast.unpersist()
+        if self.mode != "partitioned" and self.df is not None:
+            self.df.unpersist()
+        self.broadcast, self.df, self.table = None, None, None
+
+    def apply(self, changes: pa.Table, offsets: Any = None) -> None:
+        """Apply a change set (one row per key, ``__deleted``): installs the new base.
+
+        Args:
+            changes: ``__lk, __lh, __deleted`` + values, one row per key.
+            offsets: the offsets the new base covers.
+        """
         if changes.num_rows == 0:
             return
         if self.mode != "partitioned":
-            self.install(apply_changes(self.table if self.table is not None else self.empty, changes))
+            self.install(apply_changes(self.table if self.table is not None else self.empty, changes), offsets=offsets)
             return
-        from pyspark.sql import functions as f
-
         delta = self.spark.createDataFrame(changes.select([LK, LH, DELETED, *self.value_names]))
-        live = delta.filter(~f.col(DELETED)).drop(DELETED)
-        self.install(df=self.df.join(delta.select(LK), LK, "left_anti").unionByName(live))
+        self.apply_df(delta, offsets)
+
+    def apply_df(self, changes: Any, offsets: Any = None) -> None:
+        """Apply a change set computed by the executors to a partitioned base (nothing reaches the driver).
+
+        Args:
+            changes: DataFrame ``__lk, __lh, __deleted`` + values, one row per key.
+            offsets: the offsets the new base covers.
+        """
+        self.store.merge(changes, offsets)
+        self.rows, self.df = self.store.rows, self.store.df
 
     def as_arrow(self) -> pa.Table:
-        """The base as an Arrow table (a partitioned base is collected to the driver)."""
-        return self.table if self.table is not None else nullable_table(self.df.toArrow())
+        """The base as an Arrow table (broadcast and indexed engines: the driver's own table).
+
+        Raises:
+            RuntimeError: the base is partitioned (it never comes to the driver).
+        """
+        if self.table is None:
+            raise RuntimeError(f"snapshot {self.config.name}: a partitioned base is not collected to the driver")
+        return self.table
 
     def _prewarm(self) -> None:
         """Load the new base into the Python workers in the background (one task per core)."""
@@ -181,10 +241,8 @@ class SnapshotBase:
 
     def release(self) -> None:
         """Release the broadcast variable and the cached DataFrame."""
-        if self.broadcast is not None:
-            self.broadcast.unpersist()
-        if self.df is not None:
-            self.df.unpersist()
+        self._release_driver_side()
+        self.store.release()
 
 
 class DeadLetterProducer:

@@ -102,7 +102,7 @@ class Snapshot:
         self.offsets: Offsets = {}
         self.base_offsets: Offsets = {}
         self.caught_up_at = 0.0  # epoch seconds at which the snapshot was known to reach the end offsets
-        self.base = SnapshotBase(spark, self.cfg, self.value_names, self._empty_base())
+        self.base = SnapshotBase(spark, self.cfg, self.value_names, self._empty_base(), checkpoint)
         self._log: pa.Table | None = None
         self._view: SnapshotView | None = None
         self._last_checkpoint = (time.monotonic(), None)
@@ -235,19 +235,21 @@ class Snapshot:
         """Keys in the base."""
         return self.base.rows
 
-    def _install(self, table: pa.Table | None = None, df: Any = None, ipc: bytes | None = None) -> None:
-        self.base.install(table, df, ipc=ipc)
+    def _install(
+        self, table: pa.Table | None = None, df: Any = None, ipc: bytes | None = None, offsets: Offsets | None = None
+    ) -> None:
+        self.base.install(table, df, ipc=ipc, offsets=offsets)
         self._view = None
 
-    def _apply_changes(self, changes: pa.Table) -> None:
-        self.base.apply(changes)
+    def _apply_changes(self, changes: pa.Table, offsets: Offsets) -> None:
+        self.base.apply(changes, offsets)
         self._view = None
 
     def merge(self) -> None:
         """Fold the overlay into a new base (the base then covers :attr:`offsets`)."""
         if self._log is not None and self._log.num_rows:
             started = time.monotonic()
-            self._apply_changes(dedupe_last(self._log))
+            self._apply_changes(dedupe_last(self._log), self.offsets)
             log.info(
                 "snapshot=%s merged overlay records=%d keys=%d mode=%s elapsed_s=%.2f",
                 self.name,
@@ -282,7 +284,11 @@ class Snapshot:
         ends = self.watermarks.end_offsets(self.cfg.topics)
         loaded = self._usable_checkpoint(ends)
         if loaded is not None:
-            self._install(loaded.table, ipc=loaded.ipc)
+            if loaded.table is None:  # a partitioned version: registered and cached by the executors
+                self.base.restore(loaded)
+                self._view = None
+            else:
+                self._install(loaded.table, ipc=loaded.ipc)
             self.offsets = {t: dict(p) for t, p in loaded.offsets.items() if t in self.rank}
             self.base_offsets = {t: dict(p) for t, p in self.offsets.items()}
             records = self.catch_up(ends, at=now, merge=False)
@@ -293,7 +299,7 @@ class Snapshot:
             if raw is None:
                 self._install(self._empty_base())
             else:
-                self._load_all(raw, records)
+                self._load_all(raw, records, ends)
             self.offsets = {t: dict(p) for t, p in ends.items()}
             self.base_offsets = {t: dict(p) for t, p in ends.items()}
             self.caught_up_at = now
@@ -321,7 +327,7 @@ class Snapshot:
             self.maybe_checkpoint(force=True)
         return {"keys": keys, "source": source, "records": records, "elapsed_s": elapsed}
 
-    def _load_all(self, raw: Any, records: int) -> None:
+    def _load_all(self, raw: Any, records: int, ends: Offsets) -> None:
         from pyspark.sql import Observation
         from pyspark.sql import functions as f
 
@@ -330,8 +336,8 @@ class Snapshot:
         latest = latest_per_key(decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors")))
         if records <= self.cfg.broadcast_max_rows:
             self._install(latest.toArrow())
-        else:  # maybe too big to broadcast: count it on the executors first
-            self._install(df=latest)
+        else:  # maybe too big to broadcast: built partitioned by the executors (collected only if it is small)
+            self._install(df=latest, offsets=ends)
         if seen.get["errors"]:
             log.warning("snapshot=%s has %d undecodable records", self.name, seen.get["errors"])
             self._dead_letter_errors(decoded)
@@ -401,11 +407,27 @@ class Snapshot:
             self._update_metrics()
             return 0
         started = time.monotonic()
+        if pending > self.cfg.overlay_max_rows and self.mode == "partitioned":
+            records = self._merge_large_delta(ends)
+            self._view = None
+            self.caught_up_at = at
+            self._metrics.refresh.observe(time.monotonic() - started)
+            self._update_metrics()
+            log.info(
+                "snapshot=%s refresh records=%d merged on the executors keys=%d offsets=%s elapsed_s=%.2f",
+                self.name,
+                records,
+                self.base_rows,
+                offsets_json(self.offsets),
+                time.monotonic() - started,
+            )
+            return pending
         changes = self._read_changes(self.offsets, ends, pending)
         if pending > self.cfg.overlay_max_rows:
+            new_offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
             self.merge()
-            self._apply_changes(changes.select([LK, LH, DELETED, *self.value_names]))
-            self.offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
+            self._apply_changes(changes.select([LK, LH, DELETED, *self.value_names]), new_offsets)
+            self.offsets = new_offsets
             self.base_offsets = {t: dict(p) for t, p in self.offsets.items()}
         else:
             self._log = changes if self._log is None else pa.concat_tables([self._log, changes])
@@ -428,6 +450,39 @@ class Snapshot:
             elapsed,
         )
         return pending
+
+    def _merge_large_delta(self, ends: Offsets) -> int:
+        """A large delta of a partitioned snapshot: read, decoded and merged by the executors (one new version).
+
+        The overlay (older than the delta) is folded in the same merge: a delta
+        row wins over an overlay row of the same key.
+
+        Returns:
+            The keys the change set touched.
+        """
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as f
+
+        raw = read_range(self.spark, self.kafka, self.offsets, ends)
+        new_offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
+        if raw is None:  # compacted away
+            self.offsets = new_offsets
+            return 0
+        decoded = self._decode(raw)
+        seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
+        observed = decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors"))
+        columns = [LK, LH, DELETED, *self.value_names]
+        changes = latest_per_key(observed, keep_deleted=True).select(*columns)
+        if self._log is not None and self._log.num_rows:
+            older = self.spark.createDataFrame(dedupe_last(self._log).select(columns))
+            changes = changes.unionByName(older.join(changes.select(LK), LK, "left_anti"))
+        self.base.apply_df(changes, new_offsets)
+        if seen.get["errors"]:
+            self._dead_letter_errors(decoded)
+        self._log = None
+        self.offsets = new_offsets
+        self.base_offsets = {t: dict(p) for t, p in new_offsets.items()}
+        return self.base_rows
 
     def live_keys(self) -> int:
         """Keys in the snapshot, overlay applied (exact unless partitioned: base + overlay then)."""
@@ -503,6 +558,10 @@ class Snapshot:
             if not force:
                 return False
             self._checkpoint_thread.join()
+        if self.mode == "partitioned":  # the executors write it: a merge is a new version with its manifest
+            self.merge()
+            self._last_checkpoint = (time.monotonic(), {t: dict(p) for t, p in self.base_offsets.items()})
+            return True
         if final:
             table = self._merged_table()
             offsets = {t: dict(p) for t, p in self.offsets.items()}

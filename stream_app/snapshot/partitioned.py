@@ -1,0 +1,189 @@
+"""The partitioned store: a large snapshot's base held by the executors, partitioned by lookup key.
+
+A snapshot above ``broadcast_max_rows`` keys is never collected to the driver
+nor copied into Python workers. Its base is a DataFrame **hash-partitioned by
+``__lk`` into P partitions and sorted by ``__lk`` within each**, cached by the
+executors (``MEMORY_AND_DISK``). Spark knows that layout (the cached relation
+keeps its output partitioning and ordering), so a micro-batch's join shuffles
+only the events into the same P partitions and merges them with the base
+without sorting or moving it (a sort-merge join whose base side is a scan of
+the cache; Kafka Streams co-partitions a KTable join the same way).
+
+**Versions.** With a checkpoint location, every base is also written by the
+executors as a *version*: Parquet files bucketed by ``__lk`` into the same P
+buckets (Spark's bucketing hashes like its hash partitioning, so each task
+writes its own bucket, nothing moves), sorted by ``__lk``, under
+``<checkpoint>/snapshots/<name>/p<ms>/data``, with a manifest of the offsets it
+covers written last by the driver (:class:`~stream_app.checkpoint.SnapshotCheckpoint`).
+The cached base is read back from that version as a bucketed table, so
+
+* a restart (on any host) registers the newest version and caches it: no
+  shuffle, no re-read of the topics (only their tail after the manifest's
+  offsets);
+* a merge of a change set (``base FULL OUTER JOIN changes`` on co-partitioned
+  sides: only the changes move) writes the merged rows as the next version
+  and reads them back, again without moving the base; without a checkpoint
+  location the merged rows are repartitioned instead (a shuffle of the base);
+* a lost executor's cached partitions are recomputed from the version's files,
+  not from the topics;
+* sorted, bucketed Parquet with its offsets is what versioned (as-of) lookups
+  and key lookups from outside the job need next: a key's bucket is
+  ``pmod(murmur3(__lk), P)``, and its row is found by the Parquet row-group
+  statistics of one file.
+
+The driver holds only the version's path, its offsets and counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from stream_app.snapshot.data import DELETED, LK
+
+log = logging.getLogger(__name__)
+
+
+def _table_name(snapshot: str, version: str) -> str:
+    return "threes_snapshot_" + re.sub(r"[^A-Za-z0-9_]", "_", f"{snapshot}_{version}")
+
+
+class PartitionedStore:
+    """The base of one large snapshot on the executors (see module docstring).
+
+    Args:
+        spark: the SparkSession.
+        name: the snapshot's name.
+        partitions: P, the partitions and buckets of the base (use
+            ``spark.sql.shuffle.partitions``: the events of a micro-batch are
+            shuffled into that many partitions, and Spark moves the side whose
+            partitioning does not match).
+        columns: the base's columns, in order (``__lk, __lh`` + values).
+        versions: where versions are written (a
+            :class:`~stream_app.checkpoint.SnapshotCheckpoint`), or ``None``.
+    """
+
+    def __init__(self, spark: Any, name: str, partitions: int, columns: list[str], versions: Any = None):
+        self.spark, self.name, self.partitions, self.columns, self.versions = spark, name, partitions, columns, versions
+        self.df: Any = None
+        self.rows = 0
+        self.version: str | None = None  # the version the cached base was read from
+        self._table: str | None = None
+
+    # -- building a base ----------------------------------------------------------------------
+
+    def build(self, latest: Any, offsets: Any = None) -> None:
+        """Install a new base from the latest row per key (a DataFrame computed by the executors).
+
+        Args:
+            latest: ``__lk, __lh`` + values, one row per key, any partitioning.
+            offsets: the offsets the base covers (written in the version's manifest).
+        """
+        self._install(latest.select(*self.columns), offsets, aligned=False)
+
+    def merge(self, changes: Any, offsets: Any = None) -> None:
+        """Apply a change set on the executors: changed keys replaced, deleted keys removed.
+
+        Args:
+            changes: ``__lk, __deleted`` + the base's columns, one row per key.
+            offsets: the offsets the merged base covers.
+        """
+        from pyspark.sql import functions as f
+
+        if self.df is None:
+            live = changes.filter(~f.col(DELETED)).select(*self.columns)
+            self._install(live, offsets, aligned=False)
+            return
+        delta = changes.select(*self.columns, DELETED).repartition(self.partitions, LK)
+        b, c = self.df.alias("b"), delta.alias("c")
+        joined = b.join(c, f.col(f"b.{LK}") == f.col(f"c.{LK}"), "full_outer")
+        from_change = f.col(f"c.{LK}").isNotNull()
+        pick = [f.when(from_change, f.col(f"c.{n}")).otherwise(f.col(f"b.{n}")).alias(n) for n in self.columns]
+        merged = joined.filter(~from_change | ~f.col(f"c.{DELETED}")).select(*pick)
+        # the full outer join keeps both sides' partitions aligned (row i of P holds bucket i's keys), but
+        # Spark cannot know that of a coalesced key: writing a version preserves it for free, else reshuffle
+        self._install(merged, offsets, aligned=True)
+
+    def _install(self, df: Any, offsets: Any, aligned: bool) -> None:
+        started = time.monotonic()
+        old_df, old_table = self.df, self._table
+        if self.versions is not None:
+            version = f"p{int(time.time() * 1000):015d}"
+            path = self.versions.version_path(version)
+            table = _table_name(self.name, version)
+            (
+                df.write.mode("overwrite")
+                .bucketBy(self.partitions, LK)
+                .sortBy(LK)
+                .format("parquet")
+                .option("path", path)
+                .saveAsTable(table)
+            )
+            base = self._read_version(table, path)
+            rows = base.count()
+            self.versions.save_partitioned(version, rows, self.partitions, offsets)
+            self.version, self._table = version, table
+        else:
+            base = df.repartition(self.partitions, LK).sortWithinPartitions(LK).persist()
+            rows = base.count()
+            self._table = None
+        self.df, self.rows = base, rows
+        self._release(old_df, old_table)
+        log.info(
+            "snapshot=%s partitioned base keys=%d partitions=%d version=%s elapsed_s=%.2f",
+            self.name,
+            rows,
+            self.partitions,
+            self.version,
+            time.monotonic() - started,
+        )
+
+    def _read_version(self, table: str, path: str) -> Any:
+        """A version as a cached DataFrame, partitioned by ``__lk`` (buckets) and sorted: no shuffle."""
+        catalog = self.spark.catalog
+        if not catalog.tableExists(table):
+            self.spark.sql(
+                f"CREATE TABLE `{table}` USING parquet CLUSTERED BY (`{LK}`) SORTED BY (`{LK}`) "
+                f"INTO {self.partitions} BUCKETS LOCATION '{path}'"
+            )
+        return self.spark.table(table).select(*self.columns).sortWithinPartitions(LK).persist()
+
+    def restore(self, version: str, path: str, rows: int, partitions: int) -> None:
+        """Install a version written earlier (a restart): registered as a bucketed table, cached.
+
+        Args:
+            version: the version's name.
+            path: its data folder (a Spark path).
+            rows: keys it holds (from its manifest).
+            partitions: its buckets; the store takes them as P.
+        """
+        started = time.monotonic()
+        self.partitions = partitions
+        table = _table_name(self.name, version)
+        old_df, old_table = self.df, self._table
+        base = self._read_version(table, path)
+        self.df, self.rows, self.version, self._table = base, base.count(), version, table
+        if self.rows != rows:
+            log.warning("snapshot=%s version %s: %d keys, manifest %d", self.name, version, self.rows, rows)
+        self._release(old_df, old_table)
+        log.info(
+            "snapshot=%s restored partitioned base keys=%d partitions=%d version=%s elapsed_s=%.2f",
+            self.name,
+            self.rows,
+            partitions,
+            version,
+            time.monotonic() - started,
+        )
+
+    def _release(self, df: Any, table: str | None) -> None:
+        if df is not None:
+            df.unpersist()
+        if table is not None:
+            self.spark.sql(f"DROP TABLE IF EXISTS `{table}`")  # external: the files stay until cleaned up
+
+    def release(self) -> None:
+        """Uncache the base (its version's files stay: they are the checkpoint)."""
+        self._release(self.df, self._table)
+        self.df, self._table = None, None
