@@ -43,14 +43,25 @@ def fail(exc: BaseException, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+SERVICES = frozenset({"source", "stream", "sync"})
+"""Command groups of long-running parts: they log what they do at INFO by default (snapshot done, ready, ...)."""
+
+OWN_LOGGERS = ("connectors", "stream_app", "sync_service", "schemas")
+
+
 @app.callback()
 def main(
+    ctx: typer.Context,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log at INFO")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="log at DEBUG and show tracebacks")] = False,
 ) -> None:
     """Set up logging for every command."""
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    if level == logging.WARNING and ctx.invoked_subcommand in SERVICES:
+        # a service says what it did (as Kafka Connect does): threes' own lines at INFO, libraries' at WARNING
+        for name in OWN_LOGGERS:
+            logging.getLogger(name).setLevel(logging.INFO)
     if debug:
         app.pretty_exceptions_enable = True
 
@@ -130,6 +141,7 @@ def _mount_subcommands() -> None:
     app.add_typer(stream_app, name="stream")
     app.add_typer(sync_app, name="sync")
     __import__("connectors.demo.cli", fromlist=["register"]).register(app)  # replay, demo, docs
+    __import__("connectors.pipeline.cli", fromlist=["register"]).register(app)  # run
 
 
 _mount_subcommands()

@@ -58,6 +58,9 @@ def run(
         bool, typer.Option("--available-now", help="process the events there are now, then stop")
     ] = False,
     master: Annotated[str | None, typer.Option(help="Spark master URL, overrides stream.spark.master")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="serve metrics here, overrides stream.metrics_port")
+    ] = None,
 ) -> None:
     """Run the stream job until stopped (Ctrl-C / SIGTERM stop it after the running micro-batch)."""
     from connectors.cli import fail
@@ -65,6 +68,8 @@ def run(
     from stream_app.session import spark_session
 
     pipeline = _stream(config)
+    if metrics_port:  # `threes run` gives one when the config has none: its readiness signal
+        pipeline.stream = pipeline.stream.model_copy(update={"metrics_port": metrics_port})
     settings = pipeline.stream.spark
     if master:
         settings = settings.model_copy(update={"master": master})

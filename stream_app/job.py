@@ -34,7 +34,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 from connectors import clients
 from connectors.config.models import KafkaConfig
 from connectors.config.stream import StreamJobConfig
-from connectors.exceptions import ConfigError, ConfigProblem, FatalError
+from connectors.exceptions import ConfigError, ConfigProblem, FatalError, SetupError
 from connectors.topics import cluster_metadata, ensure_compacted_topic, topic_configs
 from schemas.serde import schema_json
 from stream_app import metrics
@@ -90,6 +90,7 @@ class StreamJob:
         self.counts: dict[int, dict[str, int]] = {}  # batch id -> records read and written (filled a bit later)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         self._watermarks: TopicWatermarks | None = None
+        self._writers: WriterSchemas | None = None  # set by start(); stop() after a failed start must not need it
         self._offsets_log: BatchOffsetsLog | None = None
         self._options = spark_kafka_options(kafka)
         self._late: _LateEvents | None = None
@@ -183,7 +184,12 @@ class StreamJob:
         problems = []
         for i, snap in enumerate(cfg.snapshots):
             for topic in snap.topics:
-                self._watermarks.partitions(topic)  # SetupError when missing
+                self._require_topic(
+                    topic,
+                    f"the snapshot topic {topic!r} (stream.snapshots[{i}].topics) does not exist",
+                    "start its source first (`threes source run` creates its compacted topic), or run the whole "
+                    "pipeline with `threes run`, which starts the job once the sources took their first snapshot",
+                )
                 policy = topic_configs(conf, topic).get("cleanup.policy", "")
                 if "compact" not in policy.split(","):
                     problems.append(
@@ -194,7 +200,12 @@ class StreamJob:
                     )
         if problems:
             raise ConfigError(problems)
-        partitions = len(self._watermarks.partitions(cfg.events.topic))
+        partitions = len(self._require_topic(
+            cfg.events.topic,
+            f"the events topic {cfg.events.topic!r} (stream.events.topic) does not exist",
+            "start its producer first (`threes replay` creates it), create it, or run the pipeline with "
+            "`threes run`, which creates it from stream.events.topic_spec",
+        ))
         from confluent_kafka.admin import NewTopic
 
         admin = clients.kafka_admin(self.kafka)
@@ -211,6 +222,16 @@ class StreamJob:
                 log.info("created topic=%s partitions=%d", topic, partitions)
         for update in cfg.updates:  # latest update per key is all a sink needs: compacted
             ensure_compacted_topic(conf, update.topic, partitions=partitions)
+
+    def _require_topic(self, topic: str, missing: str, hint: str) -> list[int]:
+        """The partitions of ``topic``; a missing topic is a :class:`SetupError` saying which and what to do."""
+        assert self._watermarks is not None
+        try:
+            return self._watermarks.partitions(topic)
+        except SetupError as exc:
+            if "does not exist" not in str(exc):
+                raise
+            raise SetupError(missing, hint) from None
 
     def _read_stream(self, topic: str, starting: str) -> Any:
         reader = self.spark.readStream.format("kafka")
@@ -413,8 +434,10 @@ class StreamJob:
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         for snapshot in self.snapshots.values():
             snapshot.close(checkpoint=checkpoint)
-        if self._watermarks is not None:
+        if self._writers is not None:
             self._writers.close()
+            self._writers = None
+        if self._watermarks is not None:
             self._watermarks.close()
             self._watermarks = None
         log.info("job=%s stopped after %d micro-batches", self.config.name, self.batches)

@@ -42,6 +42,14 @@ AGGREGATION = re.compile(r"^(?:count|(?P<fn>mean|sum|min|max)\((?P<field>[A-Za-z
 _DURATION = re.compile(r"^\d+\s+(?:second|minute|hour|day|week)s?$")
 
 
+class EventsTopicSpec(StrictModel):
+    """How ``threes run`` creates the events topic when it is missing (``cleanup.policy=delete``)."""
+
+    partitions: int = Field(4, ge=1, description="partitions (4, as `threes replay` creates a topic)")
+    replication_factor: int = Field(1, ge=1)
+    configs: dict[str, str] = Field(default_factory=dict, description="topic configs, e.g. retention.ms")
+
+
 class EventsConfig(StrictModel):
     """The event stream the job reads (Spark's Kafka source options)."""
 
@@ -53,6 +61,11 @@ class EventsConfig(StrictModel):
     max_offsets_per_trigger: int | None = Field(None, ge=1, description="records per micro-batch, at most")
     fail_on_data_loss: bool = Field(
         True, description="fail when event offsets were deleted before being read (Spark's failOnDataLoss)"
+    )
+    topic_spec: EventsTopicSpec = Field(
+        default_factory=lambda: EventsTopicSpec(),
+        description="how `threes run` creates the events topic when it is missing; an existing topic is used as "
+        "it is. `threes stream run` never creates it",
     )
 
 

@@ -233,6 +233,15 @@ class TaskRunner:
                 break
             self.stats.cycles += 1
             metrics.CYCLE_SECONDS.labels(self._label).observe(time.monotonic() - started)
+            if self.stats.cycles == 1:  # read until caught up: from no stored position, the initial snapshot
+                log.info(
+                    "source=%s task=%d topic=%s %s done: rows_read=%d records=%d tombstones=%d elapsed_s=%.1f "
+                    "position=%s",
+                    cfg.name, self.task_id, cfg.topic,
+                    "snapshot" if position is None else "catch-up from the stored position",
+                    self.stats.rows_read, self.stats.produced, self.stats.tombstones,
+                    time.monotonic() - started, self._written,
+                )
             due = self._reconcile_every is not None and (
                 last_reconcile is None or time.monotonic() - last_reconcile >= self._reconcile_every
             )

@@ -1,0 +1,227 @@
+"""What ``threes run`` reads to know when a part may start and how the pipeline is doing.
+
+Everything here is read-only and cheap (Kafka metadata, watermarks and committed
+offsets; a scrape of a child's local metrics endpoint), read about once a second
+by the supervisor. Nothing asks a sink's system: the view shows what Kafka knows
+(records per topic, what each sync service committed), which means the same for
+every kind of sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors import clients
+
+log = logging.getLogger(__name__)
+
+CYCLES_METRIC = "threes_source_cycle_seconds"
+"""The source runtime's histogram of completed polling cycles, labelled by connector."""
+
+
+def scrape(port: int, timeout_s: float = 2.0) -> str | None:
+    """The text of ``http://127.0.0.1:<port>/metrics``; ``None`` when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:  # noqa: S310
+            return resp.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def source_cycles(metrics_text: str) -> dict[str, int]:
+    """Completed polling cycles per source connector, from a Prometheus text exposition.
+
+    Args:
+        metrics_text: the body of a ``threes source run`` metrics endpoint.
+
+    Returns:
+        Connector name -> cycles completed (every task of it together); a connector
+        that has completed none is absent.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, int] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != CYCLES_METRIC:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{CYCLES_METRIC}_count" and sample.value > 0:
+                out[sample.labels.get("connector", "")] = int(sample.value)
+    return out
+
+
+def sources_ready(cycles: dict[str, int], tasks: dict[str, int]) -> tuple[list[str], list[str]]:
+    """Which source connectors finished their first cycle (the initial snapshot, read until caught up).
+
+    Args:
+        cycles: connector -> cycles completed (:func:`source_cycles`).
+        tasks: connector -> its number of tasks; a connector is ready once it completed
+            at least that many cycles (one per task for a connector that does not split).
+
+    Returns:
+        ``(ready, waiting)`` connector names, each sorted.
+    """
+    ready = sorted(n for n, count in tasks.items() if cycles.get(n, 0) >= max(1, count))
+    return ready, sorted(set(tasks) - set(ready))
+
+
+@dataclass
+class Flow:
+    """One reading of the pipeline from Kafka.
+
+    Attributes:
+        at: ``time.time()`` of the reading.
+        topics: topic -> records in it (sum over partitions of high minus low watermark; ``None``: missing).
+        committed: sync service -> records its consumer group committed on its topics.
+        lag: sync service -> records of its topics not yet committed.
+    """
+
+    at: float
+    topics: dict[str, int | None] = field(default_factory=dict)
+    committed: dict[str, int] = field(default_factory=dict)
+    lag: dict[str, int] = field(default_factory=dict)
+
+
+class KafkaProbe:
+    """Reads topics, stored positions and consumer groups (clients kept open between readings).
+
+    Args:
+        kafka: the pipeline's ``KafkaConfig``.
+        offsets_topic: where the sources keep their positions.
+    """
+
+    def __init__(self, kafka: Any, offsets_topic: str = "_threes_offsets"):
+        self.kafka = kafka
+        self.offsets_topic = offsets_topic
+        self._consumer = clients.kafka_consumer(kafka, f"threes-run-probe-{uuid.uuid4().hex[:8]}")
+        self._admin = clients.kafka_admin(kafka)
+        self._topics: tuple[float, dict[str, Any]] | None = None
+
+    def topics(self, max_age_s: float = 1.0) -> dict[str, Any]:
+        """Topic name -> metadata of every topic, listed at most ``max_age_s`` ago.
+
+        Raises:
+            SetupError: Kafka did not answer.
+        """
+        from connectors.topics import cluster_metadata
+
+        now = time.monotonic()
+        if self._topics is None or now - self._topics[0] >= max_age_s:
+            meta = cluster_metadata(self.kafka.librdkafka_config(), self.kafka.request_timeout_s)
+            self._topics = (now, {t: m for t, m in meta.topics.items() if m.error is None and m.partitions})
+        return self._topics[1]
+
+    def missing(self, topics: Iterable[str]) -> list[str]:
+        """Those of ``topics`` that do not exist (yet)."""
+        present = self.topics()
+        return [t for t in topics if t not in present]
+
+    def stored_positions(self) -> set[str]:
+        """Connectors with a position stored in the offsets topic (they have written to their topic)."""
+        from connectors.runtime.offsets import OffsetStore
+
+        if self.offsets_topic not in self.topics(max_age_s=0):
+            return set()
+        store = OffsetStore(self.kafka.librdkafka_config(), self.offsets_topic, self.kafka.request_timeout_s)
+        return {p.connector for p in store.load_all().values()}
+
+    def ensure_topic(self, topic: str, spec: Any) -> bool:
+        """Create ``topic`` (``cleanup.policy=delete``) from a ``TopicSpec`` when it is missing.
+
+        Returns:
+            ``True`` when it was created here, ``False`` when it existed.
+
+        Raises:
+            SetupError: Kafka refused the creation.
+        """
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import NewTopic
+
+        from connectors.exceptions import SetupError
+
+        if topic in self.topics(max_age_s=0):
+            return False
+        new = NewTopic(topic, num_partitions=spec.partitions, replication_factor=spec.replication_factor,
+                       config=dict(spec.configs))
+        try:
+            self._admin.create_topics([new], request_timeout=self.kafka.request_timeout_s)[topic].result(
+                self.kafka.request_timeout_s
+            )
+        except KafkaException as exc:
+            if exc.args and getattr(exc.args[0], "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
+                return False
+            raise SetupError(f"cannot create the events topic {topic!r}: {exc}",
+                             "create it yourself, or fix stream.events.topic_spec") from exc
+        self._topics = None
+        log.info("created events topic=%s partitions=%d replication_factor=%d", topic, spec.partitions,
+                 spec.replication_factor)
+        return True
+
+    def records(self, topic: str) -> int | None:
+        """Records in ``topic`` (high minus low watermark over its partitions); ``None`` when it is missing."""
+        from confluent_kafka import TopicPartition
+
+        meta = self.topics().get(topic)
+        if meta is None:
+            return None
+        total = 0
+        for p in meta.partitions:
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+            total += max(0, high - low)
+        return total
+
+    def group_progress(self, group: str, topics: Iterable[str]) -> tuple[int, int]:
+        """``(committed, lag)`` of a consumer group over ``topics``, in records."""
+        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+
+        try:
+            result = self._admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
+            done = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+        except KafkaException:
+            done = {}
+        committed = lag = 0
+        for topic in topics:
+            meta = self.topics().get(topic)
+            if meta is None:
+                continue
+            for p in meta.partitions:
+                low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+                at = done.get((topic, p), low)
+                committed += max(0, at - low)
+                lag += max(0, high - max(at, low))
+        return committed, lag
+
+    def flow(self, pipeline: Any) -> Flow:
+        """One reading of every topic of the pipeline and every sync service's progress."""
+        reading = Flow(at=time.time())
+        for topic in pipeline_topics(pipeline):
+            reading.topics[topic] = self.records(topic)
+        for svc in getattr(pipeline, "sync", []):
+            topics = sorted({t for s in svc.sinks for t in s.topics})
+            reading.committed[svc.name], reading.lag[svc.name] = self.group_progress(svc.consumer_group(), topics)
+        return reading
+
+    def close(self) -> None:
+        """Close the clients."""
+        self._consumer.close()
+
+
+def pipeline_topics(pipeline: Any) -> list[str]:
+    """The topics of a pipeline in flow order: state topics, events, enriched, updates, dead letters."""
+    topics = [s.topic for s in getattr(pipeline, "sources", [])]
+    stream = pipeline.stream
+    if stream is not None:
+        topics += [t for snap in stream.snapshots for t in snap.topics]
+        topics += [stream.events.topic, stream.enriched_topic, *(u.topic for u in stream.updates)]
+    for svc in getattr(pipeline, "sync", []):
+        topics += [t for s in svc.sinks for t in s.topics]
+    dead = ([stream.dead_letter_topic] if stream is not None else []) + [
+        svc.dead_letter_topic for svc in getattr(pipeline, "sync", [])
+    ]
+    return list(dict.fromkeys([*topics, *dead]))

@@ -1,0 +1,117 @@
+"""What ``threes run`` starts, in which order, and what each part waits for (no services)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from connectors.config import load_pipeline
+from connectors.exceptions import ConfigError
+from connectors.pipeline.plan import COMPONENTS, parse_only, plan_run
+from connectors.pipeline.probes import pipeline_topics, source_cycles, sources_ready
+
+YAML = """
+kafka: {bootstrap_servers: 127.0.0.1:1}
+connections:
+  pg: {type: rds, url: "postgresql+psycopg://u:p@127.0.0.1:1/db"}
+  es: {type: elasticsearch, hosts: ["http://127.0.0.1:1"]}
+sources:
+  - {name: customers, type: rds_source, connection: pg, topic: state.customers, table: customers}
+stream:
+  events: {topic: orders, value_schema: order.avsc, topic_spec: {partitions: 3}}
+  snapshots:
+    - {name: customers, topics: [state.customers], key_schema: k.avsc, value_schema: v.avsc}
+    - {name: fx, topics: [state.fx], key_schema: k.avsc, value_schema: v.avsc}
+  lookups: [{snapshot: customers, on: {customer_id: customer_id}, prefix: customer_}]
+  enriched_topic: orders.enriched
+  updates: [{topic: updates.orders, key: [order_id]}]
+  dead_letter_topic: orders.dlq
+  checkpoint_location: cp
+sync:
+  - name: search
+    dead_letter_topic: updates.dlq
+    metrics_port: 9555
+    sinks:
+      - {name: idx, type: elasticsearch_sink, connection: es, topics: [updates.orders, external.topic], index: o}
+"""
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(YAML)
+    return load_pipeline(path), path
+
+
+def test_only_accepts_repeated_and_comma_separated_parts_in_start_order() -> None:
+    assert parse_only(None) == COMPONENTS == ("sources", "stream", "sync")
+    assert parse_only(["sync,sources"]) == ("sources", "sync")
+    assert parse_only(["sync", " Stream "]) == ("stream", "sync")
+    with pytest.raises(ConfigError, match="--only 'sink'"):
+        parse_only(["sink"])
+
+
+def test_whole_run_starts_sources_then_stream_then_sync_each_waiting_for_what_it_needs(pipeline) -> None:
+    pl, path = pipeline
+    parts = plan_run(pl, path, sources_metrics_port=7001, stream_metrics_port=7002)
+    assert [p.name for p in parts] == ["sources", "stream", "sync"]
+    sources, stream, sync = parts
+    assert sources.args == ["source", "run", str(path), "--offsets-topic", "_threes_offsets", "--metrics-port", "7001"]
+    assert sources.topics == [] and not sources.wait_sources_ready
+    # the stream job: after the sources' first snapshot; a snapshot topic no source writes is awaited
+    assert stream.wait_sources_ready and stream.positions == []
+    assert [(t.topic, t.creator) for t in stream.topics] == [("state.fx", "an outside producer")]
+    assert stream.create_events is not None and stream.create_events[0] == "orders"
+    assert stream.create_events[1].partitions == 3
+    assert stream.args == ["stream", "run", str(path), "--metrics-port", "7002"] and stream.metrics_ports == [7002]
+    # the sync services: their topics, each named with who creates it
+    assert [(t.topic, t.creator) for t in sync.topics] == [
+        ("updates.orders", "the stream job"), ("external.topic", "an outside producer")
+    ]
+    assert sync.metrics_ports == [9555]
+
+
+def test_stream_alone_waits_for_the_positions_of_sources_run_elsewhere(pipeline) -> None:
+    pl, path = pipeline
+    (stream,) = plan_run(pl, path, ("stream",), stream_metrics_port=7002)
+    assert not stream.wait_sources_ready
+    assert stream.positions == ["customers"]
+    assert [t.topic for t in stream.topics] == ["state.customers", "state.fx"]
+    assert stream.topics[0].creator == "source customers"
+
+
+def test_a_part_the_config_lacks_is_an_error_naming_what_it_has(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(YAML.split("stream:")[0])
+    pl = load_pipeline(path)
+    with pytest.raises(ConfigError, match="nothing to run: --only stream,sync but the config has sources"):
+        plan_run(pl, path, ("stream", "sync"))
+
+
+def test_events_topic_spec_defaults_to_four_partitions(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(YAML.replace(", topic_spec: {partitions: 3}", ""))
+    assert load_pipeline(path).stream.events.topic_spec.partitions == 4
+
+
+def test_sources_are_ready_once_each_connector_completed_a_cycle_per_task() -> None:
+    text = (
+        "# HELP threes_source_cycle_seconds duration\n# TYPE threes_source_cycle_seconds histogram\n"
+        'threes_source_cycle_seconds_bucket{connector="a",le="+Inf"} 2.0\n'
+        'threes_source_cycle_seconds_count{connector="a"} 2.0\n'
+        'threes_source_cycle_seconds_sum{connector="a"} 0.5\n'
+        'threes_source_cycle_seconds_count{connector="b"} 1.0\n'
+        'threes_source_cycle_seconds_count{connector="c"} 0.0\n'
+    )
+    cycles = source_cycles(text)
+    assert cycles == {"a": 2, "b": 1}
+    assert sources_ready(cycles, {"a": 1, "b": 2, "c": 1}) == (["a"], ["b", "c"])
+
+
+def test_pipeline_topics_in_flow_order(pipeline) -> None:
+    pl, _ = pipeline
+    assert pipeline_topics(pl) == [
+        "state.customers", "state.fx", "orders", "orders.enriched", "updates.orders", "external.topic",
+        "orders.dlq", "updates.dlq",
+    ]
