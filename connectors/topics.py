@@ -266,3 +266,112 @@ def read_latest_per_key(
     finally:
         consumer.close()
     return latest
+
+
+def internal_topic_settings(
+    brokers: int, replication_factor: int | None = None, min_insync_replicas: int | None = None
+) -> tuple[int, int]:
+    """The replication factor and ``min.insync.replicas`` of an internal topic.
+
+    Defaults follow Kafka's own advice for topics that must not be lost
+    (Kafka Connect's internal topics default to replication factor 3): three
+    replicas, or every broker when there are fewer, and ``min.insync.replicas``
+    one less than that (at least 1, at most 2), so an ``acks=all`` write is on
+    two brokers whenever there are three, and one broker may be down.
+
+    Args:
+        brokers: brokers in the cluster (from the cluster metadata), >= 1.
+        replication_factor: the configured factor (``kafka.internal_replication_factor``),
+            ``None`` for the default ``min(3, brokers)``.
+        min_insync_replicas: the configured value (``kafka.internal_min_insync_replicas``),
+            ``None`` for the default ``max(1, min(2, replication_factor - 1))``.
+
+    Returns:
+        ``(replication_factor, min_insync_replicas)``.
+
+    Raises:
+        ConfigError: the factor exceeds the brokers, or ``min.insync.replicas``
+            exceeds the factor (every write would then fail).
+    """
+    rf = replication_factor if replication_factor is not None else min(3, max(1, brokers))
+    if rf > brokers:
+        raise ConfigError(
+            f"kafka.internal_replication_factor is {rf} but the cluster has {brokers} broker(s): "
+            "internal topics cannot be created; lower it or add brokers"
+        )
+    isr = min_insync_replicas if min_insync_replicas is not None else max(1, min(2, rf - 1))
+    if isr > rf:
+        raise ConfigError(
+            f"kafka.internal_min_insync_replicas is {isr}, more than the replication factor {rf}: "
+            "no acks=all write could ever succeed"
+        )
+    return rf, isr
+
+
+def ensure_internal_topic(
+    kafka_config: Mapping[str, Any],
+    topic: str,
+    *,
+    partitions: int = 1,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
+    timeout_s: float = 10.0,
+) -> bool:
+    """Create an internal compacted topic (schemas, offsets, task topics) replicated as configured.
+
+    The factor and ``min.insync.replicas`` come from :func:`internal_topic_settings`.
+    An existing topic is kept as it is (Kafka cannot change a topic's replication
+    factor without a partition reassignment); one with fewer replicas than
+    asked is logged as a warning naming the topic.
+
+    Args:
+        kafka_config: librdkafka properties.
+        topic: the topic.
+        partitions: partitions when created.
+        replication_factor: configured factor, ``None`` for the default.
+        min_insync_replicas: configured value, ``None`` for the default.
+        timeout_s: admin request timeout, seconds.
+
+    Returns:
+        ``True`` if the topic was created.
+
+    Raises:
+        ConfigError: impossible settings, or the topic exists not compacted.
+        SetupError: Kafka cannot be reached or refused the creation.
+    """
+    admin = _admin(kafka_config)
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise SetupError(
+            f"Kafka at {kafka_config.get('bootstrap.servers')} did not answer: {exc}",
+            "check kafka.bootstrap_servers, or start the local stack with `threes local up`",
+        ) from exc
+    rf, isr = internal_topic_settings(len(metadata.brokers), replication_factor, min_insync_replicas)
+    existing = metadata.topics.get(topic)
+    if existing is not None and existing.error is None and existing.partitions:
+        replicas = min(len(p.replicas) for p in existing.partitions.values())
+        if replicas < rf:
+            log.warning(
+                "internal topic=%s has %d replica(s), fewer than the %d configured: losing a broker can lose it; "
+                "raise it with a partition reassignment (kafka-reassign-partitions.sh)", topic, replicas, rf,
+            )
+    created = ensure_compacted_topic(
+        kafka_config,
+        topic,
+        partitions=partitions,
+        replication_factor=rf,
+        configs={"min.insync.replicas": str(isr)},
+        timeout_s=timeout_s,
+    )
+    if created:
+        log.info("internal topic=%s replication_factor=%d min.insync.replicas=%d", topic, rf, isr)
+    return created
+
+
+def internal_topic_options(kafka: Any) -> dict[str, int | None]:
+    """``replication_factor`` / ``min_insync_replicas`` keyword arguments from a ``KafkaConfig``."""
+    return {
+        "replication_factor": getattr(kafka, "internal_replication_factor", None),
+        "min_insync_replicas": getattr(kafka, "internal_min_insync_replicas", None),
+    }

@@ -40,3 +40,47 @@ class SchemaRegistrationError(FatalError):
 
 class SchemaNotFoundError(FatalError):
     """A named ``.avsc`` schema is neither a file nor a schema shipped in ``schemas/``."""
+
+
+class IncompatibleSchemaError(FatalError):
+    """A new writer schema breaks its subject's compatibility level; nothing was registered or produced.
+
+    Attributes:
+        topic: the topic whose key or value schema changed.
+        subject: ``<topic>-key`` or ``<topic>-value``.
+        level: the compatibility level checked (``BACKWARD``...).
+        problems: ``(field path, problem)`` pairs.
+    """
+
+    def __init__(self, topic: str, subject: str, level: str, problems: list[tuple[str, str]]):
+        self.topic = topic
+        self.subject = subject
+        self.level = level
+        self.problems = problems
+        fields = "; ".join(f"field {field!r}: {why}" for field, why in problems)
+        super().__init__(
+            f"topic {topic!r}: the new {subject.rsplit('-', 1)[-1]} schema is not {level} compatible "
+            f"(subject {subject!r}): {fields}. Nothing was produced. Make the change compatible (a default "
+            "for an added field, a promotion such as int to long), or set the topic's topic_spec.compatibility"
+        )
+
+
+class KeySchemaChangeError(FatalError):
+    """A source's key schema changed and no re-key was asked for; nothing was registered or produced.
+
+    Attributes:
+        topic: the topic.
+        problems: ``(field path, problem)`` pairs describing the change.
+    """
+
+    def __init__(self, topic: str, connector: str, problems: list[tuple[str, str]]):
+        self.topic = topic
+        self.connector = connector
+        self.problems = problems
+        fields = "; ".join(f"field {field!r}: {why}" for field, why in problems) or "the key schema differs"
+        super().__init__(
+            f"topic {topic!r}: the key schema of source {connector!r} changed ({fields}); new key bytes "
+            "would leave every entity twice in the topic (old key and new key) and reconciliation would then "
+            "delete them downstream. Nothing was produced. To re-key the topic (tombstone every old key, then "
+            f"re-snapshot under the new key), set `rekey: true` on source {connector!r}"
+        )

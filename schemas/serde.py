@@ -4,7 +4,14 @@ Wire format (Avro 1.x specification, "Single-object encoding")::
 
     C3 01 | 8-byte CRC-64-AVRO fingerprint of the writer schema (little-endian) | Avro binary body
 
-The fingerprint is of the writer schema's Parsing Canonical Form. Writer
+The fingerprint is of the writer schema's *logical canonical form*
+(:func:`canonical_form`): the Avro Parsing Canonical Form extended with the
+attributes that change how a body decodes (``logicalType``, ``precision``,
+``scale``), so ``decimal(12,2)`` and ``decimal(12,4)``, ``timestamp-millis`` and
+``timestamp-micros``, ``date`` and ``int`` never share a fingerprint. A schema
+without logical types has exactly its Parsing Canonical Form, hence the same
+fingerprint as before this extension. The framing is unchanged (an 8-byte
+CRC-64-AVRO), which is all Spark's ``from_avro`` path relies on. Writer
 schemas are kept in a :class:`~schemas.store.SchemaStore` (a compacted topic,
 keyed by fingerprint), so any reader can resolve one it has not seen. Readers
 may pass a *reader schema* and get Avro schema resolution (added fields with
@@ -57,14 +64,109 @@ def parse(schema: Schema | str) -> Any:
         raise SerdeError(f"invalid Avro schema: {exc}") from exc
 
 
+# Attributes of a type that change how its binary body decodes, in the order they are written
+# after the Parsing Canonical Form's own (name, type, fields, symbols, items, values, size).
+_LOGICAL_ATTRIBUTES = ("logicalType", "precision", "scale")
+
+
+def _canonical(schema: Any, out: list[str]) -> None:
+    if isinstance(schema, list):
+        out.append("[")
+        for i, branch in enumerate(schema):
+            if i:
+                out.append(",")
+            _canonical(branch, out)
+        out.append("]")
+        return
+    if not isinstance(schema, dict):  # a primitive or a reference to a named type (full name)
+        out.append(json.dumps(schema))
+        return
+    kind = schema["type"]
+    parts: list[str] = []
+    if kind in ("record", "error", "enum", "fixed"):
+        parts.append(f'"name":{json.dumps(schema["name"])}')
+    parts.append(f'"type":{json.dumps("record" if kind == "error" else kind)}')
+    if kind in ("record", "error"):
+        fields = []
+        for field in schema["fields"]:
+            sub: list[str] = []
+            _canonical(field["type"], sub)
+            fields.append(f'{{"name":{json.dumps(field["name"])},"type":{"".join(sub)}}}')
+        parts.append(f'"fields":[{",".join(fields)}]')
+    elif kind == "enum":
+        parts.append(f'"symbols":{json.dumps(schema["symbols"], separators=(",", ":"))}')
+    elif kind in ("array", "map"):
+        sub = []
+        _canonical(schema["items" if kind == "array" else "values"], sub)
+        parts.append(f'"{"items" if kind == "array" else "values"}":{"".join(sub)}')
+    elif kind == "fixed":
+        parts.append(f'"size":{int(schema["size"])}')
+    logical = schema.get("logicalType")
+    if logical is None and kind not in ("record", "error", "enum", "fixed", "array", "map"):
+        out.append(json.dumps(kind))  # a primitive written as {"type": "int"} is "int" ([PRIMITIVES])
+        return
+    if logical is not None:
+        parts.append(f'"logicalType":{json.dumps(logical)}')
+        if logical == "decimal":  # the specification's defaults: scale 0 when absent
+            parts.append(f'"precision":{int(schema["precision"])}')
+            parts.append(f'"scale":{int(schema.get("scale", 0))}')
+    out.append("{" + ",".join(parts) + "}")
+
+
+def canonical_form(schema: Schema) -> str:
+    """The schema's logical canonical form: what decides how a body decodes, and nothing else.
+
+    It is the Avro specification's Parsing Canonical Form ("Parsing Canonical
+    Form for Schemas": full names, no docs, aliases or defaults, fixed attribute
+    order, no whitespace) extended with ``logicalType`` and, for ``decimal``,
+    ``precision`` and ``scale`` (scale 0 when absent), written after the
+    Parsing Canonical Form's own attributes. This is the idea of Avro 1.12's
+    standard canonical form restricted to the attributes that matter to a
+    decoder. A schema without logical types gives exactly its Parsing
+    Canonical Form.
+
+    Args:
+        schema: an Avro schema (dict, list, or JSON text).
+
+    Returns:
+        The canonical JSON text.
+
+    Raises:
+        SerdeError: the schema is not valid Avro.
+    """
+    out: list[str] = []
+    _canonical(parse(schema), out)
+    return "".join(out)
+
+
 def fingerprint(schema: Schema) -> bytes:
-    """CRC-64-AVRO (Rabin) fingerprint of a schema's Parsing Canonical Form.
+    """CRC-64-AVRO (Rabin) fingerprint of a schema's logical canonical form (:func:`canonical_form`).
+
+    Two schemas that decode a body differently (a decimal's scale, millis
+    vs micros, ``date`` vs ``int``) never share it. For a schema without
+    logical types it equals :func:`parsing_fingerprint`.
 
     Args:
         schema: an Avro schema (dict, list, or JSON text).
 
     Returns:
         8 bytes, little-endian, exactly as they appear in single-object encoding.
+
+    Raises:
+        SerdeError: the schema is not valid Avro.
+    """
+    return bytes.fromhex(_fastavro_fingerprint(canonical_form(schema), "CRC-64-AVRO"))
+
+
+def parsing_fingerprint(schema: Schema) -> bytes:
+    """The fingerprint of the plain Parsing Canonical Form (logical types dropped).
+
+    What threes wrote before the logical canonical form; records framed with it
+    still decode (the schema topic maps each stored fingerprint to its full
+    schema), but it is never used for new records.
+
+    Returns:
+        8 bytes, little-endian.
     """
     pcf = to_parsing_canonical_form(parse(schema))
     return bytes.fromhex(_fastavro_fingerprint(pcf, "CRC-64-AVRO"))

@@ -6,10 +6,23 @@ docs kept, which the Parsing Canonical Form drops). The topic is compacted, so
 it holds one record per schema forever. Any process can resolve a fingerprint
 it has not seen by reading the topic to its end, the way Kafka Connect workers
 read ``connect-configs``.
+
+The same topic records the *versions of each subject* (a topic's key or value
+schema, ``<topic>-key`` / ``<topic>-value``): key ``subject:<subject>:<version>``
+(version zero-padded to 10 digits), value ``{"subject", "version",
+"fingerprint"}``. A new version is appended only after
+:func:`schemas.compatibility.check_compatibility` accepted it, so the versions
+are what compatibility is checked against, as in a schema registry.
+
+Fingerprints are of the logical canonical form (:func:`schemas.serde.fingerprint`).
+Records written before it (plain Parsing Canonical Form fingerprints) still
+decode: every stored record maps the fingerprint it was written under to the
+full schema JSON, whichever form computed it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
@@ -22,6 +35,13 @@ from schemas.serde import Schema, fingerprint, parse, schema_json
 
 log = logging.getLogger(__name__)
 
+SUBJECT_PREFIX = "subject:"
+
+
+def subject_record_key(subject: str, version: int) -> str:
+    """The schema topic's key of one subject version: ``subject:<subject>:<version, 10 digits>``."""
+    return f"{SUBJECT_PREFIX}{subject}:{version:010d}"
+
 
 class InMemorySchemaStore:
     """A schema store inside one process (unit tests, one-off tools)."""
@@ -29,6 +49,7 @@ class InMemorySchemaStore:
     def __init__(self) -> None:
         self._schemas: dict[bytes, Any] = {}
         self._json: dict[bytes, str] = {}
+        self._subjects: dict[str, dict[int, bytes]] = {}
 
     def register(self, schema: Schema) -> bytes:
         """Store a writer schema.
@@ -66,6 +87,34 @@ class InMemorySchemaStore:
         """All known writer schemas: fingerprint -> schema JSON."""
         return dict(self._json)
 
+    def versions(self, subject: str) -> list[bytes]:
+        """The fingerprints of a subject's versions, oldest first (empty when it has none)."""
+        known = self._subjects.get(subject, {})
+        return [known[v] for v in sorted(known)]
+
+    def version_schemas(self, subject: str) -> list[str]:
+        """The schema JSON of each of a subject's versions, oldest first.
+
+        Raises:
+            UnknownSchemaError: a version names a fingerprint whose schema is missing.
+        """
+        return [self.get_json(fp) for fp in self.versions(subject)]
+
+    def add_version(self, subject: str, schema: Schema) -> int:
+        """Register ``schema`` and append it as the subject's next version (no check here).
+
+        Returns:
+            The new version number (1 for the first); the current one when
+            ``schema`` already is the latest version.
+        """
+        fp = self.register(schema)
+        known = self._subjects.setdefault(subject, {})
+        if known and known[max(known)] == fp:
+            return max(known)
+        version = max(known, default=0) + 1
+        known[version] = fp
+        return version
+
 
 class SchemaStore(InMemorySchemaStore):
     """Writer schemas in a compacted topic (see module docstring).
@@ -74,22 +123,39 @@ class SchemaStore(InMemorySchemaStore):
         kafka_config: librdkafka properties (``KafkaConfig.librdkafka_config()``).
         topic: the schema topic; created compacted when missing.
         timeout_s: how long a registration or a catch-up read may take, seconds.
+        replication_factor: of the topic when created; ``None``: min(3, brokers)
+            (:func:`connectors.topics.internal_topic_settings`).
+        min_insync_replicas: of the topic when created; ``None``: the default there.
 
     Raises:
         SetupError / ConfigError: from construction, when the topic cannot be
             created or exists without ``cleanup.policy=compact``.
     """
 
-    def __init__(self, kafka_config: dict[str, Any], topic: str = "_threes_schemas", timeout_s: float = 30.0):
+    def __init__(
+        self,
+        kafka_config: dict[str, Any],
+        topic: str = "_threes_schemas",
+        timeout_s: float = 30.0,
+        *,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+    ):
         super().__init__()
-        from connectors.topics import ensure_compacted_topic
+        from connectors.topics import ensure_internal_topic
 
         self.kafka_config = dict(kafka_config)
         self.topic = topic
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._producer: Producer | None = None
-        ensure_compacted_topic(self.kafka_config, topic, partitions=1)
+        ensure_internal_topic(
+            self.kafka_config,
+            topic,
+            partitions=1,
+            replication_factor=replication_factor,
+            min_insync_replicas=min_insync_replicas,
+        )
         self.refresh()
 
     def register(self, schema: Schema) -> bytes:
@@ -105,20 +171,7 @@ class SchemaStore(InMemorySchemaStore):
         with self._lock:
             if fp in self._schemas:
                 return fp
-            if self._producer is None:
-                self._producer = Producer({**self.kafka_config, "acks": "all", "enable.idempotence": True})
-            errors: list[Any] = []
-            self._producer.produce(
-                self.topic,
-                key=fp.hex().encode(),
-                value=schema_json(schema).encode(),
-                on_delivery=lambda err, _msg: errors.append(err) if err else None,
-            )
-            remaining = self._producer.flush(self.timeout_s)
-            if remaining or errors:
-                raise SchemaRegistrationError(
-                    f"schema {fp.hex()} not acknowledged by topic {self.topic!r}: {errors or 'timeout'}"
-                )
+            self._produce(fp.hex(), schema_json(schema))
             super().register(schema)
             log.info("registered Avro schema fingerprint=%s topic=%s", fp.hex(), self.topic)
         return fp
@@ -134,6 +187,53 @@ class SchemaStore(InMemorySchemaStore):
         if fp not in self._schemas:
             raise UnknownSchemaError(fp, f"schema topic {self.topic!r}")
         return self._schemas[fp]
+
+    def versions(self, subject: str) -> list[bytes]:
+        """The fingerprints of a subject's versions, oldest first, read from the topic."""
+        self.refresh()
+        return super().versions(subject)
+
+    def add_version(self, subject: str, schema: Schema) -> int:
+        """Register ``schema`` and append it to the subject in the topic (acknowledged by the broker).
+
+        Two processes appending to one subject at once may both write the same
+        version number; the later record wins (the subject is owned by one
+        source, so this needs two instances of one source).
+
+        Returns:
+            The version number.
+
+        Raises:
+            SchemaRegistrationError: the broker did not acknowledge the record in time.
+        """
+        fp = self.register(schema)
+        self.refresh()
+        with self._lock:
+            known = self._subjects.setdefault(subject, {})
+            if known and known[max(known)] == fp:
+                return max(known)
+            version = max(known, default=0) + 1
+            value = json.dumps({"subject": subject, "version": version, "fingerprint": fp.hex()})
+            self._produce(subject_record_key(subject, version), value)
+            known[version] = fp
+        log.info("subject=%s version=%d fingerprint=%s topic=%s", subject, version, fp.hex(), self.topic)
+        return version
+
+    def _produce(self, key: str, value: str) -> None:
+        if self._producer is None:
+            self._producer = Producer({**self.kafka_config, "acks": "all", "enable.idempotence": True})
+        errors: list[Any] = []
+        self._producer.produce(
+            self.topic,
+            key=key.encode(),
+            value=value.encode(),
+            on_delivery=lambda err, _msg: errors.append(err) if err else None,
+        )
+        remaining = self._producer.flush(self.timeout_s)
+        if remaining or errors:
+            raise SchemaRegistrationError(
+                f"record {key} not acknowledged by topic {self.topic!r}: {errors or 'timeout'}"
+            )
 
     def refresh(self) -> int:
         """Read the schema topic from the beginning to its current end.
@@ -165,7 +265,14 @@ class SchemaStore(InMemorySchemaStore):
                 position = msg.offset() + 1
                 if msg.value() is None:
                     continue
-                fp = bytes.fromhex(msg.key().decode())
+                key = msg.key().decode()
+                if key.startswith(SUBJECT_PREFIX):
+                    doc = json.loads(msg.value())
+                    with self._lock:
+                        self._subjects.setdefault(doc["subject"], {})[int(doc["version"])] = bytes.fromhex(
+                            doc["fingerprint"])
+                    continue
+                fp = bytes.fromhex(key)
                 with self._lock:
                     if fp not in self._schemas:
                         self._schemas[fp] = parse(msg.value().decode())

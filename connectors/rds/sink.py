@@ -15,17 +15,12 @@ from sqlalchemy.exc import DBAPIError, NoSuchTableError, SQLAlchemyError
 
 from connectors import clients
 from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
+from connectors.rds.errors import classify as classify_db_error
 from connectors.rds.reading import MYSQL_DIALECTS, utc_sessions
 from connectors.rds.sink_types import table_from_avro
 from connectors.runtime.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
 
 log = logging.getLogger(__name__)
-
-# SQLSTATE classes (PostgreSQL appendix A): what the caller does about each
-_BUSY_STATES = {"55P03", "57014", "40001", "40P01", "53300", "53200", "53100"}  # lock/timeout/serialization
-_RETRY_PREFIXES = ("08", "57P", "58")  # connection exceptions, operator intervention, system errors
-# MySQL: lock wait timeout, deadlock, too many connections
-_MYSQL_BUSY = {1205, 1213, 1040}
 
 
 def _csv_safe(typ: Any) -> bool:
@@ -423,23 +418,32 @@ class RdsSink(Sink):
             raise self._classify(exc) from exc
 
     def _classify(self, exc: BaseException) -> BaseException:
-        orig = exc.orig if isinstance(exc, DBAPIError) else exc
-        state = getattr(orig, "sqlstate", None) or getattr(getattr(orig, "diag", None), "sqlstate", None)
-        code = orig.args[0] if self._dialect in MYSQL_DIALECTS and getattr(orig, "args", None) else None
-        text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-        if state in _BUSY_STATES or code in _MYSQL_BUSY or "database is locked" in text:
-            return SinkBackpressureError(1.0, f"sink {self.name!r}: database busy ({state or code}): {text}")
-        if (state and state.startswith(_RETRY_PREFIXES)) or (
-            isinstance(exc, DBAPIError) and exc.connection_invalidated
-        ):
-            return RetriableError(f"sink {self.name!r}: database connection failed ({state}): {text}")
-        if state and state[:2] in ("22", "23", "42", "XX") or type(orig).__name__ in ("DataError", "IntegrityError"):
-            return _RecordProblem(text, type(orig)(text) if isinstance(orig, Exception) else None)
-        if isinstance(exc, DBAPIError) and type(exc).__name__ == "OperationalError":
-            return RetriableError(f"sink {self.name!r}: database error: {text}")
-        if isinstance(exc, (ValueError, TypeError)):
-            return _RecordProblem(text)
-        return FatalError(f"sink {self.name!r}: cannot write table {self._qualified()!r}: {text}")
+        """Map a failed transaction to what the runtime does, by the server's code (:mod:`connectors.rds.errors`).
+
+        Busy (lock, timeout, deadlock) is backpressure, transient (connection,
+        shutdown, resources) is retried, a refused value (SQLSTATE classes 22,
+        23, 42, 54; MySQL's data errors) is bisected down to its record, which
+        goes to the dead letter topic; anything else stops the sink.
+        """
+        if isinstance(exc, _RecordProblem):
+            return exc
+        if not isinstance(exc, DBAPIError) and isinstance(exc, (ValueError, TypeError)):
+            return _RecordProblem(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        meaning = classify_db_error(exc, self._dialect)
+        code, text = meaning.code, meaning.text
+        if meaning.meaning == "busy":
+            return SinkBackpressureError(1.0, f"sink {self.name!r}: database busy ({code}): {text}")
+        if meaning.meaning == "transient":
+            return RetriableError(f"sink {self.name!r}: database unavailable ({code or 'no answer'}): {text}")
+        if meaning.meaning == "record":
+            orig = exc.orig if isinstance(exc, DBAPIError) else exc
+            prefix = f"{code}: " if code else ""
+            try:
+                error = type(orig)(prefix + text) if isinstance(orig, Exception) else None
+            except Exception:  # noqa: BLE001 - an exception class with another signature
+                error = None
+            return _RecordProblem(prefix + text, error)
+        return FatalError(f"sink {self.name!r}: cannot write table {self._qualified()!r} ({code}): {text}")
 
     def _upsert_statement(self) -> Any:
         """The dialect's conditional upsert, for ``executemany``."""

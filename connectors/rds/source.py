@@ -400,10 +400,11 @@ class RdsSource(SourceTask):
                         yield SourceBatch(records, self._position())
                     if got < per_query:
                         break
-        except (OperationalError, DisconnectionError) as exc:
+        except DisconnectionError as exc:
             raise RetriableError(f"source {cfg.name!r}: reading {self.where} failed: {_reason(exc)}") from exc
         except SQLAlchemyError as exc:
-            raise FatalError(f"source {cfg.name!r}: reading {self.where} failed: {_reason(exc)}") from exc
+            message = f"source {cfg.name!r}: reading {self.where} failed: {_reason(exc)}"
+            raise _by_meaning(exc, self.dialect, message) from exc
         if scanning:
             # the scan is complete: the next cycle starts a new one; deletes are settled by reconcile
             self.cursor = None
@@ -554,10 +555,11 @@ class RdsSource(SourceTask):
                         v = self.to_value(row)
                         records.append(({k: v[k] for k in self.key_fields}, v))
                     yield SourceBatch(records, None)
-        except (OperationalError, DisconnectionError) as exc:
+        except DisconnectionError as exc:
             raise RetriableError(f"source {self.name!r}: reconciling {self.where} failed: {_reason(exc)}") from exc
         except SQLAlchemyError as exc:
-            raise FatalError(f"source {self.name!r}: reconciling {self.where} failed: {_reason(exc)}") from exc
+            message = f"source {self.name!r}: reconciling {self.where} failed: {_reason(exc)}"
+            raise _by_meaning(exc, self.engine.dialect.name, message) from exc
 
     # -- errors ---------------------------------------------------------------------------------------
 
@@ -621,6 +623,21 @@ def _is_integer(sql_type: Any) -> bool:
     from sqlalchemy import types as sqltypes
 
     return isinstance(sql_type, sqltypes.Integer)
+
+
+def _by_meaning(exc: BaseException, dialect: str, message: str) -> Exception:
+    """The error to raise for a failed read, by what the server said (:mod:`connectors.rds.errors`).
+
+    ``RetriableError`` when the error passes (a lost connection, a serialization
+    failure, a shutdown), ``FatalError`` otherwise (a permission, a missing column).
+    """
+    from connectors.rds.errors import classify
+
+    meaning = classify(exc, dialect)
+    suffix = f" (SQLSTATE/code {meaning.code})" if meaning.code else ""
+    if meaning.meaning in ("busy", "transient"):
+        return RetriableError(message + suffix)
+    return FatalError(message + suffix)
 
 
 def _reason(exc: BaseException) -> str:

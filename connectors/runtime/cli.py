@@ -130,10 +130,11 @@ def _log_progress(worker: Any, stop: threading.Event, every_s: float = 30.0) -> 
 def _offset_rows(pipeline: Any, connector: list[str] | None, offsets_topic: str) -> tuple[Any, list[Any], list[str]]:
     from connectors.runtime.offsets import OffsetStore
     from connectors.runtime.standalone import select_sources
+    from connectors.topics import internal_topic_options
 
     sources = select_sources(pipeline, connector)
     names = {s.name for s in sources}
-    store = OffsetStore(pipeline.kafka.librdkafka_config(), offsets_topic)
+    store = OffsetStore(pipeline.kafka.librdkafka_config(), offsets_topic, **internal_topic_options(pipeline.kafka))
     stored = [p for p in store.load_all().values() if p.connector in names]
     return store, sorted(stored, key=lambda p: p.key), sorted(names)
 

@@ -1,0 +1,147 @@
+"""What a source does with its writer schemas when it starts: check them, then record them as versions.
+
+A source's topic has two subjects, ``<topic>-key`` and ``<topic>-value``
+(Confluent's ``TopicNameStrategy``). On start the source checks both before it
+produces anything (:func:`plan_topic_schemas`):
+
+* the **value** schema must be compatible with the subject's versions at the
+  topic's level (:mod:`schemas.compatibility`, ``BACKWARD`` by default);
+* the **key** schema must not change at all: other key bytes for the same
+  entity make a second entity in a compacted topic. A change is refused
+  (:class:`~schemas.exceptions.KeySchemaChangeError`) unless the source asks
+  for a re-key; the plan then says ``rekey`` and the runner tombstones the old
+  keys, re-snapshots, and only then records the new key version
+  (:meth:`TopicSchemaPlan.record_key`), so a crash half-way re-keys again.
+
+A subject with no versions yet (a new topic, or a topic written before
+versions were recorded) accepts any schema as its version 1.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.compatibility import Compatibility, check_compatibility
+from schemas.exceptions import KeySchemaChangeError
+from schemas.serde import Schema, canonical_form, fingerprint
+
+
+def key_subject(topic: str) -> str:
+    """The subject of a topic's key schemas: ``<topic>-key``."""
+    return f"{topic}-key"
+
+
+def value_subject(topic: str) -> str:
+    """The subject of a topic's value schemas: ``<topic>-value``."""
+    return f"{topic}-value"
+
+
+def _field_types(schema: Any) -> dict[str, str]:
+    return {f["name"]: canonical_form(f["type"] if not isinstance(f["type"], str) else f["type"])
+            for f in schema.get("fields", [])} if isinstance(schema, dict) else {}
+
+
+def describe_change(old: Schema, new: Schema) -> list[tuple[str, str]]:
+    """The fields that differ between two record schemas, for an error message.
+
+    Returns:
+        ``(field, change)`` pairs such as ``("id", 'type "int" -> "long"')``;
+        ``("<root>", ...)`` when only the record itself differs (its name).
+    """
+    o = json.loads(old) if isinstance(old, str) else old
+    n = json.loads(new) if isinstance(new, str) else new
+    try:
+        before, after = _field_types(o), _field_types(n)
+    except Exception:  # noqa: BLE001 - a named type used by reference: fall back to the whole schema
+        before, after = {}, {}
+    out: list[tuple[str, str]] = []
+    for name, t in after.items():
+        if name not in before:
+            out.append((name, f"added ({t})"))
+        elif before[name] != t:
+            out.append((name, f"type {before[name]} -> {t}"))
+    out += [(name, "removed") for name in before if name not in after]
+    return out or [("<root>", f"{canonical_form(old)} -> {canonical_form(new)}")]
+
+
+@dataclass
+class TopicSchemaPlan:
+    """The checked schemas of a topic, ready to be recorded as versions.
+
+    Attributes:
+        topic: the topic.
+        key_schema / value_schema: the new schemas.
+        rekey: the key schema differs from the subject's latest version and a
+            re-key was asked for: the old keys must be tombstoned and the source
+            re-snapshotted before :meth:`record_key`.
+        old_key_fingerprints: the fingerprints of the key subject's versions
+            (the keys to tombstone are framed with one of them, or with a
+            fingerprint written before versions were recorded).
+    """
+
+    topic: str
+    key_schema: Schema
+    value_schema: Schema
+    rekey: bool = False
+    old_key_fingerprints: list[bytes] = field(default_factory=list)
+
+    @property
+    def key_fingerprint(self) -> bytes:
+        """The 8-byte fingerprint of the new key schema."""
+        return fingerprint(self.key_schema)
+
+    def record_value(self, store: Any) -> int:
+        """Append the value schema to ``<topic>-value`` (no-op when it is the latest). Returns the version."""
+        return store.add_version(value_subject(self.topic), self.value_schema)
+
+    def record_key(self, store: Any) -> int:
+        """Append the key schema to ``<topic>-key`` (no-op when it is the latest). Returns the version."""
+        return store.add_version(key_subject(self.topic), self.key_schema)
+
+
+def plan_topic_schemas(
+    store: Any,
+    *,
+    topic: str,
+    connector: str,
+    key_schema: Schema,
+    value_schema: Schema,
+    compatibility: Compatibility | str = Compatibility.BACKWARD,
+    rekey: bool = False,
+) -> TopicSchemaPlan:
+    """Check a source's key and value schemas against the topic's subjects; register nothing.
+
+    Args:
+        store: a schema store with subject versions (:class:`~schemas.store.SchemaStore`).
+        topic: the source's topic.
+        connector: the source's name (named in errors).
+        key_schema: the key schema the source will write.
+        value_schema: the value schema it will write.
+        compatibility: the value subject's level.
+        rekey: whether a key schema change is allowed (as a re-key).
+
+    Returns:
+        The plan; ``plan.rekey`` tells the caller to re-key before recording the key.
+
+    Raises:
+        KeySchemaChangeError: the key schema changed and ``rekey`` is off.
+        IncompatibleSchemaError: the value schema breaks the compatibility level.
+    """
+    plan = TopicSchemaPlan(topic, key_schema, value_schema)
+    key_versions = store.versions(key_subject(topic))
+    if key_versions and key_versions[-1] != fingerprint(key_schema):
+        old = store.get_json(key_versions[-1])
+        if not rekey:
+            raise KeySchemaChangeError(topic, connector, describe_change(old, key_schema))
+        plan.rekey = True
+        plan.old_key_fingerprints = list(key_versions)
+    check_compatibility(
+        value_schema,
+        store.version_schemas(value_subject(topic)),
+        compatibility,
+        topic=topic,
+        subject=value_subject(topic),
+    )
+    return plan
