@@ -140,6 +140,7 @@ def _mount_subcommands() -> None:
     app.add_typer(offsets_app, name="offsets")
     app.add_typer(stream_app, name="stream")
     app.add_typer(sync_app, name="sync")
+    __import__("connectors.status.cli", fromlist=["register"]).register(app)  # status
     __import__("connectors.demo.cli", fromlist=["register"]).register(app)  # replay, demo, docs
     __import__("connectors.pipeline.cli", fromlist=["register"]).register(app)  # run
 

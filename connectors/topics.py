@@ -80,6 +80,34 @@ def cluster_metadata(kafka_config: Mapping[str, Any], timeout_s: float = 10.0) -
                 ) from exc
 
 
+def check_credentials(kafka_config: Mapping[str, Any], timeout_s: float = 10.0) -> bool:
+    """Fail at once when the brokers refuse our login or certificate; tolerate brokers that are down.
+
+    For long-running processes at start-up (``source run``, ``sync run``): a wrong
+    password or CA never heals, so it ends the process in one line before any
+    producer or consumer logs its retries; a broker that does not answer yet may
+    come back, and the runtime's retries and supervision handle that.
+
+    Args:
+        kafka_config: librdkafka properties.
+        timeout_s: Seconds to wait for an answer.
+
+    Returns:
+        ``True`` when the brokers answered, ``False`` when none did within ``timeout_s``.
+
+    Raises:
+        SetupError: The login was refused or the broker's certificate failed verification.
+    """
+    try:
+        cluster_metadata(kafka_config, timeout_s)
+    except SetupError as exc:
+        if not getattr(exc, "refused", False):
+            log.warning("%s", exc)
+            return False
+        raise
+    return True
+
+
 def _short(text: str) -> str:
     return _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", " ".join(text.split())))
 
@@ -90,17 +118,20 @@ def _refused_error(kafka_config: Mapping[str, Any], err: Any) -> SetupError:
     if _REFUSED[err.name()] == "authentication":
         user = kafka_config.get("sasl.username")
         mechanism = kafka_config.get("sasl.mechanism", "PLAIN")
-        return SetupError(
+        error = SetupError(
             f"Kafka at {bootstrap} refused the login of user {user!r} ({mechanism}): {detail}",
             "check kafka.sasl_username and kafka.sasl_password",
         )
-    why = _tls_verify_message(str(bootstrap or ""), kafka_config.get("ssl.ca.location"))
-    if why:  # librdkafka says only "certificate verify failed"; OpenSSL through Python says why
-        detail = f"the broker's certificate was refused: {why}"
-    return SetupError(
-        f"TLS with Kafka at {bootstrap} failed: {detail}",
-        "check kafka.ssl_ca_location and that the broker's certificate names the host in kafka.bootstrap_servers",
-    )
+    else:
+        why = _tls_verify_message(str(bootstrap or ""), kafka_config.get("ssl.ca.location"))
+        if why:  # librdkafka says only "certificate verify failed"; OpenSSL through Python says why
+            detail = f"the broker's certificate was refused: {why}"
+        error = SetupError(
+            f"TLS with Kafka at {bootstrap} failed: {detail}",
+            "check kafka.ssl_ca_location and that the broker's certificate names the host in kafka.bootstrap_servers",
+        )
+    error.refused = True  # type: ignore[attr-defined] - read by check_credentials: waiting cannot help
+    return error
 
 
 def _tls_verify_message(bootstrap: str, ca_location: str | None, timeout_s: float = 3.0) -> str | None:
@@ -339,14 +370,7 @@ def ensure_internal_topic(
         ConfigError: impossible settings, or the topic exists not compacted.
         SetupError: Kafka cannot be reached or refused the creation.
     """
-    admin = _admin(kafka_config)
-    try:
-        metadata = admin.list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise SetupError(
-            f"Kafka at {kafka_config.get('bootstrap.servers')} did not answer: {exc}",
-            "check kafka.bootstrap_servers, or start the local stack with `threes local up`",
-        ) from exc
+    metadata = cluster_metadata(kafka_config, timeout_s)
     rf, isr = internal_topic_settings(len(metadata.brokers), replication_factor, min_insync_replicas)
     existing = metadata.topics.get(topic)
     if existing is not None and existing.error is None and existing.partitions:

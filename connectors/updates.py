@@ -13,6 +13,12 @@ target holds (SQL conditional upsert, Elasticsearch ``version_type=external``,
 S3 deterministic object names), so replays and duplicates are harmless. One
 contract, the same meaning in RDS, Elasticsearch and S3.
 
+* **header** ``threes.source_ts`` (optional): when the change was committed in
+  (or, when the source cannot tell, read from) the system of record, epoch
+  milliseconds as an 8-byte big-endian int64. Sources put it on every state
+  record, the stream job carries the event's to its update records, and the
+  sync service measures source commit -> sink durable freshness from it.
+
 In Spark the header value is ``unhex(lpad(hex(version), 16, '0'))`` (``hex`` of
 a long is its two's complement, so this holds for negative versions too).
 """
@@ -23,7 +29,34 @@ import struct
 from collections.abc import Iterable
 
 VERSION_HEADER = "version"
+SOURCE_TS_HEADER = "threes.source_ts"
 _INT64 = struct.Struct(">q")
+
+
+def with_source_ts(
+    headers: list[tuple[str, bytes]] | None, source_ts_ms: int
+) -> list[tuple[str, bytes]]:
+    """Headers with a ``threes.source_ts`` header added (kept as is when one is there already).
+
+    Args:
+        headers: the record's headers, or ``None``.
+        source_ts_ms: the source commit (or read) time, epoch milliseconds.
+
+    Returns:
+        A new list (the input is not changed).
+    """
+    out = list(headers or ())
+    if not any(k == SOURCE_TS_HEADER for k, _v in out):
+        out.append((SOURCE_TS_HEADER, _INT64.pack(int(source_ts_ms))))
+    return out
+
+
+def source_ts_of(headers: Iterable[tuple[str, bytes | None]] | None) -> int | None:
+    """The ``threes.source_ts`` header of a consumed record, epoch ms; ``None`` when absent or malformed."""
+    for key, value in headers or ():
+        if key == SOURCE_TS_HEADER and value is not None and len(value) == 8:
+            return _INT64.unpack(value)[0]
+    return None
 
 
 def encode_version(version: int) -> bytes:

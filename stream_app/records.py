@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from connectors.updates import VERSION_HEADER
+from connectors.updates import SOURCE_TS_HEADER, VERSION_HEADER
 
 HEADER_TYPE = "struct<key:string,value:binary>"
 RECORD_FIELDS = ("topic", "key", "value", "headers")
@@ -48,10 +48,31 @@ def record(topic: str, key: Any, value: Any, headers: Any) -> Any:
     return f.struct(f.lit(topic).alias("topic"), key.alias("key"), value.alias("value"), headers.alias("headers"))
 
 
-def update_record(topic: str, key: Any, value: Any, version: Any) -> Any:
-    """An update record (``connectors.updates`` contract): key, value, ``version`` header."""
+def update_record(topic: str, key: Any, value: Any, version: Any, source_ts: Any = None) -> Any:
+    """An update record (``connectors.updates`` contract): key, value, ``version`` header.
+
+    Args:
+        topic: the update topic.
+        key: the key column (binary).
+        value: the value column (binary).
+        version: the version column (long).
+        source_ts: a binary column (8 bytes) carried as the ``threes.source_ts``
+            header when not null (the source commit time of what caused the update).
+    """
     f = _f()
-    return record(topic, key, value, f.array(header(VERSION_HEADER, version_bytes(version))))
+    version_header = header(VERSION_HEADER, version_bytes(version))
+    headers = f.array(version_header)
+    if source_ts is not None:
+        headers = f.when(source_ts.isNull(), headers).otherwise(
+            f.array(version_header, header(SOURCE_TS_HEADER, source_ts))
+        )
+    return record(topic, key, value, headers)
+
+
+def header_value(headers: Any, name: str) -> Any:
+    """The value (binary) of the first header called ``name`` in a header array column; null when absent."""
+    f = _f()
+    return f.get(f.filter(headers, lambda h: h["key"] == f.lit(name)), 0)["value"]
 
 
 def dead_letter(

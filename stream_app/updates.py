@@ -7,7 +7,9 @@ applies only newer versions turns replays and duplicates into no-ops.
 
 * A **projection** writes one upsert per enriched event. Its version is the
   event's offset, its Kafka timestamp (ms), or a numeric event field: all read
-  from the event, hence identical on replay.
+  from the event, hence identical on replay. The event's ``threes.source_ts``
+  header (its source commit time) is carried to the update record, so the sync
+  service measures freshness from the source's commit.
 * An **aggregation** groups enriched events per key fields and event-time
   window in Spark's state store (RocksDB provider), emitting changed groups
   each micro-batch (``update`` output mode). Its version is the group's event
@@ -26,9 +28,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from connectors.updates import SOURCE_TS_HEADER
 from stream_app.avro import encode_avro, framed
 from stream_app.plan import UpdatePlan
-from stream_app.records import dead_letter, update_record
+from stream_app.records import dead_letter, header_value, update_record
 
 COUNT = "__count"
 
@@ -81,7 +84,11 @@ def projection_records(
         value = framed(body, plan.value.fingerprint)
     else:
         value = encode_avro(f.struct(*value_fields), plan.value.json, plan.value.fingerprint)
-    upsert = f.when(ok & complete, update_record(plan.config.topic, key, value, projection_version(plan)))
+    # freshness from the source: the event's threes.source_ts header travels to its update record
+    source_ts = header_value(f.col("__headers"), SOURCE_TS_HEADER)
+    upsert = f.when(
+        ok & complete, update_record(plan.config.topic, key, value, projection_version(plan), source_ts)
+    )
     missing = f.concat_ws(", ", *[f.when(f.col(n).isNull(), f.lit(n)) for n in key_fields])
     bad = f.when(
         ok & ~complete,

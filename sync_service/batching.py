@@ -53,6 +53,8 @@ class Job:
         attempts: write attempts so far.
         not_before: monotonic time (s) before which it must not be written again.
         waiting: ``True`` while it waits for a backpressure delay to pass.
+        oldest_source_ts_ms: the oldest ``threes.source_ts`` header of its records,
+            epoch ms (``None`` when none has one); set when decoded.
     """
 
     sink: str
@@ -65,6 +67,7 @@ class Job:
     attempts: int = 0
     not_before: float = 0.0
     waiting: bool = False
+    oldest_source_ts_ms: int | None = None
 
     @property
     def first_offset(self) -> int:
@@ -147,6 +150,12 @@ class PartitionBuffer:
         job, self.inflight = self.inflight, None
         assert job is not None
         return job
+
+    def first_pending(self) -> Any:
+        """The first consumed message not yet durable (in flight or buffered), or ``None``."""
+        if self.inflight is not None:
+            return self.inflight.raw[0]
+        return self.records[0] if self.records else None
 
     def safe_offset(self) -> int | None:
         """The offset to commit for this sink: the first record not yet durable.

@@ -25,8 +25,9 @@ def run(
     """Run the config's sync services until SIGTERM/SIGINT, which flushes, commits and exits 0.
 
     Each service runs in its own thread with its own consumer group, so one
-    target's trouble never holds up another's. Exits 1 when a service stops on
-    an error (after committing what was durable).
+    target's trouble never holds up another's. A failed sink is restarted
+    inside its service, a failed service by its supervisor, both with
+    exponential backoff (``errors`` of each sink): nothing stops the others.
     """
     # handlers first: a SIGTERM while starting up also stops cleanly
     stop = threading.Event()
@@ -40,22 +41,28 @@ def run(
 
     from connectors.cli import fail, load
     from connectors.exceptions import ThreesError
-    from sync_service.service import SyncService
+    from sync_service.supervisor import ServiceSupervisor
 
     pipeline = load(config)
     chosen = [s for s in pipeline.sync if service is None or s.name == service]
     if not chosen:
         names = [s.name for s in pipeline.sync]
         raise fail(ThreesError(f"no sync service named {service!r} in {config} (have: {names})"))
+    try:
+        from connectors.topics import check_credentials
+
+        # a refused login or broker certificate ends here, in one line (a broker that is down is retried)
+        check_credentials(pipeline.kafka.librdkafka_config(), pipeline.kafka.request_timeout_s)
+    except ThreesError as exc:
+        raise fail(exc) from None
     errors: list[BaseException] = []
 
     def run_one(svc_config: object) -> None:
         try:
-            SyncService(pipeline.kafka, svc_config, dict(pipeline.connections)).run(stop)
-        except Exception as exc:  # noqa: BLE001 - reported below, and the other services stop too
+            ServiceSupervisor(pipeline.kafka, svc_config, dict(pipeline.connections)).run(stop)
+        except Exception as exc:  # noqa: BLE001 - the supervisor itself failed (its port is taken...)
             log.error("sync service %s stopped: %s", getattr(svc_config, "name", "?"), exc)
             errors.append(exc)
-            stop.set()
 
     threads = [threading.Thread(target=run_one, args=(c,), name=f"sync-{c.name}") for c in chosen]
     for t in threads:

@@ -9,8 +9,9 @@ and topics only, never a secret.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +63,56 @@ class SyncMetrics:
         self.buffered_bytes = Gauge(
             "threes_sync_buffered_bytes", "Bytes of buffered and in-flight records", ["service"], registry=r
         )
+        self.restarts = Counter(
+            "threes_sync_sink_restarts", "Failed sink tasks restarted (closed and opened again) after a backoff",
+            ["service", "sink"], registry=r,
+        )
+        self.service_restarts = Counter(
+            "threes_sync_service_restarts", "Sync services restarted after they stopped on an error", ["service"],
+            registry=r,
+        )
+        self.sink_state = Gauge(
+            "threes_sync_sink_state", "1 for the state a sink is in (running, restarting, recovering), else 0",
+            ["service", "sink", "state"], registry=r,
+        )
+        self.source_freshness = Histogram(
+            "threes_sync_source_freshness_seconds",
+            "Source commit (threes.source_ts header) to durable in the target, per batch, of its oldest record, "
+            "seconds",
+            ["service", "sink"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+            registry=r,
+        )
+        self.oldest_pending_age = Gauge(
+            "threes_sync_oldest_pending_age_seconds",
+            "Age of the oldest record consumed and not yet durable in the target (from its threes.source_ts, "
+            "else its Kafka timestamp), seconds; 0 when nothing is pending. Updated every second, also while "
+            "the target is down",
+            ["service", "sink"],
+            registry=r,
+        )
         self.concurrency = Gauge(
             "threes_sync_concurrency_limit", "Requests allowed in flight to a target", ["service", "sink"],
             registry=r,
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - scraped from outside
-        """Expose the metrics at ``http://addr:port/metrics`` (a daemon thread)."""
-        start_http_server(port, addr=addr, registry=self.registry)
-        log.info("metrics service=%s on %s:%d/metrics", self.service, addr, port)
+    def serve(self, port: int, addr: str = "0.0.0.0", status: Any = None) -> Any:  # noqa: S104 - scraped
+        """Expose the metrics at ``http://addr:port/metrics``, and ``status`` at ``/status`` and ``/status.json``.
+
+        Args:
+            port: TCP port (``0``: a free one).
+            addr: the address to bind.
+            status: returns the status document (``{"sync": [...]}``); an empty one when ``None``.
+
+        Returns:
+            The :class:`~connectors.status.http.StatusServer` (its ``httpd`` holds the bound port).
+        """
+        from connectors.status.http import StatusServer
+
+        server = StatusServer(status or (lambda: {"sync": []}), self.registry, title=f"threes sync {self.service}")
+        bound = server.serve(port, addr)
+        log.info("metrics service=%s on %s:%d/metrics", self.service, addr, bound)
+        return server
 
     def value(self, name: str, **labels: str) -> float:
         """Current value of a sample (tests, the CLI's summary); 0.0 when absent."""

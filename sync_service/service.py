@@ -39,7 +39,9 @@ from connectors import clients, registry
 from connectors.config.models import KafkaConfig
 from connectors.exceptions import FatalError, SetupError
 from connectors.runtime.sink import Sink
+from connectors.runtime.supervision import RestartBackoff
 from connectors.topics import cluster_metadata
+from connectors.updates import source_ts_of
 from schemas.columnar import ColumnarDecoder
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
@@ -54,6 +56,14 @@ TP = tuple[str, int]
 
 
 @dataclass
+class _Reopened:
+    """The result of opening a failed sink again (``error`` is ``None`` when it opened)."""
+
+    slot: SinkSlot
+    error: BaseException | None
+
+
+@dataclass
 class SinkSlot:
     """A sink with its runtime state: pool, limiter, buffers, in-flight count."""
 
@@ -64,6 +74,11 @@ class SinkSlot:
     buffers: dict[TP, PartitionBuffer] = field(default_factory=dict)
     inflight: int = 0
     memory_paused: bool = False
+    backoff: RestartBackoff | None = None
+    state: str = "running"  # running, restarting (waiting for restart_at), recovering (one batch probes)
+    restart_at: float = 0.0  # monotonic time of the next restart
+    dead_letters: int = 0
+    last_error: str | None = None
 
     def bytes(self) -> int:
         """Buffered plus in-flight bytes of this sink."""
@@ -84,6 +99,9 @@ class SyncService:
         sinks: already built sinks (tests); built from ``config.sinks`` when ``None``.
         schema_store: resolves Avro writer schemas; a :class:`SchemaStore` on
             ``kafka.schema_topic`` when ``None``.
+        metrics: the service's metrics (kept across restarts by the supervisor); new ones when ``None``.
+        serve: serve ``/metrics`` and ``/status`` on ``config.metrics_port`` from :meth:`run` (the
+            supervisor serves them itself, once for every restart).
 
     Raises:
         SetupError: Kafka or a target cannot be reached (from :meth:`run`).
@@ -97,12 +115,19 @@ class SyncService:
         *,
         sinks: list[Sink] | None = None,
         schema_store: Any = None,
+        metrics: SyncMetrics | None = None,
+        serve: bool = True,
     ):
         self.kafka = kafka
         self.config = config
-        self.metrics = SyncMetrics(config.name)
+        self.metrics = metrics or SyncMetrics(config.name)
+        self._serve = serve
+        self._status_doc: dict[str, Any] = {"service": config.name, "group": config.consumer_group(),
+                                            "state": "starting", "sinks": [], "partitions": [], "paused": []}
+        self._last_status = 0.0
+        self._highs: dict[TP, int] = {}
         self._stop = threading.Event()
-        self._outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._outcomes: queue.SimpleQueue[Outcome | _Reopened] = queue.SimpleQueue()
         self._fatal: BaseException | None = None
         self._assigned: set[TP] = set()
         self._paused: set[TP] = set()
@@ -166,12 +191,16 @@ class SyncService:
             gauge = self.metrics.concurrency.labels(cfg.name, sink.name)
             limiter = AdaptiveConcurrency(sink.name, max_limit, on_change=gauge.set)
             sink.limiter = limiter
-            sink.open()
             writer = BatchWriter(cfg.name, sink, deserializer, self.producer, cfg.dead_letter_topic,
                                  cfg.retry, self.metrics, cfg.stop_on_error, columnar=columnar)
             pool = ThreadPoolExecutor(max_workers=max_limit, thread_name_prefix=f"sink-{sink.name}")
-            slot = SinkSlot(sink, writer, limiter, pool)
+            slot = SinkSlot(sink, writer, limiter, pool, backoff=RestartBackoff(sink.config.errors))
             self.slots.append(slot)
+            try:
+                sink.open()
+            except Exception as exc:  # noqa: BLE001 - its target is down: the sink starts failed, the others run
+                writer.needs_open = True
+                self._sink_failed(slot, exc)
             for topic in sink.config.topics:
                 if topic in self._by_topic:
                     writer.decode_dlq_topics.discard(topic)
@@ -220,8 +249,8 @@ class SyncService:
             self.open()
         if stop is not None:
             self._stop = stop
-        if self.config.metrics_port:
-            self.metrics.serve(self.config.metrics_port)
+        if self.config.metrics_port and self._serve:
+            self.metrics.serve(self.config.metrics_port, status=lambda: {"sync": [self.status()]})
         try:
             while not self._stop.is_set() and self._fatal is None:
                 self.step()
@@ -251,6 +280,8 @@ class SyncService:
         self._commit(asynchronous=True)
         if time.monotonic() - self._last_lag > 5.0:
             self._update_lag()
+        if time.monotonic() - self._last_status >= 1.0:
+            self._update_status()
 
     def _route(self, msg: Any) -> int:
         tp = (msg.topic(), msg.partition())
@@ -274,14 +305,29 @@ class SyncService:
     def _dispatch(self, only: set[TP] | None = None, force: bool = False) -> None:
         now = time.monotonic()
         for slot in self.slots:
+            if slot.state == "restarting":
+                if now < slot.restart_at:
+                    continue
+                slot.state = "recovering"
+                assert slot.backoff is not None
+                slot.backoff.restarting()
+                self.metrics.restarts.labels(self.config.name, slot.sink.name).inc()
+                log.info("sink=%s restarting (restart %d)", slot.sink.name, slot.backoff.restarts)
+                if not any(b.inflight is not None for b in slot.buffers.values()):
+                    # nothing failed to write (it failed opening): opening it again is the restart
+                    slot.inflight += 1
+                    slot.pool.submit(self._reopen, slot)
             eager = force or slot.memory_paused
             for tp, buf in slot.buffers.items():
                 if only is not None and tp not in only:
                     continue
                 job = buf.inflight
+                if slot.state == "recovering" and slot.inflight > 0:
+                    break  # one batch at a time until the restarted sink wrote one
                 if job is not None:
                     if job.waiting and now >= job.not_before and slot.inflight < slot.limiter.limit:
-                        self._submit(slot, job)  # the backpressure delay passed: write it again
+                        job.not_before = 0.0
+                        self._submit(slot, job)  # the backpressure or restart delay passed: write it again
                     continue
                 if not buf.records or slot.inflight >= slot.limiter.limit:
                     continue
@@ -296,10 +342,45 @@ class SyncService:
                 return
             self._apply_outcome(outcome)
 
+    def _sink_failed(self, slot: SinkSlot, error: BaseException) -> None:
+        """Fail the sink's task: its partitions pause and it is restarted (reopened) after a backoff.
+
+        Its buffered and failed batches stay: the restart writes the failed batch
+        first, so the committed offset never passes it. Other sinks go on.
+        """
+        assert slot.backoff is not None
+        if slot.state == "restarting":
+            return  # another in-flight batch failed with it: one failure, one restart
+        delay = slot.backoff.failed(error)
+        slot.state = "restarting"
+        slot.restart_at = time.monotonic() + delay
+        slot.last_error = str(error)[:2000]
+        slot.writer.needs_open = True
+        log.error("sink=%s task failed (%d in a row), restarting in %.1f s: %s", slot.sink.name,
+                  slot.backoff.failures, delay, error)
+
+    def _reopen(self, slot: SinkSlot) -> None:
+        """Open a failed sink again (a worker thread); the loop learns the result through the outcomes queue."""
+        try:
+            slot.writer._reopen()
+        except Exception as exc:  # noqa: BLE001 - reported to the loop, which backs off again
+            self._outcomes.put(_Reopened(slot, exc))
+            return
+        self._outcomes.put(_Reopened(slot, None))
+
     def _slot(self, name: str) -> SinkSlot:
         return next(s for s in self.slots if s.sink.name == name)
 
-    def _apply_outcome(self, outcome: Outcome) -> None:
+    def _apply_outcome(self, outcome: Outcome | _Reopened) -> None:
+        if isinstance(outcome, _Reopened):
+            outcome.slot.inflight -= 1
+            if outcome.error is None:
+                outcome.slot.state = "running"
+                log.info("sink=%s recovered: opened again", outcome.slot.sink.name)
+            else:
+                outcome.slot.state = "running"
+                self._sink_failed(outcome.slot, outcome.error)
+            return
         job = outcome.job
         slot = self._slot(job.sink)
         slot.inflight -= 1
@@ -309,8 +390,21 @@ class SyncService:
         name, sink = self.config.name, slot.sink.name
         if outcome.status == "done":
             buf.complete()
+            if slot.state != "running":
+                log.info("sink=%s recovered after restart %d", sink, slot.backoff.restarts if slot.backoff else 0)
+                slot.state = "running"
+            if slot.backoff is not None:
+                slot.backoff.succeeded()
+            if outcome.dead:
+                slot.dead_letters += outcome.dead
+            if outcome.tolerated is not None:
+                slot.last_error = str(outcome.tolerated)[:2000]
             self.metrics.records_out.labels(name, sink).inc(outcome.applied)
             self.metrics.batch_latency.labels(name, sink).observe(outcome.elapsed_s)
+            if job.oldest_source_ts_ms is not None and outcome.applied:
+                self.metrics.source_freshness.labels(name, sink).observe(
+                    max(0.0, time.time() - job.oldest_source_ts_ms / 1000.0)
+                )
             if outcome.newest_timestamp_ms > 0:
                 age = max(0.0, time.time() - outcome.newest_timestamp_ms / 1000.0)
                 self.metrics.freshness.labels(name, sink).set(age)
@@ -329,7 +423,13 @@ class SyncService:
         else:
             log.error("sink=%s topic=%s partition=%d offsets=%d-%d failed: %s", sink, job.topic, job.partition,
                       job.first_offset, job.last_offset, outcome.error)
-            self._fatal = outcome.error
+            # decoded again after the restart (dead letters of this attempt were not produced)
+            job.decoded, job.dead = None, []
+            if slot.state == "recovering":
+                slot.state = "running"  # the probe failed: a new failure, a longer delay
+            self._sink_failed(slot, outcome.error or RuntimeError("failed"))
+            job.waiting = True
+            job.not_before = slot.restart_at
 
     # -- backpressure -------------------------------------------------------------------------
 
@@ -345,7 +445,9 @@ class SyncService:
                 slot.memory_paused = True
             elif used < bound // 2:
                 slot.memory_paused = False
-            backoff = any(b.inflight is not None and b.inflight.waiting for b in slot.buffers.values())
+            backoff = slot.state == "restarting" or any(
+                b.inflight is not None and b.inflight.waiting for b in slot.buffers.values()
+            )
             for tp, buf in slot.buffers.items():
                 if slot.memory_paused or backoff or (buf.inflight is not None and buf.full()):
                     want.add(tp)
@@ -399,10 +501,74 @@ class SyncService:
                 continue
             if high is None or high < 0:
                 continue
+            self._highs[tp] = high
             committed = self._committed.get(tp, 0)
             lag[tp[0]] = lag.get(tp[0], 0) + max(0, high - committed)
         for topic, value in lag.items():
             self.metrics.lag.labels(self.config.name, topic).set(value)
+
+    # -- status -------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The service's part of the status document (thread-safe: a copy made by the loop every second).
+
+        Returns:
+            ``{"service", "group", "state", "restarts", "lag", "dead_letters", "last_error", "paused":
+            [[topic, partition]...], "partitions": [{"topic", "partition", "committed", "end_offset", "lag",
+            "paused"}...], "sinks": [{"sink", "state", "restarts", "dead_letters", "last_error",
+            "oldest_pending_age_s"}...]}``; offsets are Kafka offsets, ages seconds.
+        """
+        return self._status_doc
+
+    def _pending_age_s(self, slot: SinkSlot, now: float) -> float:
+        oldest: float | None = None
+        for buf in slot.buffers.values():
+            msg = buf.first_pending()
+            if msg is None:
+                continue
+            ts_ms = source_ts_of(msg.headers())
+            if ts_ms is None:
+                ts_ms = msg.timestamp()[1]
+            if ts_ms > 0 and (oldest is None or ts_ms < oldest):
+                oldest = ts_ms
+        return 0.0 if oldest is None else max(0.0, now - oldest / 1000.0)
+
+    def _update_status(self, state: str | None = None) -> None:
+        """Refresh the pending-age and state gauges and the status document (the loop's thread, every second)."""
+        self._last_status = time.monotonic()
+        now = time.time()
+        name = self.config.name
+        sinks = []
+        for slot in self.slots:
+            age = self._pending_age_s(slot, now)
+            self.metrics.oldest_pending_age.labels(name, slot.sink.name).set(age)
+            for st in ("running", "restarting", "recovering"):
+                self.metrics.sink_state.labels(name, slot.sink.name, st).set(1 if slot.state == st else 0)
+            sinks.append({
+                "sink": slot.sink.name, "type": slot.sink.config.type, "state": slot.state,
+                "restarts": slot.backoff.restarts if slot.backoff else 0, "dead_letters": slot.dead_letters,
+                "last_error": slot.last_error, "oldest_pending_age_s": round(age, 3),
+                "next_restart_in_s": round(max(0.0, slot.restart_at - time.monotonic()), 1)
+                if slot.state == "restarting" else None,
+            })
+        partitions = []
+        for tp in sorted(self._assigned):
+            committed = self._committed.get(tp)
+            high = self._highs.get(tp)
+            partitions.append({
+                "topic": tp[0], "partition": tp[1], "committed": committed, "end_offset": high,
+                "lag": None if high is None else max(0, high - (committed or 0)), "paused": tp in self._paused,
+            })
+        errors = [s["last_error"] for s in sinks if s["state"] != "running" and s["last_error"]]
+        if state is None:
+            state = "running" if all(s["state"] == "running" for s in sinks) else "degraded"
+        self._status_doc = {
+            "service": name, "group": self.config.consumer_group(), "state": state,
+            "restarts": int(self.metrics.value("threes_sync_service_restarts_total")),
+            "lag": sum(p["lag"] or 0 for p in partitions), "dead_letters": sum(s["dead_letters"] for s in sinks),
+            "last_error": errors[0] if errors else None,
+            "paused": [list(tp) for tp in sorted(self._paused)], "partitions": partitions, "sinks": sinks,
+        }
 
     # -- rebalance ------------------------------------------------------------------------------
 
@@ -419,7 +585,7 @@ class SyncService:
             self._dispatch(only=tps, force=True)
             busy = any(
                 (buf.records or buf.inflight is not None)
-                for slot in self.slots for tp, buf in slot.buffers.items() if tp in tps
+                for slot in self.slots if slot.state == "running" for tp, buf in slot.buffers.items() if tp in tps
             )
             if not busy:
                 return True
@@ -463,7 +629,9 @@ class SyncService:
                 while time.monotonic() < deadline and self._fatal is None:
                     self._take_outcomes()
                     self._dispatch(force=True)
-                    if not any(b.records or b.inflight for s in self.slots for b in s.buffers.values()):
+                    # a failed sink's batches are not waited for: its new owner or next start writes them
+                    if not any(b.records or b.inflight for s in self.slots if s.state == "running"
+                               for b in s.buffers.values()):
                         break
                     self.consumer.consume(num_messages=1, timeout=0.05)
             else:

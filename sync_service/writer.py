@@ -7,17 +7,19 @@ which alone talks to the consumer (pause, resume, commit).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import Retrying, retry_if_exception, wait_random_exponential
 
 from connectors.config.models import RetryPolicy
 from connectors.dlq import DeadLetter
 from connectors.exceptions import FatalError, RetriableError, SinkBackpressureError, SkippableRecordError
 from connectors.runtime.sink import Sink, SinkBatch, SinkRecord
-from connectors.updates import _INT64, VERSION_HEADER, version_of
+from connectors.runtime.supervision import retry_stop
+from connectors.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, version_of
 from schemas.columnar import ColumnarDecodeError, ColumnarDecoder
 from schemas.exceptions import SerdeError
 from schemas.serde import HEADER_BYTES, MARKER, split
@@ -25,6 +27,8 @@ from sync_service.batching import RECORD_OVERHEAD_BYTES, Job, message_size
 from sync_service.metrics import SyncMetrics
 
 log = logging.getLogger(__name__)
+
+_NO_SOURCE_TS = 2**63 - 1
 
 
 @dataclass
@@ -34,13 +38,14 @@ class Outcome:
     Attributes:
         job: the job.
         status: ``"done"``, ``"backpressure"`` (write it again after ``retry_after``)
-            or ``"failed"`` (stop the service).
+            or ``"failed"`` (the sink's task failed: it is restarted with backoff).
         applied: records applied (``done``).
         dead: records dead-lettered (``done``).
         elapsed_s: wall time of this attempt, seconds.
         retry_after: seconds to wait (``backpressure``).
         error: the error (``backpressure``/``failed``).
         newest_timestamp_ms: Kafka timestamp of the newest applied record.
+        tolerated: the error of a batch sent whole to the dead letter topic (``errors.tolerance: all``).
     """
 
     job: Job
@@ -51,6 +56,7 @@ class Outcome:
     retry_after: float = 0.0
     error: BaseException | None = None
     newest_timestamp_ms: int = 0
+    tolerated: BaseException | None = None
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -100,6 +106,9 @@ class BatchWriter:
         # when several sinks read a topic, one of them dead-letters its undecodable
         # records, so each bad record reaches the dead letter topic once
         self.decode_dlq_topics: set[str] = set(sink.config.topics)
+        # set by the runtime when the sink's task failed: the next job closes and opens the sink first
+        self.needs_open = False
+        self._reopen_lock = threading.Lock()
 
     # -- decode -------------------------------------------------------------------------------
 
@@ -199,6 +208,7 @@ class BatchWriter:
         records: list[SinkRecord] = []
         slow: list[Any] = []  # messages for _decode_head, with their place in records
         keys: dict[bytes, list[tuple[int, Any]]] = {}  # key fingerprint -> (index in records, body)
+        oldest_source_ts = _NO_SOURCE_TS  # the batch's oldest threes.source_ts header, epoch ms
         for msg in job.raw:
             key, value, headers = msg.key(), msg.value(), msg.headers()
             version = None
@@ -207,6 +217,10 @@ class BatchWriter:
                 size += len(name) + len(hvalue or b"")
                 if version is None and name == VERSION_HEADER and hvalue is not None and len(hvalue) == 8:
                     version = _INT64.unpack(hvalue)[0]
+                elif name == SOURCE_TS_HEADER and hvalue is not None and len(hvalue) == 8:
+                    source_ts = _INT64.unpack(hvalue)[0]
+                    if source_ts < oldest_source_ts:
+                        oldest_source_ts = source_ts
             if (
                 version is None
                 or key is None
@@ -251,6 +265,7 @@ class BatchWriter:
             except SkippableRecordError as exc:
                 self._skip(job, msg, exc)
                 failed.add(i)
+        job.oldest_source_ts_ms = oldest_source_ts if oldest_source_ts != _NO_SOURCE_TS else None
         return [r for i, r in enumerate(records) if i not in failed]
 
     def _decode_head(self, msg: Any) -> SinkRecord:
@@ -315,6 +330,8 @@ class BatchWriter:
         """
         start = time.monotonic()
         try:
+            if self.needs_open:
+                self._reopen()
             if job.decoded is None:
                 job.decoded = self.decode(job)
             failures = self._write_with_retries(job.decoded, job)
@@ -332,12 +349,50 @@ class BatchWriter:
         except SinkBackpressureError as exc:
             return Outcome(job, "backpressure", retry_after=exc.retry_after, error=exc,
                            elapsed_s=time.monotonic() - start)
-        except Exception as exc:  # noqa: BLE001 - every other failure stops the service, reported once
+        except Exception as exc:  # noqa: BLE001 - every other failure fails the sink's task, reported once
+            if self.sink.config.errors.tolerance == "all" and not self.stop_on_error and not self.needs_open:
+                return self._tolerate(job, exc, start)
             return Outcome(job, "failed", error=exc, elapsed_s=time.monotonic() - start)
         applied = len(job.decoded.records) - sum(1 for _m, _e, stage in job.dead if stage == "write")
         newest = max((r.timestamp_ms for r in job.decoded.records), default=0)
         return Outcome(job, "done", applied=applied, dead=len(job.dead), elapsed_s=time.monotonic() - start,
                        newest_timestamp_ms=newest)
+
+    def _reopen(self) -> None:
+        """Restart the sink: close it and open it again (new connections); the failed batch is written next.
+
+        Raises:
+            Exception: whatever ``open`` raises (the sink stays to be reopened).
+        """
+        with self._reopen_lock:
+            if not self.needs_open:
+                return
+            try:
+                self.sink.close()
+            except Exception as exc:  # noqa: BLE001 - the old connections are dropped either way
+                log.debug("sink=%s close before restart failed: %s", self.sink.name, exc)
+            self.sink.open()
+            self.needs_open = False
+            log.info("sink=%s reopened", self.sink.name)
+
+    def _tolerate(self, job: Job, exc: BaseException, start: float) -> Outcome:
+        """``errors.tolerance: all``: send every record of the failed batch to the dead letter topic and go on.
+
+        Each record carries the batch's last error (``dlq.error.*`` headers, stage
+        ``write``); the records already bound there (undecodable ones) keep their
+        own error. If the dead letter topic does not acknowledge them, the batch
+        fails like any other (nothing is committed past it).
+        """
+        already = {m.offset() for m, _e, _s in job.dead}
+        dead = list(job.dead) + [(m, exc, "write") for m in job.raw if m.offset() not in already]
+        log.error("sink=%s topic=%s partition=%d offsets=%d-%d failed after retries, %d record(s) to the dead "
+                  "letter topic (errors.tolerance: all): %s", self.sink.name, job.topic, job.partition,
+                  job.first_offset, job.last_offset, len(dead), exc)
+        try:
+            self._dead_letter(dead)
+        except Exception as dlq_exc:  # noqa: BLE001 - reported as the batch's failure
+            return Outcome(job, "failed", error=dlq_exc, elapsed_s=time.monotonic() - start)
+        return Outcome(job, "done", applied=0, dead=len(dead), elapsed_s=time.monotonic() - start, tolerated=exc)
 
     def _write_with_retries(self, batch: SinkBatch, job: Job) -> list[Any]:
         if not batch.records:
@@ -353,7 +408,7 @@ class BatchWriter:
             )
 
         retrying = Retrying(
-            stop=stop_after_attempt(self.retry.max_attempts),
+            stop=retry_stop(self.sink.config.errors, self.retry),
             wait=wait_random_exponential(multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s),
             retry=retry_if_exception(_is_transient),
             before_sleep=before_sleep,

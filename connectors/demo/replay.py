@@ -40,6 +40,7 @@ from connectors.demo.rows import (
     table_source,
 )
 from connectors.exceptions import ConfigError, RetriableError, SetupError
+from connectors.updates import with_source_ts
 
 log = logging.getLogger(__name__)
 
@@ -282,8 +283,9 @@ class Replayer:
                 raise ConfigError(f"{source.description}: row {index + 1} does not match the schema: {exc}") from exc
             while True:
                 try:
+                    # threes.source_ts: the event enters the system now (freshness is measured from it)
                     producer.produce(self.topic, value=value, key=key, partition=partition_for(key, partitions),
-                                     on_delivery=delivered)
+                                     on_delivery=delivered, headers=with_source_ts(None, int(time.time() * 1000)))
                     break
                 except BufferError:
                     producer.poll(0.05)  # the local queue is full: let deliveries drain it

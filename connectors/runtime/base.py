@@ -54,6 +54,10 @@ class SourceBatch:
             fields. The worker encodes it in one call
             (:class:`~connectors.runtime.columnar.ColumnarEncoder`) instead of
             once per record; ``records`` is then empty. No tombstones.
+        source_ts_ms: when the batch's changes were committed in the system,
+            epoch milliseconds (the newest of them), if the connector knows it;
+            the worker stamps every record with it (header ``threes.source_ts``),
+            or with the time it read the batch when ``None``.
     """
 
     records: list[SourceRecord]
@@ -61,6 +65,7 @@ class SourceBatch:
     headers: list[tuple[str, bytes]] | None = None
     rows_read: int | None = None
     columns: Any = None
+    source_ts_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.rows_read is None:

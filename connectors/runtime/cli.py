@@ -46,7 +46,9 @@ def run(
                                      "consumer group protocol); default: run every task here"),
     ] = None,
     offsets_topic: OffsetsTopicOpt = "_threes_offsets",
-    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="serve Prometheus metrics")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="serve Prometheus /metrics and the /status page")
+    ] = None,
 ) -> None:
     """Run every source of CONFIG (or those named) until SIGTERM/SIGINT, which flush and store positions."""
     from connectors.cli import fail, load, out
@@ -54,17 +56,26 @@ def run(
     from connectors.runtime.standalone import SourceWorker, select_sources, task_specs
 
     pipeline = load(config)
+    try:
+        from connectors.topics import check_credentials
+
+        # a refused login or broker certificate ends here, in one line (a broker that is down is retried)
+        check_credentials(pipeline.kafka.librdkafka_config(), pipeline.kafka.request_timeout_s)
+    except ThreesError as exc:
+        raise fail(exc) from None
     stop = threading.Event()
     _stop_on_signals(stop)
-    if metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port)
     try:
         specs = task_specs(select_sources(pipeline, connector))
         if not specs:
             raise ThreesError(f"{config} declares no source to run")
         worker = SourceWorker(pipeline, offsets_topic=offsets_topic)
+        if metrics_port:
+            from connectors.status.document import source_document
+            from connectors.status.http import StatusServer
+
+            # /metrics next to /status and /status.json (the source tasks' states, positions, restarts)
+            StatusServer(lambda: source_document(worker), title=f"threes source {config.name}").serve(metrics_port)
         if group:
             if once:
                 raise ThreesError("--once and --group do not mix: a backfill runs in one process")

@@ -14,6 +14,16 @@ Nothing is ever produced to that topic: it exists only to be assigned.
 * A worker that dies (kill -9) stops heartbeating; after
   ``session_timeout_ms`` the coordinator gives its partitions to the others,
   which resume from the last stored positions (at least once).
+* A worker that is only *paused* past its session timeout (GC, SIGSTOP, a
+  frozen VM) still holds the page it read when it wakes up. Every task in
+  group mode therefore writes through a transactional producer whose
+  ``transactional.id`` belongs to the task, not the worker: the new owner's
+  ``init_transactions`` bumps the producer epoch, which aborts the zombie's
+  open transaction and makes the broker refuse its later writes and commits
+  (``PRODUCER_FENCED``). Its records never become visible to ``read_committed``
+  readers and its position is never stored. A generation check before each
+  produce would leave a window between the check and the write; the epoch is
+  checked by the broker on the write itself, as Kafka Connect does (KIP-618).
 
 This is how Kafka Connect's distributed mode and Kafka Streams place work,
 minus their config topic: the config file is the source of truth, and every
@@ -32,7 +42,7 @@ from confluent_kafka.admin import NewPartitions
 from connectors import clients
 from connectors.exceptions import SetupError
 from connectors.runtime.standalone import SourceWorker, TaskSpec
-from connectors.topics import ensure_internal_topic, internal_topic_options
+from connectors.topics import ensure_compacted_topic
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +65,8 @@ class DistributedWorker:
 
     def __init__(self, worker: SourceWorker, specs: list[TaskSpec], group: str, session_timeout_ms: int = 10_000):
         self.worker = worker
+        # zombie fencing: every task of a group writes in transactions (see the module docstring)
+        worker.transactional = True
         self.specs = sorted(specs, key=lambda s: s.key)
         self.group = group
         self.topic = tasks_topic(group)
@@ -64,10 +76,7 @@ class DistributedWorker:
     def _ensure_topic(self) -> None:
         kafka = self.worker.pipeline.kafka
         kconf = kafka.librdkafka_config()
-        ensure_internal_topic(
-            kconf, self.topic, partitions=len(self.specs), timeout_s=kafka.request_timeout_s,
-            **internal_topic_options(kafka),
-        )
+        ensure_compacted_topic(kconf, self.topic, partitions=len(self.specs), timeout_s=kafka.request_timeout_s)
         admin = clients.kafka_admin(kafka)
         meta = admin.list_topics(self.topic, timeout=kafka.request_timeout_s).topics[self.topic]
         if len(meta.partitions) < len(self.specs):

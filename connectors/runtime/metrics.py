@@ -5,7 +5,10 @@ Counters are updated once per batch, never per record, to keep the produce loop 
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 RECORDS_READ = Counter("threes_source_records_read", "rows/documents read from the source system", ["connector"])
 RECORDS_ACKED = Counter(
@@ -24,3 +27,41 @@ CYCLE_SECONDS = Histogram(
     ["connector"],
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
 )
+TASK_RESTARTS = Counter(
+    "threes_source_task_restarts", "failed source tasks restarted by the supervisor", ["connector", "task"]
+)
+
+
+class _TaskStates:
+    """A collector of ``threes_source_task_state``: one sample per task of every live worker, read at scrape time.
+
+    Task states change inside the runners' threads many times a minute
+    (running, caught_up); reading them when Prometheus scrapes keeps the produce
+    loop free of metric updates.
+    """
+
+    def __init__(self) -> None:
+        import weakref
+
+        self.workers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from connectors.runtime.supervision import TASK_STATES
+
+        family = GaugeMetricFamily(
+            "threes_source_task_state",
+            "1 for the state a source task is in (starting, running, caught_up, restarting, failed, stopped), else 0",
+            labels=["connector", "task", "state"],
+        )
+        for worker in list(self.workers):
+            for key, stats in worker.stats().items():
+                connector = key.split("#", 1)[0]
+                for state in TASK_STATES:
+                    family.add_metric([connector, key, state], 1.0 if stats.state == state else 0.0)
+        yield family
+
+
+TASK_STATES = _TaskStates()
+REGISTRY.register(TASK_STATES)

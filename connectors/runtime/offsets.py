@@ -13,7 +13,10 @@ Value (UTF-8 JSON)::
 
 A position is written only after every record before it was acknowledged by
 the broker (see :class:`PositionTracker`), so a crash replays records (at
-least once) but never loses one.
+least once) but never loses one. With ``exactly_once`` (and always in
+``--group`` mode) the position is written in the same Kafka transaction as the
+records it covers (KIP-618), and read back ``read_committed``: a crash then
+neither loses nor duplicates a record for ``read_committed`` readers.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from connectors.exceptions import FatalError, SetupError
-from connectors.topics import ensure_internal_topic, read_latest_per_key
+from connectors.runtime.committed import latest_per_key
+from connectors.topics import ensure_compacted_topic
 
 log = logging.getLogger(__name__)
 
@@ -67,43 +71,29 @@ class OffsetStore:
         kafka_config: librdkafka properties (``KafkaConfig.librdkafka_config()``).
         topic: the offsets topic; created compacted when missing.
         timeout_s: admin and read timeouts, seconds.
-        replication_factor: of the topic when created; ``None``: min(3, brokers)
-            (:func:`connectors.topics.internal_topic_settings`).
-        min_insync_replicas: of the topic when created; ``None``: the default there.
 
     Raises:
         SetupError: Kafka cannot be reached.
         ConfigError: the topic exists and is not compacted.
     """
 
-    def __init__(
-        self,
-        kafka_config: Mapping[str, Any],
-        topic: str = OFFSETS_TOPIC,
-        timeout_s: float = 30.0,
-        *,
-        replication_factor: int | None = None,
-        min_insync_replicas: int | None = None,
-    ):
+    def __init__(self, kafka_config: Mapping[str, Any], topic: str = OFFSETS_TOPIC, timeout_s: float = 30.0):
         self.kafka_config = dict(kafka_config)
         self.topic = topic
         self.timeout_s = timeout_s
-        ensure_internal_topic(
-            self.kafka_config,
-            topic,
-            partitions=1,
-            replication_factor=replication_factor,
-            min_insync_replicas=min_insync_replicas,
-            timeout_s=timeout_s,
-        )
+        ensure_compacted_topic(self.kafka_config, topic, partitions=1, timeout_s=timeout_s)
 
     def load_all(self) -> dict[str, StoredPosition]:
-        """Read the offsets topic to its end.
+        """Read the offsets topic to its end, ``read_committed``.
+
+        Positions written in a transaction (``exactly_once`` sources, ``--group``
+        workers) count only once committed; an open transaction of another task
+        is waited out (see :mod:`connectors.runtime.committed`).
 
         Returns:
             Offsets key -> stored position, for every key not reset.
         """
-        latest = read_latest_per_key(self.kafka_config, self.topic, self.timeout_s)
+        latest = latest_per_key(self.kafka_config, self.topic, self.timeout_s)
         out: dict[str, StoredPosition] = {}
         for raw_key, raw_value in latest.items():
             key = raw_key.decode()

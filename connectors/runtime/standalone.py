@@ -79,6 +79,8 @@ class SourceWorker:
         offset_flush_interval_s: how often each task writes its position, seconds.
         producer_overrides: librdkafka producer properties (``.`` as ``_``), e.g. ``linger_ms``.
         retry: backoff of transient failures of every task (default :class:`RetryPolicy` ()).
+        transactional: run every task with a transactional producer, whatever its
+            ``exactly_once`` says (``--group`` mode sets it: zombie fencing).
     """
 
     def __init__(
@@ -89,20 +91,18 @@ class SourceWorker:
         offset_flush_interval_s: float = 1.0,
         producer_overrides: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        transactional: bool = False,
     ):
-        from connectors.topics import internal_topic_options
         from schemas.store import SchemaStore
 
         self.pipeline = pipeline
         kconf = pipeline.kafka.librdkafka_config()
-        internal = internal_topic_options(pipeline.kafka)
-        self.offsets = OffsetStore(
-            kconf, offsets_topic, timeout_s=max(30.0, pipeline.kafka.request_timeout_s), **internal
-        )
-        self.schema_store = SchemaStore(kconf, pipeline.kafka.schema_topic, **internal)
+        self.offsets = OffsetStore(kconf, offsets_topic, timeout_s=max(30.0, pipeline.kafka.request_timeout_s))
+        self.schema_store = SchemaStore(kconf, pipeline.kafka.schema_topic)
         self.offset_flush_interval_s = offset_flush_interval_s
         self.producer_overrides = dict(producer_overrides or {})
         self.retry = retry
+        self.transactional = transactional
         self.runners: dict[str, TaskRunner] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._stops: dict[str, threading.Event] = {}
@@ -123,6 +123,7 @@ class SourceWorker:
             offset_flush_interval_s=self.offset_flush_interval_s,
             producer_overrides=self.producer_overrides,
             retry=self.retry,
+            transactional=self.transactional,
         )
         stop = threading.Event()
         thread = threading.Thread(

@@ -10,15 +10,10 @@ a restart or a second worker sees the same set.
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-
-from connectors.exceptions import RetriableError
-from connectors.topics import end_offsets
+from connectors.runtime.committed import high_watermarks, read_committed
 
 log = logging.getLogger(__name__)
 
@@ -48,52 +43,18 @@ def live_keys(
     Raises:
         RetriableError: the end was not reached in time (the broker is slow or away).
     """
-    ends = end_offsets(kafka_config, topic, timeout_s)
+    ends = high_watermarks(kafka_config, topic, timeout_s)
     live: dict[bytes, str | None] = {}
-    pending = {p for p, end in ends.items() if end > 0}
-    if not pending:
-        return live, ends
-    consumer = Consumer(
-        {
-            **kafka_config,
-            "group.id": f"threes-reconcile-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": False,
-        }
-    )
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in pending])
-        last_progress = time.monotonic()
-        while pending:
-            # consume() waits for the whole batch or the timeout: keep the timeout short
-            msgs = consumer.consume(10_000, timeout=0.2)
-            if not msgs:
-                if time.monotonic() - last_progress > timeout_s:
-                    raise RetriableError(
-                        f"topic {topic!r}: no record within {timeout_s} s before its end offsets {ends}"
-                    )
-                continue
-            last_progress = time.monotonic()
-            for msg in msgs:
-                if msg.error():
-                    raise RetriableError(f"topic {topic!r}: {msg.error()}")
-                p = msg.partition()
-                if p not in pending:
-                    continue
-                if msg.offset() < ends[p]:
-                    if msg.value() is None:
-                        live.pop(msg.key(), None)
-                    else:
-                        tag = None
-                        if header is not None:
-                            for name, val in msg.headers() or ():
-                                if name == header and val is not None:
-                                    tag = val.decode()
-                        live[msg.key()] = tag
-                if msg.offset() + 1 >= ends[p]:
-                    pending.discard(p)
-    finally:
-        consumer.close()
+    for msgs in read_committed(kafka_config, topic, ends, timeout_s=timeout_s):
+        for msg in msgs:
+            if msg.value() is None:
+                live.pop(msg.key(), None)
+            else:
+                tag = None
+                if header is not None:
+                    for name, val in msg.headers() or ():
+                        if name == header and val is not None:
+                            tag = val.decode()
+                live[msg.key()] = tag
     log.debug("read live keys topic=%s keys=%d ends=%s", topic, len(live), ends)
     return live, ends

@@ -18,7 +18,17 @@ on another. The runner owns everything a connector author must not touch
   and every batch before it are acknowledged (:class:`PositionTracker`), at
   most every ``offset_flush_interval_s`` and on stop;
 * retries of transient failures (tenacity, jittered exponential backoff) and
-  key-set reconciliation on the connector's schedule.
+  key-set reconciliation on the connector's schedule;
+* exactly once (``exactly_once: true``, and always in ``--group`` mode): a
+  transactional producer whose ``transactional.id`` is the task's
+  (:func:`transactional_id`) writes the records *and* the position record
+  covering them in one Kafka transaction, committed every
+  ``offset_flush_interval_s`` (KIP-618's ``transaction.boundary=interval``).
+  ``init_transactions`` runs before the position is read, which fences any
+  older instance of the task (a zombie worker can no longer commit) and
+  resolves its open transaction; positions are then read ``read_committed``.
+  A transaction the broker aborts rewinds the task to the last committed
+  position.
 
 A record that cannot be encoded stops its task with an error naming the
 connector, the record's key and the field: it is neither skipped nor is the
@@ -36,11 +46,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import fastavro
+from confluent_kafka import KafkaException
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from connectors import clients
 from connectors.config.models import KafkaConfig, RetryPolicy, SourceConnectorConfig
-from connectors.exceptions import FatalError, RetriableError, ThreesError
+from connectors.exceptions import FatalError, RetriableError, SetupError, ThreesError
 from connectors.registry import load_implementation
 from connectors.runtime import metrics
 from connectors.runtime.base import SourceBatch, SourceTask, TopicState
@@ -52,6 +63,9 @@ from schemas.exceptions import SerdeError
 from schemas.serde import AvroSerializer
 
 log = logging.getLogger(__name__)
+
+TRANSACTION_TIMEOUT_MS = 60_000
+"""librdkafka's ``transaction.timeout.ms`` default: how long a dead producer's transaction holds readers back."""
 
 
 @dataclass
@@ -108,6 +122,16 @@ def bad_fields(schema: Mapping[str, Any], record: Mapping[str, Any]) -> list[tup
     return found
 
 
+def transactional_id(offsets_topic: str, key: str) -> str:
+    """The ``transactional.id`` of a task: stable across restarts and workers, unique per offsets key.
+
+    Kafka Connect uses ``<group>-<connector>-<task>``; the offsets topic plays
+    the group's part here (two pipelines with their own offsets topics never
+    fence each other).
+    """
+    return f"threes-source.{offsets_topic}.{key}"
+
+
 class TaskRunner:
     """Run one source task until stopped (or caught up, with ``once``).
 
@@ -123,6 +147,8 @@ class TaskRunner:
         offset_flush_interval_s: how often positions are written, seconds (Kafka
             Connect's ``offset.flush.interval.ms``).
         producer_overrides: librdkafka properties for the producer (``.`` as ``_``).
+        transactional: write records and positions in transactions even when the
+            connector's ``exactly_once`` is off (``--group`` mode: zombie fencing).
     """
 
     def __init__(
@@ -138,6 +164,7 @@ class TaskRunner:
         retry: RetryPolicy | None = None,
         offset_flush_interval_s: float = 1.0,
         producer_overrides: Mapping[str, Any] | None = None,
+        transactional: bool = False,
     ):
         self.config = config
         self.kafka = kafka
@@ -151,8 +178,14 @@ class TaskRunner:
         self.producer_overrides = dict(producer_overrides or {})
         # librdkafka's queue.buffering.max.messages (its default): a batch is queued only once it fits
         self._queue_max_messages = int(self.producer_overrides.get("queue_buffering_max_messages", 100_000))
-        impl = load_implementation(config)
-        self.task: SourceTask = impl(config, connection, kafka=kafka, task_id=task_id, task_count=task_count)
+        self._connection = connection
+        self.task: SourceTask = self._new_task()
+        self.transactional = bool(transactional or getattr(config, "exactly_once", False))
+        self.transactional_id = transactional_id(offsets.topic, self.key)
+        self._tx_open = False
+        self._tx_position: dict[str, Any] | None = None
+        self._tx_timeout_s = max(30.0, kafka.request_timeout_s)
+        self._fenced = False
         self.stats = RunnerStats()
         self._tracker = PositionTracker()
         self._producer: Any = None
@@ -160,6 +193,10 @@ class TaskRunner:
         self._last_write = 0.0
         self._reconcile_every: float | None = getattr(config, "reconcile_interval_s", None)
         self._label = config.name
+
+    def _new_task(self) -> SourceTask:
+        impl = load_implementation(self.config)
+        return impl(self.config, self._connection, kafka=self.kafka, task_id=self.task_id, task_count=self.task_count)
 
     # -- public ---------------------------------------------------------------------------------------
 
@@ -201,6 +238,9 @@ class TaskRunner:
             configs=spec.configs,
             timeout_s=self.kafka.request_timeout_s,
         )
+        if self.transactional:
+            # before the position is read: fences older instances of this task and ends their transactions
+            self._producer = self._transactional_producer()
         position = require_position_shape(self.offsets.load(self.key), f"source {cfg.name!r}")
         self._written = position
         self.stats.position = position
@@ -223,7 +263,8 @@ class TaskRunner:
         except ColumnarUnsupported as exc:
             self._columnar = None
             log.debug("source=%s batches are encoded record by record: %s", cfg.name, exc)
-        self._producer = clients.kafka_producer(self.kafka, **self.producer_overrides)
+        if self._producer is None:
+            self._producer = clients.kafka_producer(self.kafka, **self.producer_overrides)
         self.stats.state = "running"
         last_reconcile: float | None = None
         while not stop.is_set():
@@ -314,6 +355,8 @@ class TaskRunner:
     # -- produce --------------------------------------------------------------------------------------
 
     def _send(self, batch: SourceBatch) -> None:
+        if self.transactional:
+            self._begin(batch.position)
         if batch.columns is not None:
             self._send_columns(batch)
             return
@@ -444,8 +487,135 @@ class TaskRunner:
                 return FatalError(f"{where}: value cannot be encoded as Avro: {parts}")
         return FatalError(f"{where}: record cannot be encoded as Avro: {exc}")
 
+    # -- transactions (exactly once) ---------------------------------------------------------------------
+
+    def _transactional_producer(self) -> Any:
+        """A producer with the task's ``transactional.id``, initialised (older instances fenced).
+
+        Raises:
+            SetupError: the transaction coordinator did not answer.
+        """
+        overrides = {
+            "transaction_timeout_ms": TRANSACTION_TIMEOUT_MS,
+            **self.producer_overrides,
+            "transactional_id": self.transactional_id,
+        }
+        producer = clients.kafka_producer(self.kafka, **overrides)
+        try:
+            producer.init_transactions(self._tx_timeout_s)
+        except KafkaException as exc:
+            raise SetupError(
+                f"source {self._label!r}: cannot initialise transactions (transactional.id "
+                f"{self.transactional_id!r}): {exc}"
+            ) from exc
+        log.info("source=%s task=%d transactional.id=%s initialised (older instances fenced)",
+                 self._label, self.task_id, self.transactional_id)
+        return producer
+
+    def _begin(self, position: dict[str, Any] | None) -> None:
+        """Open a transaction if none is open; remember the newest position it covers."""
+        if not self._tx_open:
+            try:
+                self._producer.begin_transaction()
+            except KafkaException as exc:
+                self._transaction_failed(exc, "begin")
+            self._tx_open = True
+        if position is not None:
+            self._tx_position = position
+
+    def _commit_transaction(self, force: bool) -> None:
+        """Add the position record to the open transaction and commit it (every flush interval unless forced).
+
+        ``commit_transaction`` flushes every record first; once it returns, the
+        records and the position are visible to ``read_committed`` readers
+        together, or (after a crash before it) neither is.
+        """
+        _moved, acked = self._tracker.advance(raise_errors=False)  # progress only: failures surface at commit
+        if acked:
+            self.stats.acked += acked
+            metrics.RECORDS_ACKED.labels(self._label).inc(acked)
+        if not self._tx_open:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_write < self.offset_flush_interval_s:
+            return
+        position = self._tx_position
+        if position is not None and position is not self._written:
+            value = self.offsets.encode(self.key, self.config.name, self.task_id, self.config.topic, position)
+            try:
+                self._producer.produce(self.offsets.topic, value, self.key.encode())
+            except BufferError:
+                self._produce_when_room(self.offsets.topic, value, self.key.encode())
+        while True:
+            try:
+                self._producer.commit_transaction(self._tx_timeout_s)
+                break
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if err is not None and err.retriable() and not err.txn_requires_abort() and not err.fatal():
+                    log.warning("source=%s commit of a transaction timed out, retrying: %s", self._label, err)
+                    continue
+                self._transaction_failed(exc, "commit")
+        self._tx_open = False
+        self._last_write = now
+        _moved, acked = self._tracker.advance(raise_errors=False)
+        if acked:
+            self.stats.acked += acked
+            metrics.RECORDS_ACKED.labels(self._label).inc(acked)
+        metrics.IN_FLIGHT.labels(self._label).set(self.stats.produced - self.stats.acked)
+        if position is not None and position is not self._written:
+            self._written = position
+            self.stats.position = position
+            self.stats.commits += 1
+            metrics.POSITION_COMMITS.labels(self._label).inc()
+            log.debug("source=%s committed transaction position=%s", self._label, position)
+
+    def _transaction_failed(self, exc: KafkaException, step: str) -> None:
+        """Handle a failed ``begin``/``commit``: abort and rewind, or stop when fenced.
+
+        Raises:
+            RetriableError: the transaction was aborted; the task was rewound to
+                the last committed position (the worker retries the cycle from it).
+            FatalError: this producer was fenced (another instance of the task
+                runs: this one is a zombie and must write nothing), or the
+                producer is in a state it cannot leave.
+        """
+        err = exc.args[0] if exc.args else None
+        where = f"source {self._label!r} task {self.task_id} (transactional.id {self.transactional_id!r})"
+        if err is not None and err.txn_requires_abort() and not err.fatal():
+            try:
+                self._producer.abort_transaction(self._tx_timeout_s)
+            except KafkaException as abort_exc:
+                raise FatalError(f"{where}: {step} failed ({err}) and the abort too: {abort_exc}") from abort_exc
+            self._tx_open = False
+            self._rewind()
+            raise RetriableError(
+                f"{where}: transaction aborted at {step} ({err}); resuming from the last committed position"
+            ) from exc
+        self._tx_open = False
+        self._fenced = True
+        raise FatalError(
+            f"{where}: cannot {step} a transaction ({err}): another worker runs this task now (fenced) or the "
+            "producer failed for good; nothing more is written by this instance"
+        ) from exc
+
+    def _rewind(self) -> None:
+        """Start the task again from the last committed position (the aborted records are gone)."""
+        self._tracker = PositionTracker()
+        self._tx_position = None
+        try:
+            self.task.close()
+        except Exception as exc:  # noqa: BLE001 - the old instance is dropped either way
+            log.warning("source=%s close before rewind failed: %s", self._label, exc)
+        self.task = self._new_task()
+        self.task.open(self._written)
+        log.warning("source=%s task=%d rewound to position=%s", self._label, self.task_id, self._written)
+
     def _commit(self, force: bool = False, raise_errors: bool = True) -> None:
         """Write the newest acknowledged position (at most every flush interval unless forced)."""
+        if self.transactional:
+            self._commit_transaction(force)
+            return
         _moved, acked = self._tracker.advance(raise_errors)
         if acked:
             self.stats.acked += acked
@@ -470,7 +640,15 @@ class TaskRunner:
         log.debug("source=%s position=%s", self._label, position)
 
     def _drain(self, timeout_s: float | None = None, raise_errors: bool = True) -> None:
-        """Wait until every produced record is acknowledged (or failed), committing as acks arrive."""
+        """Wait until every produced record is acknowledged (or failed), committing as acks arrive.
+
+        With transactions the open one is committed: a ``read_committed``
+        reader of the state topic (reconciliation) must see every record, and
+        an open transaction of ours would hold its read back.
+        """
+        if self.transactional:
+            self._commit_transaction(force=True)
+            return
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._tracker.in_flight > 0:
             if deadline is not None and time.monotonic() > deadline:
@@ -482,9 +660,30 @@ class TaskRunner:
                 break
         self._commit(raise_errors=raise_errors)
 
+    def _shutdown_transactional(self) -> None:
+        """Commit the open transaction on a clean stop; abort it after a failure (records replay from the position)."""
+        if self._fenced or not self._tx_open:
+            pass
+        elif self.stats.state == "failed":
+            try:
+                self._producer.abort_transaction(self._tx_timeout_s)
+            except KafkaException as exc:
+                log.error("source=%s on stop: abort failed: %s", self._label, exc)
+        else:
+            try:
+                self._commit_transaction(force=True)
+            except ThreesError as exc:
+                log.error("source=%s on stop: %s", self._label, exc)
+        log.info(
+            "source=%s stopped rows_read=%d acked=%d tombstones=%d position=%s",
+            self._label, self.stats.rows_read, self.stats.acked, self.stats.tombstones, self.stats.position,
+        )
+
     def _shutdown(self) -> None:
         try:
-            if self._producer is not None:
+            if self._producer is not None and self.transactional:
+                self._shutdown_transactional()
+            elif self._producer is not None:
                 try:
                     # store what is acknowledged, up to (not past) a failed batch: records replay on restart
                     self._drain(timeout_s=60.0, raise_errors=False)

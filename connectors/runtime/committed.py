@@ -1,0 +1,165 @@
+"""Read a topic ``read_committed`` up to the end it had when the read began.
+
+Topics written by transactional producers (``exactly_once`` sources, and every
+source in ``--group`` mode) hold *control records* (commit/abort markers) that
+a consumer never receives, and records of open or aborted transactions that a
+``read_committed`` consumer skips or waits behind (Kafka's *last stable
+offset*, KIP-98). So "the last record read has offset ``end - 1``" is no way to
+know a read reached the end: the last offset may be a marker. This module
+compares the consumer's *position* (which moves past markers and aborted
+records) with the high watermark taken when the read began.
+
+A transaction open at that moment holds the last stable offset back until it
+commits or aborts (at most the producer's ``transaction.timeout.ms``), so a
+read waits for it: that is the point, a committed position written just after
+an open transaction of another task must not be missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from connectors.exceptions import RetriableError, SetupError
+
+log = logging.getLogger(__name__)
+
+READ_COMMITTED = {"isolation.level": "read_committed"}
+"""librdkafka properties of every consumer that reads state, positions or tasks' output."""
+
+
+def high_watermarks(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 10.0) -> dict[int, int]:
+    """The high watermark of every partition of ``topic`` (past open transactions, unlike the LSO).
+
+    A ``read_committed`` consumer's watermark query answers the last stable
+    offset, which stays behind an open transaction; this asks
+    ``read_uncommitted``.
+
+    Returns:
+        Partition -> next offset to be written.
+
+    Raises:
+        SetupError: the topic does not exist or Kafka did not answer.
+    """
+    consumer = Consumer(
+        {**kafka_config, "group.id": f"threes-meta-{uuid.uuid4().hex}", "isolation.level": "read_uncommitted"}
+    )
+    try:
+        try:
+            meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        except KafkaException as exc:
+            raise SetupError(f"Kafka did not answer metadata for topic {topic!r}: {exc}") from exc
+        if meta is None or meta.error is not None:
+            raise SetupError(f"topic {topic!r} does not exist")
+        out: dict[int, int] = {}
+        for p in meta.partitions:
+            try:
+                out[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)[1]
+            except KafkaException as exc:
+                raise SetupError(f"cannot read the offsets of {topic}[{p}]: {exc}") from exc
+        return out
+    finally:
+        consumer.close()
+
+
+def read_committed(
+    kafka_config: Mapping[str, Any],
+    topic: str,
+    ends: Mapping[int, int],
+    starts: Mapping[int, int] | None = None,
+    timeout_s: float = 30.0,
+    batch: int = 10_000,
+) -> Iterator[list[Any]]:
+    """Yield the committed records of ``topic`` from ``starts`` up to ``ends``, in batches.
+
+    Args:
+        kafka_config: librdkafka properties.
+        topic: the topic.
+        ends: partition -> offset to read up to (exclusive), usually :func:`high_watermarks`.
+        starts: partition -> first offset (default: each partition's beginning).
+        timeout_s: the longest time without progress, seconds (an open transaction
+            of another producer holds the read back until it ends).
+        batch: records per ``consume`` call.
+
+    Yields:
+        Lists of ``confluent_kafka.Message`` (no errors, no markers), offsets below ``ends``.
+
+    Raises:
+        RetriableError: no progress within ``timeout_s`` (the broker is away, or a
+            transaction stays open), or the consumer reported an error.
+    """
+    starts = starts or {}
+    pending = {p: end for p, end in ends.items() if end > starts.get(p, 0)}
+    if not pending:
+        return
+    consumer = Consumer(
+        {
+            **kafka_config,
+            **READ_COMMITTED,
+            "group.id": f"threes-read-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, starts.get(p, 0)) for p in pending])
+        last_progress = time.monotonic()
+        last_positions: dict[int, int] = {}
+        while pending:
+            # consume() waits for the whole batch or the timeout: keep the timeout short
+            msgs = consumer.consume(batch, timeout=0.2)
+            out = []
+            for msg in msgs:
+                if msg.error():
+                    raise RetriableError(f"topic {topic!r}: {msg.error()}")
+                end = pending.get(msg.partition())
+                if end is not None and msg.offset() < end:
+                    out.append(msg)
+            if out:
+                yield out
+            # compaction leaves gaps and transactions leave markers: the position says where the read is
+            for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
+                if tp.offset >= pending[tp.partition]:
+                    pending.pop(tp.partition)
+                    consumer.incremental_unassign([TopicPartition(topic, tp.partition)])
+                elif tp.offset != last_positions.get(tp.partition):
+                    last_positions[tp.partition] = tp.offset
+                    last_progress = time.monotonic()
+            if msgs:
+                last_progress = time.monotonic()
+            elif pending and time.monotonic() - last_progress > timeout_s:
+                raise RetriableError(
+                    f"topic {topic!r}: read stopped at {last_positions} before the end offsets {dict(ends)} "
+                    f"for {timeout_s} s (broker away, or a transaction of another producer still open)"
+                )
+    finally:
+        consumer.close()
+
+
+def latest_per_key(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 30.0) -> dict[bytes, bytes]:
+    """Read a compacted topic ``read_committed`` to its end, keeping the latest value per key.
+
+    Tombstones remove their key, as compaction would.
+
+    Returns:
+        Key bytes -> value bytes of every live key.
+
+    Raises:
+        SetupError: the topic does not exist.
+        RetriableError: the end was not reached in time.
+    """
+    latest: dict[bytes, bytes] = {}
+    ends = high_watermarks(kafka_config, topic, timeout_s)
+    for msgs in read_committed(kafka_config, topic, ends, timeout_s=timeout_s):
+        for msg in msgs:
+            if msg.value() is None:
+                latest.pop(msg.key(), None)
+            else:
+                latest[msg.key()] = msg.value()
+    return latest

@@ -1,0 +1,53 @@
+"""Helpers of the supervision and status tests: a PostgreSQL trigger that fails chosen keys, free ports."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from typing import Any
+
+from sqlalchemy import text
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - a loopback test URL
+        return json.loads(resp.read())
+
+
+def fail_key(engine: Any, table: str, key: int, sqlstate: str = "57P03") -> None:
+    """Make every write of ``key`` to ``table`` fail with ``sqlstate`` (57P03 is transient for the RDS sink)."""
+    with engine.begin() as conn:
+        conn.execute(text(f"""
+            CREATE OR REPLACE FUNCTION {table}_refuse() RETURNS trigger AS $$
+            BEGIN
+              IF NEW.id = {int(key)} THEN
+                RAISE EXCEPTION 'key {int(key)} is refused by a test trigger' USING ERRCODE = '{sqlstate}';
+              END IF;
+              RETURN NEW;
+            END $$ LANGUAGE plpgsql"""))
+        conn.execute(text(f"CREATE TRIGGER {table}_refuse BEFORE INSERT OR UPDATE ON {table} "
+                          f"FOR EACH ROW EXECUTE FUNCTION {table}_refuse()"))
+
+
+def accept_all(engine: Any, table: str) -> None:
+    """Drop the trigger of :func:`fail_key`."""
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP TRIGGER IF EXISTS {table}_refuse ON {table}"))
+
+
+def rows(engine: Any, table: str) -> dict[int, int]:
+    """``id -> _version`` of every row of ``table`` (empty when it does not exist yet)."""
+    from sqlalchemy import inspect
+
+    if not inspect(engine).has_table(table):
+        return {}
+    with engine.connect() as conn:
+        return dict(conn.execute(text(f"SELECT id, _version FROM {table}")).all())
