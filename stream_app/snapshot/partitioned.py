@@ -143,9 +143,10 @@ class PartitionedStore:
     def _read_version(self, table: str, path: str) -> Any:
         """A version as a cached DataFrame, partitioned by ``__lk`` (buckets) and sorted: no shuffle."""
         catalog = self.spark.catalog
-        if not catalog.tableExists(table):
+        if not catalog.tableExists(table):  # a restart: the version's files are registered as they are
+            columns = self.spark.read.parquet(path).schema.toDDL()  # the files' footers, not their rows
             self.spark.sql(
-                f"CREATE TABLE `{table}` USING parquet CLUSTERED BY (`{LK}`) SORTED BY (`{LK}`) "
+                f"CREATE TABLE `{table}` ({columns}) USING parquet CLUSTERED BY (`{LK}`) SORTED BY (`{LK}`) "
                 f"INTO {self.partitions} BUCKETS LOCATION '{path}'"
             )
         return self.spark.table(table).select(*self.columns).sortWithinPartitions(LK).persist()

@@ -408,15 +408,15 @@ class Snapshot:
             return 0
         started = time.monotonic()
         if pending > self.cfg.overlay_max_rows and self.mode == "partitioned":
-            records = self._merge_large_delta(ends)
+            self._merge_large_delta(ends)
             self._view = None
             self.caught_up_at = at
             self._metrics.refresh.observe(time.monotonic() - started)
             self._update_metrics()
             log.info(
-                "snapshot=%s refresh records=%d merged on the executors keys=%d offsets=%s elapsed_s=%.2f",
+                "snapshot=%s refresh offsets_read=%d merged on the executors keys=%d offsets=%s elapsed_s=%.2f",
                 self.name,
-                records,
+                pending,
                 self.base_rows,
                 offsets_json(self.offsets),
                 time.monotonic() - started,
@@ -451,14 +451,12 @@ class Snapshot:
         )
         return pending
 
-    def _merge_large_delta(self, ends: Offsets) -> int:
+    def _merge_large_delta(self, ends: Offsets) -> None:
         """A large delta of a partitioned snapshot: read, decoded and merged by the executors (one new version).
 
         The overlay (older than the delta) is folded in the same merge: a delta
         row wins over an overlay row of the same key.
 
-        Returns:
-            The keys the change set touched.
         """
         from pyspark.sql import Observation
         from pyspark.sql import functions as f
@@ -467,7 +465,7 @@ class Snapshot:
         new_offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
         if raw is None:  # compacted away
             self.offsets = new_offsets
-            return 0
+            return
         decoded = self._decode(raw)
         seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
         observed = decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors"))
@@ -482,7 +480,6 @@ class Snapshot:
         self._log = None
         self.offsets = new_offsets
         self.base_offsets = {t: dict(p) for t, p in new_offsets.items()}
-        return self.base_rows
 
     def live_keys(self) -> int:
         """Keys in the snapshot, overlay applied (exact unless partitioned: base + overlay then)."""
