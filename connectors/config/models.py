@@ -157,11 +157,62 @@ class TopicSpec(StrictModel):
 
 
 class RetryPolicy(StrictModel):
-    """Bounded retries with jittered exponential backoff (tenacity ``wait_random_exponential``)."""
+    """Retries with jittered exponential backoff (tenacity ``wait_random_exponential``).
 
-    max_attempts: int = Field(8, ge=1)
+    How long transient errors are retried is the connector's ``errors.retry_timeout_s``
+    (:class:`ErrorPolicy`); ``max_attempts`` is an optional extra bound.
+    """
+
+    max_attempts: int | None = Field(
+        None, ge=1, description="attempts per failure streak; default: bounded by errors.retry_timeout_s only"
+    )
     initial_backoff_s: float = Field(0.2, gt=0)
     max_backoff_s: float = Field(30.0, gt=0)
+
+
+class ErrorPolicy(StrictModel):
+    """What a connector does when an operation fails (Kafka Connect's ``errors.*`` settings).
+
+    Transient errors (a target or the source system unreachable, a timeout) are
+    retried with the retry policy's backoff for ``retry_timeout_s``. After that,
+    and for errors that no retry cures:
+
+    * ``tolerance: none`` (default): the task stops and the supervisor restarts it
+      in process after ``restart_backoff_s`` (doubling per consecutive failure up to
+      ``restart_max_backoff_s``); it resumes from its stored position (source) or
+      the failing batch (sink), so offsets never pass a batch that was not written.
+    * ``tolerance: all`` (sinks): the batch's records go to the dead letter topic
+      with the last error in their headers and the sink goes on with the next batch.
+    """
+
+    retry_timeout_s: float = Field(
+        300.0,
+        description="how long transient errors are retried before the task fails, seconds; -1 retries forever "
+        "(Kafka Connect's errors.retry.timeout)",
+    )
+    tolerance: Literal["none", "all"] = Field(
+        "none",
+        description="after the retries: none stops the task (restarted with backoff), all sends the batch's "
+        "records to the dead letter topic and goes on (sinks only)",
+    )
+    restart_backoff_s: float = Field(1.0, gt=0, description="delay before the first restart of a failed task, s")
+    restart_max_backoff_s: float = Field(60.0, gt=0, description="longest delay between restarts, seconds")
+
+    @field_validator("retry_timeout_s")
+    @classmethod
+    def _timeout_or_forever(cls, value: float) -> float:
+        if value != -1 and value < 0:
+            raise ValueError("retry_timeout_s is a number of seconds >= 0, or -1 (retry forever)")
+        return value
+
+    @property
+    def retries_forever(self) -> bool:
+        """``True`` when ``retry_timeout_s`` is -1."""
+        return self.retry_timeout_s == -1
+
+    def restart_delay_s(self, failures: int) -> float:
+        """Delay before restart number ``failures`` (1-based) of a task, seconds: exponential, capped."""
+        return min(self.restart_max_backoff_s, self.restart_backoff_s * 2 ** max(0, failures - 1))
 
 
 class BatchPolicy(StrictModel):
@@ -188,6 +239,9 @@ class ConnectorConfig(StrictModel):
     name: Name
     type: str
     connection: Name = Field(description="name of an entry under `connections`")
+    errors: ErrorPolicy = Field(
+        default_factory=ErrorPolicy, description="retry timeout, tolerance and restarts of failed tasks"
+    )
 
 
 class SourceConnectorConfig(ConnectorConfig):
@@ -198,6 +252,16 @@ class SourceConnectorConfig(ConnectorConfig):
     topic: TopicName = Field(description="compacted topic the entities are written to")
     topic_spec: TopicSpec = Field(default_factory=TopicSpec)
     key: list[str] | None = Field(None, description="entity key field(s); default: the system's own key")
+
+    @model_validator(mode="after")
+    def _sources_do_not_skip(self) -> SourceConnectorConfig:
+        if self.errors.tolerance != "none":
+            raise ValueError(
+                "errors.tolerance: all applies to sinks; a source never skips state (a failed task is "
+                "restarted from its stored position)"
+            )
+        return self
+
     value_schema: str | None = Field(None, description="Avro schema (.avsc path or name in schemas/)")
     poll_interval_s: float = Field(5.0, gt=0)
     batch_records: int = Field(10_000, ge=1)

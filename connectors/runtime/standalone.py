@@ -18,7 +18,9 @@ from connectors.config.models import RetryPolicy, SourceConnectorConfig
 from connectors.config.pipeline import PipelineBase
 from connectors.exceptions import ConfigError
 from connectors.registry import load_implementation
+from connectors.runtime import metrics
 from connectors.runtime.offsets import OFFSETS_TOPIC, OffsetStore, offsets_key
+from connectors.runtime.supervision import RestartBackoff
 from connectors.runtime.worker import RunnerStats, TaskRunner
 
 log = logging.getLogger(__name__)
@@ -70,8 +72,19 @@ def task_specs(sources: Iterable[SourceConnectorConfig]) -> list[TaskSpec]:
     return sorted(specs, key=lambda s: s.key)
 
 
+class _FailedRunner:
+    """Stands for a task whose runner could not even be built (its ``run`` reports the failure again)."""
+
+    def __init__(self, stats: RunnerStats):
+        self.stats = stats
+
+    def run(self, _stop: threading.Event, _once: bool) -> RunnerStats:
+        self.stats.state = "failed"
+        return self.stats
+
+
 class SourceWorker:
-    """Runs source tasks in threads of this process.
+    """Runs source tasks in threads of this process, each supervised (restarted with backoff when it fails).
 
     Args:
         pipeline: the validated pipeline (Kafka config and connections).
@@ -107,12 +120,11 @@ class SourceWorker:
         self._threads: dict[str, threading.Thread] = {}
         self._stops: dict[str, threading.Event] = {}
         self.finished: dict[str, RunnerStats] = {}
+        self.backoffs: dict[str, RestartBackoff] = {}
+        metrics.TASK_STATES.workers.add(self)
 
-    def start(self, spec: TaskSpec, once: bool = False) -> TaskRunner:
-        """Start one task in a new thread (no-op if it already runs here)."""
-        if spec.key in self._threads and self._threads[spec.key].is_alive():
-            return self.runners[spec.key]
-        runner = TaskRunner(
+    def _runner(self, spec: TaskSpec) -> TaskRunner:
+        return TaskRunner(
             spec.config,
             self.pipeline.connection(spec.config.connection),
             kafka=self.pipeline.kafka,
@@ -123,11 +135,16 @@ class SourceWorker:
             offset_flush_interval_s=self.offset_flush_interval_s,
             producer_overrides=self.producer_overrides,
             retry=self.retry,
-            transactional=self.transactional,
         )
+
+    def start(self, spec: TaskSpec, once: bool = False) -> TaskRunner:
+        """Start one task in a new thread (no-op if it already runs here)."""
+        if spec.key in self._threads and self._threads[spec.key].is_alive():
+            return self.runners[spec.key]
+        runner = self._runner(spec)
         stop = threading.Event()
         thread = threading.Thread(
-            target=self._run_one, args=(spec.key, runner, stop, once), name=f"source-{spec.key}", daemon=True
+            target=self._run_one, args=(spec, runner, stop, once), name=f"source-{spec.key}", daemon=True
         )
         self.runners[spec.key] = runner
         self._stops[spec.key] = stop
@@ -136,8 +153,41 @@ class SourceWorker:
         log.info("started source task=%s", spec.key)
         return runner
 
-    def _run_one(self, key: str, runner: TaskRunner, stop: threading.Event, once: bool) -> None:
-        self.finished[key] = runner.run(stop, once)
+    def _run_one(self, spec: TaskSpec, runner: TaskRunner, stop: threading.Event, once: bool) -> None:
+        """Run a task and restart it with backoff each time it fails, until ``stop`` (the supervisor).
+
+        A restarted task is a new :class:`TaskRunner` (new producer, new
+        connector task), which resumes from the position stored in the offsets
+        topic. With ``once`` (a backfill) a failed task is not restarted: the
+        run ends and reports it. A task fenced by another worker (``--group``
+        mode, a zombie) is not restarted either: its partition moved.
+        """
+        key = spec.key
+        backoff = self.backoffs[key] = RestartBackoff(spec.config.errors)
+        while True:
+            stats = runner.run(stop, once)
+            self.finished[key] = stats
+            if stats.state != "failed" or stop.is_set() or once or getattr(runner, "_fenced", False):
+                return
+            if stats.commits or stats.cycles:
+                backoff.succeeded()  # it made progress since the last restart: start the delays over
+            delay = backoff.failed(stats.error or "failed")
+            stats.state = "restarting"
+            log.warning("source task=%s failed (%d in a row), restarting in %.1f s: %s", key, backoff.failures,
+                        delay, stats.error)
+            if not backoff.wait(stop, delay):
+                stats.state = "failed"
+                return
+            backoff.restarting()
+            metrics.TASK_RESTARTS.labels(spec.config.name, key).inc()
+            try:
+                runner = self._runner(spec)
+            except Exception as exc:  # noqa: BLE001 - building the task failed: count it and back off again
+                stats.state, stats.error = "failed", str(exc)
+                runner = _FailedRunner(stats)
+                continue
+            self.runners[key] = runner
+            log.info("source task=%s restarted (restart %d)", key, backoff.restarts)
 
     def stop(self, keys: Iterable[str] | None = None, timeout_s: float | None = 120.0) -> None:
         """Stop tasks (all when ``keys`` is ``None``) and wait until they stored their positions."""
@@ -165,3 +215,7 @@ class SourceWorker:
     def stats(self) -> dict[str, RunnerStats]:
         """Live stats of every task started here."""
         return {k: r.stats for k, r in self.runners.items()}
+
+    def restarts(self) -> dict[str, int]:
+        """Restarts per task key since this worker started."""
+        return {k: b.restarts for k, b in self.backoffs.items()}

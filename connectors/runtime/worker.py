@@ -47,7 +47,7 @@ from typing import Any
 
 import fastavro
 from confluent_kafka import KafkaException
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
 
 from connectors import clients
 from connectors.config.models import KafkaConfig, RetryPolicy, SourceConnectorConfig
@@ -58,7 +58,9 @@ from connectors.runtime.base import SourceBatch, SourceTask, TopicState
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 from connectors.runtime.offsets import OffsetStore, PositionTracker, offsets_key, require_position_shape
 from connectors.runtime.state import live_keys
+from connectors.runtime.supervision import describe_retry, retry_stop
 from connectors.topics import ensure_compacted_topic
+from connectors.updates import with_source_ts
 from schemas.exceptions import SerdeError
 from schemas.serde import AvroSerializer
 
@@ -301,16 +303,16 @@ class TaskRunner:
         def before_sleep(state: Any) -> None:
             metrics.ERRORS.labels(self._label, "retriable").inc()
             log.warning(
-                "source=%s transient failure (attempt %d of %d), retrying: %s",
+                "source=%s transient failure (attempt %d, retried %s), retrying: %s",
                 self._label,
                 state.attempt_number,
-                policy.max_attempts,
+                describe_retry(self.config.errors, policy),
                 state.outcome.exception(),
             )
 
         retrying = Retrying(
             retry=retry_if_exception_type(RetriableError),
-            stop=stop_after_attempt(policy.max_attempts),
+            stop=retry_stop(self.config.errors, policy),
             wait=wait_random_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s),
             sleep=lambda s: stop.wait(s),
             before_sleep=before_sleep,
@@ -355,6 +357,9 @@ class TaskRunner:
     # -- produce --------------------------------------------------------------------------------------
 
     def _send(self, batch: SourceBatch) -> None:
+        # freshness from the source (threes.source_ts): the commit time when the connector knows it, else now
+        ts_ms = batch.source_ts_ms if batch.source_ts_ms is not None else int(time.time() * 1000)
+        batch.headers = with_source_ts(batch.headers, ts_ms)
         if self.transactional:
             self._begin(batch.position)
         if batch.columns is not None:

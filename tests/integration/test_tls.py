@@ -184,6 +184,45 @@ def test_the_stream_job_refuses_a_wrong_password_before_starting_spark(
     assert f"refused the login of user '{scram_user}'" in out[0] and "wrong" not in out[0]
 
 
+@pytest.mark.parametrize("command", [["source", "run"], ["sync", "run"]])
+def test_long_running_commands_refuse_a_wrong_password_at_start_up_in_one_line(
+    tmp_path: Path, endpoints: Any, pg: RdsConnection, scram_user: str, command: list[str]
+) -> None:
+    kafka = secure_dict(endpoints, scram_user, password="${env:THREES_TEST_SCRAM_PASSWORD}")
+    kafka["request_timeout_s"] = 120
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(check_yaml(tmp_path, kafka).read_text().replace("connections: {}\nsources: []\n", "") + textwrap.dedent(f"""\
+        connections:
+          pg: {{type: rds, url: "{pg.url}"}}
+        sources:
+          - {{name: tls-x, type: rds_source, connection: pg, topic: tls.refused.x, table: nosuch}}
+        sync:
+          - name: tls-refused
+            dead_letter_topic: tls.refused.dlq
+            sinks:
+              - {{name: t, type: rds_sink, connection: pg, topics: [tls.refused.u], table: t, key: [id]}}
+        """))
+    threes = Path(sys.executable).parent / "threes"
+    done = subprocess.run(
+        [str(threes), *command, str(config)], capture_output=True, text=True, timeout=300,
+        env={"PATH": "/usr/bin:/bin", "THREES_TEST_SCRAM_PASSWORD": "wrong", "COLUMNS": "300"},
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = (done.stdout + done.stderr).strip().splitlines()
+    # one line: no librdkafka FAIL lines, no supervisor restarts, no traceback
+    assert len(out) == 1 and f"refused the login of user '{scram_user}'" in out[0], out
+
+
+def test_a_broker_that_is_down_is_not_a_refusal() -> None:
+    """Start-up tolerates a broker that does not answer yet (the runtime retries it)."""
+    from connectors.topics import check_credentials
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    assert check_credentials({"bootstrap.servers": f"127.0.0.1:{port}"}, 1.0) is False
+
+
 @pytest.fixture
 def other_name_server(endpoints: Any, stack: Any) -> Iterator[int]:
     """A TLS server on 127.0.0.1 whose certificate is signed by the stack's CA but issued for another name."""
