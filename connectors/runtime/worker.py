@@ -61,8 +61,9 @@ from connectors.runtime.state import live_keys
 from connectors.runtime.supervision import describe_retry, retry_stop
 from connectors.topics import ensure_compacted_topic
 from connectors.updates import with_source_ts
+from schemas.evolution import TopicSchemaPlan, plan_topic_schemas
 from schemas.exceptions import SerdeError
-from schemas.serde import AvroSerializer
+from schemas.serde import MARKER, AvroSerializer
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,26 @@ class TaskRunner:
             position if position is not None else "none (snapshot)",
         )
         schemas = self._retrying(stop, lambda: self.task.open(position))
+        # schema evolution: checked before anything is produced (schemas/evolution.py)
+        plan = plan_topic_schemas(
+            self.schema_store,
+            topic=cfg.topic,
+            connector=cfg.name,
+            key_schema=schemas.key,
+            value_schema=schemas.value,
+            compatibility=spec.compatibility,
+            rekey=cfg.rekey,
+        )
+        if plan.rekey:  # re-snapshot under the new key, whatever the stored position says
+            log.warning("source=%s topic=%s key schema changed: re-keying (old keys tombstoned, then a snapshot)",
+                        cfg.name, cfg.topic)
+            old = self.task
+            old.close()
+            self.task = type(old)(
+                old.config, old.connection, kafka=old.kafka, task_id=old.task_id, task_count=old.task_count
+            )
+            schemas = self._retrying(stop, lambda: self.task.open(None))
+            self._written = None
         self._value_schema = schemas.value
         self._key_names = [f["name"] for f in schemas.key.get("fields", [])]
         self.key_ser = AvroSerializer(schemas.key, self.schema_store)
@@ -268,12 +289,22 @@ class TaskRunner:
         if self._producer is None:
             self._producer = clients.kafka_producer(self.kafka, **self.producer_overrides)
         self.stats.state = "running"
+        plan.record_value(self.schema_store)
+        if plan.rekey:
+            self._retrying(stop, lambda: self._tombstone_old_keys(plan))
+        else:
+            plan.record_key(self.schema_store)
         last_reconcile: float | None = None
         while not stop.is_set():
             started = time.monotonic()
             complete = self._retrying(stop, lambda: self._cycle(stop))
             if not complete:
                 break
+            if plan.rekey:  # the snapshot under the new key is acknowledged: the re-key is done
+                self._drain()
+                plan.record_key(self.schema_store)
+                plan.rekey = False
+                log.info("source=%s topic=%s re-keyed", cfg.name, cfg.topic)
             self.stats.cycles += 1
             metrics.CYCLE_SECONDS.labels(self._label).observe(time.monotonic() - started)
             if self.stats.cycles == 1:  # read until caught up: from no stored position, the initial snapshot
@@ -327,6 +358,23 @@ class TaskRunner:
             if stop.is_set():
                 return False
         return True
+
+    def _tombstone_old_keys(self, plan: TopicSchemaPlan) -> None:
+        """A re-key's first step: a tombstone for every live key not framed with the new key schema.
+
+        They are acknowledged (and, with transactions, committed) before the
+        snapshot's first value, so a reader never deletes an entity after its
+        new-key value arrived (the same entity under both keys decodes to the
+        same primary key downstream).
+        """
+        self._drain()
+        live, _ends = live_keys(self.kafka.librdkafka_config(), self.config.topic, None, self.kafka.request_timeout_s)
+        new_header = MARKER + plan.key_fingerprint
+        old = [key for key in live if key is not None and not key.startswith(new_header)]
+        if old:
+            self._send(SourceBatch([(key, None) for key in old], None))
+            self._drain()
+        log.info("source=%s re-key: %d old keys tombstoned in topic=%s", self._label, len(old), self.config.topic)
 
     def _reconcile(self) -> None:
         self._drain()
