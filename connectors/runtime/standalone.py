@@ -135,6 +135,7 @@ class SourceWorker:
             offset_flush_interval_s=self.offset_flush_interval_s,
             producer_overrides=self.producer_overrides,
             retry=self.retry,
+            transactional=self.transactional,
         )
 
     def start(self, spec: TaskSpec, once: bool = False) -> TaskRunner:
