@@ -18,7 +18,11 @@ class RdsSourceConfig(SourceConnectorConfig):
     ``timestamp_column`` moved (ties broken by the key); ``timestamp+incrementing``
     breaks ties by ``incrementing_column``; ``query`` re-reads a custom SELECT
     (``key`` and ``value_schema`` required). Deletes become tombstones through a
-    key-set reconciliation every ``reconcile_interval_s``.
+    key-set reconciliation every ``reconcile_interval_s``. ``cdc`` (PostgreSQL)
+    streams every insert, update and delete from a logical replication slot
+    (``pgoutput``) after a snapshot consistent with the slot's start; see
+    :mod:`connectors.rds.cdc`. In ``cdc`` mode ``poll_interval_s`` defaults to
+    0.2 s and ``reconcile_interval_s`` to null (deletes arrive as tombstones).
 
     Example::
 
@@ -38,7 +42,18 @@ class RdsSourceConfig(SourceConnectorConfig):
     table: str | None = None
     schema_name: str | None = Field(None, description="database schema of the table")
     query: str | None = Field(None, description="custom SELECT, for mode: query")
-    mode: Literal["bulk", "incrementing", "timestamp", "timestamp+incrementing", "query"] = "bulk"
+    mode: Literal["bulk", "incrementing", "timestamp", "timestamp+incrementing", "query", "cdc"] = "bulk"
+    slot_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9_]{1,63}$",
+        description="mode cdc: the logical replication slot (created if absent); default threes_<name>",
+    )
+    publication_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        description="mode cdc: the publication of the table (created if absent); default threes_<name>",
+    )
     incrementing_column: str | None = None
     timestamp_column: str | None = None
     commit_delay_s: float = Field(5.0, ge=0, description="rows are read only once older than this; bounds late commits")
@@ -71,6 +86,18 @@ class RdsSourceConfig(SourceConnectorConfig):
             raise ValueError(f"mode '{self.mode}' needs `table`")
         elif self.value_schema:
             raise ValueError("`value_schema` is derived from the table; set it only with mode 'query'")
+        if self.mode == "cdc":
+            if self.tasks != 1:
+                raise ValueError("mode 'cdc' reads one replication slot: `tasks` must be 1")
+            if self.incrementing_column or self.timestamp_column:
+                raise ValueError("mode 'cdc' needs no `timestamp_column` / `incrementing_column`")
+            # a replication stream is read as it comes; deletes arrive as tombstones (no key-set scans)
+            if "poll_interval_s" not in self.model_fields_set:
+                self.poll_interval_s = 0.2
+            if "reconcile_interval_s" not in self.model_fields_set:
+                self.reconcile_interval_s = None
+        elif self.slot_name or self.publication_name:
+            raise ValueError("`slot_name` / `publication_name` apply to mode 'cdc' only")
         if "incrementing" in self.mode and not self.incrementing_column:
             raise ValueError(f"mode '{self.mode}' needs `incrementing_column`")
         if "timestamp" in self.mode and not self.timestamp_column:
@@ -103,6 +130,12 @@ class RdsSinkConfig(SinkConnectorConfig):
     create_table: bool = Field(False, description="create the table from the Avro schema if missing")
     value_schema: str | None = Field(
         None, description="Avro schema (.avsc path or shipped name) to create the table before the first record"
+    )
+    tombstone_table: str | None = Field(
+        None,
+        max_length=63,
+        description="table keeping the key and version of every deleted row (created if missing), so an update "
+        "older than a delete never recreates the row; default <table>__deleted",
     )
     max_concurrency: int = Field(4, ge=1, le=64, description="upper bound of concurrent transactions")
     lock_timeout_s: float = Field(

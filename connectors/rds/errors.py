@@ -108,6 +108,18 @@ def classify(exc: BaseException, dialect: str) -> DbErrorMeaning:
     orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
     text = _first_line(orig)
     kind = type(orig).__name__
+    # MySQL first: its SQLSTATE is mostly the generic HY000, its error number says what happened
+    if dialect in ("mysql", "mariadb"):
+        args = getattr(orig, "args", ())
+        code = args[0] if args and isinstance(args[0], int) else None
+        if code is not None:
+            if code in MYSQL_BUSY:
+                return DbErrorMeaning("busy", str(code), text)
+            if code in MYSQL_TRANSIENT or 2000 <= code < 3000:  # 2xxx: client errors (connection lost...)
+                return DbErrorMeaning("transient", str(code), text)
+            if code in MYSQL_RECORD:
+                return DbErrorMeaning("record", str(code), text)
+            return DbErrorMeaning("fatal", str(code), text)
     state = getattr(orig, "sqlstate", None) or getattr(getattr(orig, "diag", None), "sqlstate", None)
     if state:
         if state in PG_BUSY:
@@ -117,17 +129,6 @@ def classify(exc: BaseException, dialect: str) -> DbErrorMeaning:
         if state[:2] in PG_RECORD_CLASSES:
             return DbErrorMeaning("record", state, text)
         return DbErrorMeaning("fatal", state, text)
-    if dialect in ("mysql", "mariadb"):
-        args = getattr(orig, "args", ())
-        code = args[0] if args and isinstance(args[0], int) else None
-        if code is not None:
-            if code in MYSQL_BUSY:
-                return DbErrorMeaning("busy", str(code), text)
-            if code in MYSQL_TRANSIENT:
-                return DbErrorMeaning("transient", str(code), text)
-            if code in MYSQL_RECORD:
-                return DbErrorMeaning("record", str(code), text)
-            return DbErrorMeaning("fatal", str(code), text)
     name = getattr(orig, "sqlite_errorname", None)  # Python >= 3.11: SQLITE_BUSY, SQLITE_CONSTRAINT_CHECK...
     if name:
         if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):

@@ -10,7 +10,21 @@ import time
 import zlib
 from typing import Any
 
-from sqlalchemy import JSON, Column, MetaData, Table, and_, bindparam, delete, func, inspect, select
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    MetaData,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    func,
+    inspect,
+    literal,
+    select,
+    tuple_,
+)
 from sqlalchemy.exc import DBAPIError, NoSuchTableError, SQLAlchemyError
 
 from connectors import clients
@@ -59,6 +73,14 @@ class RdsSink(Sink):
     tombstone deletes the row only when its version is greater. A replayed
     batch therefore changes nothing.
 
+    Deletes keep their version: a tombstone also writes ``(key, version)`` into
+    the tombstone table (``tombstone_table``, default ``<table>__deleted``,
+    created next to the table), and an upsert whose version is not newer than
+    its key's tombstone is dropped. So v1, delete v3, then v2 leaves the key
+    deleted, as Elasticsearch's external versioning does. An upsert newer than
+    the tombstone recreates the row and removes the tombstone; the table only
+    ever holds live rows.
+
     Idempotency key: the primary key (``key``) plus ``version_column``. Within a
     batch only the newest update per key is applied.
 
@@ -75,10 +97,6 @@ class RdsSink(Sink):
     range, a NUL byte in text, a missing key field) is found by bisecting the
     batch and goes to the dead letter topic; the rest is applied.
 
-    Known limit: a deleted row keeps no version, so an update *older* than the
-    delete that arrives after it recreates the row (a replay in offset order
-    ends right, as the delete comes again after it).
-
     Example::
 
         - name: flights-db
@@ -94,6 +112,7 @@ class RdsSink(Sink):
         super().__init__(config, connection, **kwargs)
         self.engine: Any = None
         self.table: Table | None = None
+        self.tombstones: Table | None = None
         self._lock = threading.Lock()
         self._dialect = ""
 
@@ -125,6 +144,28 @@ class RdsSink(Sink):
             raise FatalError(
                 f"sink {self.name!r}: table {self._qualified()!r} does not exist; create it or set create_table: true"
             )
+        if self.table is not None and self.tombstones is None:
+            self._open_tombstones()
+
+    def _open_tombstones(self) -> None:
+        """Create (if missing) the tombstone table: the key columns, typed as the table's, and the version.
+
+        Raises:
+            FatalError: it cannot be created (the user may not create tables).
+        """
+        t = self.table
+        assert t is not None
+        name = self.config.tombstone_table or f"{self.config.table}__deleted"
+        cols = [Column(k, t.c[k].type, primary_key=True, autoincrement=False) for k in self.config.key]
+        cols.append(Column(self.config.version_column, BigInteger, nullable=False))
+        tomb = Table(name, MetaData(), *cols, schema=self.config.schema_name)
+        try:
+            tomb.create(self.engine, checkfirst=True)
+        except SQLAlchemyError as exc:
+            if not inspect(self.engine).has_table(name, schema=self.config.schema_name):  # not a replica's race
+                reason = classify_db_error(exc, self._dialect).text
+                raise FatalError(f"sink {self.name!r}: cannot create the tombstone table {name!r}: {reason}") from exc
+        self.tombstones = tomb
 
     def check(self) -> None:
         """``SELECT 1`` on the database.
@@ -194,6 +235,7 @@ class RdsSink(Sink):
             raise FatalError(f"sink {self.name!r}: cannot create table {self._qualified()!r}: {exc}") from exc
         log.info("sink=%s created table=%s columns=%s", self.name, self._qualified(), [c.name for c in table.c])
         self.table = self._reflect()
+        self._open_tombstones()
 
     def close(self) -> None:
         """Dispose of the connection pool."""
@@ -404,18 +446,80 @@ class RdsSink(Sink):
                         self._pg_upsert(conn, upserts, [table for _records, table in columns])
                     upserts = []
                 if upserts:
+                    live, pruned = self._not_deleted(conn, [(r, v) for r, v in rows if v is not None])
                     names = [c.name for c in self.table.c]
-                    conn.execute(self._upsert_statement(), [dict(zip(names, v, strict=True)) for v in upserts])
+                    if live:
+                        conn.execute(self._upsert_statement(), [dict(zip(names, v, strict=True)) for v in live])
+                    if pruned:
+                        self._delete_versioned(conn, self.tombstones, pruned)
                 if deletes:
-                    t = self.table
-                    cond = [t.c[k] == bindparam(f"k_{i}") for i, k in enumerate(self.config.key)]
-                    stmt = delete(t).where(and_(*cond, t.c[self.config.version_column] < bindparam("_v")))
-                    conn.execute(
-                        stmt,
-                        [{**{f"k_{i}": d[k] for i, k in enumerate(self.config.key)}, "_v": d["_v"]} for d in deletes],
-                    )
+                    self._delete_versioned(conn, self.table, deletes)
+                    self._record_tombstones(conn, deletes)
         except Exception as exc:  # noqa: BLE001 - classified below; the transaction rolled back
             raise self._classify(exc) from exc
+
+    def _delete_versioned(self, conn: Any, table: Table | None, keys: list[dict[str, Any]]) -> None:
+        """``DELETE`` each key's row from ``table`` when its version is older than ``_v``."""
+        assert table is not None
+        cond = [table.c[k] == bindparam(f"k_{i}") for i, k in enumerate(self.config.key)]
+        stmt = delete(table).where(and_(*cond, table.c[self.config.version_column] < bindparam("_v")))
+        conn.execute(
+            stmt, [{**{f"k_{i}": d[k] for i, k in enumerate(self.config.key)}, "_v": d["_v"]} for d in keys]
+        )
+
+    def _record_tombstones(self, conn: Any, deletes: list[dict[str, Any]]) -> None:
+        """Keep each deleted key's version (the newest seen) in the tombstone table."""
+        tomb = self.tombstones
+        assert tomb is not None
+        v = self.config.version_column
+        params = [{**{k: d[k] for k in self.config.key}, v: d["_v"]} for d in deletes]
+        if self._dialect in MYSQL_DIALECTS:
+            from sqlalchemy.dialects.mysql import insert as mysql_insert
+
+            stmt = mysql_insert(tomb)
+            stmt = stmt.on_duplicate_key_update({v: func.greatest(tomb.c[v], stmt.inserted[v])})
+        else:
+            if self._dialect == "postgresql":
+                from sqlalchemy.dialects.postgresql import insert as dialect_insert
+            else:
+                from sqlalchemy.dialects.sqlite import insert as dialect_insert
+            stmt = dialect_insert(tomb)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=self.config.key, set_={v: stmt.excluded[v]}, where=tomb.c[v] < stmt.excluded[v]
+            )
+        conn.execute(stmt, params)
+
+    def _not_deleted(
+        self, conn: Any, rows: list[tuple[SinkRecord, tuple[Any, ...]]]
+    ) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
+        """Drop the upserts whose key was deleted at the same or a newer version.
+
+        Returns:
+            The values of the upserts to apply, and ``{key columns..., "_v": version}``
+            of the tombstones they supersede (to remove once they are applied).
+        """
+        tomb = self.tombstones
+        assert tomb is not None
+        key, v = self.config.key, self.config.version_column
+        keyed = [(tuple(self._key_values(r).values()), r, values) for r, values in rows]
+        deleted: dict[tuple[Any, ...], int] = {}
+        key_cols = [tomb.c[k] for k in key]
+        column = key_cols[0] if len(key) == 1 else tuple_(*key_cols)
+        for start in range(0, len(keyed), 1_000):
+            chunk = [k[0] if len(key) == 1 else k for k, _r, _v in keyed[start : start + 1_000]]
+            for row in conn.execute(select(*key_cols, tomb.c[v]).where(column.in_(chunk))):
+                deleted[tuple(row[: len(key)])] = row[-1]
+        if not deleted:
+            return [values for _k, _r, values in keyed], []
+        live, pruned = [], []
+        for k, record, values in keyed:
+            at = deleted.get(k)
+            if at is not None and record.version <= at:
+                continue  # older than (or as old as) the delete: the key stays deleted
+            live.append(values)
+            if at is not None:
+                pruned.append({**dict(zip(key, k, strict=True)), "_v": record.version})
+        return live, pruned
 
     def _classify(self, exc: BaseException) -> BaseException:
         """Map a failed transaction to what the runtime does, by the server's code (:mod:`connectors.rds.errors`).
@@ -526,10 +630,17 @@ class RdsSink(Sink):
                     copy.write_row(values)
         stage = Table(stage_name, MetaData(), *[Column(c.name, c.type) for c in t.c], prefixes=["TEMPORARY"])
         others = [c for c in cols if c not in self.config.key and c != v]
-        stmt = pg_insert(t).from_select(cols, select(*[stage.c[c] for c in cols]))
+        tomb = self.tombstones
+        assert tomb is not None
+        same_key = [tomb.c[k] == stage.c[k] for k in self.config.key]
+        # an upsert not newer than its key's tombstone is dropped: the key stays deleted
+        deleted = select(literal(1)).where(*same_key, tomb.c[v] >= stage.c[v]).exists()
+        stmt = pg_insert(t).from_select(cols, select(*[stage.c[c] for c in cols]).where(~deleted))
         stmt = stmt.on_conflict_do_update(
             index_elements=self.config.key,
             set_={c: stmt.excluded[c] for c in [*others, v]},
             where=t.c[v] < stmt.excluded[v],
         )
         conn.execute(stmt)
+        # tombstones older than an applied upsert are no longer needed (DELETE ... USING the stage)
+        conn.execute(delete(tomb).where(*same_key, tomb.c[v] < stage.c[v]))

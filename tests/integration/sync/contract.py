@@ -121,6 +121,20 @@ class SinkContract:
         assert sorted(state, key=int) == ["0", "1", "2", "3"]
         assert all(v == 5 for v, _ in state.values())
 
+    def test_update_older_than_a_delete_never_recreates_the_key(self, sink: Sink) -> None:
+        sink.write(batch([record(k, 1, k) for k in range(4)]))
+        sink.write(batch([record(k, 3, 4 + k, delete=True) for k in range(4)]))
+        sink.write(batch([record(k, 2, 8 + k) for k in range(4)]))  # late, older than the delete
+        # a delete of a key the target never held, then an older update of it
+        sink.write(batch([record(20, 5, 12, delete=True)]))
+        sink.write(batch([record(20, 4, 13)]))
+        assert self.state(sink) == {}
+        sink.write(batch([record(1, 4, 14)]))  # newer than the delete: the key lives again
+        state = self.state(sink)
+        assert list(state) == ["1"] and state["1"][0] == 4
+        sink.write(batch([record(1, 3, 15)]))  # older than the new row: ignored
+        assert self.state(sink)["1"][0] == 4
+
     def test_older_version_never_overwrites_newer(self, sink: Sink) -> None:
         sink.write(batch([record(k, 7, k) for k in range(6)]))
         sink.write(batch([record(k, 6, 6 + k) for k in range(6)]))

@@ -25,6 +25,7 @@ def rds_state(sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
 
 def drop(engine: Any, name: str) -> None:
     Table(name, MetaData()).drop(engine, checkfirst=True)
+    Table(f"{name}__deleted", MetaData()).drop(engine, checkfirst=True)  # the sink's tombstone table
 
 
 def make_config(table: str, **extra: Any) -> RdsSinkConfig:
