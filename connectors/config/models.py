@@ -43,6 +43,18 @@ class KafkaConfig(StrictModel):
         "_threes_schemas",
         description="compacted topic holding Avro writer schemas keyed by fingerprint",
     )
+    internal_replication_factor: int | None = Field(
+        None,
+        ge=1,
+        description="replication factor of the internal topics when created (_threes_schemas, _threes_offsets, "
+        "the task topics of --group workers); default min(3, number of brokers)",
+    )
+    internal_min_insync_replicas: int | None = Field(
+        None,
+        ge=1,
+        description="min.insync.replicas of the internal topics when created; default replication factor - 1 "
+        "(at least 1, at most 2): with acks=all a write survives the loss of any one broker",
+    )
     request_timeout_s: float = Field(10.0, gt=0, description="timeout of admin/metadata calls")
 
     @field_validator("client_config")
@@ -154,6 +166,14 @@ class TopicSpec(StrictModel):
     partitions: int = Field(1, ge=1)
     replication_factor: int = Field(1, ge=1)
     configs: dict[str, str] = Field(default_factory=dict, description="topic configs, e.g. min.insync.replicas")
+    compatibility: Literal[
+        "NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"
+    ] = Field(
+        "BACKWARD",
+        description="schema evolution rule of the topic's value schema, a schema registry's levels, checked by the "
+        "Apache Avro library when the source starts with a new schema (BACKWARD: the new schema reads the latest "
+        "version's data); an incompatible schema stops the source before it produces anything",
+    )
 
 
 class RetryPolicy(StrictModel):
@@ -252,6 +272,11 @@ class SourceConnectorConfig(ConnectorConfig):
     topic: TopicName = Field(description="compacted topic the entities are written to")
     topic_spec: TopicSpec = Field(default_factory=TopicSpec)
     key: list[str] | None = Field(None, description="entity key field(s); default: the system's own key")
+    rekey: bool = Field(
+        False,
+        description="allow a key schema change (a primary key column int -> bigint): the source tombstones "
+        "every old key, then re-snapshots under the new key; without it a key schema change stops the source",
+    )
 
     @model_validator(mode="after")
     def _sources_do_not_skip(self) -> SourceConnectorConfig:

@@ -42,7 +42,7 @@ from confluent_kafka.admin import NewPartitions
 from connectors import clients
 from connectors.exceptions import SetupError
 from connectors.runtime.standalone import SourceWorker, TaskSpec
-from connectors.topics import ensure_compacted_topic
+from connectors.topics import ensure_internal_topic, internal_topic_options
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,10 @@ class DistributedWorker:
     def _ensure_topic(self) -> None:
         kafka = self.worker.pipeline.kafka
         kconf = kafka.librdkafka_config()
-        ensure_compacted_topic(kconf, self.topic, partitions=len(self.specs), timeout_s=kafka.request_timeout_s)
+        ensure_internal_topic(
+            kconf, self.topic, partitions=len(self.specs), timeout_s=kafka.request_timeout_s,
+            **internal_topic_options(kafka),
+        )
         admin = clients.kafka_admin(kafka)
         meta = admin.list_topics(self.topic, timeout=kafka.request_timeout_s).topics[self.topic]
         if len(meta.partitions) < len(self.specs):

@@ -31,7 +31,7 @@ from typing import Any
 
 from connectors.exceptions import FatalError, SetupError
 from connectors.runtime.committed import latest_per_key
-from connectors.topics import ensure_compacted_topic
+from connectors.topics import ensure_internal_topic
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +71,35 @@ class OffsetStore:
         kafka_config: librdkafka properties (``KafkaConfig.librdkafka_config()``).
         topic: the offsets topic; created compacted when missing.
         timeout_s: admin and read timeouts, seconds.
+        replication_factor: of the topic when created; ``None``: min(3, brokers)
+            (:func:`connectors.topics.internal_topic_settings`).
+        min_insync_replicas: of the topic when created; ``None``: the default there.
 
     Raises:
         SetupError: Kafka cannot be reached.
         ConfigError: the topic exists and is not compacted.
     """
 
-    def __init__(self, kafka_config: Mapping[str, Any], topic: str = OFFSETS_TOPIC, timeout_s: float = 30.0):
+    def __init__(
+        self,
+        kafka_config: Mapping[str, Any],
+        topic: str = OFFSETS_TOPIC,
+        timeout_s: float = 30.0,
+        *,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+    ):
         self.kafka_config = dict(kafka_config)
         self.topic = topic
         self.timeout_s = timeout_s
-        ensure_compacted_topic(self.kafka_config, topic, partitions=1, timeout_s=timeout_s)
+        ensure_internal_topic(
+            self.kafka_config,
+            topic,
+            partitions=1,
+            replication_factor=replication_factor,
+            min_insync_replicas=min_insync_replicas,
+            timeout_s=timeout_s,
+        )
 
     def load_all(self) -> dict[str, StoredPosition]:
         """Read the offsets topic to its end, ``read_committed``.

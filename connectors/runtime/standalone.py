@@ -106,12 +106,16 @@ class SourceWorker:
         retry: RetryPolicy | None = None,
         transactional: bool = False,
     ):
+        from connectors.topics import internal_topic_options
         from schemas.store import SchemaStore
 
         self.pipeline = pipeline
         kconf = pipeline.kafka.librdkafka_config()
-        self.offsets = OffsetStore(kconf, offsets_topic, timeout_s=max(30.0, pipeline.kafka.request_timeout_s))
-        self.schema_store = SchemaStore(kconf, pipeline.kafka.schema_topic)
+        internal = internal_topic_options(pipeline.kafka)
+        self.offsets = OffsetStore(
+            kconf, offsets_topic, timeout_s=max(30.0, pipeline.kafka.request_timeout_s), **internal
+        )
+        self.schema_store = SchemaStore(kconf, pipeline.kafka.schema_topic, **internal)
         self.offset_flush_interval_s = offset_flush_interval_s
         self.producer_overrides = dict(producer_overrides or {})
         self.retry = retry
