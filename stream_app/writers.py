@@ -6,7 +6,7 @@ from typing import Any
 
 from connectors.config.models import KafkaConfig
 from connectors.exceptions import SetupError
-from schemas.store import SchemaStore
+from schemas.store import SUBJECT_PREFIX, SchemaStore
 from stream_app.kafka_io import RangeReader, TopicWatermarks
 
 
@@ -54,7 +54,8 @@ class WriterSchemas:
             return 0
         records = self._reader.read(self._position, end)
         for key, value in zip(records.column("key").to_pylist(), records.column("value").to_pylist(), strict=True):
-            if key is not None and value is not None:
+            # the topic also records subject versions (``subject:<subject>:<version>``): not writer schemas
+            if key is not None and value is not None and not key.startswith(SUBJECT_PREFIX.encode()):
                 self._json[bytes.fromhex(key.decode())] = value.decode()
         self._position = end
         return records.num_rows
