@@ -133,6 +133,7 @@ class RdsSource(SourceTask):
         self.where = ""
         self._scan_finished = False
         self._last_held_warning = 0.0
+        self._cdc: Any = None
 
     # -- open -----------------------------------------------------------------------------------------
 
@@ -157,7 +158,19 @@ class RdsSource(SourceTask):
             self._open_query()
         else:
             self._open_table()
-        self._open_cursor(position)
+        if cfg.mode == "cdc":
+            if self.dialect != "postgresql":
+                raise ConfigError(
+                    f"source {cfg.name!r}: mode 'cdc' needs PostgreSQL (the connection is {self.dialect})"
+                )
+            from connectors.rds.cdc import PgChangeStream
+
+            self.cursor = None
+            self._use_adbc = False
+            self._cdc = PgChangeStream(self)
+            self._cdc.open(position)
+        else:
+            self._open_cursor(position)
         log.info(
             "source=%s %s mode=%s key=%s fields=%d",
             cfg.name,
@@ -360,6 +373,9 @@ class RdsSource(SourceTask):
             FatalError: the database rejected the query.
         """
         cfg = self.config
+        if self._cdc is not None:
+            yield from self._cdc.poll()
+            return
         per_query = cfg.batch_records * BATCHES_PER_QUERY
         to_value, key_fields, order_idx = self.to_value, self.key_fields, self.order_idx
         single_key = key_fields[0] if len(key_fields) == 1 else None
@@ -504,8 +520,21 @@ class RdsSource(SourceTask):
         return self.task_id == 0
 
     def wants_reconcile(self) -> bool:
-        """After every completed full scan (``bulk``/``query``) unless ``reconcile_interval_s`` is null."""
+        """After every completed full scan (``bulk``/``query``) unless ``reconcile_interval_s`` is null.
+
+        ``cdc``: after a ``TRUNCATE`` of the table, or a new snapshot that replaced lost changes.
+        """
+        if self._cdc is not None:
+            wanted = self._cdc.truncated or (self._cdc.resnapshot and not self._cdc.snapshotting)
+            if wanted:
+                self._cdc.truncated = self._cdc.resnapshot = False
+            return wanted
         return self._scan_finished and self.config.reconcile_interval_s is not None
+
+    def commit(self, position: Mapping[str, Any]) -> None:
+        """``cdc``: the slot's confirmed flush LSN moves to ``position`` (acknowledged by Kafka)."""
+        if self._cdc is not None:
+            self._cdc.commit(position)
 
     def reconcile(self, state: TopicState) -> Iterator[SourceBatch]:
         """Compare the table's keys with the topic's live keys (as encoded bytes).
@@ -573,8 +602,10 @@ class RdsSource(SourceTask):
         return f'column "{self.field_to_column.get(field, field)}"'
 
     def close(self) -> None:
-        """Dispose of the engine's pool and close the ADBC connection."""
+        """Dispose of the engine's pool and close the ADBC (and replication) connections."""
         self._close_adbc()
+        if self._cdc is not None:
+            self._cdc.close()
         if self.engine is not None:
             self.engine.dispose()
 

@@ -195,6 +195,17 @@ class SourceTask(ABC):
         """
         return False
 
+    def commit(self, position: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
+        """The worker stored ``position``: every record before it is acknowledged (or committed, with transactions).
+
+        Kafka Connect's ``SourceTask.commit()``: a source whose system keeps its
+        own read position (a PostgreSQL replication slot) moves it here, never
+        earlier. Called on the worker's thread, between batches.
+
+        Args:
+            position: a position this task yielded.
+        """
+
     def describe_field(self, field: str) -> str:
         """Name a value field for an error message (the RDS source says ``column "amount"``)."""
         return f"field {field!r}"

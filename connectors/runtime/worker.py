@@ -618,6 +618,7 @@ class TaskRunner:
         metrics.IN_FLIGHT.labels(self._label).set(self.stats.produced - self.stats.acked)
         if position is not None and position is not self._written:
             self._written = position
+            self.task.commit(position)
             self.stats.position = position
             self.stats.commits += 1
             metrics.POSITION_COMMITS.labels(self._label).inc()
@@ -687,6 +688,7 @@ class TaskRunner:
             self._produce_when_room(self.offsets.topic, value, self.key.encode())
         self._written = position
         self._last_write = now
+        self.task.commit(position)
         self.stats.position = position
         self.stats.commits += 1
         metrics.POSITION_COMMITS.labels(self._label).inc()

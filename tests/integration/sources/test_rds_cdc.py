@@ -1,0 +1,147 @@
+"""``rds_source`` ``mode: cdc`` against the stack's PostgreSQL (wal_level = logical) and Kafka.
+
+Interleaved transactions (one long) arrive in commit order with their commit
+LSN as the version, deletes as tombstones at once (reconciliation is off); the
+slot moves only once Kafka holds the changes; a server or role that cannot
+serve logical replication is refused in one line.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from sqlalchemy import text
+
+from connectors.exceptions import SetupError
+from connectors.rds.cdc import default_name
+from connectors.rds.pgoutput import lsn_int
+from connectors.runtime.offsets import OffsetStore
+from connectors.topics import end_offsets
+from connectors.updates import VERSION_HEADER, decode_version
+from schemas.serde import AvroDeserializer
+from schemas.store import SchemaStore
+from tests.integration.sources.contract import run_once
+from tests.integration.sources.rds import source_pipeline
+
+
+def changes(kafka_conf: dict[str, Any], topic: str, isolation: str = "read_uncommitted") -> list[tuple[Any, ...]]:
+    """Every record of ``topic`` in offset order: ``(partition, id, value or None, version)``."""
+    ends = end_offsets(kafka_conf, topic)
+    consumer = Consumer({**kafka_conf, "group.id": f"cdc-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                         "isolation.level": isolation})
+    de = AvroDeserializer(SchemaStore(kafka_conf))
+    out: list[tuple[Any, ...]] = []
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end > 0])
+        pending = {p for p, end in ends.items() if end > 0}
+        while pending:
+            msgs = consumer.consume(10_000, timeout=1.0)
+            if not msgs and isolation == "read_committed":
+                break  # transaction markers leave the last offsets unreadable
+            for msg in msgs:
+                assert msg.error() is None, msg.error()
+                headers = dict(msg.headers() or [])
+                value = None if msg.value() is None else de(msg.value())
+                version = decode_version(headers[VERSION_HEADER]) if VERSION_HEADER in headers else None
+                out.append((msg.partition(), de(msg.key())["id"], value, version))
+                if msg.offset() + 1 >= ends[msg.partition()]:
+                    pending.discard(msg.partition())
+    finally:
+        consumer.close()
+    return out
+
+
+def wal_lsn(engine: Any) -> int:
+    with engine.connect() as c:
+        return lsn_int(c.execute(text("SELECT pg_current_wal_lsn()::text")).scalar_one())
+
+
+@pytest.fixture
+def cdc_names(pg_engine: Any, unique: str) -> Iterator[dict[str, str]]:
+    """Table, connector, topic names; the slot and publication are dropped afterwards (a slot retains WAL)."""
+    name = f"cdc-{unique}"
+    yield {"table": f"cdc_{unique}", "name": name, "topic": f"state.cdc.{unique}"}
+    slot = default_name(name)
+    with pg_engine.connect() as c:
+        c.execute(text("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                       "WHERE slot_name = :s AND NOT active"), {"s": slot})
+        c.execute(text(f'DROP PUBLICATION IF EXISTS "{slot}"'))
+        c.commit()
+
+
+def _pipeline(kafka: Any, pg: Any, names: dict[str, str], **extra: Any) -> Any:
+    return source_pipeline(kafka, pg, name=names["name"], topic=names["topic"], table=names["table"],
+                           mode="cdc", topic_spec={"partitions": 1}, **extra)
+
+
+def test_interleaved_transactions_arrive_in_commit_order_with_lsn_versions(
+    pg: Any, pg_engine: Any, kafka: Any, kafka_conf: Any, cdc_names: dict[str, str]
+) -> None:
+    t = cdc_names["table"]
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {t} (id int PRIMARY KEY, v text NOT NULL, n int)"))
+        c.execute(text(f"INSERT INTO {t} SELECT g, 'v' || g, g FROM generate_series(1, 5) g"))
+    pipeline = _pipeline(kafka, pg, cdc_names)
+    run_once(pipeline)
+    snap = changes(kafka_conf, cdc_names["topic"])
+    assert sorted(r[1] for r in snap) == [1, 2, 3, 4, 5]
+    snap_versions = {r[3] for r in snap}
+    assert len(snap_versions) == 1 and None not in snap_versions  # the slot's consistent point
+
+    # a long transaction L opens first and commits third; A and B commit inside it; C after it
+    long_tx = pg_engine.connect()
+    long_tx.execute(text(f"UPDATE {t} SET v = 'L1' WHERE id = 1"))
+    long_tx.execute(text(f"INSERT INTO {t} VALUES (100, 'L-new', 0)"))
+    bounds: dict[str, tuple[int, int]] = {}
+
+    def commit(label: str, statements: list[str]) -> None:
+        with pg_engine.connect() as c:
+            for s in statements:
+                c.execute(text(s))
+            before = wal_lsn(pg_engine)
+            c.commit()
+        bounds[label] = (before, wal_lsn(pg_engine))
+
+    commit("A", [f"INSERT INTO {t} VALUES (6, 'A', 6)"])
+    commit("B", [f"UPDATE {t} SET v = 'B', n = NULL WHERE id = 2", f"DELETE FROM {t} WHERE id = 3"])
+    long_tx.execute(text(f"DELETE FROM {t} WHERE id = 4"))
+    long_tx.execute(text(f"UPDATE {t} SET v = 'L2' WHERE id = 100"))
+    before = wal_lsn(pg_engine)
+    long_tx.commit()
+    long_tx.close()
+    bounds["L"] = (before, wal_lsn(pg_engine))
+    commit("C", [f"UPDATE {t} SET v = 'C' WHERE id = 1"])
+
+    run_once(pipeline)
+    got = changes(kafka_conf, cdc_names["topic"])[len(snap):]
+    shape = [(i, None if v is None else v["v"]) for _p, i, v, _ver in got]
+    assert shape == [
+        (6, "A"),
+        (2, "B"), (3, None),
+        (1, "L1"), (100, "L-new"), (4, None), (100, "L2"),
+        (1, "C"),
+    ]
+    assert got[1][2]["n"] is None
+    labels = ["A", "B", "B", "L", "L", "L", "L", "C"]
+    for (_p, _i, _v, version), label in zip(got, labels, strict=True):
+        lo, hi = bounds[label]
+        assert lo <= version < hi, (label, version, bounds[label])  # the transaction's commit LSN
+    versions = [r[3] for r in got]
+    assert versions == sorted(versions) and min(versions) > next(iter(snap_versions))
+
+    # the slot moved only as far as what Kafka holds; the stored position is the last commit's end
+    position = OffsetStore(kafka_conf).load(cdc_names["name"])
+    assert position["mode"] == "cdc" and position["snapshot"] is None
+    assert position["lsn"] > bounds["C"][0]
+    with pg_engine.connect() as c:
+        confirmed = c.execute(text("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                                   "WHERE slot_name = :s"), {"s": default_name(cdc_names["name"])}).scalar_one()
+    assert bounds["L"][1] <= lsn_int(confirmed) <= position["lsn"]
+
+    # a third run with nothing new adds nothing (the slot resumes after the last acknowledged commit)
+    run_once(pipeline)
+    assert len(changes(kafka_conf, cdc_names["topic"])) == len(snap) + len(got)
