@@ -14,7 +14,10 @@ produces anything (:func:`plan_topic_schemas`):
   (:meth:`TopicSchemaPlan.record_key`), so a crash half-way re-keys again.
 
 A subject with no versions yet (a new topic, or a topic written before
-versions were recorded) accepts any schema as its version 1.
+versions were recorded) accepts any schema as its version 1. A key schema
+that a release before the logical canonical form stored under its Parsing
+Canonical Form fingerprint keeps that fingerprint in its keys
+(:func:`legacy_key_fingerprint`): upgrading never changes a key's bytes.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.compatibility import Compatibility, check_compatibility
-from schemas.exceptions import KeySchemaChangeError
-from schemas.serde import Schema, canonical_form, fingerprint
+from schemas.exceptions import KeySchemaChangeError, UnknownSchemaError
+from schemas.serde import Schema, canonical_form, fingerprint, parsing_fingerprint
 
 
 def key_subject(topic: str) -> str:
@@ -76,6 +79,11 @@ class TopicSchemaPlan:
         rekey: the key schema differs from the subject's latest version and a
             re-key was asked for: the old keys must be tombstoned and the source
             re-snapshotted before :meth:`record_key`.
+        key_fingerprint: the fingerprint keys are framed with. Normally
+            ``fingerprint(key_schema)``; for a topic whose keys were written
+            before the logical canonical form, the Parsing Canonical Form
+            fingerprint they carry (:func:`legacy_key_fingerprint`), so an
+            upgrade never changes a key's bytes.
         old_key_fingerprints: the fingerprints of the key subject's versions
             (the keys to tombstone are framed with one of them, or with a
             fingerprint written before versions were recorded).
@@ -84,13 +92,9 @@ class TopicSchemaPlan:
     topic: str
     key_schema: Schema
     value_schema: Schema
+    key_fingerprint: bytes
     rekey: bool = False
     old_key_fingerprints: list[bytes] = field(default_factory=list)
-
-    @property
-    def key_fingerprint(self) -> bytes:
-        """The 8-byte fingerprint of the new key schema."""
-        return fingerprint(self.key_schema)
 
     def record_value(self, store: Any) -> int:
         """Append the value schema to ``<topic>-value`` (no-op when it is the latest). Returns the version."""
@@ -98,7 +102,34 @@ class TopicSchemaPlan:
 
     def record_key(self, store: Any) -> int:
         """Append the key schema to ``<topic>-key`` (no-op when it is the latest). Returns the version."""
-        return store.add_version(key_subject(self.topic), self.key_schema)
+        return store.add_version(key_subject(self.topic), self.key_schema, self.key_fingerprint)
+
+
+def _same_schema(store: Any, fp: bytes, schema: Schema) -> bool:
+    """Whether ``fp`` is stored with a schema that decodes exactly like ``schema``."""
+    try:
+        stored = store.get_json(fp)
+    except UnknownSchemaError:
+        return False
+    return canonical_form(stored) == canonical_form(schema)
+
+
+def legacy_key_fingerprint(store: Any, key_schema: Schema) -> bytes | None:
+    """The fingerprint keys of ``key_schema`` were framed with before the logical canonical form, if it differs.
+
+    Releases before it fingerprinted the Parsing Canonical Form, which differs
+    from today's only for schemas with logical types. Key bytes are an
+    entity's identity in a compacted topic, so a key schema stored under its
+    old fingerprint (with exactly this schema: a colliding schema stored first
+    does not count) keeps being written under it.
+
+    Returns:
+        The old fingerprint, or ``None`` when it equals today's or is not stored.
+    """
+    old = parsing_fingerprint(key_schema)
+    if old != fingerprint(key_schema) and _same_schema(store, old, key_schema):
+        return old
+    return None
 
 
 def plan_topic_schemas(
@@ -129,14 +160,18 @@ def plan_topic_schemas(
         KeySchemaChangeError: the key schema changed and ``rekey`` is off.
         IncompatibleSchemaError: the value schema breaks the compatibility level.
     """
-    plan = TopicSchemaPlan(topic, key_schema, value_schema)
+    plan = TopicSchemaPlan(topic, key_schema, value_schema, fingerprint(key_schema))
     key_versions = store.versions(key_subject(topic))
-    if key_versions and key_versions[-1] != fingerprint(key_schema):
+    if key_versions and _same_schema(store, key_versions[-1], key_schema):
+        plan.key_fingerprint = key_versions[-1]  # unchanged (perhaps framed with an old fingerprint)
+    elif key_versions:
         old = store.get_json(key_versions[-1])
         if not rekey:
             raise KeySchemaChangeError(topic, connector, describe_change(old, key_schema))
         plan.rekey = True
         plan.old_key_fingerprints = list(key_versions)
+    else:
+        plan.key_fingerprint = legacy_key_fingerprint(store, key_schema) or plan.key_fingerprint
     check_compatibility(
         value_schema,
         store.version_schemas(value_subject(topic)),

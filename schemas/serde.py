@@ -207,17 +207,20 @@ class AvroSerializer:
         schema: the writer schema.
         store: where the writer schema is registered (once, on construction), or
             ``None`` when the caller registers it.
+        fp: frame with this fingerprint instead of the schema's own; the caller
+            knows the store holds the schema under it (keys written before the
+            logical canonical form, see :func:`schemas.evolution.legacy_key_fingerprint`).
 
     Raises:
         SerdeError: from ``__call__`` when a value does not match the schema; the
             message names the field when fastavro does.
     """
 
-    def __init__(self, schema: Schema, store: Any | None = None):
+    def __init__(self, schema: Schema, store: Any | None = None, *, fp: bytes | None = None):
         self.schema = parse(schema)
-        self.fingerprint = fingerprint(schema)
+        self.fingerprint = fp or fingerprint(schema)
         self.header = MARKER + self.fingerprint
-        if store is not None:
+        if store is not None and self.fingerprint == fingerprint(schema):
             store.register(schema)
 
     def __call__(self, obj: Any, ctx: Any = None) -> bytes | None:

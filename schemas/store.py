@@ -100,14 +100,20 @@ class InMemorySchemaStore:
         """
         return [self.get_json(fp) for fp in self.versions(subject)]
 
-    def add_version(self, subject: str, schema: Schema) -> int:
+    def add_version(self, subject: str, schema: Schema, fp: bytes | None = None) -> int:
         """Register ``schema`` and append it as the subject's next version (no check here).
+
+        Args:
+            subject: the subject.
+            schema: the schema.
+            fp: the fingerprint the schema is already stored under when it is not
+                today's (a key framed with a Parsing Canonical Form fingerprint).
 
         Returns:
             The new version number (1 for the first); the current one when
             ``schema`` already is the latest version.
         """
-        fp = self.register(schema)
+        fp = self.register(schema) if fp is None or fp == fingerprint(schema) else fp
         known = self._subjects.setdefault(subject, {})
         if known and known[max(known)] == fp:
             return max(known)
@@ -193,8 +199,10 @@ class SchemaStore(InMemorySchemaStore):
         self.refresh()
         return super().versions(subject)
 
-    def add_version(self, subject: str, schema: Schema) -> int:
+    def add_version(self, subject: str, schema: Schema, fp: bytes | None = None) -> int:
         """Register ``schema`` and append it to the subject in the topic (acknowledged by the broker).
+
+        ``fp``: as in :meth:`InMemorySchemaStore.add_version`.
 
         Two processes appending to one subject at once may both write the same
         version number; the later record wins (the subject is owned by one
@@ -206,7 +214,7 @@ class SchemaStore(InMemorySchemaStore):
         Raises:
             SchemaRegistrationError: the broker did not acknowledge the record in time.
         """
-        fp = self.register(schema)
+        fp = self.register(schema) if fp is None or fp == fingerprint(schema) else fp
         self.refresh()
         with self._lock:
             known = self._subjects.setdefault(subject, {})

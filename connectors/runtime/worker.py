@@ -277,7 +277,7 @@ class TaskRunner:
             self._written = None
         self._value_schema = schemas.value
         self._key_names = [f["name"] for f in schemas.key.get("fields", [])]
-        self.key_ser = AvroSerializer(schemas.key, self.schema_store)
+        self.key_ser = AvroSerializer(schemas.key, self.schema_store, fp=plan.key_fingerprint)
         self.value_ser = AvroSerializer(schemas.value, self.schema_store)
         try:
             self._columnar: ColumnarEncoder | None = ColumnarEncoder(

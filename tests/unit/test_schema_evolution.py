@@ -198,3 +198,27 @@ def test_internal_topic_settings_refuse_the_impossible() -> None:
         internal_topic_settings(1, 3)
     with pytest.raises(ConfigError, match="internal_min_insync_replicas is 3"):
         internal_topic_settings(3, 2, 3)
+
+
+def test_a_key_stored_under_its_old_fingerprint_keeps_it() -> None:
+    """Upgrade: keys an older release framed with the Parsing Canonical Form fingerprint keep their bytes."""
+    from schemas.serde import parse, schema_json
+
+    key = {"type": "record", "name": "k", "fields": [{"name": "day", "type": {"type": "int", "logicalType": "date"}}]}
+    store = InMemorySchemaStore()
+    legacy = parsing_fingerprint(key)
+    store._schemas[legacy], store._json[legacy] = parse(key), schema_json(key)  # what refresh() loads
+    plan = plan_topic_schemas(store, topic="t", connector="c", key_schema=key, value_schema=record(ID))
+    assert plan.key_fingerprint == legacy != fingerprint(key) and not plan.rekey
+    plan.record_key(store)
+    assert store.versions(key_subject("t")) == [legacy]
+    again = plan_topic_schemas(store, topic="t", connector="c", key_schema=key, value_schema=record(ID))
+    assert again.key_fingerprint == legacy and not again.rekey
+    assert AvroSerializer(key, store, fp=legacy).header[2:] == legacy
+
+    # a colliding schema stored first under that fingerprint does not count
+    other = {**key, "fields": [{"name": "day", "type": "int"}]}
+    fresh = InMemorySchemaStore()
+    fresh._schemas[legacy], fresh._json[legacy] = parse(other), schema_json(other)
+    assert plan_topic_schemas(fresh, topic="t", connector="c", key_schema=key,
+                              value_schema=record(ID)).key_fingerprint == fingerprint(key)

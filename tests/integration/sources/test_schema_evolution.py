@@ -31,9 +31,9 @@ D = decimal.Decimal
 def _run(kafka: Any, pg: Any, unique: str, table: str, **source: Any) -> Any:
     from connectors.config.models import RetryPolicy
 
-    pipeline = source_pipeline(
-        kafka, pg, name=f"ev-{unique}", topic=f"state.{unique}", table=table, mode="bulk", key=["id"], **source
-    )
+    source.setdefault("key", ["id"])
+    pipeline = source_pipeline(kafka, pg, name=f"ev-{unique}", topic=f"state.{unique}", table=table, mode="bulk",
+                               **source)
     (stats,) = run_once(pipeline, retry=RetryPolicy(max_attempts=1)).values()
     return stats
 
@@ -180,3 +180,45 @@ def test_internal_topics_take_replication_from_the_config(kafka: Any, kafka_conf
     with pytest.raises(ConfigError, match="internal_replication_factor is 2 but the cluster has 1 broker"):
         SourceWorker(pipeline, offsets_topic=other)
     assert other not in admin.list_topics(timeout=10).topics
+
+
+def test_keys_written_before_the_logical_canonical_form_keep_their_bytes(
+    kafka: Any, kafka_conf: Any, pg: Any, pg_engine: Any, unique: str
+) -> None:
+    """Upgrade: a ``date`` key an older release framed with its Parsing Canonical Form fingerprint."""
+    import datetime as dt
+
+    from confluent_kafka import Producer
+
+    from connectors.rds.source import RdsSource
+    from connectors.topics import ensure_compacted_topic, read_latest_per_key
+    from schemas.serde import AvroSerializer, fingerprint, parsing_fingerprint, schema_json
+
+    table, topic = f"up_{unique}", f"state.{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (day date PRIMARY KEY, v text NOT NULL)"))
+        c.execute(text(f"INSERT INTO {table} SELECT DATE '2024-01-01' + g, 'new' FROM generate_series(0, 2) g"))
+    pipeline = source_pipeline(kafka, pg, name=f"ev-{unique}", topic=topic, table=table, mode="bulk", key=["day"])
+    cfg = pipeline.sources[0]
+    task = RdsSource(cfg, pipeline.connections[cfg.connection], kafka=pipeline.kafka)
+    schemas = task.open(None)
+    task.close()
+    legacy = parsing_fingerprint(schemas.key)
+    assert legacy != fingerprint(schemas.key)  # a key with a logical type: the identity changed
+
+    # what an older release left: the key schema stored under its old fingerprint, keys framed with it
+    store = SchemaStore(kafka_conf)
+    producer = Producer(kafka_conf)
+    producer.produce(store.topic, key=legacy.hex().encode(), value=schema_json(schemas.key).encode())
+    ensure_compacted_topic(kafka_conf, topic)
+    key_ser = AvroSerializer(schemas.key, fp=legacy)
+    value_ser = AvroSerializer(schemas.value, store)
+    days = [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(3)]
+    for day in days:
+        producer.produce(topic, key=key_ser({"day": day}), value=value_ser({"day": day, "v": "old"}))
+    assert producer.flush(10) == 0
+
+    assert _run(kafka, pg, unique, table, key=["day"]).state == "caught_up"
+    latest = read_latest_per_key(kafka_conf, topic)
+    assert len(latest) == 3 and all(k.startswith(MARKER + legacy) for k in latest)  # no entity twice
+    assert {k[0]: v["v"] for k, v in topic_state(kafka_conf, topic).items()} == {d: "new" for d in days}
