@@ -22,7 +22,7 @@ th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left;font-size:.9em;ve
 th{background:#f3f3f3}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 .state-running,.state-caught_up{color:#17692b;font-weight:600}
-.state-restarting,.state-recovering,.state-starting,.state-unknown{color:#9a6700;font-weight:600}
+.state-restarting,.state-recovering,.state-starting,.state-unknown,.state-degraded{color:#9a6700;font-weight:600}
 .state-failed,.state-unreachable{color:#b3261e;font-weight:600}
 .paused{color:#9a6700}.err{color:#b3261e;max-width:40em;word-break:break-word}
 .muted{color:#777}
