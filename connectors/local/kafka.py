@@ -298,7 +298,9 @@ class Kafka(Service):
                 raise
 
     def address(self, endpoints: Endpoints) -> str:
-        """The bootstrap servers."""
+        """The bootstrap servers, and the SASL_SSL listener's when there is one."""
+        if endpoints.kafka_sasl_bootstrap:
+            return f"{endpoints.kafka_bootstrap} (SASL_SSL {endpoints.kafka_sasl_bootstrap})"
         return endpoints.kafka_bootstrap
 
 
