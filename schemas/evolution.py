@@ -141,6 +141,7 @@ def plan_topic_schemas(
     value_schema: Schema,
     compatibility: Compatibility | str = Compatibility.BACKWARD,
     rekey: bool = False,
+    tasks: int = 1,
 ) -> TopicSchemaPlan:
     """Check a source's key and value schemas against the topic's subjects; register nothing.
 
@@ -152,12 +153,17 @@ def plan_topic_schemas(
         value_schema: the value schema it will write.
         compatibility: the value subject's level.
         rekey: whether a key schema change is allowed (as a re-key).
+        tasks: how many tasks the source runs. A re-key needs one: the first task
+            done would record the new key version, and a task starting after it
+            would not re-snapshot its share of the entities whose old keys were
+            tombstoned.
 
     Returns:
         The plan; ``plan.rekey`` tells the caller to re-key before recording the key.
 
     Raises:
-        KeySchemaChangeError: the key schema changed and ``rekey`` is off.
+        KeySchemaChangeError: the key schema changed and ``rekey`` is off, or
+            on with more than one task.
         IncompatibleSchemaError: the value schema breaks the compatibility level.
     """
     plan = TopicSchemaPlan(topic, key_schema, value_schema, fingerprint(key_schema))
@@ -168,6 +174,11 @@ def plan_topic_schemas(
         old = store.get_json(key_versions[-1])
         if not rekey:
             raise KeySchemaChangeError(topic, connector, describe_change(old, key_schema))
+        if tasks > 1:
+            raise KeySchemaChangeError(
+                topic, connector, describe_change(old, key_schema),
+                f"a re-key runs as one task: run the source once with `tasks: 1` (it has {tasks}), then restore it",
+            )
         plan.rekey = True
         plan.old_key_fingerprints = list(key_versions)
     else:

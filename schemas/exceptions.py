@@ -73,7 +73,7 @@ class KeySchemaChangeError(FatalError):
         problems: ``(field path, problem)`` pairs describing the change.
     """
 
-    def __init__(self, topic: str, connector: str, problems: list[tuple[str, str]]):
+    def __init__(self, topic: str, connector: str, problems: list[tuple[str, str]], remedy: str | None = None):
         self.topic = topic
         self.connector = connector
         self.problems = problems
@@ -81,6 +81,7 @@ class KeySchemaChangeError(FatalError):
         super().__init__(
             f"topic {topic!r}: the key schema of source {connector!r} changed ({fields}); new key bytes "
             "would leave every entity twice in the topic (old key and new key) and reconciliation would then "
-            "delete them downstream. Nothing was produced. To re-key the topic (tombstone every old key, then "
-            f"re-snapshot under the new key), set `rekey: true` on source {connector!r}"
+            "delete them downstream. Nothing was produced. "
+            + (remedy or "To re-key the topic (tombstone every old key, then re-snapshot under the new key), "
+               f"set `rekey: true` on source {connector!r}")
         )

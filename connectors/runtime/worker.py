@@ -264,6 +264,7 @@ class TaskRunner:
             value_schema=schemas.value,
             compatibility=spec.compatibility,
             rekey=cfg.rekey,
+            tasks=self.task_count,
         )
         if plan.rekey:  # re-snapshot under the new key, whatever the stored position says
             log.warning("source=%s topic=%s key schema changed: re-keying (old keys tombstoned, then a snapshot)",

@@ -222,3 +222,11 @@ def test_a_key_stored_under_its_old_fingerprint_keeps_it() -> None:
     fresh._schemas[legacy], fresh._json[legacy] = parse(other), schema_json(other)
     assert plan_topic_schemas(fresh, topic="t", connector="c", key_schema=key,
                               value_schema=record(ID)).key_fingerprint == fingerprint(key)
+
+
+def test_rekey_needs_one_task() -> None:
+    store = InMemorySchemaStore()
+    _first(store, KEY_INT, record(ID))
+    with pytest.raises(KeySchemaChangeError, match="runs as one task: run the source once with `tasks: 1`"):
+        plan_topic_schemas(store, topic="t", connector="c", key_schema=KEY_LONG, value_schema=record(ID),
+                           rekey=True, tasks=2)
