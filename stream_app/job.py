@@ -43,7 +43,7 @@ from stream_app.avro_schemas import subset_schema
 from stream_app.batch import SOURCE_HEADER, BatchPlan
 from stream_app.checkpoint import BatchOffsetsLog, SnapshotCheckpoint, child, open_checkpoint_location
 from stream_app.enrich import BoundLookup
-from stream_app.kafka_io import TopicWatermarks, offsets_json, spark_kafka_options
+from stream_app.kafka_io import READ_COMMITTED, TopicWatermarks, offsets_json, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import write_records
 from stream_app.snapshot.data import corrupt_to_null
@@ -235,7 +235,7 @@ class StreamJob:
 
     def _read_stream(self, topic: str, starting: str) -> Any:
         reader = self.spark.readStream.format("kafka")
-        for key, value in self._options.items():
+        for key, value in {**self._options, **READ_COMMITTED}.items():
             reader = reader.option(key, value)
         return reader.option("subscribe", topic).option("startingOffsets", starting)
 

@@ -95,6 +95,17 @@ def sasl_jaas_config(mechanism: str, username: str, password: str) -> str:
     return f"{_JAAS[mechanism]} required username={jaas_quote(username)} password={jaas_quote(password)};"
 
 
+READ_COMMITTED = {"kafka.isolation.level": "read_committed"}
+"""Spark Kafka source option of every read: records of open or aborted transactions are never seen.
+
+The sources write state topics in Kafka transactions (``exactly_once``, and
+always in ``--group`` mode, KIP-618); the Java client's default isolation level
+is ``read_uncommitted``, which would show records a crashed or fenced source
+task never committed. librdkafka's default is already ``read_committed``; the
+driver's consumers ask for it explicitly all the same.
+"""
+
+
 def spark_kafka_options(kafka: KafkaConfig) -> dict[str, str]:
     r"""Options of Spark's Kafka source and sink (Java client properties, ``kafka.`` prefixed).
 
@@ -184,7 +195,7 @@ def read_range(spark: Any, kafka: KafkaConfig, start: Offsets | None, end: Offse
     if not wanted:
         return None
     reader = spark.read.format("kafka")
-    for key, value in spark_kafka_options(kafka).items():
+    for key, value in {**spark_kafka_options(kafka), **READ_COMMITTED}.items():
         reader = reader.option(key, value)
     return (
         reader.option("assign", json.dumps({t: sorted(p) for t, p in wanted.items()}))
@@ -208,7 +219,10 @@ class TopicWatermarks:
         from connectors import clients
 
         self.timeout_s = timeout_s or kafka.request_timeout_s
-        self._consumer = clients.kafka_consumer(kafka, f"threes-stream-watermarks-{uuid.uuid4().hex}")
+        # read_committed: the end offsets are the last stable offsets, what a read_committed read can reach
+        self._consumer = clients.kafka_consumer(
+            kafka, f"threes-stream-watermarks-{uuid.uuid4().hex}", isolation_level="read_committed"
+        )
         self._partitions: dict[str, tuple[float, list[int]]] = {}
 
     def partitions(self, topic: str, max_age_s: float = 30.0) -> list[int]:
@@ -282,7 +296,9 @@ class RangeReader:
         from connectors import clients
 
         self.timeout_s = timeout_s
-        self._consumer = clients.kafka_consumer(kafka, f"threes-stream-ranges-{uuid.uuid4().hex}")
+        self._consumer = clients.kafka_consumer(
+            kafka, f"threes-stream-ranges-{uuid.uuid4().hex}", isolation_level="read_committed"
+        )
 
     def read(self, start: Offsets, end: Offsets) -> Any:
         """The records in ``[start, end)`` (a missing start partition reads from its beginning).
