@@ -224,7 +224,7 @@ def test_a_broker_that_is_down_is_not_a_refusal() -> None:
 
 
 @pytest.fixture
-def other_name_server(endpoints: Any, stack: Any) -> Iterator[int]:
+def other_name_server(stack: Any, tmp_path: Path) -> Iterator[int]:
     """A TLS server on 127.0.0.1 whose certificate is signed by the stack's CA but issued for another name."""
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
@@ -237,8 +237,7 @@ def other_name_server(endpoints: Any, stack: Any) -> Iterator[int]:
     ca_key = serialization.load_pem_private_key((folder / "ca.key").read_bytes(), password=None)
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     cert = issue(ca, ca_key, key, ["kafka.other.example"])
-    tmp = Path(stack.home) / "tmp-tls-test"
-    tmp.mkdir(exist_ok=True)
+    tmp = tmp_path
     (tmp / "other.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     (tmp / "other.key").write_bytes(private_pem(key))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
