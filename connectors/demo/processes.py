@@ -12,64 +12,16 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from connectors.exceptions import FatalError
+from connectors.pipeline.processes import Child, signal_group, spawn, terminate, threes_command
+
+__all__ = ["Child", "PipelineProcesses", "threes_command"]
 
 log = logging.getLogger(__name__)
-
-
-def threes_command() -> list[str]:
-    """How to run ``threes`` with this interpreter (the console script next to it, else ``-m``)."""
-    script = Path(sys.executable).with_name("threes")
-    if script.is_file():
-        return [str(script)]
-    return [sys.executable, "-c", "from connectors.cli import run; run()"]
-
-
-@dataclass
-class Child:
-    """One started command.
-
-    Attributes:
-        name: ``sources``, ``stream`` or ``sync``.
-        args: the ``threes`` arguments.
-        log_path: its stdout and stderr.
-        process: the running process.
-        started: ``time.monotonic()`` at start.
-    """
-
-    name: str
-    args: list[str]
-    log_path: Path
-    process: subprocess.Popen[bytes]
-    started: float
-    _log: IO[bytes] | None = None
-
-    def alive(self) -> bool:
-        """Whether it still runs."""
-        return self.process.poll() is None
-
-    def tail(self, lines: int = 8, width: int = 300) -> str:
-        """The end of its log for an error message: the last distinct error lines, else the last lines.
-
-        Lines are cut at ``width`` characters (Spark prints query plans on one line).
-        """
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        errors = [t for t in text if re.search(r"(Error|Exception)\b", t) and not t.lstrip().startswith("at ")]
-        picked = list(dict.fromkeys(errors))[-lines:] if errors else text[-lines:]
-        return "\n".join(t if len(t) <= width else t[:width] + " ..." for t in picked)
 
 
 class PipelineProcesses:
@@ -95,17 +47,8 @@ class PipelineProcesses:
         """
         if name in self.children and self.children[name].alive():
             raise FatalError(f"{name} already runs (pid {self.children[name].process.pid})")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.log_dir / f"{name}.log"
-        handle = log_path.open("ab")
-        command = [*threes_command(), "-v", *args]
-        process = subprocess.Popen(  # noqa: S603 - our own console script with our own arguments
-            command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
-            start_new_session=True,
-        )
-        child = Child(name, list(args), log_path, process, time.monotonic(), handle)
+        child = spawn(name, args, self.log_dir / f"{name}.log", self.env)
         self.children[name] = child
-        log.info("started %s pid=%d log=%s: threes %s", name, process.pid, log_path, " ".join(args))
         return child
 
     def start_sources(self, offsets_topic: str = "_threes_offsets") -> Child:
@@ -153,28 +96,9 @@ class PipelineProcesses:
         """
         for child in self.children.values():
             if child.alive():
-                _signal_group(child.process.pid, signal.SIGTERM)
+                signal_group(child.pid, 15)  # all at once: each flushes and commits in parallel
         deadline = time.monotonic() + timeout_s
-        codes: dict[str, int | None] = {}
-        for name, child in self.children.items():
-            try:
-                codes[name] = child.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s (pid %d) did not stop within %.0f s: killing its process group",
-                            name, child.process.pid, timeout_s)
-                _signal_group(child.process.pid, signal.SIGKILL)
-                child.process.wait(10)
-                codes[name] = None
-            # the group may hold a child (the Spark JVM) that outlives its parent briefly
-            _signal_group(child.process.pid, signal.SIGTERM)
-            if child._log is not None:
-                child._log.close()
+        codes = {name: terminate(child, max(0.1, deadline - time.monotonic()))
+                 for name, child in self.children.items()}
         self.children.clear()
         return codes
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

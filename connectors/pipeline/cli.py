@@ -78,7 +78,7 @@ def run(
                 supervisor = Supervisor(pipeline, options, on_update=lambda s: view.update(live(s)))
                 code = supervisor.run(stop, force)
         else:  # a log file or a pipe: a line per change instead of redrawing
-            printer = line_printer(lambda text: console.print(text, highlight=False, soft_wrap=True))
+            printer = line_printer(lambda text: console.print(text, highlight=False, soft_wrap=True, markup=False))
             supervisor = Supervisor(pipeline, options, on_update=printer)
             code = supervisor.run(stop, force)
     except ThreesError as exc:

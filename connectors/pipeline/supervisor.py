@@ -138,6 +138,7 @@ class Supervisor:
         self.tasks = self._source_tasks() if any(p.name == "sources" for p in self.parts) else {}
         self.flow: Flow | None = None
         self.events: list[tuple[float, str]] = []  # (time.time(), message), newest last
+        self.events_total = 0  # messages noted so far (``events`` keeps the last 50)
         self.phase = "starting"
         self._probe: KafkaProbe | None = None
         self._flow_at = 0.0
@@ -209,6 +210,8 @@ class Supervisor:
             if self.phase != "running":
                 self._note("every part is ready")
             self.phase = "running"
+        elif self.phase in ("running", "recovering"):
+            self.phase = "recovering"  # a part is being restarted
         if now - self._flow_at >= self.options.flow_every_s:
             self._flow_at = now
             try:
@@ -272,6 +275,7 @@ class Supervisor:
     def _note(self, message: str) -> None:
         log.info("run: %s", message)
         self.events.append((time.time(), message))
+        self.events_total += 1
         del self.events[:-50]
 
     def _source_tasks(self) -> dict[str, int]:

@@ -94,10 +94,18 @@ def topic_roles(pipeline: Any) -> dict[str, str]:
 
 
 def line_printer(print_line: Callable[[str], None], every_s: float = 10.0) -> Callable[[Supervisor], None]:
-    """An ``on_update`` for a log file or a pipe: one line per change of any part's status, else every ``every_s``."""
-    last: dict[str, Any] = {"at": 0.0, "key": None}
+    """An ``on_update`` for a log file or a pipe.
+
+    Prints each news item of the supervisor (a part started, ready, restarted, stopped) as it comes, and a
+    status line per change of any part's status, else every ``every_s`` seconds.
+    """
+    last: dict[str, Any] = {"at": 0.0, "key": None, "events": 0}
 
     def update(sup: Supervisor) -> None:
+        fresh = sup.events_total - last["events"]
+        for _at, message in sup.events[-fresh:] if fresh > 0 else []:
+            print_line(f"[run] {message}")
+        last["events"] = sup.events_total
         key = (sup.phase, tuple((p.status, p.restarts) for p in sup.parts))
         now = time.monotonic()
         if key == last["key"] and now - last["at"] < every_s:
