@@ -51,3 +51,23 @@ def rows(engine: Any, table: str) -> dict[int, int]:
         return {}
     with engine.connect() as conn:
         return dict(conn.execute(text(f"SELECT id, _version FROM {table}")).all())
+
+
+def send_stamped(producer: Any, key: int, version: int, source_ts_ms: int) -> None:
+    """Send an update like ``UpdateProducer.send``, with a ``threes.source_ts`` header (the source commit time)."""
+    from connectors.updates import encode_version, with_source_ts
+    from tests.integration.sync.contract import item
+
+    headers = with_source_ts([("version", encode_version(version))], source_ts_ms)
+    producer.producer.produce(producer.topic, key=producer.key_ser(key), value=producer.value_ser(item(key, version)),
+                              headers=headers, on_delivery=producer._on_delivery)
+    producer.producer.poll(0)
+
+
+def metric(port: int, name: str) -> float | None:
+    """The value of the first sample called ``name`` on ``http://127.0.0.1:port/metrics``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:  # noqa: S310
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return None

@@ -19,6 +19,7 @@ Both run under the :class:`~sync_service.supervisor.ServiceSupervisor`, whose
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from typer.testing import CliRunner
 
 from connectors.config.models import KafkaConfig, RdsConnection
 from sync_service.supervisor import ServiceSupervisor
-from tests.integration.ops.helpers import accept_all, fail_key, free_port, get_json, rows
+from tests.integration.ops.helpers import accept_all, fail_key, free_port, get_json, metric, rows, send_stamped
 from tests.integration.sync.helpers import UpdateProducer, create_topic, group_lag, pipeline, read_topic, wait_until
 
 KEYS = 30
@@ -69,8 +70,9 @@ def _start(kafka: KafkaConfig, kafka_conf: dict[str, Any], pg: RdsConnection, pg
     thread.start()
     wait_until(lambda: len(rows(pg_engine, table)) == 10, 60, "the first 10 rows (the table exists)")
     fail_key(pg_engine, table, BAD)
+    committed_at_ms = int(time.time() * 1000) - 30_000  # as if the source committed them 30 s ago
     for key in range(10, KEYS):
-        producer.send(key, 1)
+        send_stamped(producer, key, 1, committed_at_ms)
     producer.flush()
     return doc, sup, thread, stop, port, producer
 
@@ -90,13 +92,17 @@ def test_tolerance_all_dead_letters_the_failing_batch_and_goes_on(
         assert not landed & dead_keys
         assert len(dead_keys) <= 5  # only the failing batch (max_records 5)
         for m in letters:
-            h = {k: (v or b"").decode() for k, v in m.headers()}
+            h = {k: (v or b"").decode() for k, v in m.headers() if k.startswith("dlq.")}
             assert h["dlq.stage"] == "write" and h["dlq.component"] == f"sup-{unique}/db"
             assert "refused by a test trigger" in h["dlq.error.message"]
         status = get_json(f"http://127.0.0.1:{port}/status.json")["sync"][0]
         (sink,) = status["sinks"]
         assert sink["state"] == "running" and sink["restarts"] == 0 and sink["dead_letters"] == len(letters)
         assert "refused by a test trigger" in sink["last_error"]
+        # freshness from the source commit: every batch of stamped records is at least 30 s old when durable
+        count = metric(port, "threes_sync_source_freshness_seconds_count")
+        total = metric(port, "threes_sync_source_freshness_seconds_sum")
+        assert count and count >= 3 and total is not None and total / count >= 30
     finally:
         stop.set()
         thread.join(60)
@@ -126,6 +132,9 @@ def test_tolerance_none_restarts_with_backoff_and_never_commits_past_the_batch(
         assert committed.get(0) is None or committed[0] <= bad_offset
         assert BAD not in rows(pg_engine, table)
         assert read_topic(kafka_conf, f"dlq.{unique}", 0, timeout_s=3) == []
+        # while stuck, the oldest un-durable record keeps ageing (from its source commit, 30 s before)
+        assert sink["oldest_pending_age_s"] >= 30
+        assert (metric(port, "threes_sync_oldest_pending_age_seconds") or 0) >= 30
 
         # threes status --json gathers the same facts from Kafka and the service's endpoint
         config = tmp_path / "pipeline.yaml"
@@ -152,8 +161,10 @@ def test_tolerance_none_restarts_with_backoff_and_never_commits_past_the_batch(
         accept_all(pg_engine, table)
         wait_until(lambda: group_lag(kafka_conf, group, topic) == 0, 60, "the group's lag to drain")
         assert set(rows(pg_engine, table)) == set(range(KEYS))
-        status = get_json(f"http://127.0.0.1:{port}/status.json")["sync"][0]
-        assert status["sinks"][0]["state"] == "running" and status["state"] == "running"
+        status = wait_until(
+            lambda: (s := get_json(f"http://127.0.0.1:{port}/status.json")["sync"][0])["state"] == "running" and s,
+            30, "the service's status to say running (refreshed every second)")
+        assert status["sinks"][0]["state"] == "running"
         metrics = __import__("urllib.request").request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
         line = next(ln for ln in metrics.splitlines() if ln.startswith("threes_sync_sink_restarts_total{"))
         assert float(line.rsplit(" ", 1)[1]) >= 2
