@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,36 @@ def snapshot_metrics(job: str, snapshot: str, age_s: Callable[[], float]) -> Sna
     )
 
 
+def status_document() -> dict[str, Any]:
+    """The stream job's part of the status document: its snapshots' keys and ages, read from the metrics.
+
+    Returns:
+        ``{"generated_at", "sources": [], "snapshots": [{"job", "snapshot", "keys", "age_s", "offsets": []}],
+        "sync": [], "endpoints": []}`` (``threes status`` adds the topics' end offsets from Kafka).
+    """
+    from prometheus_client import REGISTRY
+
+    from connectors.status.document import now_iso
+
+    snaps: dict[tuple[str, str], dict[str, Any]] = {}
+    for family in REGISTRY.collect():
+        if family.name not in ("threes_stream_snapshot_keys", "threes_stream_snapshot_age_seconds"):
+            continue
+        for sample in family.samples:
+            key = (sample.labels.get("job", ""), sample.labels.get("snapshot", ""))
+            entry = snaps.setdefault(key, {"job": key[0], "snapshot": key[1], "keys": None, "age_s": None,
+                                           "offsets": []})
+            if family.name == "threes_stream_snapshot_keys":
+                entry["keys"] = int(sample.value)
+            else:
+                entry["age_s"] = round(sample.value, 3)
+    return {"generated_at": now_iso(), "sources": [], "snapshots": [snaps[k] for k in sorted(snaps)], "sync": [],
+            "endpoints": []}
+
+
 def serve(port: int) -> None:
-    """Serve ``/metrics`` on ``port`` (all interfaces, as Prometheus scrapes from elsewhere)."""
-    start_http_server(port)
-    log.info("metrics on http://0.0.0.0:%d/metrics", port)
+    """Serve ``/metrics``, ``/status`` and ``/status.json`` on ``port`` (all interfaces: scraped from elsewhere)."""
+    from connectors.status.http import StatusServer
+
+    StatusServer(status_document, title="threes stream job").serve(port)
+    log.info("metrics on http://0.0.0.0:%d/metrics (status page: /status)", port)
