@@ -1,0 +1,42 @@
+"""Sources stamp every state record with ``threes.source_ts`` (the commit or read time, epoch ms)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer
+from sqlalchemy import text
+
+from connectors.config.models import KafkaConfig, RdsConnection
+from connectors.updates import source_ts_of
+from tests.integration.sources.contract import run_once
+from tests.integration.sources.rds import source_pipeline
+
+
+def test_every_state_record_carries_its_source_timestamp(
+    kafka: KafkaConfig, kafka_conf: dict[str, Any], pg: RdsConnection, pg_engine: Any, unique: str,
+) -> None:
+    table, topic = f"ts_src_{unique}", f"state.ts.{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text)"))
+        c.execute(text(f"INSERT INTO {table} SELECT g, 'v' || g FROM generate_series(1, 50) g"))
+    before = int(time.time() * 1000)
+    p = source_pipeline(kafka, pg, name=f"ts-{unique}", topic=topic, table=table, mode="incrementing",
+                        incrementing_column="id")
+    (stats,) = run_once(p, offsets_topic=f"_offsets.{unique}").values()
+    after = int(time.time() * 1000)
+    assert stats.state == "caught_up" and stats.acked == 50
+    consumer = Consumer({**kafka_conf, "group.id": f"ts-{uuid.uuid4().hex}", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    stamps: list[int | None] = []
+    deadline = time.monotonic() + 30
+    while len(stamps) < 50 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            stamps.append(source_ts_of(msg.headers()))
+    consumer.close()
+    assert len(stamps) == 50
+    assert all(s is not None and before <= s <= after for s in stamps), stamps[:3]
