@@ -77,7 +77,10 @@ def run(
         from connectors.topics import cluster_metadata
 
         # before the SparkSession (seconds to start): a refused login or certificate fails at once, in one line
-        cluster_metadata(pipeline.kafka.librdkafka_config(), pipeline.kafka.request_timeout_s)
+        meta = cluster_metadata(pipeline.kafka.librdkafka_config(), pipeline.kafka.request_timeout_s)
+        from stream_app.job import check_input_topics
+
+        check_input_topics(pipeline.stream, meta.topics)  # a missing input topic: one line, before Spark starts
         spark = spark_session(settings, _jars(), _s3a_jars(pipeline.stream.checkpoint_location))
         StreamJob(pipeline.stream, pipeline.kafka, spark, base_dir=config.parent).run(available_now)
     except ThreesError as exc:

@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -184,12 +184,7 @@ class StreamJob:
         problems = []
         for i, snap in enumerate(cfg.snapshots):
             for topic in snap.topics:
-                self._require_topic(
-                    topic,
-                    f"the snapshot topic {topic!r} (stream.snapshots[{i}].topics) does not exist",
-                    "start its source first (`threes source run` creates its compacted topic), or run the whole "
-                    "pipeline with `threes run`, which starts the job once the sources took their first snapshot",
-                )
+                self._require_topic(topic, missing_topic_error(cfg, topic))
                 policy = topic_configs(conf, topic).get("cleanup.policy", "")
                 if "compact" not in policy.split(","):
                     problems.append(
@@ -200,12 +195,7 @@ class StreamJob:
                     )
         if problems:
             raise ConfigError(problems)
-        partitions = len(self._require_topic(
-            cfg.events.topic,
-            f"the events topic {cfg.events.topic!r} (stream.events.topic) does not exist",
-            "start its producer first (`threes replay` creates it), create it, or run the pipeline with "
-            "`threes run`, which creates it from stream.events.topic_spec",
-        ))
+        partitions = len(self._require_topic(cfg.events.topic, missing_topic_error(cfg, cfg.events.topic)))
         from confluent_kafka.admin import NewTopic
 
         admin = clients.kafka_admin(self.kafka)
@@ -223,8 +213,8 @@ class StreamJob:
         for update in cfg.updates:  # latest update per key is all a sink needs: compacted
             ensure_compacted_topic(conf, update.topic, partitions=partitions)
 
-    def _require_topic(self, topic: str, missing: str, hint: str) -> list[int]:
-        """The partitions of ``topic``; a missing topic is a :class:`SetupError` saying which and what to do."""
+    def _require_topic(self, topic: str, missing: SetupError) -> list[int]:
+        """The partitions of ``topic``; a missing topic raises ``missing`` (which says what to do)."""
         assert self._watermarks is not None
         try:
             return self._watermarks.partitions(topic)
@@ -467,6 +457,45 @@ class StreamJob:
                 restore_jvm()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
+
+
+def missing_topic_error(config: StreamJobConfig, topic: str) -> SetupError:
+    """The error for an input topic of the job (its events topic or a snapshot topic) that does not exist.
+
+    It names the topic and its key in the config, and says what creates it: the events'
+    producer (or ``threes run``, from ``stream.events.topic_spec``), or the snapshot's source.
+    """
+    if topic == config.events.topic:
+        return SetupError(
+            f"the events topic {topic!r} (stream.events.topic) does not exist",
+            "start its producer first (`threes replay` creates it), create it, or run the pipeline with "
+            "`threes run`, which creates it from stream.events.topic_spec",
+        )
+    where = next((f"stream.snapshots[{i}].topics" for i, s in enumerate(config.snapshots) if topic in s.topics),
+                 "stream")
+    return SetupError(
+        f"the snapshot topic {topic!r} ({where}) does not exist",
+        "start its source first (`threes source run` creates its compacted topic), or run the whole pipeline "
+        "with `threes run`, which starts the job once the sources took their first snapshot",
+    )
+
+
+def check_input_topics(config: StreamJobConfig, existing: Collection[str]) -> None:
+    """Fail before Spark starts when an input topic is missing (the job checks again when it starts).
+
+    Args:
+        config: the ``stream:`` section.
+        existing: the names of the topics Kafka has (``cluster_metadata(...).topics``).
+
+    Raises:
+        SetupError: the first missing snapshot topic, else the missing events topic (:func:`missing_topic_error`).
+    """
+    for snap in config.snapshots:
+        for topic in snap.topics:
+            if topic not in existing:
+                raise missing_topic_error(config, topic)
+    if config.events.topic not in existing:
+        raise missing_topic_error(config, config.events.topic)
 
 
 def _jvm_ignores_sigterm(spark: Any) -> Callable[[], None]:
