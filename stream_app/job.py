@@ -221,7 +221,7 @@ class StreamJob:
         except SetupError as exc:
             if "does not exist" not in str(exc):
                 raise
-            raise SetupError(missing, hint) from None
+            raise missing from None
 
     def _read_stream(self, topic: str, starting: str) -> Any:
         reader = self.spark.readStream.format("kafka")
