@@ -83,7 +83,9 @@ def test_source_stream_job_and_sync_service_over_sasl_ssl(
             "('LAX', 'Los Angeles Intl', 33.94, -118.41, 125, -8, 'A', NULL)"
         ))
     env = Env(secure_kafka, secure_kafka.librdkafka_config(), unique, tmp_path)  # its topics made over SASL_SSL
-    connections = {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}}
+    # PostgreSQL over TLS too, its certificate verified against the stack's CA (host name included)
+    url = f"{pg.url}?sslmode=verify-full&sslrootcert={endpoints.tls_ca_location}"
+    connections = {"pg": {"type": "rds", "url": url, "password": pg.password.get_secret_value()}}
     kafka = secure_dict(endpoints, scram_user)
 
     # source: PostgreSQL -> the compacted state topic, through the SASL_SSL listener
