@@ -251,8 +251,14 @@ class Kafka(Service):
         works on a data dir formatted before the SASL_SSL listener existed.
 
         Raises:
-            LocalStackError: If the broker does not answer or refuses the credential.
+            LocalStackError: If the broker does not answer or refuses the credential, or
+                runs with a configuration written before the SASL_SSL listener existed.
         """
+        if self.properties.exists() and "SASL_SSL://" not in self.properties.read_text():
+            raise LocalStackError(
+                "the running Kafka was started without the SASL_SSL listener (by an older threes); restart it: "
+                "threes local down --service kafka && threes local up --service kafka"
+            )
         wait_until(
             lambda: upsert_scram_user(f"{HOST}:{KAFKA_PORT}", SASL_USERNAME, SASL_PASSWORD),
             timeout=self.health_timeout,

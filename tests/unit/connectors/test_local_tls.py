@@ -71,3 +71,16 @@ def test_endpoints_export_the_sasl_listener_and_the_ca(monkeypatch, tmp_path):
     # an external broker has no SASL_SSL address unless one is given
     external = Endpoints.from_env(environ={"THREES_KAFKA_BOOTSTRAP": "kafka:9092"}, home=tmp_path)
     assert external.kafka_sasl_bootstrap == "" and "THREES_KAFKA_SASL_BOOTSTRAP" not in external.as_env()
+
+
+def test_a_broker_started_before_the_sasl_listener_existed_is_named_with_the_fix(tmp_path):
+    import pytest
+
+    from connectors.local.common import LocalStackError
+    from connectors.local.kafka import Kafka
+
+    kafka = Kafka(Layout(tmp_path))
+    kafka.dir.mkdir(parents=True)
+    kafka.properties.write_text(server_properties(tmp_path / "data"))  # no keystore: PLAINTEXT only
+    with pytest.raises(LocalStackError, match="restart it: threes local down --service kafka"):
+        kafka.bootstrap()
