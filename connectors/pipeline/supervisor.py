@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -35,6 +36,10 @@ from connectors.pipeline.probes import Flow, KafkaProbe, scrape, source_cycles, 
 from connectors.pipeline.processes import Child, signal_group, spawn
 
 log = logging.getLogger(__name__)
+
+
+CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
+"""Exit codes of a stopped child that count as a clean stop (systemd's default success statuses)."""
 
 
 def free_port() -> int:
@@ -176,9 +181,35 @@ class Supervisor:
                 stop.wait(0.5)
         finally:
             clean = self.shutdown(force)
-            if self._probe is not None:
-                self._probe.close()
+            self.close()
         return 0 if clean else 1
+
+    def start(self, ready: Callable[[], bool] | None = None, every_s: float = 1.0) -> None:
+        """Tick until every part is ready, for a caller that drives the ticks itself (``threes demo``).
+
+        Args:
+            ready: an extra condition to wait for as well (``None``: none).
+            every_s: seconds between ticks.
+
+        Raises:
+            FatalError, SetupError: as :meth:`run`; the children keep running (call :meth:`shutdown`).
+        """
+        while True:
+            self.tick()
+            self.on_update(self)
+            if all(p.status == "ready" for p in self.parts) and (ready is None or ready()):
+                return
+            time.sleep(every_s)
+
+    def pids(self) -> dict[str, int]:
+        """Part name -> pid of its current process (parts started so far)."""
+        return {p.name: p.child.pid for p in self.parts if p.child is not None}
+
+    def close(self) -> None:
+        """Close the Kafka clients (after :meth:`shutdown`)."""
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
 
     def tick(self) -> None:
         """One round of supervision (see the module docstring)."""
@@ -239,14 +270,14 @@ class Supervisor:
             timeout = state.part.stop_timeout_s
             state.set("stopping", f"SIGTERM sent; up to {timeout:.0f} s for its clean stop")
             self.on_update(self)
-            signal_group(child.pid, 15)
+            signal_group(child.pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout
             while child.alive() and time.monotonic() < deadline and not force.is_set():
                 self.on_update(self)
                 time.sleep(0.25)
             if child.alive():
                 self._note(f"{state.name} did not stop in time: killing its process group")
-                signal_group(child.pid, 9)
+                signal_group(child.pid, signal.SIGKILL)
                 try:
                     child.process.wait(10)
                 except Exception:  # noqa: BLE001 - a process that survives SIGKILL is reported, not raised
@@ -257,9 +288,10 @@ class Supervisor:
             else:
                 state.exit_code = child.returncode()
                 state.set("stopped", f"exit code {state.exit_code}")
-                clean = clean and state.exit_code == 0
+                # like systemd: death by the SIGTERM sent (a child still starting, before its handler) is clean
+                clean = clean and state.exit_code in CLEAN_EXITS
                 self._note(f"{state.name} stopped (exit code {state.exit_code})")
-            signal_group(child.pid, 15)  # what its group still holds (the Spark JVM, briefly)
+            signal_group(child.pid, signal.SIGTERM)  # what its group still holds (the Spark JVM, briefly)
             child.close_log()
         self.phase = "stopped"
         self.on_update(self)
@@ -371,7 +403,8 @@ class Supervisor:
         state.set("restarting", f"exit code {code}; restart {state.restarts} in {delay:.0f} s")
         self._note(f"{state.name} exited with code {code} after {up_s:.0f} s; restarting in {delay:.0f} s "
                    f"(log: {child.log_path})")
-        log.warning("run: %s; the end of its log:\n%s", what, child.tail())
+        tail = child.tail()
+        log.warning("run: %s%s", what, f"; the end of its log:\n{tail}" if tail else " (its log is empty)")
 
     def _check_timeout(self, state: PartState, what: str) -> None:
         limit = self.options.start_timeout_s

@@ -97,3 +97,37 @@ def test_run_only_sync_waits_for_its_topics_and_stops_cleanly(tmp_path: Path, en
     assert not (tmp_path / "logs" / "sync.log").exists()  # never started: nothing to wait for was there
     assert "Traceback" not in rest
     assert "[run] stopped: sync stopped (not started)" in rest
+
+
+def test_run_restarts_a_part_that_dies_after_it_was_ready(tmp_path: Path, endpoints: Any, unique: str,
+                                                          kafka_conf: dict[str, Any]) -> None:
+    import re
+
+    from connectors.topics import ensure_compacted_topic
+
+    ensure_compacted_topic(kafka_conf, f"updates.{unique}", partitions=1)  # as the stream job would
+    config = write_config(tmp_path, endpoints, unique, f"things.{unique}")
+    process = subprocess.Popen(  # noqa: S603
+        [THREES, "run", str(config), "--only", "sync", "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=os.environ.copy(),
+    )
+    lines: list[str] = []
+    pids: list[int] = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line.rstrip("\n"))
+        started = re.match(r"\[run\] started sync \(pid (\d+)\)", line)
+        if started:
+            pids.append(int(started.group(1)))
+            if len(pids) == 1:
+                os.kill(pids[0], signal.SIGKILL)  # the sync process dies (an OOM kill, say)
+            else:
+                break
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    rest, _ = process.communicate(timeout=90)
+    text = "\n".join(lines) + "\n" + rest
+    assert len(pids) == 2 and pids[0] != pids[1], text
+    assert re.search(r"\[run\] sync exited with code -9 after \d+ s; restarting in 1 s", text), text
+    assert process.returncode == 0, text
+    assert "Traceback" not in text
