@@ -183,6 +183,14 @@ class SourceTask(ABC):
         """
         return iter(())
 
+    def records_behind(self) -> int | None:
+        """Records the system holds past this task's position (for ``threes status``); ``None`` when unknown.
+
+        Called from another thread than :meth:`poll` (the status endpoint), at
+        most every few seconds: it must be a cheap read that changes nothing.
+        """
+        return None
+
     def reconciles(self) -> bool:
         """Whether this task takes part in reconciliation (one task may do it for all of its connector)."""
         return True

@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
@@ -43,19 +44,45 @@ def _iso_ms(ms: int | None) -> str | None:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_BEHIND_TTL_S = 10.0
+_behind_cache: dict[int, tuple[float, int | None]] = {}
+
+
+def records_behind(task: Any) -> int | None:
+    """``task.records_behind()`` (rows the system holds past the task's read position), asked at most every 10 s."""
+    ask = getattr(task, "records_behind", None)
+    if ask is None:
+        return None
+    now = time.monotonic()
+    cached = _behind_cache.get(id(task))
+    if cached is not None and now - cached[0] < _BEHIND_TTL_S:
+        return cached[1]
+    try:
+        value = ask()
+    except Exception as exc:  # noqa: BLE001 - a status read never fails
+        log.debug("records behind unknown: %s", exc)
+        value = None
+    _behind_cache[id(task)] = (now, value)
+    return value
+
+
 def source_entries(worker: Any) -> list[dict[str, Any]]:
     """The source tasks of a live :class:`~connectors.runtime.standalone.SourceWorker`, for its ``/status``.
 
-    ``records_behind`` is the records the task read and handed to the producer
-    that the broker has not acknowledged yet (produced - acknowledged): what a
-    crash now would read again.
+    ``records_behind`` is what the system holds past the task's read position
+    (rows after the cursor of an RDS source; ``null`` where a connector cannot
+    tell cheaply); ``in_flight`` the records produced and not yet acknowledged
+    by the broker (what a crash now would read again).
     """
     restarts = worker.restarts()
     out = []
     for key, s in sorted(worker.stats().items()):
+        runner = worker.runners.get(key)
         out.append({
             "connector": key.split("#", 1)[0], "task": key, "state": s.state, "position": s.position,
-            "position_updated_at": None, "records_behind": max(0, s.produced - s.acked), "rows_read": s.rows_read,
+            "position_updated_at": None,
+            "records_behind": records_behind(getattr(runner, "task", None)) if s.state != "failed" else None,
+            "in_flight": max(0, s.produced - s.acked), "rows_read": s.rows_read,
             "acked": s.acked, "restarts": restarts.get(key, 0), "last_error": s.error,
         })
     return out

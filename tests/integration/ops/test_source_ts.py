@@ -40,3 +40,30 @@ def test_every_state_record_carries_its_source_timestamp(
     consumer.close()
     assert len(stamps) == 50
     assert all(s is not None and before <= s <= after for s in stamps), stamps[:3]
+
+
+def test_a_live_source_reports_its_state_position_and_records_behind(
+    kafka: KafkaConfig, pg: RdsConnection, pg_engine: Any, unique: str,
+) -> None:
+    from connectors.runtime.standalone import SourceWorker, task_specs
+    from connectors.status.document import source_document
+    from tests.integration.sync.helpers import wait_until
+
+    table = f"behind_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, v text, "
+                       "ts timestamptz NOT NULL DEFAULT clock_timestamp())"))
+        c.execute(text(f"INSERT INTO {table} (id, v) SELECT g, 'v' || g FROM generate_series(1, 40) g"))
+    # an hour of commit delay: the rows are too young to read, so all 40 are behind the cursor
+    p = source_pipeline(kafka, pg, name=f"behind-{unique}", topic=f"state.behind.{unique}", table=table,
+                        mode="timestamp", timestamp_column="ts", commit_delay_s=3600, poll_interval_s=0.5)
+    worker = SourceWorker(p, offsets_topic=f"_offsets.{unique}")
+    (spec,) = task_specs(p.sources)
+    worker.start(spec)
+    try:
+        wait_until(lambda: worker.stats()[spec.key].state == "caught_up", 60, "the source caught up")
+        (entry,) = source_document(worker)["sources"]
+        assert entry["task"] == spec.key and entry["state"] in ("caught_up", "running")
+        assert entry["records_behind"] == 40 and entry["position"] is None and entry["restarts"] == 0
+    finally:
+        worker.stop()
