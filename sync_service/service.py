@@ -6,7 +6,10 @@ One thread owns the consumer (poll, pause, resume, commit); worker threads
 1. ``consume()`` up to 1,000 messages and buffer them per (sink, topic, partition);
 2. take the outcomes of finished writes: a durable batch advances the commit
    position, a backpressured one waits ``retry_after`` seconds, a failed one
-   stops the service;
+   fails its sink's task: the sink's partitions pause and it is closed and
+   opened again after an exponential backoff (``errors.restart_backoff_s``),
+   then writes the failed batch first (Kafka Connect restarts a failed task;
+   the other sinks go on, and nothing is committed past the failed batch);
 3. cut the batches that are due (records, bytes or age) and hand them to the
    sink's pool while the sink has fewer batches in flight than its adaptive
    concurrency limit (:mod:`sync_service.concurrency`);
@@ -240,10 +243,12 @@ class SyncService:
     def run(self, stop: threading.Event | None = None) -> None:
         """Open (if needed) and run until :meth:`stop` or ``stop`` is set, then shut down cleanly.
 
+        A failed sink does not end the loop: it is restarted with backoff (see the
+        module docstring); :class:`~sync_service.supervisor.ServiceSupervisor`
+        restarts the whole service when something else fails.
+
         Raises:
-            FatalError: a sink failed for good (transient errors past the retry
-                policy, a fatal target error, or a bad record with ``stop_on_error``);
-                what was durable was committed first.
+            SetupError: Kafka cannot be reached, or a fatal consumer error.
         """
         if self.consumer is None:
             self.open()
