@@ -56,7 +56,7 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, NoSuchTableError, Ope
 
 from connectors import clients
 from connectors.config.models import RdsConnection
-from connectors.exceptions import ConfigError, FatalError, RetriableError
+from connectors.exceptions import ConfigError, FatalError, RetriableError, SetupError
 from connectors.rds.config import RdsSourceConfig
 from connectors.rds.reading import (
     BATCHES_PER_QUERY,
@@ -171,6 +171,8 @@ class RdsSource(SourceTask):
             self._cdc.open(position)
         else:
             self._open_cursor(position)
+            if self.ts_col is not None and cfg.mode != "incrementing":
+                self._check_activity_visible()
         log.info(
             "source=%s %s mode=%s key=%s fields=%d",
             cfg.name,
@@ -239,6 +241,44 @@ class RdsSource(SourceTask):
         }
         columns = [sub.c[c] for c in col_names]
         self._finish_open(columns, converters_for_schema(schema), {c: sub.c[c] for c in col_names})
+
+    def _check_activity_visible(self) -> None:
+        """Refuse a watermark that would silently miss other roles' open transactions (PostgreSQL).
+
+        ``pg_stat_activity`` shows another role's ``xact_start`` and
+        ``backend_xid`` only to a superuser or a member of ``pg_read_all_stats``;
+        for anyone else those rows read as idle, and the commit-safe bound of
+        ``hold_for_transactions: writers``/``all`` quietly becomes the
+        ``commit_delay_s`` bound alone (rows of a writer that stays open longer
+        are then skipped for good). Refused rather than warned: the loss is
+        silent and one ``GRANT`` fixes it; ``hold_for_transactions: none``
+        states that the delay alone is acceptable.
+
+        Raises:
+            SetupError: the connector's role cannot see other roles' transactions.
+            RetriableError: the database cannot be reached.
+        """
+        cfg = self.config
+        if self.dialect != "postgresql" or cfg.hold_for_transactions == "none":
+            return
+        try:
+            with self.engine.connect() as conn:
+                role, sees_all = conn.execute(
+                    text(
+                        "SELECT current_user, rolsuper OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') "
+                        "FROM pg_roles WHERE rolname = current_user"
+                    )
+                ).one()
+        except DBAPIError as exc:
+            raise RetriableError(f"source {cfg.name!r}: cannot read the role's privileges: {_reason(exc)}") from exc
+        if not sees_all:
+            raise SetupError(
+                f"source {cfg.name!r}: role {role!r} cannot see other roles' open transactions in pg_stat_activity, "
+                f"so hold_for_transactions: {cfg.hold_for_transactions} would silently fall back to commit_delay_s "
+                f"alone and skip rows of longer transactions",
+                hint=f'GRANT pg_read_all_stats TO "{role}", or set hold_for_transactions: none to accept the '
+                "delay-only bound",
+            )
 
     def _require_columns(self, names: list[str]) -> None:
         cfg = self.config

@@ -145,3 +145,22 @@ def test_interleaved_transactions_arrive_in_commit_order_with_lsn_versions(
     # a third run with nothing new adds nothing (the slot resumes after the last acknowledged commit)
     run_once(pipeline)
     assert len(changes(kafka_conf, cdc_names["topic"])) == len(snap) + len(got)
+
+
+def test_a_table_whose_deletes_carry_no_key_is_refused_in_one_line(
+    pg: Any, pg_engine: Any, kafka: Any, cdc_names: dict[str, str]
+) -> None:
+    from connectors.rds.source import RdsSource
+
+    t = cdc_names["table"]
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)"))
+        c.execute(text(f"ALTER TABLE {t} REPLICA IDENTITY NOTHING"))
+    pipeline = _pipeline(kafka, pg, cdc_names)
+    task = RdsSource(pipeline.sources[0], pipeline.connections["pg"], kafka=kafka)
+    try:
+        with pytest.raises(SetupError) as err:
+            task.open(None)
+    finally:
+        task.close()
+    assert "REPLICA IDENTITY FULL" in str(err.value) and "\n" not in str(err.value)
