@@ -1,4 +1,9 @@
-"""Two worker processes share the tasks of one config through Kafka's consumer group protocol."""
+"""Two worker processes share the tasks of one config through Kafka's consumer group protocol.
+
+The topics must end up holding every row of the tables, keys and values, not
+just as many records: a task that moved between workers must neither skip nor
+mangle rows.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,10 @@ from typing import Any
 
 from sqlalchemy import text
 
+from connectors.runtime.committed import latest_per_key
 from connectors.topics import end_offsets
+from schemas.serde import AvroDeserializer
+from schemas.store import SchemaStore
 from tests.conftest import ROOT
 
 _ASSIGNED = re.compile(r"group=\S+ assigned tasks=(\[.*?\])")
@@ -42,7 +50,7 @@ def test_two_workers_share_and_take_over_tasks(tmp_path: Path, pg_engine: Any, p
     with pg_engine.begin() as c:
         for t in tables:
             c.execute(text(f"CREATE TABLE {t} (id serial PRIMARY KEY, v text)"))
-            c.execute(text(f"INSERT INTO {t} (v) SELECT 'v' FROM generate_series(1, 10)"))
+            c.execute(text(f"INSERT INTO {t} (v) SELECT md5(random()::text) FROM generate_series(1, 10)"))
     sources = "".join(
         f"  - name: {n}\n    type: rds_source\n    connection: pg\n    topic: {tp}\n    table: {t}\n"
         f"    mode: incrementing\n    incrementing_column: id\n    poll_interval_s: 0.3\n"
@@ -61,7 +69,8 @@ def test_two_workers_share_and_take_over_tasks(tmp_path: Path, pg_engine: Any, p
     def insert(n: int) -> None:
         with pg_engine.begin() as c:
             for t in tables:
-                c.execute(text(f"INSERT INTO {t} (v) SELECT 'w' FROM generate_series(1, :n)"), {"n": n})
+                c.execute(text(f"INSERT INTO {t} (v) SELECT md5(random()::text) FROM generate_series(1, :n)"),
+                          {"n": n})
 
     procs: list[subprocess.Popen] = []
     try:
@@ -85,6 +94,13 @@ def test_two_workers_share_and_take_over_tasks(tmp_path: Path, pg_engine: Any, p
         insert(5)
         _wait(lambda: rows_in(0) >= 20 and rows_in(1) >= 20, "worker A to copy rows of both tables")
 
+        # not only how many: every row of both tables, key by key and value by value, as the table holds it
+        for t, tp in zip(tables, topics, strict=True):
+            with pg_engine.connect() as c:
+                expected = {i: v for i, v in c.execute(text(f"SELECT id, v FROM {t}"))}
+            _wait(lambda t=t, tp=tp, expected=expected: _topic_rows(kafka_conf, tp) == expected,
+                  f"topic {tp} to hold exactly the rows of {t}")
+
         procs[0].send_signal(signal.SIGTERM)
         assert procs[0].wait(60) == 0, logs[0].read_text()[-3000:]
     finally:
@@ -92,6 +108,15 @@ def test_two_workers_share_and_take_over_tasks(tmp_path: Path, pg_engine: Any, p
             if p.poll() is None:
                 p.kill()
                 p.wait(30)
+
+
+def _topic_rows(kafka_conf: Any, topic: str) -> dict[int, str]:
+    """The latest value per key of a state topic (read_committed), decoded: ``{id: v}``."""
+    de = AvroDeserializer(SchemaStore(kafka_conf))
+    rows: dict[int, str] = {}
+    for key, value in latest_per_key(kafka_conf, topic).items():
+        rows[de(key)["id"]] = de(value)["v"]
+    return rows
 
 
 def _exists(kafka_conf: Any, topic: str) -> bool:
