@@ -141,3 +141,94 @@ def test_postgres_outage_source_and_sink_recover_by_themselves(
         stop.set()
         worker.stop()
         sync_thread.join(60)
+
+
+def test_elasticsearch_outage_source_and_sink_recover_by_themselves(
+    kafka: KafkaConfig, kafka_conf: dict[str, Any], es_conn: Any, es: Any, unique: str,
+) -> None:
+    src_index, state_topic = f"drill-src-{unique}", f"state.esdrill.{unique}"
+    sink_index, update_topic = f"drill-{unique}", f"updates.esdrill.{unique}"
+    es.indices.create(index=src_index, mappings={"properties": {"n": {"type": "long"}}})
+    for i in range(50):
+        es.index(index=src_index, id=f"d{i}", document={"n": i})
+    es.indices.refresh(index=src_index)
+    create_topic(kafka_conf, update_topic, 2)
+    port = free_port()
+    p = pipeline_from_dict({
+        "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+        "connections": {"es": {"type": "elasticsearch", "hosts": es_conn.hosts, "request_timeout_s": 5}},
+        "sources": [{"name": f"esdrill-{unique}", "type": "elasticsearch_source", "connection": "es",
+                     "topic": state_topic, "index": src_index, "mode": "snapshot", "snapshot_interval_s": 1,
+                     "poll_interval_s": 0.5, "errors": ERRORS}],
+        "sync": [{"name": f"esdrill-{unique}", "dead_letter_topic": f"dlq.{unique}", "metrics_port": port,
+                  "batch": {"max_records": 50, "max_age_ms": 200},
+                  "retry": {"initial_backoff_s": 0.2, "max_backoff_s": 1},
+                  "sinks": [{"name": "search", "type": "elasticsearch_sink", "connection": "es",
+                             "topics": [update_topic], "index": sink_index, "errors": ERRORS}]}],
+    })
+    worker = SourceWorker(p, offsets_topic=f"_offsets.{unique}")
+    (spec,) = task_specs(p.sources)
+    stop = threading.Event()
+    worker.start(spec)
+    sup = ServiceSupervisor(p.kafka, p.sync[0], dict(p.connections), serve_addr="127.0.0.1")
+    sync_thread = threading.Thread(target=sup.run, args=(stop,), daemon=True)
+    sync_thread.start()
+    producer = UpdateProducer(kafka, update_topic)
+    group = p.sync[0].consumer_group()
+    es_down = False
+
+    def sink_count() -> int:
+        es.indices.refresh(index=sink_index)
+        return int(es.count(index=sink_index)["count"])
+
+    try:
+        for key in range(100):
+            producer.send(key, 1)
+        producer.flush()
+        wait_until(lambda: es.indices.exists(index=sink_index) and sink_count() == 100, 60, "the first 100 docs")
+        wait_until(lambda: len(topic_state(kafka_conf, state_topic)) == 50, 60, "the first 50 source docs")
+
+        _log_restart("threes local down --service elasticsearch, then up")
+        _threes("local", "down", "--service", "elasticsearch")
+        es_down = True
+        began = time.monotonic()
+        for key in range(100, 200):
+            producer.send(key, 2)
+        producer.flush()
+        seen_sink, seen_source = set(), set()
+        while time.monotonic() - began < OUTAGE_S:
+            status = get_json(f"http://127.0.0.1:{port}/status.json")["sync"][0]
+            seen_sink.add(status["sinks"][0]["state"])
+            seen_source.add(worker.stats()[spec.key].state)
+            time.sleep(1)
+        _threes("local", "up", "--service", "elasticsearch")
+        es_down = False
+
+        for i in range(50, 80):  # the source system takes writes again: new documents are read too
+            es.index(index=src_index, id=f"d{i}", document={"n": i})
+        es.indices.refresh(index=src_index)
+        wait_until(lambda: group_lag(kafka_conf, group, update_topic) == 0, 180, "the sync group's lag to drain")
+        assert sink_count() == 200
+        docs = es.mget(index=sink_index, ids=["150", "50"])["docs"]
+        assert [d["_version"] for d in docs] == [2, 1]  # external versions: the updates as sent
+
+        def all_docs() -> dict[Any, Any] | None:
+            s = topic_state(kafka_conf, state_topic)
+            return s if len(s) == 80 else None
+
+        state = wait_until(all_docs, 120, "every source document in the state topic")
+        assert sorted(k[0] for k in state) == sorted(f"d{i}" for i in range(80))
+        assert worker.restarts()[spec.key] > 0, seen_source
+        status = wait_until(
+            lambda: (s := get_json(f"http://127.0.0.1:{port}/status.json")["sync"][0])["state"] == "running" and s,
+            60, "the sync service running again")
+        assert {"restarting", "recovering"} & seen_sink, seen_sink
+        assert status["sinks"][0]["restarts"] > 0 and status["dead_letters"] == 0
+        print(f"elasticsearch outage {OUTAGE_S:g} s: source restarts={worker.restarts()[spec.key]} "
+              f"states={sorted(seen_source)}; sink restarts={status['sinks'][0]['restarts']} states={sorted(seen_sink)}")
+    finally:
+        if es_down:
+            _threes("local", "up", "--service", "elasticsearch")
+        stop.set()
+        worker.stop()
+        sync_thread.join(60)
