@@ -2,7 +2,8 @@
 
 One place reads config files: it keeps every key's line number, resolves
 ``${env:NAME}`` (``${env:NAME:-default}`` for a default, as in docker compose)
-and ``${file:path}`` (relative to the config file) references, validates the document with
+and ``${file:path}`` (relative to the config file; only under its folder, ``/run/secrets``
+or a directory of ``THREES_FILE_REF_DIRS``) references, validates the document with
 the pipeline model, and reports **every** problem at once as
 ``file:line: path: message`` (like ``pipeline.yaml:14: sources[1].table: Field required``).
 Values are never echoed in errors, so a secret cannot leak through one.
@@ -112,6 +113,26 @@ def _compose(text: str, file: str | None) -> tuple[Any, dict[Path_, int]]:
     return data, lines
 
 
+FILE_REF_DIRS_VARIABLE = "THREES_FILE_REF_DIRS"
+"""Environment variable: more directories ``${file:...}`` may read under (``os.pathsep``-separated)."""
+DEFAULT_FILE_REF_DIRS = ("/run/secrets", "/var/run/secrets")
+"""Where Docker and Kubernetes mount secrets: always readable by ``${file:...}``."""
+
+
+def file_ref_roots(base_dir: Path, environ: Mapping[str, str]) -> list[Path]:
+    """The directories ``${file:...}`` may read under: the config's folder and the allowed ones.
+
+    Args:
+        base_dir: the config file's folder.
+        environ: the environment, for ``THREES_FILE_REF_DIRS``.
+
+    Returns:
+        Resolved absolute paths.
+    """
+    extra = [d for d in environ.get(FILE_REF_DIRS_VARIABLE, "").split(os.pathsep) if d.strip()]
+    return [Path(d).expanduser().resolve() for d in [str(base_dir), *DEFAULT_FILE_REF_DIRS, *extra]]
+
+
 def _resolve(
     data: Any, path: Path_, base_dir: Path, environ: Mapping[str, str], problems: list[tuple[Path_, str]]
 ) -> Any:
@@ -138,6 +159,12 @@ def _resolve(
         file_path = Path(ref).expanduser()
         if not file_path.is_absolute():
             file_path = base_dir / file_path
+        roots = file_ref_roots(base_dir, environ)
+        real = file_path.resolve()  # symbolic links and .. resolved: where the read really goes
+        if not any(real.is_relative_to(root) for root in roots):
+            problems.append((path, f"${{file:{ref}}} is outside the config's folder and the allowed directories "
+                                   f"({FILE_REF_DIRS_VARIABLE}, {', '.join(DEFAULT_FILE_REF_DIRS)}): not read"))
+            return ""
         try:
             return file_path.read_text().rstrip("\r\n")
         except OSError as exc:

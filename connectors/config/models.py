@@ -15,8 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=200)]
 TopicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$", max_length=249)]
 
-_SECRET_WORDS = ("password", "secret", "token", "key.pem", "sasl.jaas")
-
 
 class StrictModel(BaseModel):
     """Base of every config model: unknown keys are errors."""
@@ -27,9 +25,12 @@ class StrictModel(BaseModel):
 class KafkaConfig(StrictModel):
     """How every part reaches Kafka.
 
-    ``client_config`` passes any other librdkafka property through
-    (https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md);
-    secrets belong in the typed fields, which are masked.
+    ``client_config`` passes other librdkafka properties through
+    (https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md), from an
+    allow-list of known-safe ones (:mod:`connectors.config.safety`): a property that
+    loads code or files, runs a command, turns verification off or overrides a typed
+    setting is a validation error naming it and why. Secrets belong in the typed
+    fields, which are masked.
     """
 
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers")
@@ -38,7 +39,11 @@ class KafkaConfig(StrictModel):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_ca_location: str | None = None
-    client_config: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    client_config: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="other librdkafka properties, from an allow-list of known-safe ones (tuning: linger.ms, "
+        "client.id, fetch sizes...); security and connection settings come from the typed fields only",
+    )
     schema_topic: TopicName = Field(
         "_threes_schemas",
         description="compacted topic holding Avro writer schemas keyed by fingerprint",
@@ -59,12 +64,12 @@ class KafkaConfig(StrictModel):
 
     @field_validator("client_config")
     @classmethod
-    def _no_secrets_in_passthrough(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
-            if any(word in key.lower() for word in _SECRET_WORDS):
-                raise ValueError(
-                    f"'{key}' looks like a secret: use sasl_password (masked) instead of client_config"
-                )
+    def _allow_listed_passthrough(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from connectors.config.safety import kafka_client_config_problems
+
+        problems = kafka_client_config_problems(value)
+        if problems:
+            raise ValueError("; ".join(f"'{key}' refused: {why}" for key, why in problems))
         return value
 
     def librdkafka_config(self) -> dict[str, Any]:
@@ -92,8 +97,12 @@ class KafkaConfig(StrictModel):
 class RdsConnection(StrictModel):
     """A relational database reached through SQLAlchemy (PostgreSQL, MySQL/MariaDB, SQLite).
 
-    A password written inside ``url`` is moved to ``password`` at load time, so
-    the URL can be printed safely.
+    A password written inside ``url`` (``user:PW@host`` or ``?password=PW``) is
+    moved to ``password`` at load time, so the URL can be printed safely. The
+    URL's query options are an allow-list per driver
+    (:func:`connectors.config.safety.url_query_problems`): ``passfile``,
+    ``sslkey``, ``options``, MySQL's ``local_infile`` or ``read_default_file``
+    and any unknown option are validation errors.
     """
 
     type: Literal["rds"]
@@ -111,10 +120,21 @@ class RdsConnection(StrictModel):
             parsed = make_url(self.url)
         except ArgumentError as exc:
             raise ValueError("url is not a valid SQLAlchemy URL (dialect+driver://user@host:port/db)") from exc
-        if parsed.password is not None:
+        query = dict(parsed.query)
+        in_query = query.pop("password", None)
+        if in_query is not None:
+            in_query = in_query[-1] if isinstance(in_query, tuple) else in_query
+        secret = parsed.password if parsed.password is not None else in_query
+        if secret is not None or in_query is not None:
             if self.password is None:
-                self.password = SecretStr(str(parsed.password))
-            self.url = parsed._replace(password=None).render_as_string(hide_password=False)
+                self.password = SecretStr(str(secret))
+            parsed = parsed._replace(password=None).set(query=query)
+            self.url = parsed.render_as_string(hide_password=False)
+        from connectors.config.safety import url_query_problems
+
+        problems = url_query_problems(parsed.get_backend_name(), query)
+        if problems:
+            raise ValueError("; ".join(f"url option '{key}' refused: {why}" for key, why in problems))
         return self
 
     def sqlalchemy_url(self) -> Any:
@@ -128,7 +148,13 @@ class RdsConnection(StrictModel):
 
 
 class ElasticsearchConnection(StrictModel):
-    """An Elasticsearch cluster (client major version = server major version, 9.x)."""
+    """An Elasticsearch cluster (client major version = server major version, 9.x).
+
+    Credentials written in a host (``https://user:PW@host:9200``) are moved to
+    ``username``/``password`` at load time, so hosts can be printed safely.
+    ``verify_certs: false`` is refused unless ``accept_unverified_certificates:
+    true`` says the risk is accepted.
+    """
 
     type: Literal["elasticsearch"]
     hosts: list[str] = Field(min_length=1, description="e.g. [http://127.0.0.1:9200]")
@@ -136,8 +162,39 @@ class ElasticsearchConnection(StrictModel):
     password: SecretStr | None = None
     api_key: SecretStr | None = None
     verify_certs: bool = True
+    accept_unverified_certificates: bool = Field(
+        False,
+        description="needed with verify_certs: false, which lets anyone on the path read and change the traffic",
+    )
     ca_certs: str | None = None
     request_timeout_s: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _credentials_out_of_hosts(self) -> ElasticsearchConnection:
+        from urllib.parse import unquote, urlsplit, urlunsplit
+
+        hosts = []
+        for host in self.hosts:
+            parts = urlsplit(host if "://" in host else f"http://{host}")
+            if parts.username is not None or parts.password is not None:
+                if parts.username and self.username is None:
+                    self.username = unquote(parts.username)
+                if parts.password is not None and self.password is None:
+                    self.password = SecretStr(unquote(parts.password))
+                netloc = parts.hostname or ""
+                if ":" in netloc:
+                    netloc = f"[{netloc}]"
+                if parts.port is not None:
+                    netloc += f":{parts.port}"
+                host = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+            hosts.append(host)
+        self.hosts = hosts
+        if not self.verify_certs and not self.accept_unverified_certificates:
+            raise ValueError(
+                "verify_certs: false turns certificate verification off (anyone on the path can read and change "
+                "the traffic): set accept_unverified_certificates: true to accept that, or give ca_certs"
+            )
+        return self
 
 
 class S3Connection(StrictModel):

@@ -30,7 +30,7 @@ Example::
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -194,12 +194,46 @@ class UpdateConfig(StrictModel):
 
 
 class SparkSettings(StrictModel):
-    """Where and how Spark runs."""
+    """Where and how Spark runs.
+
+    ``conf`` is an allow-list (:func:`connectors.config.safety.spark_conf_problems`):
+    tuning and deployment settings pass; settings that load code or files (``spark.jars``,
+    ``spark.archives``, a class name, ``spark.pyspark.python``...) pass only when named in
+    ``acknowledge_code_loading``; ``extraJavaOptions`` take GC/stack/time zone flags only;
+    Spark's own security and redaction settings are refused. Secret values (``...secret.key``)
+    are masked in ``repr``.
+    """
 
     master: str = "local[*]"
     app_name: str = "threes-stream"
     driver_memory: str = "1g"
-    conf: dict[str, str] = Field(default_factory=dict, description="any spark.* setting")
+    conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="spark.* settings from an allow-list (tuning, spark.sql.*, S3A endpoint and keys); others need "
+        "acknowledge_code_loading",
+    )
+    acknowledge_code_loading: list[str] = Field(
+        default_factory=list,
+        description="conf keys accepted although they load code or files or set the processes' environment "
+        "(e.g. spark.archives, spark.pyspark.python, spark.kubernetes.container.image)",
+    )
+
+    @model_validator(mode="after")
+    def _allow_listed_conf(self) -> SparkSettings:
+        from connectors.config.safety import spark_conf_problems
+
+        problems = spark_conf_problems(self.conf, set(self.acknowledge_code_loading))
+        if problems:
+            raise ValueError("; ".join(f"conf '{key}' refused: {why}" for key, why in problems))
+        return self
+
+    def __repr_args__(self) -> Any:
+        from connectors.config.safety import spark_conf_secret
+
+        for name, value in super().__repr_args__():
+            if name == "conf":
+                value = {k: "**********" if spark_conf_secret(k) else v for k, v in value.items()}
+            yield name, value
 
 
 class StreamJobConfig(StrictModel):

@@ -1,0 +1,88 @@
+"""Safe by default: allow-listed pass-through options, ${file:} confined, secrets out of URLs and reprs."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from connectors.config import load_pipeline
+from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection
+from connectors.config.stream import SparkSettings
+from connectors.exceptions import ConfigError
+from tests.unit.test_config import MINIMAL, write
+
+
+def test_safe_kafka_tuning_passes_and_unknown_keys_are_refused() -> None:
+    kafka = KafkaConfig(bootstrap_servers="b:9092", client_config={"linger.ms": 5, "client.id": "x", "acks": "all",
+                                                                    "debug": "broker,cgrp"})
+    assert kafka.librdkafka_config()["linger.ms"] == 5
+    with pytest.raises(ValidationError, match="'made.up.option' refused: not on the allow-list"):
+        KafkaConfig(bootstrap_servers="b:9092", client_config={"made.up.option": 1})
+    with pytest.raises(ValidationError, match="'acks' refused"):
+        KafkaConfig(bootstrap_servers="b:9092", client_config={"acks": 1})
+    with pytest.raises(ValidationError, match="'ssl.cipher.suites' refused: a TLS/SASL setting"):
+        KafkaConfig(bootstrap_servers="b:9092", client_config={"ssl.cipher.suites": "NULL"})
+
+
+def test_url_options_are_allow_listed_and_a_query_password_is_masked() -> None:
+    conn = RdsConnection(type="rds", url="postgresql+psycopg://u@h:5432/db?sslmode=verify-full&sslrootcert=/ca.pem"
+                         "&password=hunter2")
+    assert "hunter2" not in conn.url and "hunter2" not in repr(conn)
+    assert conn.password.get_secret_value() == "hunter2"
+    assert conn.sqlalchemy_url().query == {"sslmode": "verify-full", "sslrootcert": "/ca.pem"}
+    with pytest.raises(ValidationError, match="url option 'service' refused"):
+        RdsConnection(type="rds", url="postgresql+psycopg://u@h/db?service=x")
+    with pytest.raises(ValidationError, match="url option 'init_command' refused: runs SQL"):
+        RdsConnection(type="rds", url="mysql+pymysql://u@h/db?init_command=SET%20x%3D1")
+    with pytest.raises(ValidationError, match="'ssl_verify_cert' refused"):
+        RdsConnection(type="rds", url="mysql+pymysql://u@h/db?ssl_verify_cert=false")
+    assert RdsConnection(type="rds", url="mysql+pymysql://u@h/db?charset=utf8mb4").url.endswith("charset=utf8mb4")
+
+
+def test_elasticsearch_credentials_leave_the_host_and_unverified_tls_needs_consent() -> None:
+    conn = ElasticsearchConnection(type="elasticsearch", hosts=["https://elastic:hunter2@127.0.0.1:9200/"])
+    assert conn.hosts == ["https://127.0.0.1:9200/"]
+    assert conn.username == "elastic" and conn.password.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(conn) and "hunter2" not in str(conn)
+    with pytest.raises(ValidationError, match="accept_unverified_certificates"):
+        ElasticsearchConnection(type="elasticsearch", hosts=["https://h:9200"], verify_certs=False)
+    ok = ElasticsearchConnection(type="elasticsearch", hosts=["https://h:9200"], verify_certs=False,
+                                 accept_unverified_certificates=True)
+    assert ok.verify_certs is False
+
+
+def test_spark_conf_allow_list_acknowledgement_and_masking() -> None:
+    settings = SparkSettings(conf={"spark.sql.shuffle.partitions": "8", "spark.executor.memory": "2g",
+                                   "spark.hadoop.fs.s3a.secret.key": "hunter2",
+                                   "spark.executor.extraJavaOptions": "-XX:+UseG1GC -Duser.timezone=UTC"})
+    assert "hunter2" not in repr(settings)
+    assert settings.conf["spark.hadoop.fs.s3a.secret.key"] == "hunter2"
+    for key, value in [("spark.archives", "hdfs:///venv.tgz#env"), ("spark.sql.extensions", "evil.Ext"),
+                       ("spark.plugins", "evil.Plugin"), ("spark.redaction.regex", "nothing"),
+                       ("spark.driver.resource.gpu.discoveryScript", "/tmp/x.sh"), ("spark.made.up", "1"),
+                       ("spark.executor.extraJavaOptions", "-XX:OnOutOfMemoryError=/tmp/x.sh")]:
+        with pytest.raises(ValidationError, match=f"conf '{key}' refused"):
+            SparkSettings(conf={key: value})
+    acknowledged = SparkSettings(conf={"spark.archives": "hdfs:///venv.tgz#env"},
+                                 acknowledge_code_loading=["spark.archives"])
+    assert acknowledged.conf["spark.archives"] == "hdfs:///venv.tgz#env"
+    with pytest.raises(ValidationError, match="-javaagent"):  # never acknowledged: checked flag by flag
+        SparkSettings(conf={"spark.driver.extraJavaOptions": "-javaagent:/a.jar"},
+                      acknowledge_code_loading=["spark.driver.extraJavaOptions"])
+
+
+def test_file_references_stay_under_the_config_folder(tmp_path) -> None:
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "pg").write_text("from-file\n")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "pg").write_text("outside\n")
+    (tmp_path / "secrets" / "link").symlink_to(outside / "pg")
+    good = MINIMAL.replace("${env:PGPASS}", "${file:secrets/pg}")
+    assert load_pipeline(write(tmp_path, good), environ={}).connections["pg"].password.get_secret_value() == "from-file"
+    for ref in ("secrets/link", f"{outside}/pg", f"../{outside.name}/pg"):
+        with pytest.raises(ConfigError, match="outside the config's folder"):
+            load_pipeline(write(tmp_path, MINIMAL.replace("${env:PGPASS}", f"${{file:{ref}}}")), environ={})
+    allowed = load_pipeline(write(tmp_path, MINIMAL.replace("${env:PGPASS}", f"${{file:{outside}/pg}}")),
+                            environ={"THREES_FILE_REF_DIRS": str(outside)})
+    assert allowed.connections["pg"].password.get_secret_value() == "outside"
