@@ -10,7 +10,7 @@ from confluent_kafka import Producer
 
 from connectors.topics import ensure_compacted_topic
 from schemas import load_schema
-from schemas.serde import AvroDeserializer, AvroSerializer, fingerprint
+from schemas.serde import AvroDeserializer, AvroSerializer, canonical_form, fingerprint, parsing_fingerprint
 from schemas.store import SchemaStore
 from stream_app.avro import decode_avro, encode_avro, fingerprint_hex
 
@@ -95,12 +95,18 @@ def test_spark_from_avro_reads_serde_bytes_with_schema_evolution(spark, kafka_co
 
 
 def test_jvm_fingerprint_matches_serde(spark):
+    """Java's Rabin fingerprint agrees: of the Parsing Canonical Form, and of our logical canonical form."""
     jvm = spark.sparkContext._jvm
+    normalization = jvm.org.apache.avro.SchemaNormalization
     for schema in (AIRPORT, AIRPORT_KEY, TYPES, "int"):
         text = json.dumps(schema)
         parsed = jvm.org.apache.avro.Schema.Parser().parse(text)
-        java_fp = jvm.org.apache.avro.SchemaNormalization.parsingFingerprint64(parsed)
+        java_pcf = normalization.parsingFingerprint64(parsed).to_bytes(8, "little", signed=True)
+        assert java_pcf == parsing_fingerprint(schema)
+        # a JVM producer frames exactly like the serde by fingerprinting canonical_form's text
+        java_fp = normalization.fingerprint64(bytearray(canonical_form(schema).encode()))
         assert java_fp.to_bytes(8, "little", signed=True) == fingerprint(schema)
+    assert fingerprint(TYPES) != parsing_fingerprint(TYPES)  # TYPES has logical types: they count now
 
 
 def test_spark_to_avro_bytes_decode_in_python_with_logical_types(spark):
