@@ -169,15 +169,19 @@ class Gatherer:
 
         return clients.kafka_consumer(self.pipeline.kafka, "threes-status", enable_auto_commit=False)
 
-    def _stored_sources(self) -> list[dict[str, Any]]:
+    def _stored_sources(self, consumer: Any) -> list[dict[str, Any]]:
         from connectors.runtime.offsets import OffsetStore
         from connectors.runtime.standalone import task_specs
 
         sources = list(getattr(self.pipeline, "sources", []))
         if not sources:
             return []
-        store = OffsetStore(self.pipeline.kafka.librdkafka_config(), self.offsets_topic, timeout_s=self.timeout_s)
-        stored = store.load_all()
+        stored: dict[str, Any] = {}
+        # read-only: an offsets topic that does not exist yet means no position stored (it is not created here)
+        if self.offsets_topic in consumer.list_topics(timeout=self.timeout_s).topics:
+            store = OffsetStore(self.pipeline.kafka.librdkafka_config(), self.offsets_topic,
+                                timeout_s=self.timeout_s)
+            stored = store.load_all()
         out = []
         for spec in task_specs(sources):
             p = stored.get(spec.key)
@@ -234,16 +238,28 @@ class Gatherer:
         Raises:
             connectors.exceptions.SetupError: Kafka did not answer.
         """
+        from confluent_kafka import KafkaException
+
+        from connectors.exceptions import SetupError
+        from connectors.topics import cluster_metadata
+
         endpoints: list[dict[str, Any]] = []
+        # Kafka answers, or the status is one clear line (no librdkafka log lines)
+        cluster_metadata(self.pipeline.kafka.librdkafka_config(), self.timeout_s)
         consumer = self._consumer()
         try:
-            sources = self._stored_sources()
+            sources = self._stored_sources(consumer)
             for url in self.endpoints:
                 doc = self._ask(url + "/status.json", endpoints)
                 if doc is not None:
                     sources = _merge_sources(sources, doc.get("sources", []))
             snapshots = self._snapshots(consumer, endpoints)
             sync = [self._service(consumer, svc, endpoints) for svc in getattr(self.pipeline, "sync", [])]
+        except KafkaException as exc:
+            raise SetupError(
+                f"Kafka at {self.pipeline.kafka.bootstrap_servers} did not answer: {exc.args[0] if exc.args else exc}",
+                "check kafka.bootstrap_servers or run `threes local up`",
+            ) from exc
         finally:
             consumer.close()
         return {"generated_at": now_iso(), "sources": sources, "snapshots": snapshots, "sync": sync,
