@@ -36,6 +36,7 @@ rows the topic lacks (an ``incrementing`` row committed late, a row with a
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -385,6 +386,21 @@ class RdsSource(SourceTask):
         after = None if self.cursor is None else [to_json_value(v) for v in self.cursor]
         return {"mode": self.config.mode, "after": after}
 
+    def _cursor_ts_ms(self) -> int | None:
+        """The newest row's timestamp column in ``timestamp`` modes (its commit time), epoch ms; else ``None``.
+
+        The worker stamps the batch's records with it (``threes.source_ts``), so
+        freshness is measured from the row's update, not from when it was read.
+        """
+        if self.ts_col is None or self.cursor is None or self.config.mode == "incrementing":
+            return None
+        ts = self.cursor[0]
+        if not isinstance(ts, dt.datetime):
+            return None
+        if ts.tzinfo is None:  # sessions run in UTC (utc_sessions): a naive timestamp is UTC
+            ts = ts.replace(tzinfo=dt.UTC)
+        return int(ts.timestamp() * 1000)
+
     def records_behind(self) -> int | None:
         """Rows after the cursor (``SELECT count(*)``); ``None`` in ``bulk``, ``query`` and ``cdc`` modes.
 
@@ -457,7 +473,7 @@ class RdsSource(SourceTask):
                         if table is not None:
                             last = rows[-1]
                             self.cursor = [last[i] for i in order_idx]
-                            yield SourceBatch([], self._position(), columns=table)
+                            yield SourceBatch([], self._position(), columns=table, source_ts_ms=self._cursor_ts_ms())
                             continue
                         records: list[Any] = []
                         append = records.append
@@ -471,7 +487,7 @@ class RdsSource(SourceTask):
                                 append(({k: v[k] for k in key_fields}, v))
                         last = rows[-1]
                         self.cursor = [last[i] for i in order_idx]
-                        yield SourceBatch(records, self._position())
+                        yield SourceBatch(records, self._position(), source_ts_ms=self._cursor_ts_ms())
                     if got < per_query:
                         break
         except DisconnectionError as exc:
@@ -507,13 +523,13 @@ class RdsSource(SourceTask):
                 last = _python_rows(raw.slice(raw.num_rows - 1), self._arrow_schema)[0]
                 self.cursor = [last[i] for i in self.order_idx]
                 if table is not None:
-                    yield SourceBatch([], self._position(), columns=table)
+                    yield SourceBatch([], self._position(), columns=table, source_ts_ms=self._cursor_ts_ms())
                     continue
                 records: list[Any] = []
                 for row in _python_rows(raw, self._arrow_schema):
                     v = self.to_value(row)
                     records.append(({k: v[k] for k in self.key_fields}, v))
-                yield SourceBatch(records, self._position())
+                yield SourceBatch(records, self._position(), source_ts_ms=self._cursor_ts_ms())
         except adbc_driver_manager.Error as exc:
             self._close_adbc()
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -67,3 +67,30 @@ def test_a_live_source_reports_its_state_position_and_records_behind(
         assert entry["records_behind"] == 40 and entry["position"] is None and entry["restarts"] == 0
     finally:
         worker.stop()
+
+
+def test_a_timestamp_mode_source_stamps_the_rows_update_time(
+    kafka: KafkaConfig, kafka_conf: dict[str, Any], pg: RdsConnection, pg_engine: Any, unique: str,
+) -> None:
+    table, topic = f"ts_upd_{unique}", f"state.tsupd.{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, ts timestamptz NOT NULL)"))
+        c.execute(text(f"INSERT INTO {table} SELECT g, timestamptz '2024-05-01 12:00:00+00' + g * interval '1 s' "
+                       "FROM generate_series(1, 10) g"))
+    p = source_pipeline(kafka, pg, name=f"tsupd-{unique}", topic=topic, table=table, mode="timestamp",
+                        timestamp_column="ts", batch_records=5)
+    (stats,) = run_once(p, offsets_topic=f"_offsets.{unique}").values()
+    assert stats.state == "caught_up" and stats.acked == 10
+    consumer = Consumer({**kafka_conf, "group.id": f"ts-{uuid.uuid4().hex}", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    stamps: list[int | None] = []
+    deadline = time.monotonic() + 30
+    while len(stamps) < 10 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            stamps.append(source_ts_of(msg.headers()))
+    consumer.close()
+    base = 1_714_564_800_000  # 2024-05-01 12:00:00 UTC, epoch ms
+    # each batch of 5 rows carries its newest row's update time: 12:00:05 and 12:00:10
+    assert sorted(set(stamps)) == [base + 5_000, base + 10_000]
