@@ -56,7 +56,11 @@ class _TaskStates:
             labels=["connector", "task", "state"],
         )
         for worker in list(self.workers):
-            for key, stats in worker.stats().items():
+            try:
+                tasks = list(worker.stats().items())
+            except RuntimeError:  # a task was added while reading (the worker's own thread): skip this scrape
+                continue
+            for key, stats in tasks:
                 connector = key.split("#", 1)[0]
                 for state in TASK_STATES:
                     family.add_metric([connector, key, state], 1.0 if stats.state == state else 0.0)

@@ -219,7 +219,7 @@ class SourceWorker:
 
     def stats(self) -> dict[str, RunnerStats]:
         """Live stats of every task started here."""
-        return {k: r.stats for k, r in self.runners.items()}
+        return {k: r.stats for k, r in list(self.runners.items())}
 
     def restarts(self) -> dict[str, int]:
         """Restarts per task key since this worker started."""
