@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from connectors.config import pipeline_from_dict
+from connectors.runtime.committed import latest_per_key
 from connectors.runtime.offsets import OffsetStore
 from connectors.runtime.standalone import SourceWorker, task_specs
-from connectors.topics import end_offsets, read_latest_per_key
+from connectors.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 
@@ -42,7 +43,7 @@ def topic_state(kafka_conf: Mapping[str, Any], topic: str) -> dict[tuple, dict[s
     """Latest decoded value per decoded key (key as a tuple of its field values, in schema order)."""
     de = AvroDeserializer(SchemaStore(dict(kafka_conf)))
     out: dict[tuple, dict[str, Any]] = {}
-    for k, v in read_latest_per_key(kafka_conf, topic).items():
+    for k, v in latest_per_key(dict(kafka_conf), topic).items():  # read_committed
         out[tuple(de(k).values())] = de(v)
     return out
 

@@ -6,6 +6,7 @@ import csv
 import datetime as dt
 import io
 import json
+import threading
 from typing import Any
 
 import fastavro
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors.config import pipeline_from_dict
+from connectors.runtime.standalone import SourceWorker, task_specs
 from tests.integration.sources.contract import SourceContract, run_once, topic_state
 
 SCHEMA = {
@@ -193,5 +195,94 @@ def test_bad_row_names_object_and_row(s3: Any, s3_conn: Any, kafka: Any, kafka_c
     for part in (name, f"s3://{bucket}/b/x.csv", "row 2", "'amount'"):
         assert part in s.error, s.error
     stored = OffsetStore(kafka_conf).load(name)
-    assert stored["objects"]["b/x.csv"]["rows"] == 1 and not stored["objects"]["b/x.csv"]["done"]
+    assert stored["reading"]["key"] == "b/x.csv" and stored["reading"]["rows"] == 1 and stored["hwm"] is None
     assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(1,)]
+
+
+def _csv_pipeline(kafka: Any, s3_conn: Any, name: str, topic: str, bucket: str, prefix: str, schema: Any,
+                  batch_records: int = 10_000) -> Any:
+    return pipeline_from_dict({
+        "kafka": {"bootstrap_servers": kafka.bootstrap_servers}, "connections": _s3_connections(s3_conn),
+        "sources": [{"name": name, "type": "s3_source", "connection": "s3", "topic": topic, "bucket": bucket,
+                     "prefix": prefix, "format": "csv", "key": ["id"], "value_schema": str(schema),
+                     "batch_records": batch_records}],
+    })
+
+
+def _row(i: int, name: str = "x") -> dict[str, Any]:
+    return {"id": i, "name": name, "amount": float(i), "day": None}
+
+
+def test_unchanged_objects_are_skipped_by_etag_changed_ones_read(s3: Any, s3_conn: Any, kafka: Any, kafka_conf: Any,
+                                                                 unique: str, tmp_path: Any) -> None:
+    from connectors.runtime.offsets import OffsetStore
+
+    bucket = f"etag-{unique}"
+    s3.create_bucket(Bucket=bucket)
+    (tmp_path / "s.avsc").write_text(json.dumps(SCHEMA))
+    s3.put_object(Bucket=bucket, Key="e/a.csv", Body=_csv([_row(1), _row(2)]))
+    s3.put_object(Bucket=bucket, Key="e/b.csv", Body=_csv([_row(3)]))
+    name, topic = f"etag-{unique}", f"state.{unique}"
+    pipeline = _csv_pipeline(kafka, s3_conn, name, topic, bucket, "e/", tmp_path / "s.avsc")
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    assert s.rows_read == 3
+    stored = OffsetStore(kafka_conf).load(name)
+    # the objects of the mark's second are known by their ETags; nothing else is listed in the position
+    listed = {o["Key"]: o for o in s3.list_objects_v2(Bucket=bucket, Prefix="e/")["Contents"]}
+    newest = max(o["LastModified"] for o in listed.values())
+    assert stored["at_hwm"] == {k: o["ETag"] for k, o in listed.items() if o["LastModified"] == newest}
+
+    # nothing changed: no object is read again (no GET), whatever the position holds
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    assert s.rows_read == 0
+
+    # a replaced object (another ETag; maybe in the same second as the mark) is read again, the other one is not
+    s3.put_object(Bucket=bucket, Key="e/a.csv", Body=_csv([_row(1, "new")]))
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    assert (s.produced - s.tombstones, s.tombstones) == (1, 1)  # a.csv's one row; key 2 left it
+    assert topic_state(kafka_conf, topic) == {(1,): _row(1, "new"), (3,): _row(3)}  # key 2 left a.csv: tombstone
+
+
+class _StopAfter(threading.Event):
+    """A stop signal that fires once the runner produced ``records`` records (checked after every batch)."""
+
+    def __init__(self, records: int) -> None:
+        super().__init__()
+        self.records = records
+        self.runner: Any = None
+
+    def is_set(self) -> bool:
+        return super().is_set() or (self.runner is not None and self.runner.stats.produced >= self.records)
+
+
+def test_a_read_resumes_mid_object(s3: Any, s3_conn: Any, kafka: Any, kafka_conf: Any, unique: str,
+                                   tmp_path: Any) -> None:
+    from connectors.runtime.offsets import OffsetStore
+
+    bucket = f"mid-{unique}"
+    s3.create_bucket(Bucket=bucket)
+    (tmp_path / "s.avsc").write_text(json.dumps(SCHEMA))
+    s3.put_object(Bucket=bucket, Key="m/big.csv", Body=_csv([_row(i) for i in range(1, 11)]))
+    name, topic = f"mid-{unique}", f"state.{unique}"
+    pipeline = _csv_pipeline(kafka, s3_conn, name, topic, bucket, "m/", tmp_path / "s.avsc", batch_records=2)
+
+    # stopped after two batches of two rows: the position says 4 rows of the object are in the topic
+    worker = SourceWorker(pipeline)
+    (spec,) = task_specs(pipeline.sources)
+    stop = _StopAfter(4)
+    stop.runner = worker._runner(spec)
+    stats = stop.runner.run(stop, once=True)
+    assert stats.state == "stopped", stats.error
+    stored = OffsetStore(kafka_conf).load(name)
+    assert stored["reading"]["key"] == "m/big.csv" and stored["reading"]["rows"] == 4
+    assert stored["hwm"] is None
+
+    # the next run reads the same object (same ETag) from row 5 on
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    assert s.rows_read == 6
+    assert sorted(topic_state(kafka_conf, topic)) == [(i,) for i in range(1, 11)]
+    assert OffsetStore(kafka_conf).load(name)["reading"] is None
