@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 
 from connectors.config.models import SinkConnectorConfig, SourceConnectorConfig
 
+DEFAULT_BULK_INTERVAL_S = 300.0
+"""``poll_interval_s`` of a source whose ``mode`` was not given and has no column to read incrementally."""
+
 
 class RdsSourceConfig(SourceConnectorConfig):
     """``rds_source``: a table (or query) into a compacted topic, keyed by primary key.
@@ -23,6 +26,12 @@ class RdsSourceConfig(SourceConnectorConfig):
     (``pgoutput``) after a snapshot consistent with the slot's start; see
     :mod:`connectors.rds.cdc`. In ``cdc`` mode ``poll_interval_s`` defaults to
     0.2 s and ``reconcile_interval_s`` to null (deletes arrive as tombstones).
+
+    Without ``mode`` the columns decide: ``timestamp_column`` and/or
+    ``incrementing_column`` select the matching incremental mode, ``query``
+    selects ``query``; with neither, ``bulk`` re-reads the table every 300 s
+    (``poll_interval_s`` unless set), never every 5 s: a full re-publication of
+    the table is something to ask for (``mode: bulk``), not a default.
 
     Example::
 
@@ -42,7 +51,12 @@ class RdsSourceConfig(SourceConnectorConfig):
     table: str | None = None
     schema_name: str | None = Field(None, description="database schema of the table")
     query: str | None = Field(None, description="custom SELECT, for mode: query")
-    mode: Literal["bulk", "incrementing", "timestamp", "timestamp+incrementing", "query", "cdc"] = "bulk"
+    mode: Literal["bulk", "incrementing", "timestamp", "timestamp+incrementing", "query", "cdc"] | None = Field(
+        None,
+        description="default: from the columns set (timestamp_column and/or incrementing_column: the matching "
+        "incremental mode; query: query); with none, bulk re-reading the table every 300 s, not every "
+        "poll_interval_s's 5 s",
+    )
     slot_name: str | None = Field(
         None,
         pattern=r"^[a-z0-9_]{1,63}$",
@@ -60,7 +74,8 @@ class RdsSourceConfig(SourceConnectorConfig):
     hold_for_transactions: Literal["writers", "all", "none"] = Field(
         "writers",
         description="PostgreSQL: never read past the start of the oldest open transaction that has written "
-        "(writers), of any open transaction (all), or rely on commit_delay_s alone (none)",
+        "(writers), of any open transaction (all), or rely on commit_delay_s alone (none); writers and all need a "
+        "role that sees other roles' transactions (superuser or pg_read_all_stats), else the source refuses to start",
     )
     reconcile_interval_s: float | None = Field(
         300.0, gt=0, description="how often the key set is compared to emit tombstones for deletes; null: never"
@@ -75,6 +90,20 @@ class RdsSourceConfig(SourceConnectorConfig):
 
     @model_validator(mode="after")
     def _mode_needs(self) -> RdsSourceConfig:
+        if self.mode is None:
+            # never a full re-read every 5 s by default: an incremental mode when the columns say which
+            if self.timestamp_column and self.incrementing_column:
+                self.mode = "timestamp+incrementing"
+            elif self.timestamp_column:
+                self.mode = "timestamp"
+            elif self.incrementing_column:
+                self.mode = "incrementing"
+            elif self.query:
+                self.mode = "query"
+            else:
+                self.mode = "bulk"
+                if "poll_interval_s" not in self.model_fields_set:
+                    self.poll_interval_s = DEFAULT_BULK_INTERVAL_S
         if self.mode == "query":
             if not self.query:
                 raise ValueError("mode 'query' needs `query`")

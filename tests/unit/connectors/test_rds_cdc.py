@@ -101,3 +101,19 @@ def test_names_and_config() -> None:
         RdsSourceConfig(**base, mode="bulk", slot_name="s")
     with pytest.raises(ValidationError):
         RdsSourceConfig(**base, mode="cdc", slot_name="Bad-Name")
+
+
+@pytest.mark.parametrize(
+    ("given", "mode", "interval"),
+    [
+        ({}, "bulk", 300.0),  # no column to read incrementally: a full re-read every 5 minutes, not 5 s
+        ({"timestamp_column": "u"}, "timestamp", 5.0),
+        ({"incrementing_column": "id"}, "incrementing", 5.0),
+        ({"timestamp_column": "u", "incrementing_column": "id"}, "timestamp+incrementing", 5.0),
+        ({"mode": "bulk"}, "bulk", 5.0),  # asked for explicitly
+        ({"poll_interval_s": 30}, "bulk", 30.0),
+    ],
+)
+def test_default_mode_never_republishes_the_table_every_5_s(given: dict, mode: str, interval: float) -> None:
+    cfg = RdsSourceConfig(name="a", type="rds_source", connection="pg", topic="t", table="x", **given)
+    assert (cfg.mode, cfg.poll_interval_s) == (mode, interval)
