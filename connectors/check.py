@@ -2,19 +2,23 @@
 
 Each check is read-only: Kafka metadata, ``SELECT 1``, Elasticsearch cluster
 health, S3 ``head_bucket`` for every bucket a connector names. A failure says
-what failed and what to do; it never prints a secret.
+what failed and what to do, in one line per system (no traceback, no client
+library's log lines); it never prints a secret (:func:`connectors.redact.redact`
+runs over every detail).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 from connectors import clients
 from connectors.config.models import ElasticsearchConnection, RdsConnection, S3Connection
 from connectors.config.pipeline import PipelineBase
 from connectors.exceptions import SetupError
+from connectors.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +83,11 @@ def _elasticsearch(name: str, conn: ElasticsearchConnection) -> CheckResult:
 
     es = clients.elasticsearch_client(conn)
     try:
-        health = es.cluster.health(timeout=f"{int(conn.request_timeout_s)}s")
+        # one attempt: a check says what is wrong now, the sinks retry
+        health = es.options(max_retries=0).cluster.health(timeout=f"{int(conn.request_timeout_s)}s")
     except (ApiError, TransportError) as exc:
         return CheckResult(
-            "elasticsearch", name, False, f"cluster health failed: {type(exc).__name__}: {exc}",
+            "elasticsearch", name, False, f"cluster health failed: {type(exc).__name__}: {_reason(exc)}",
             f"check connections.{name}.hosts and credentials; is the cluster up?",
         )
     finally:
@@ -124,6 +129,37 @@ def _s3(name: str, conn: S3Connection, buckets: list[str]) -> list[CheckResult]:
     return results
 
 
+def _reason(exc: BaseException) -> str:
+    """An Elasticsearch error's cause, without the client's wrapping (``ConnectionError(... caused by: ...)``)."""
+    text = str(getattr(exc, "message", "") or exc)
+    return text.split("caused by: ")[-1].rstrip(")") if "caused by: " in text else text
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """The first non-empty line of ``text``, secrets masked, at most ``limit`` characters."""
+    line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
+    line = redact(line)
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+@contextmanager
+def quiet_client_logs() -> Iterator[None]:
+    """Silence the clients' own loggers while checking: each failure is reported once, as one result line.
+
+    elasticsearch-py logs every failed attempt with a traceback at WARNING; urllib3 and
+    botocore log their retries.
+    """
+    names = ("elastic_transport", "elasticsearch", "urllib3", "botocore", "boto3", "s3transfer")
+    saved = {name: logging.getLogger(name).level for name in names}
+    try:
+        for name in names:
+            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
 def run_checks(pipeline: PipelineBase, on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
     """Check Kafka and every connection of a pipeline.
 
@@ -137,10 +173,17 @@ def run_checks(pipeline: PipelineBase, on_result: Callable[[CheckResult], None] 
     results: list[CheckResult] = []
 
     def emit(r: CheckResult) -> None:
+        r = replace(r, target=redact(r.target), detail=one_line(r.detail), hint=one_line(r.hint))
         results.append(r)
         if on_result:
             on_result(r)
 
+    with quiet_client_logs():
+        _run(pipeline, emit)
+    return results
+
+
+def _run(pipeline: PipelineBase, emit: Callable[[CheckResult], None]) -> None:
     emit(_kafka(pipeline))
     connectors = list(getattr(pipeline, "sources", [])) + [
         sink for svc in getattr(pipeline, "sync", []) for sink in svc.sinks
@@ -154,4 +197,3 @@ def run_checks(pipeline: PipelineBase, on_result: Callable[[CheckResult], None] 
             buckets = sorted({c.bucket for c in connectors if c.connection == name and hasattr(c, "bucket")})
             for r in _s3(name, conn, buckets):
                 emit(r)
-    return results

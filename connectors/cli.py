@@ -16,7 +16,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from connectors.exceptions import ConfigError, ThreesError
 
@@ -25,6 +24,7 @@ app = typer.Typer(
     help="Source, Stream, Sink: connectors, a PySpark stream job and a sync service around Kafka.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,  # --debug tracebacks: locals would show secrets
 )
 console = Console(stderr=True)
 out = Console()
@@ -58,6 +58,9 @@ def main(
     """Set up logging for every command."""
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    from connectors.redact import install_log_redaction
+
+    install_log_redaction()  # every line, ours and the libraries', with URL passwords and config secrets masked
     if level == logging.WARNING and ctx.invoked_subcommand in SERVICES:
         # a service says what it did (as Kafka Connect does): threes' own lines at INFO, libraries' at WARNING
         for name in OWN_LOGGERS:
@@ -96,17 +99,17 @@ def check(config: ConfigArg) -> None:
     from connectors.check import run_checks
 
     pipeline = load(config)
-    table = Table("system", "target", "result", "detail / what to do")
 
-    def show(r) -> None:  # noqa: ANN001
-        status = "[green]ok[/green]" if r.ok else "[red]FAILED[/red]"
-        table.add_row(r.system, r.target, status, r.detail if r.ok else f"{r.detail}\n→ {r.hint}")
+    def show(r) -> None:  # noqa: ANN001 - one line per system, as it is known
+        status = "[green]ok[/green]    " if r.ok else "[red]FAILED[/red]"
+        hint = f" → {r.hint}" if not r.ok and r.hint else ""
+        out.print(f"{status} {r.system} {r.target}: {r.detail}{hint}", highlight=False, soft_wrap=True,
+                  markup=True)
 
     try:
         results = run_checks(pipeline, show)
     except ThreesError as exc:
         raise fail(exc) from None
-    out.print(table)
     failed = [r for r in results if not r.ok]
     if failed:
         raise fail(ThreesError(f"{len(failed)} of {len(results)} check(s) failed"))

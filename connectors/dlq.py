@@ -13,7 +13,7 @@ header                    value (UTF-8)
 ``dlq.offset``            original offset (decimal)
 ``dlq.stage``             where it failed: ``decode``, ``transform``, ``write``...
 ``dlq.error.class``       exception class name
-``dlq.error.message``     the error message (never holds a secret)
+``dlq.error.message``     the error message (secrets masked by ``connectors.redact``)
 ``dlq.component``         which connector/service/job sent it
 ``dlq.timestamp_ms``      when it was dead-lettered, epoch milliseconds
 ========================  =============================================
@@ -26,6 +26,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from connectors.redact import redact
 
 PREFIX = "dlq."
 
@@ -71,7 +73,7 @@ class DeadLetter:
             ("dlq.offset", str(self.offset)),
             ("dlq.stage", self.stage),
             ("dlq.error.class", self.error_class),
-            ("dlq.error.message", self.message),
+            ("dlq.error.message", redact(self.message)),  # a driver's error can echo a URL or a value
             ("dlq.component", self.component),
             ("dlq.timestamp_ms", str(int(time.time() * 1000))),
         ]

@@ -265,6 +265,9 @@ def validate_data(
         problems.append(ConfigProblem(format_path(ref_path), msg, file, _line_for(ref_path, resolved, lines)[1]))
     if problems:
         raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path)))
+    from connectors.redact import register_secrets
+
+    register_secrets(instance)  # masked in every log line and dead letter from now on
     return instance
 
 

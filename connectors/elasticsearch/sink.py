@@ -10,6 +10,7 @@ from typing import Any
 
 from connectors import clients
 from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
+from connectors.redact import redact
 from connectors.runtime.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,8 @@ class ElasticsearchSink(Sink):
             client.cluster.health(timeout="5s")
         except (ApiError, TransportError) as exc:
             hosts = self.connection.hosts
-            raise SetupError(f"sink {self.name!r}: Elasticsearch {hosts} did not answer: {exc}") from exc
+            raise SetupError(f"sink {self.name!r}: Elasticsearch {redact(str(hosts))} did not answer: "
+                             f"{redact(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}") from exc
 
     def close(self) -> None:
         """Stop the request pool and close the client."""

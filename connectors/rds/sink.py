@@ -32,6 +32,7 @@ from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBa
 from connectors.rds.errors import classify as classify_db_error
 from connectors.rds.reading import MYSQL_DIALECTS, utc_sessions
 from connectors.rds.sink_types import table_from_avro
+from connectors.redact import redact
 from connectors.runtime.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,10 @@ class RdsSink(Sink):
             with engine.connect() as conn:
                 conn.execute(select(1))
         except SQLAlchemyError as exc:
-            raise SetupError(f"sink {self.name!r}: database {self.connection.url} did not answer: {exc}") from exc
+            reason = classify_db_error(exc, engine.dialect.name).text
+            raise SetupError(
+                f"sink {self.name!r}: database {redact(self.connection.url)} did not answer: {redact(reason)}"
+            ) from exc
 
     def _qualified(self) -> str:
         return f"{self.config.schema_name}.{self.config.table}" if self.config.schema_name else self.config.table

@@ -51,3 +51,52 @@ def test_check_says_what_failed_and_what_to_do(tmp_path, endpoints):
     assert out.count("FAILED") == 3, out  # kafka, postgres, the missing bucket; Elasticsearch is fine
     assert "threes local up" in out and "create bucket 'missing-bucket' first" in out
     assert "Traceback" not in out and "threes-secret-key" not in out
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_check_with_everything_down_is_one_line_per_problem_without_secrets(tmp_path):
+    """Every system at a closed loopback port (as if stopped), secrets in a URL's query and userinfo."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    port = _closed_port()
+    path = tmp_path / "down.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        kafka:
+          bootstrap_servers: 127.0.0.1:{port}
+          request_timeout_s: 2
+        connections:
+          pg: {{type: rds, url: "postgresql+psycopg://threes@127.0.0.1:{port}/threes?password=PgQuerySecret9",
+               connect_timeout_s: 2}}
+          es: {{type: elasticsearch, hosts: ["http://elastic:EsUserinfoSecret9@127.0.0.1:{port}"],
+               request_timeout_s: 2}}
+          s3:
+            type: s3
+            endpoint_url: http://127.0.0.1:{port}
+            access_key_id: threes
+            secret_access_key: S3SecretKey9
+            path_style: true
+        """))
+    threes = Path(sys.executable).parent / "threes"
+    for args in (["check"], ["--debug", "check"]):
+        done = subprocess.run([str(threes), *args, str(path)], capture_output=True, text=True, timeout=120,
+                              env={**__import__("os").environ, "COLUMNS": "250"})
+        output = done.stdout + done.stderr
+        assert done.returncode == 1, output
+        for secret in ("PgQuerySecret9", "EsUserinfoSecret9", "S3SecretKey9"):
+            assert secret not in output, (secret, output)
+        assert "Traceback" not in output and "%3|" not in output and "%4|" not in output, output
+        if args == ["check"]:
+            lines = [line for line in done.stdout.splitlines() if line.strip()]
+            assert len(lines) == 4, output  # kafka, pg, es, s3: one line each
+            assert all(line.startswith("FAILED ") for line in lines), output
+            assert [line.split()[1] for line in lines] == ["kafka", "rds", "elasticsearch", "s3"]
+            assert done.stderr.strip().splitlines() == ["error 4 of 4 check(s) failed"], done.stderr
