@@ -399,3 +399,57 @@ def internal_topic_options(kafka: Any) -> dict[str, int | None]:
         "replication_factor": getattr(kafka, "internal_replication_factor", None),
         "min_insync_replicas": getattr(kafka, "internal_min_insync_replicas", None),
     }
+
+
+def recent_keys(
+    kafka_config: Mapping[str, Any], topic: str, per_partition: int = 16, timeout_s: float = 10.0
+) -> list[bytes]:
+    """The keys of the last few records of every partition of ``topic`` (tombstones included).
+
+    Enough to tell which key schema(s) a topic's keys were written with when no
+    version was recorded, without reading the topic.
+
+    Args:
+        kafka_config: librdkafka properties.
+        topic: the topic.
+        per_partition: records read from the end of each partition, at most.
+        timeout_s: the longest the whole read may take, seconds.
+
+    Returns:
+        Keys, in no particular order; empty when the topic is missing or empty.
+    """
+    consumer = Consumer({**kafka_config, "group.id": f"threes-peek-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    keys: list[bytes] = []
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return []
+        ends: dict[int, int] = {}
+        starts = []
+        for p in meta.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            if high > low:
+                ends[p] = high
+                starts.append(TopicPartition(topic, p, max(low, high - per_partition)))
+        if not starts:
+            return []
+        consumer.assign(starts)
+        deadline = time.monotonic() + timeout_s
+        while ends and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:  # the end may be a transaction marker: no record, but the position is there
+                done = [tp.partition for tp in consumer.position([TopicPartition(topic, p) for p in ends])
+                        if tp.offset >= ends[tp.partition]]
+                for p in done:
+                    ends.pop(p, None)
+                continue
+            if msg.error():
+                continue
+            if msg.key() is not None:
+                keys.append(msg.key())
+            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                ends.pop(msg.partition(), None)
+    finally:
+        consumer.close()
+    return keys

@@ -14,7 +14,8 @@ produces anything (:func:`plan_topic_schemas`):
   (:meth:`TopicSchemaPlan.record_key`), so a crash half-way re-keys again.
 
 A subject with no versions yet (a new topic, or a topic written before
-versions were recorded) accepts any schema as its version 1. A key schema
+versions were recorded) accepts any value schema as its version 1; a key
+schema only when the topic's latest keys (if any) carry its fingerprint. A key schema
 that a release before the logical canonical form stored under its Parsing
 Canonical Form fingerprint keeps that fingerprint in its keys
 (:func:`legacy_key_fingerprint`): upgrading never changes a key's bytes.
@@ -23,12 +24,13 @@ Canonical Form fingerprint keeps that fingerprint in its keys
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.compatibility import Compatibility, check_compatibility
 from schemas.exceptions import KeySchemaChangeError, UnknownSchemaError
-from schemas.serde import Schema, canonical_form, fingerprint, parsing_fingerprint
+from schemas.serde import HEADER_BYTES, MARKER, Schema, canonical_form, fingerprint, parsing_fingerprint
 
 
 def key_subject(topic: str) -> str:
@@ -114,6 +116,14 @@ def _same_schema(store: Any, fp: bytes, schema: Schema) -> bool:
     return canonical_form(stored) == canonical_form(schema)
 
 
+def _known(store: Any, fp: bytes) -> bool:
+    try:
+        store.get_json(fp)
+    except UnknownSchemaError:
+        return False
+    return True
+
+
 def legacy_key_fingerprint(store: Any, key_schema: Schema) -> bytes | None:
     """The fingerprint keys of ``key_schema`` were framed with before the logical canonical form, if it differs.
 
@@ -132,6 +142,20 @@ def legacy_key_fingerprint(store: Any, key_schema: Schema) -> bytes | None:
     return None
 
 
+def _rekey_or_refuse(
+    plan: TopicSchemaPlan, connector: str, change: list[tuple[str, str]], rekey: bool, tasks: int, old: list[bytes]
+) -> None:
+    if not rekey:
+        raise KeySchemaChangeError(plan.topic, connector, change)
+    if tasks > 1:
+        raise KeySchemaChangeError(
+            plan.topic, connector, change,
+            f"a re-key runs as one task: run the source once with `tasks: 1` (it has {tasks}), then restore it",
+        )
+    plan.rekey = True
+    plan.old_key_fingerprints = old
+
+
 def plan_topic_schemas(
     store: Any,
     *,
@@ -142,6 +166,7 @@ def plan_topic_schemas(
     compatibility: Compatibility | str = Compatibility.BACKWARD,
     rekey: bool = False,
     tasks: int = 1,
+    topic_keys: Callable[[], Iterable[bytes]] | None = None,
 ) -> TopicSchemaPlan:
     """Check a source's key and value schemas against the topic's subjects; register nothing.
 
@@ -157,6 +182,10 @@ def plan_topic_schemas(
             done would record the new key version, and a task starting after it
             would not re-snapshot its share of the entities whose old keys were
             tombstoned.
+        topic_keys: returns some keys already in the topic (its latest records,
+            :func:`connectors.topics.recent_keys`); asked only when the key
+            subject has no version yet, so a topic written before versions were
+            recorded (or whose versions were lost) is not re-keyed silently.
 
     Returns:
         The plan; ``plan.rekey`` tells the caller to re-key before recording the key.
@@ -171,18 +200,17 @@ def plan_topic_schemas(
     if key_versions and _same_schema(store, key_versions[-1], key_schema):
         plan.key_fingerprint = key_versions[-1]  # unchanged (perhaps framed with an old fingerprint)
     elif key_versions:
-        old = store.get_json(key_versions[-1])
-        if not rekey:
-            raise KeySchemaChangeError(topic, connector, describe_change(old, key_schema))
-        if tasks > 1:
-            raise KeySchemaChangeError(
-                topic, connector, describe_change(old, key_schema),
-                f"a re-key runs as one task: run the source once with `tasks: 1` (it has {tasks}), then restore it",
-            )
-        plan.rekey = True
-        plan.old_key_fingerprints = list(key_versions)
+        change = describe_change(store.get_json(key_versions[-1]), key_schema)
+        _rekey_or_refuse(plan, connector, change, rekey, tasks, list(key_versions))
     else:
         plan.key_fingerprint = legacy_key_fingerprint(store, key_schema) or plan.key_fingerprint
+        framed = {bytes(k[2:HEADER_BYTES]) for k in (topic_keys() if topic_keys else ()) if k[:2] == MARKER}
+        if framed and plan.key_fingerprint not in framed:
+            known = [fp for fp in sorted(framed) if _known(store, fp)]
+            change = (describe_change(store.get_json(known[0]), key_schema) if known
+                      else [("<root>", f"the topic's keys carry fingerprint(s) {sorted(f.hex() for f in framed)}")])
+            plan.key_fingerprint = fingerprint(key_schema)
+            _rekey_or_refuse(plan, connector, change, rekey, tasks, sorted(framed))
     check_compatibility(
         value_schema,
         store.version_schemas(value_subject(topic)),

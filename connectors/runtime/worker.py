@@ -59,7 +59,7 @@ from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 from connectors.runtime.offsets import OffsetStore, PositionTracker, offsets_key, require_position_shape
 from connectors.runtime.state import live_keys
 from connectors.runtime.supervision import describe_retry, retry_stop
-from connectors.topics import ensure_compacted_topic
+from connectors.topics import ensure_compacted_topic, recent_keys
 from connectors.updates import with_source_ts
 from schemas.evolution import TopicSchemaPlan, plan_topic_schemas
 from schemas.exceptions import SerdeError
@@ -265,6 +265,7 @@ class TaskRunner:
             compatibility=spec.compatibility,
             rekey=cfg.rekey,
             tasks=self.task_count,
+            topic_keys=lambda: recent_keys(kconf, cfg.topic, timeout_s=self.kafka.request_timeout_s),
         )
         if plan.rekey:  # re-snapshot under the new key, whatever the stored position says
             log.warning("source=%s topic=%s key schema changed: re-keying (old keys tombstoned, then a snapshot)",

@@ -230,3 +230,22 @@ def test_rekey_needs_one_task() -> None:
     with pytest.raises(KeySchemaChangeError, match="runs as one task: run the source once with `tasks: 1`"):
         plan_topic_schemas(store, topic="t", connector="c", key_schema=KEY_LONG, value_schema=record(ID),
                            rekey=True, tasks=2)
+
+
+def test_a_topic_without_key_versions_is_judged_by_its_keys() -> None:
+    """Versions lost or never recorded: the latest keys in the topic tell which key schema wrote them."""
+    store = InMemorySchemaStore()
+    store.register(KEY_INT)
+    old_keys = [AvroSerializer(KEY_INT)({"id": 1})]
+    with pytest.raises(KeySchemaChangeError, match="field 'id'"):
+        plan_topic_schemas(store, topic="t", connector="c", key_schema=KEY_LONG, value_schema=record(ID),
+                           topic_keys=lambda: old_keys)
+    plan = plan_topic_schemas(store, topic="t", connector="c", key_schema=KEY_LONG, value_schema=record(ID),
+                              topic_keys=lambda: old_keys, rekey=True)
+    assert plan.rekey and plan.key_fingerprint == fingerprint(KEY_LONG)
+    same = plan_topic_schemas(store, topic="t", connector="c", key_schema=KEY_INT, value_schema=record(ID),
+                              topic_keys=lambda: old_keys)
+    assert not same.rekey
+    empty = plan_topic_schemas(store, topic="t", connector="c", key_schema=KEY_LONG, value_schema=record(ID),
+                               topic_keys=list)
+    assert not empty.rekey

@@ -222,3 +222,31 @@ def test_keys_written_before_the_logical_canonical_form_keep_their_bytes(
     latest = read_latest_per_key(kafka_conf, topic)
     assert len(latest) == 3 and all(k.startswith(MARKER + legacy) for k in latest)  # no entity twice
     assert {k[0]: v["v"] for k, v in topic_state(kafka_conf, topic).items()} == {d: "new" for d in days}
+
+
+def test_a_key_change_is_seen_in_the_topic_when_no_version_was_recorded(
+    kafka: Any, kafka_conf: Any, pg: Any, pg_engine: Any, unique: str, keyed: str
+) -> None:
+    """The schema versions are gone (another schema topic): the topic's latest keys still tell the key changed."""
+    from connectors.config import pipeline_from_dict
+    from connectors.config.models import RetryPolicy
+
+    topic = f"state.{unique}"
+
+    def run(schema_topic: str) -> Any:
+        pipeline = pipeline_from_dict({
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "schema_topic": schema_topic},
+            "connections": {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}},
+            "sources": [{"type": "rds_source", "connection": "pg", "commit_delay_s": 0, "name": f"ev-{unique}",
+                         "topic": topic, "table": keyed, "mode": "bulk", "key": ["id"]}],
+        })
+        (stats,) = run_once(pipeline, retry=RetryPolicy(max_attempts=1)).values()
+        return stats
+
+    assert run(f"_threes_schemas_a_{unique}").state == "caught_up"
+    before = count_records(kafka_conf, topic)
+    with pg_engine.begin() as c:
+        c.execute(text(f"ALTER TABLE {keyed} ALTER COLUMN id TYPE bigint"))
+    stats = run(f"_threes_schemas_b_{unique}")
+    assert stats.state == "failed" and "rekey: true" in stats.error and f"topic {topic!r}" in stats.error
+    assert count_records(kafka_conf, topic) == before
