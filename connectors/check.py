@@ -61,7 +61,11 @@ def _rds(name: str, conn: RdsConnection) -> CheckResult:
     from sqlalchemy import text
     from sqlalchemy.exc import SQLAlchemyError
 
-    engine = clients.sql_engine(conn, pool_size=1) if not conn.url.startswith("sqlite") else clients.sql_engine(conn)
+    try:
+        options = {} if conn.url.startswith("sqlite") else {"pool_size": 1}
+        engine = clients.sql_engine(conn, **options)
+    except SetupError as exc:  # a driver that is not installed
+        return CheckResult("rds", name, False, str(exc), "install the driver, or use another URL")
     try:
         with engine.connect() as c:
             c.execute(text("SELECT 1")).scalar_one()

@@ -16,6 +16,7 @@ from connectors.config.models import (
     RdsConnection,
     S3Connection,
 )
+from connectors.exceptions import SetupError
 
 
 def kafka_producer(kafka: KafkaConfig, **overrides: Any) -> Any:
@@ -81,6 +82,9 @@ def sql_engine(conn: RdsConnection, **kwargs: Any) -> Any:
 
     Returns:
         A :class:`sqlalchemy.engine.Engine`.
+
+    Raises:
+        SetupError: the URL's driver is not installed (one line: what to install).
     """
     from sqlalchemy import create_engine
 
@@ -92,7 +96,21 @@ def sql_engine(conn: RdsConnection, **kwargs: Any) -> Any:
     if url.get_backend_name() != "sqlite":
         options["pool_size"] = conn.pool_size
     options.update(kwargs)
-    return create_engine(url, **options)
+    try:
+        return create_engine(url, **options)
+    except ImportError as exc:  # an optional driver: one line that says what to install
+        raise SetupError(missing_driver_message(url.drivername, exc)) from exc
+
+
+_DRIVER_EXTRAS = {"pymysql": "pip install 'threes[mysql]'", "mysqldb": "pip install mysqlclient",
+                  "mariadbconnector": "pip install mariadb", "asyncmy": "pip install asyncmy"}
+
+
+def missing_driver_message(drivername: str, exc: ImportError) -> str:
+    """One line naming the missing database driver of ``drivername`` (``mysql+pymysql``) and how to get it."""
+    module = getattr(exc, "name", None) or drivername.partition("+")[2] or drivername
+    how = _DRIVER_EXTRAS.get(module.lower(), _DRIVER_EXTRAS.get(drivername.partition("+")[2], f"pip install {module}"))
+    return f"the database driver {module!r} for {drivername} URLs is not installed: {how}"
 
 
 def elasticsearch_client(conn: ElasticsearchConnection) -> Any:

@@ -2,7 +2,7 @@
 
 Phases (each one's wall time is in the summary):
 
-1. **stack** - ``LocalStack().up()`` (a no-op on a warm machine);
+1. **stack** - ``LocalStack().up(...)`` of the services the pipeline uses (a no-op on a warm machine);
 2. **reset** - clean topics, consumer groups, source positions, checkpoints and sinks
    (:mod:`connectors.demo.reset`), and the flights index with explicit mappings;
 3. **load_reference** - airports and weather into PostgreSQL, planes into
@@ -143,7 +143,9 @@ class DemoRun:
             done = self._phase("stack")
             from connectors.local import LocalStack
 
-            LocalStack().up()
+            # only what the pipeline uses: no MariaDB (an optional package and driver) for the demo
+            LocalStack().up(services_for_pipeline(load_pipeline(opts.config)))
+            from connectors.local.needs import services_for_pipeline
             done()
         self.pipeline = pipeline = load_pipeline(opts.config)
         targets = Targets.of(pipeline)

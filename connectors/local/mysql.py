@@ -114,15 +114,10 @@ class MySQL(Service):
         """Install Debian's ``mariadb-server`` when it is missing (root only; see :func:`.system.apt_install`).
 
         Raises:
-            LocalStackError: If it is missing and we are not root, apt fails, or
-                PyMySQL (the ``mysql`` extra) is not installed.
+            LocalStackError: If it is missing and we are not root, or apt fails.
+                The Python driver (PyMySQL, the ``mysql`` extra) is not needed
+                to run the server: the health check works without it.
         """
-        try:
-            import pymysql  # noqa: F401 - the driver of the probe and of the tests
-        except ImportError as exc:
-            raise LocalStackError(
-                f"the MySQL driver PyMySQL is missing: pip install 'threes[mysql]' (or set {self.env_var})"
-            ) from exc
         if self.server_binary() is not None and self.install_db_binary() is not None:
             return
         apt_install(
@@ -201,7 +196,21 @@ class MySQL(Service):
         return as_user(self.os_user, [str(server), f"--defaults-file={self.conf}"]), {}, self.dir
 
     def probe(self, endpoints: Endpoints) -> None:
-        """Log in as ``threes`` through PyMySQL and run ``SELECT 1``."""
+        """Log in as ``threes`` through PyMySQL and run ``SELECT 1``.
+
+        Without PyMySQL (``pip install threes`` without the ``mysql`` extra) the
+        server's protocol greeting is read instead: a MariaDB that accepts
+        connections sends it first (MySQL client/server protocol, "Initial
+        Handshake Packet", protocol version 10).
+
+        Raises:
+            OSError: the server does not answer or does not greet.
+        """
+        try:
+            import pymysql  # noqa: F401 - only whether it is installed
+        except ImportError:
+            greet_probe(endpoints.mysql_url)
+            return
         from sqlalchemy import create_engine, text
         from sqlalchemy.pool import NullPool
 
@@ -215,3 +224,39 @@ class MySQL(Service):
     def address(self, endpoints: Endpoints) -> str:
         """The database URL without its password."""
         return redact(endpoints.mysql_url)
+
+
+def greet_probe(url: str, timeout_s: float = 3.0) -> str:
+    """Read a MySQL/MariaDB server's initial handshake packet, without a driver.
+
+    Args:
+        url: the server's SQLAlchemy URL (host and port are used).
+        timeout_s: connect and read timeout, seconds.
+
+    Returns:
+        The server version the greeting names (``10.11.6-MariaDB-...``).
+
+    Raises:
+        OSError: no connection, no greeting, or a greeting of another protocol.
+    """
+    import socket
+
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    with socket.create_connection((parsed.host or HOST, parsed.port or 3306), timeout=timeout_s) as sock:
+        header = sock.recv(4)
+        if len(header) < 4:
+            raise OSError("MySQL server closed the connection before its greeting")
+        length = int.from_bytes(header[:3], "little")
+        body = b""
+        while len(body) < length:
+            chunk = sock.recv(length - len(body))
+            if not chunk:
+                break
+            body += chunk
+    if not body or body[0] == 0xFF:  # an error packet: e.g. "Host is blocked", "too many connections"
+        raise OSError(f"MySQL server refused the connection: {body[3:].decode(errors='replace')[:200]}")
+    if body[0] != 10:
+        raise OSError(f"not a MySQL protocol 10 greeting (first byte {body[0]})")
+    return body[1:].split(b"\0", 1)[0].decode(errors="replace")
