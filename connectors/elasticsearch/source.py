@@ -32,7 +32,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from connectors import clients
@@ -71,6 +71,10 @@ def mapping_to_avro(properties: Mapping[str, Any], name: str) -> dict[str, Any]:
     return {"type": "record", "name": avro_name(name), "namespace": "threes.elasticsearch", "fields": fields}
 
 
+class _PitExpired(Exception):
+    """The point in time of a read is gone (its keep-alive passed): HTTP 404 ``search_context_missing_exception``."""
+
+
 class ElasticsearchSource(SourceTask):
     """An Elasticsearch index into a compacted topic, keyed by ``_id``.
 
@@ -103,6 +107,7 @@ class ElasticsearchSource(SourceTask):
     def __init__(self, config: ElasticsearchSourceConfig, connection: ElasticsearchConnection, **kwargs: Any):
         super().__init__(config, connection, **kwargs)
         self.es: Any = None
+        self._pit_id: str | None = None
         self._snapshot_ids: set[str] | None = None
 
     # -- open -----------------------------------------------------------------------------------------
@@ -148,7 +153,7 @@ class ElasticsearchSource(SourceTask):
         self.last_snapshot_ms = pos.get("last_snapshot_ms")
         return SourceSchemas(key=self.key_schema, value=self.value_schema)
 
-    def _call(self, fn: Any, what: str) -> Any:
+    def _call(self, fn: Any, what: str, pit: bool = False) -> Any:
         from elasticsearch import (
             ApiError,
             AuthenticationException,
@@ -162,6 +167,8 @@ class ElasticsearchSource(SourceTask):
         try:
             return fn()
         except NotFoundError as exc:
+            if pit and "search_context_missing" in str(getattr(exc, "body", "") or exc):
+                raise _PitExpired(str(exc)) from exc
             raise ConfigError(f"source {cfg.name!r}: index {cfg.index!r} does not exist ({what})") from exc
         except (AuthenticationException, AuthorizationException) as exc:
             raise FatalError(f"source {cfg.name!r}: Elasticsearch refused the credentials ({what}): "
@@ -176,12 +183,35 @@ class ElasticsearchSource(SourceTask):
 
     # -- reading --------------------------------------------------------------------------------------
 
-    def _pages(self, query: Mapping[str, Any], sort: list[Any], *, source: bool = True,
-               search_after: list[Any] | None = None) -> Iterator[list[dict[str, Any]]]:
-        """Hits of ``query`` in pages, through one point-in-time (closed at the end)."""
+    def _open_pit(self) -> str:
         cfg = self.config
-        pit = self._call(lambda: self.es.open_point_in_time(index=cfg.index, keep_alive=KEEP_ALIVE),
-                         "opening a point in time")["id"]
+        return self._call(lambda: self.es.open_point_in_time(index=cfg.index, keep_alive=KEEP_ALIVE),
+                          "opening a point in time")["id"]
+
+    def _pages(self, query: Mapping[str, Any], sort: list[Any], *, source: bool = True,
+               search_after: list[Any] | None = None,
+               on_expiry: Callable[[], Mapping[str, Any]] | None = None) -> Iterator[list[dict[str, Any]]]:
+        """Hits of ``query`` in pages, through one point-in-time (closed at the end).
+
+        A point in time lives ``KEEP_ALIVE`` after each search; when the worker
+        held a page longer than that (the producer blocked: backpressure), the
+        next search finds no search context (HTTP 404
+        ``search_context_missing_exception``). That is not a missing index:
+
+        * with ``on_expiry`` (incremental reads), a new point in time is opened
+          and the read resumes with the query it returns, which starts at the
+          last page's sort value (the watermark, inclusive): documents of that
+          value may come again, none is skipped;
+        * without it (a snapshot, whose ``_shard_doc`` sort values mean nothing
+          in another point in time), :class:`RetriableError`: the worker retries
+          the cycle, which starts the snapshot again.
+
+        Raises:
+            RetriableError: the point in time expired during a snapshot, or the cluster failed.
+        """
+        cfg = self.config
+        pit = self._open_pit()
+        self._pit_id = pit
         try:
             after = search_after
             while True:
@@ -191,8 +221,20 @@ class ElasticsearchSource(SourceTask):
                     kwargs["source"] = False
                 if after is not None:
                     kwargs["search_after"] = after
-                resp = self._call(lambda kw=kwargs: self.es.search(**kw), "searching")
-                pit = resp.get("pit_id", pit)
+                try:
+                    resp = self._call(lambda kw=kwargs: self.es.search(**kw), "searching", pit=True)
+                except _PitExpired as exc:
+                    if on_expiry is None:
+                        raise RetriableError(
+                            f"source {cfg.name!r}: the point in time on index {cfg.index!r} expired (kept "
+                            f"{KEEP_ALIVE} after each page) during a snapshot; the snapshot starts again"
+                        ) from exc
+                    log.warning("source=%s point in time on index %s expired (the page was held longer than %s); "
+                                "reopening it and resuming at the last position", cfg.name, cfg.index, KEEP_ALIVE)
+                    query, after = on_expiry(), None
+                    pit = self._pit_id = self._open_pit()
+                    continue
+                pit = self._pit_id = resp.get("pit_id", pit)
                 hits = resp["hits"]["hits"]
                 if not hits:
                     return
@@ -260,7 +302,14 @@ class ElasticsearchSource(SourceTask):
             bounds["format"] = "strict_date_optional_time||epoch_millis"
         sort = [{field: {"order": "asc", **({"format": "strict_date_optional_time"} if self.updated_is_date
                                             else {})}}, {"_shard_doc": "asc"}]
-        for hits in self._pages({"range": {field: bounds}}, sort):
+        def resume() -> dict[str, Any]:
+            # the last page's sort value, inclusively: what the next run would start from
+            again = {k: v for k, v in bounds.items() if k not in ("gt", "gte")}
+            if self.watermark is not None:
+                again["gte" if self.inclusive else "gt"] = self.watermark
+            return {"range": {field: again}}
+
+        for hits in self._pages({"range": {field: bounds}}, sort, on_expiry=resume):
             records = [self._record(h) for h in hits]
             # every document sorting before the last one's value is emitted: resume there, inclusively
             self.watermark = hits[-1]["sort"][0]

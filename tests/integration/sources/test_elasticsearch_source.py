@@ -130,3 +130,57 @@ def test_missing_index_is_a_config_error(es_conn: Any, kafka: Any, unique: str) 
     (s,) = run_once(pipeline).values()
     assert s.state == "failed"
     assert f"no-such-{unique}" in s.error and "does not exist" in s.error
+
+
+def _pit_source(es: Any, es_conn: Any, kafka: Any, unique: str, mode: str) -> Any:
+    from connectors.elasticsearch.source import ElasticsearchSource
+
+    index = f"pit-{unique}"
+    es.indices.create(index=index, mappings={"properties": {"v": {"type": "keyword"},
+                                                            "updated_at": {"type": "date"}}})
+    start = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    for i in range(20):
+        when = (start + dt.timedelta(seconds=i // 2)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        es.index(index=index, id=f"d{i:02d}", document={"v": f"v{i}", "updated_at": when})
+    es.indices.refresh(index=index)
+    source: dict[str, Any] = {"name": f"pit-{unique}", "type": "elasticsearch_source", "connection": "es",
+                              "topic": f"state.{unique}", "index": index, "mode": mode, "page_size": 5}
+    if mode == "incremental":
+        source.update(updated_field="updated_at", commit_delay_s=0)
+    pipeline = pipeline_from_dict({"kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+                                   "connections": _es_connections(es_conn), "sources": [source]})
+    task = ElasticsearchSource(pipeline.sources[0], pipeline.connection("es"))
+    task.open(None)
+    return task
+
+
+def test_point_in_time_expiry_resumes_at_the_last_position(es: Any, es_conn: Any, kafka: Any, unique: str) -> None:
+    task = _pit_source(es, es_conn, kafka, unique, "incremental")
+    pages = task.poll()
+    first = next(pages)
+    assert len(first.records) == 5
+    # the worker held the page past the keep-alive (its producer was blocked): the cluster dropped the point in
+    # time, and the next search answers 404 search_context_missing_exception, as closing it here makes it answer
+    es.close_point_in_time(id=task._pit_id)
+    rest = [r for batch in pages for r in batch.records]
+    ids = [k["_id"] for k, _v in first.records + rest]
+    # resumed at the last page's sort value (inclusive): nothing lost, at most that value's documents again
+    assert sorted(set(ids)) == [f"d{i:02d}" for i in range(20)]
+    assert len(ids) - 20 <= 2
+    task.close()
+
+
+def test_point_in_time_expiry_during_a_snapshot_is_retriable(es: Any, es_conn: Any, kafka: Any,
+                                                            unique: str) -> None:
+    from connectors.exceptions import RetriableError
+
+    task = _pit_source(es, es_conn, kafka, unique, "snapshot")
+    pages = task.poll()
+    next(pages)
+    es.close_point_in_time(id=task._pit_id)
+    try:
+        next(pages)
+        raise AssertionError("the expired point in time went unnoticed")
+    except RetriableError as exc:  # the worker retries the cycle: the snapshot starts again
+        assert "expired" in str(exc) and "does not exist" not in str(exc)
+    task.close()
