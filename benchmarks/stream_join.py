@@ -65,7 +65,9 @@ Sizes: ``THREES_BENCH_KEYS`` (default 1000000), ``THREES_BENCH_EVENTS`` (500000,
 in micro-batches of ``THREES_BENCH_BATCH`` = 50000), ``THREES_BENCH_RATE``
 (events/s for the latency run, 2000) and ``THREES_BENCH_LATENCY_S`` (30);
 ``THREES_BENCH_PARTS`` picks parts (default ``throughput,bootstrap,restart,latency,kstreams``;
-``latency20k`` adds the 20k events/s latency run);
+``latency20k`` adds the 20k events/s latency run; ``scale`` adds the 10M-key run of
+``benchmarks/snapshot_scale.py`` on the standalone cluster: ``ratio_10m_vs_10k``,
+``driver_peak_rss_mb_10m``, ``bootstrap_10m_keys_per_s``, ``ratio_restart_vs_bootstrap_10m``);
 throughput configurations run ``THREES_BENCH_ROUNDS`` (2) times in turn and the best
 run of each counts, as the machine is shared.
 Prints a table, then one JSON line with every figure.
@@ -207,6 +209,67 @@ def faa(i: Any) -> Any:
     return f.format_string("K%07d", i)
 
 
+def _write(kafka: KafkaConfig, df: Any, topic: str) -> None:
+    from pyspark.sql import functions as f
+
+    from stream_app.kafka_io import spark_kafka_options
+    from stream_app.records import write_records
+
+    write_records(df.withColumn("topic", f.lit(topic)), spark_kafka_options(kafka))
+
+
+def write_snapshot_topic(
+    spark: Any, kafka: KafkaConfig, topic: str, keys: int, start: int = 0, name: str = "airport %d", stride: int = 1
+) -> None:
+    """Write ``keys`` airports with ids ``(start + i) * stride`` (stride: the keys the events reference)."""
+    from pyspark.sql import functions as f
+
+    from stream_app.avro import encode_avro
+
+    ensure_compacted_topic(kafka.librdkafka_config(), topic, partitions=2)
+    ids = spark.range(start, start + keys, numPartitions=4).select((f.col("id") * stride).alias("id"))
+    value = f.struct(
+        faa(f.col("id")).alias("faa"),
+        f.format_string(name, f.col("id")).alias("name"),
+        (f.col("id") % 90).cast("double").alias("lat"),
+        (f.col("id") % 180).cast("double").alias("lon"),
+        (f.col("id") % 5000).cast("int").alias("alt"),
+        f.lit(-5).alias("tz"),
+    )
+    df = ids.select(
+        encode_avro(f.struct(faa(f.col("id")).alias("faa")), schema_json(KEY), fingerprint(KEY)).alias("key"),
+        encode_avro(value, schema_json(VALUE), fingerprint(VALUE)).alias("value"),
+    )
+    _write(kafka, df, topic)
+
+
+def write_events_topic(
+    spark: Any, kafka: KafkaConfig, topic: str, n: int, partitions: int = 2, stride: int = STRIDE
+) -> None:
+    """Write ``n`` flights whose origin and destination are among keys ``0, stride, 2 * stride...`` (10k of them)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from pyspark.sql import functions as f
+
+    from stream_app.avro import encode_avro
+
+    admin = AdminClient(kafka.librdkafka_config())
+    for fut in admin.create_topics([NewTopic(topic, num_partitions=partitions)]).values():
+        fut.result(30)
+    ids = spark.range(0, n, numPartitions=4)
+    event = f.struct(
+        f.col("id").alias("flight_id"),
+        faa((f.col("id") * 7919 % SMALL) * stride).alias("origin"),
+        faa((f.col("id") * 104729 % SMALL) * stride).alias("dest"),
+        (f.col("id") % 60).cast("double").alias("dep_delay"),
+        f.timestamp_seconds(f.lit(1357020000) + f.col("id") % 86400).alias("time_hour"),
+    )
+    df = ids.select(
+        f.col("id").cast("string").cast("binary").alias("key"),
+        encode_avro(event, schema_json(EVENT), fingerprint(EVENT)).alias("value"),
+    )
+    _write(kafka, df, topic)
+
+
 class Bench:
     def __init__(self) -> None:
         from connectors.local import LocalStack
@@ -235,58 +298,12 @@ class Bench:
 
     # -- data, written by Spark (JVM Avro encoding: fast) ---------------------------------------
 
-    def _write(self, df: Any, topic: str) -> None:
-        from pyspark.sql import functions as f
-
-        from stream_app.kafka_io import spark_kafka_options
-        from stream_app.records import write_records
-
-        write_records(df.withColumn("topic", f.lit(topic)), spark_kafka_options(self.kafka))
-
     def write_snapshot(self, topic: str, keys: int, start: int = 0, name: str = "airport %d", stride: int = 1) -> None:
         """Write ``keys`` airports with ids ``(start + i) * stride`` (stride: the keys the events reference)."""
-        from pyspark.sql import functions as f
-
-        from stream_app.avro import encode_avro
-
-        ensure_compacted_topic(self.conf, topic, partitions=2)
-        ids = self.spark.range(start, start + keys, numPartitions=4).select((f.col("id") * stride).alias("id"))
-        value = f.struct(
-            faa(f.col("id")).alias("faa"),
-            f.format_string(name, f.col("id")).alias("name"),
-            (f.col("id") % 90).cast("double").alias("lat"),
-            (f.col("id") % 180).cast("double").alias("lon"),
-            (f.col("id") % 5000).cast("int").alias("alt"),
-            f.lit(-5).alias("tz"),
-        )
-        df = ids.select(
-            encode_avro(f.struct(faa(f.col("id")).alias("faa")), schema_json(KEY), fingerprint(KEY)).alias("key"),
-            encode_avro(value, schema_json(VALUE), fingerprint(VALUE)).alias("value"),
-        )
-        self._write(df, topic)
+        write_snapshot_topic(self.spark, self.kafka, topic, keys, start, name, stride)
 
     def write_events(self, topic: str, n: int, partitions: int = 2) -> None:
-        from confluent_kafka.admin import AdminClient, NewTopic
-        from pyspark.sql import functions as f
-
-        from stream_app.avro import encode_avro
-
-        admin = AdminClient(self.conf)
-        for fut in admin.create_topics([NewTopic(topic, num_partitions=partitions)]).values():
-            fut.result(30)
-        ids = self.spark.range(0, n, numPartitions=4)
-        event = f.struct(
-            f.col("id").alias("flight_id"),
-            faa((f.col("id") * 7919 % SMALL) * STRIDE).alias("origin"),
-            faa((f.col("id") * 104729 % SMALL) * STRIDE).alias("dest"),
-            (f.col("id") % 60).cast("double").alias("dep_delay"),
-            f.timestamp_seconds(f.lit(1357020000) + f.col("id") % 86400).alias("time_hour"),
-        )
-        df = ids.select(
-            f.col("id").cast("string").cast("binary").alias("key"),
-            encode_avro(event, schema_json(EVENT), fingerprint(EVENT)).alias("value"),
-        )
-        self._write(df, topic)
+        write_events_topic(self.spark, self.kafka, topic, n, partitions)
 
     # -- jobs --------------------------------------------------------------------------------------
 
@@ -943,6 +960,12 @@ class Bench:
             self.latency(large, RATE)
         if "latency20k" in parts:
             self.latency(large, LATENCY_20K)
+        if "scale" in parts:  # 10M keys on the standalone cluster, each driver a 1 GB child process
+            from snapshot_scale import run_scale
+
+            results, rows = run_scale(self.kafka)
+            self.results.update(results)
+            self.rows.extend(rows)
         self.print()
 
     def print(self) -> None:

@@ -6,18 +6,20 @@ lookup's prefix: ``left`` keeps events without a match (joined fields null),
 (a foreign key), composite keys included, and the same snapshot may be used
 by several lookups (origin and destination airports).
 
-Three engines, chosen per snapshot by its size:
+Engines, chosen per snapshot by its size:
 
-* **broadcast** (fewer than ``index_min_rows`` keys): Spark's broadcast hash
-  join against the base, a small cached DataFrame. Spark broadcasts it again
-  for every micro-batch (each batch is a new plan), which costs little while
-  the snapshot is small.
-* **indexed** (up to ``broadcast_max_rows``): a scalar pandas UDF per lookup
-  probes the hash index the Python workers keep of the base, shipped once per
-  base (:mod:`stream_app.snapshot.indexed`); only the keys cross into Python, and the
-  cost follows the events, not the snapshot.
-* **partitioned** (above): a shuffle join against the base, a DataFrame cached
-  and hash-partitioned by lookup key (so only the events move).
+* **broadcast** (up to ``broadcast_max_rows`` keys, 100k by default): Spark's
+  broadcast hash join against the base, a small cached DataFrame. Spark
+  broadcasts it again for every micro-batch (each batch is a new plan), which
+  costs little while the snapshot is small; a GlobalKTable is replicated too.
+* **partitioned** (above): a sort-merge join against the base, which the
+  executors keep cached, hash-partitioned and sorted by lookup key
+  (:mod:`stream_app.snapshot.partitioned`): only the events are shuffled and
+  sorted; the base is scanned where it lives.
+* **indexed** (opt-in, from ``index_min_rows``): a scalar pandas UDF per lookup
+  probes a hash index that every Python worker keeps of the whole base
+  (:mod:`stream_app.snapshot.indexed`); only the keys cross into Python, but
+  each worker holds a copy outside the JVM's memory accounting.
 
 In the Spark engines the small overlay of newer changes is joined by
 broadcast after the base, and its rows (tombstones included) win.

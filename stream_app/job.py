@@ -124,7 +124,9 @@ class StreamJob:
         self._offsets_log = BatchOffsetsLog(fs)
         dead_letters = DeadLetterProducer(self.kafka, cfg.dead_letter_topic, cfg.name)
         for snap_plan in plan.snapshots.values():
-            checkpoint = SnapshotCheckpoint(fs, snap_plan.config.name, snap_plan.schema_id)
+            name = snap_plan.config.name
+            spark_folder = child(cfg.checkpoint_location, "snapshots", name)
+            checkpoint = SnapshotCheckpoint(fs, name, snap_plan.schema_id, spark_folder=spark_folder)
             self.snapshots[snap_plan.config.name] = Snapshot(
                 self.spark, self.kafka, snap_plan, writers, self._watermarks, checkpoint, dead_letters, cfg.name
             )

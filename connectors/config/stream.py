@@ -93,14 +93,18 @@ class SnapshotConfig(StrictModel):
         description="key_format string: the name lookups join on (`on: {event_field: <key_field>}`), default 'key'",
     )
     value_schema: str = Field(description="Avro reader schema of the record values (a record)")
-    index_min_rows: int = Field(
-        100_000,
+    index_min_rows: int | None = Field(
+        None,
         ge=0,
-        description="from this many keys the snapshot is kept as a hash index in the executors' Python workers "
-        "(shipped once per base) instead of being broadcast again by Spark for every micro-batch",
+        description="opt-in: from this many keys (up to broadcast_max_rows) keep the snapshot as a hash index in "
+        "the executors' Python workers (a copy per worker, outside the JVM's memory accounting) instead of "
+        "broadcasting it; off by default: above broadcast_max_rows the snapshot is partitioned on the executors",
     )
     broadcast_max_rows: int = Field(
-        2_000_000, ge=0, description="above this many keys the job joins partitioned by key, not broadcast"
+        100_000,
+        ge=0,
+        description="above this many keys the snapshot is partitioned by key on the executors (never collected to "
+        "the driver, versioned as bucketed Parquet in the checkpoint location) and joined by a shuffle of the events",
     )
     overlay_max_rows: int = Field(
         50_000,
@@ -111,7 +115,10 @@ class SnapshotConfig(StrictModel):
         300.0, gt=0, description="the snapshot (data + offsets) is checkpointed at most this often, seconds"
     )
     partitions: int | None = Field(
-        None, ge=1, description="partitions of a partitioned snapshot (default spark.sql.shuffle.partitions)"
+        None,
+        ge=1,
+        description="partitions (and Parquet buckets) of a partitioned snapshot (default spark.sql.shuffle.partitions; "
+        "keep it at least that, or Spark reshuffles the snapshot instead of the events)",
     )
 
     @model_validator(mode="after")

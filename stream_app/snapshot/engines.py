@@ -1,16 +1,17 @@
-"""Where a snapshot's base lives, by its size: the three join engines' side of the snapshot.
+"""Where a snapshot's base lives, by its size: the join engines' side of the snapshot.
 
-* ``broadcast`` (fewer than ``index_min_rows`` keys): a small cached DataFrame,
+* ``broadcast`` (up to ``broadcast_max_rows`` keys): a small cached DataFrame,
   joined by Spark's broadcast hash join (Spark broadcasts it again for every
   micro-batch, which costs little at this size).
-* ``indexed`` (up to ``broadcast_max_rows``): an Arrow IPC broadcast variable,
-  shipped once per base and indexed by each Python worker
-  (:mod:`stream_app.snapshot.indexed`); pre-loaded into the workers in the background.
 * ``partitioned`` (above): the base stays on the executors, hash-partitioned
   and sorted by lookup key, versioned in the checkpoint location
   (:mod:`stream_app.snapshot.partitioned`); the driver never holds its rows.
+* ``indexed`` (opt-in, from ``index_min_rows`` keys up to ``broadcast_max_rows``):
+  an Arrow IPC broadcast variable, shipped once per base and indexed by each
+  Python worker (:mod:`stream_app.snapshot.indexed`); pre-loaded into the
+  workers in the background.
 
-The driver keeps the Arrow table of the first two: merges apply change sets
+The driver keeps the Arrow table of the broadcast and indexed engines: merges apply change sets
 to it and checkpoints write it. Also here: the producer of the snapshot's dead
 letters.
 """
@@ -135,7 +136,7 @@ class SnapshotBase:
         self.broadcast, self.df = None, None
         table = nullable_table(table)
         self.table = table
-        if rows >= self.config.index_min_rows:
+        if self.config.index_min_rows is not None and rows >= self.config.index_min_rows:
             self.mode, self.token = "indexed", uuid.uuid4().hex
             self.broadcast = self.spark.sparkContext.broadcast(ipc if ipc is not None else ipc_bytes(table))
             self._prewarm()

@@ -1,14 +1,17 @@
 """The live snapshot: loaded behind a readiness gate, caught up before every micro-batch, checkpointed.
 
-A :class:`Snapshot` keeps, on the driver:
+A :class:`Snapshot` keeps:
 
-* a **base**: the latest value per key up to ``base_offsets``: a small cached
-  DataFrame (Spark broadcasts it per batch), an Arrow table shipped once to
-  the executors as a broadcast variable and indexed there (from
-  ``index_min_rows`` keys), or a cached DataFrame partitioned by key (above
-  ``broadcast_max_rows``);
-* an **overlay log**: every record read since the base (updates and
-  tombstones, with their offsets), in read order.
+* a **base**: the latest value per key up to ``base_offsets``: up to
+  ``broadcast_max_rows`` keys a small Arrow table on the driver, cached as a
+  DataFrame that Spark broadcasts per batch (or, opt-in from
+  ``index_min_rows``, shipped once to the executors' Python workers and indexed
+  there); above, a DataFrame the executors keep partitioned by key and write
+  as versions in the checkpoint location
+  (:mod:`stream_app.snapshot.partitioned`): the driver holds its offsets and
+  counts only;
+* an **overlay log** on the driver: the records read since the base (updates and
+  tombstones, with their offsets), in read order, at most ``overlay_max_rows``.
 
 Before each micro-batch :meth:`Snapshot.catch_up` reads only the new offset
 ranges ``[offsets, end offsets)`` from Kafka into the overlay (a few records:
@@ -16,9 +19,11 @@ one long-lived consumer on the driver, decoded there by fastavro,
 :mod:`stream_app.snapshot.delta`; many: Spark's Kafka source, decoded in the
 JVM), so a refresh costs what was written since the last one, not the
 snapshot's size. When the overlay passes ``overlay_max_rows`` it is merged
-into a new base (one broadcast variable, or one cached DataFrame). This is the base +
-delta design of log-structured stores (LSM trees) and of Kafka Streams'
-restore-then-tail, with Spark broadcasts as the shipping medium.
+into a new base (a new driver table, or a new version written by the
+executors); a larger delta of a partitioned snapshot is read, decoded and
+merged by the executors without reaching the driver. This is the base + delta
+design of log-structured stores (LSM trees) and of Kafka Streams'
+restore-then-tail.
 
 Because the overlay keeps offsets, :meth:`Snapshot.view` can give the
 snapshot *as of* earlier offsets: a micro-batch replayed after a crash joins

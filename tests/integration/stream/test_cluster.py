@@ -49,14 +49,17 @@ def test_executors_import_the_project_from_the_shipped_zip(cluster_spark):
 
 # The semantics tests that matter, on the cluster: the same scenario bodies as on local[2], whose
 # outputs are also compared with the local[2] run's when both run in one session (same_on_every_master).
-# Executors in separate JVMs with their own Python workers: the indexed engine's worker-side index and
+# Executors in separate JVMs with their own Python workers: the partitioned engine's cached base and its
+# versions, the indexed engine's worker-side index and
 # the aggregation's RocksDB state store run there. (A restart from the snapshot checkpoint is part of the
 # replay test; test_s3a_checkpoint.py restarts from object storage.)
 
 
-def test_tombstones_and_reinserts_on_the_cluster(cluster_spark, env, outputs_by_master):
+@pytest.mark.parametrize("join", ["partitioned", "indexed"])
+def test_tombstones_and_reinserts_on_the_cluster(cluster_spark, env, join, outputs_by_master):
+    # partitioned: the base cached by the executors and versioned as bucketed Parquet by them
     enrich_job.test_deleted_reference_gives_nulls_and_a_reinsert_brings_it_back(
-        cluster_spark, env, "indexed", outputs_by_master
+        cluster_spark, env, join, outputs_by_master
     )
 
 

@@ -1,0 +1,312 @@
+"""The snapshot at scale (issue #11): 10M keys on the standalone cluster, a driver of 1 GB.
+
+Run: ``python benchmarks/snapshot_scale.py`` (or part ``scale`` of
+``benchmarks/stream_join.py``, whose JSON line then carries these figures).
+Starts Kafka and the local Spark standalone cluster (a master and two workers,
+1 core and 1 GB each) if needed. Every Spark driver here is a child process of
+its own with ``spark.driver.memory=1g`` and ``spark.driver.maxResultSize`` left
+at its default; this process samples the resident memory of each child's
+process tree (the Python driver and its JVM; the executors are the workers'
+children, not counted) every 0.5 s.
+
+One run, side by side, on the same events (``THREES_BENCH_SCALE_EVENTS``,
+500k, in micro-batches of ``THREES_BENCH_BATCH``) referencing 10k keys:
+
+1. the job with a 10k-key snapshot (broadcast engine) and with a
+   ``THREES_BENCH_SCALE_KEYS`` (10M) snapshot (partitioned engine: state on the
+   executors, versioned as bucketed Parquet in the checkpoint location), each
+   with a fresh checkpoint: events/s with the readiness gate left out (as in
+   ``stream_join.py``), ``ratio_10m_vs_10k`` (target >= 0.5);
+2. the 10M run's bootstrap: keys/s of the readiness gate (target >= 500k/s)
+   and the time from ``start()`` to the end of the first micro-batch;
+3. a restart of the 10M job from its checkpoint after 1k updates (events
+   re-read from the start, the snapshot from its newest version plus the
+   topic's tail): time to the end of the first micro-batch, ``ratio`` to the
+   full bootstrap's (target <= 0.2);
+4. a large delta (``THREES_BENCH_SCALE_DELTA``, 100k updates, more than
+   ``overlay_max_rows``): merged by the executors into a new version at start;
+5. ``driver_peak_rss_mb_10m``: the largest driver tree RSS of the 10M runs
+   (target <= 1536 MB).
+
+Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from stream_join import (  # noqa: E402
+    BATCH,
+    EVENT,
+    KEY,
+    SMALL,
+    VALUE,
+    Bench,
+    write_events_topic,
+    write_snapshot_topic,
+)
+
+from connectors.config.models import KafkaConfig  # noqa: E402
+
+SCALE_KEYS = int(os.environ.get("THREES_BENCH_SCALE_KEYS", "10000000"))
+SCALE_EVENTS = int(os.environ.get("THREES_BENCH_SCALE_EVENTS", "500000"))
+SCALE_DELTA = int(os.environ.get("THREES_BENCH_SCALE_DELTA", "100000"))
+MASTER = os.environ.get("THREES_BENCH_SCALE_MASTER", "spark://127.0.0.1:7077")
+STRIDE = max(1, SCALE_KEYS // SMALL)  # the events' 10k keys, spread over the whole key range
+UPDATES = 1000
+log = logging.getLogger("snapshot_scale")
+
+
+# -- children: one Spark driver each ---------------------------------------------------------------
+
+
+def _session(master: str) -> Any:
+    from connectors.config.stream import SparkSettings
+    from connectors.local import LocalStack
+    from stream_app.session import spark_session
+
+    return spark_session(
+        SparkSettings(master=master, app_name="threes-bench-scale", driver_memory="1g"), LocalStack().spark_jars()
+    )
+
+
+def _job_config(args: dict[str, Any], folder: Path) -> Any:
+    from connectors.config.stream import StreamJobConfig
+
+    for name, schema in (("key", KEY), ("value", VALUE), ("event", EVENT)):
+        (folder / f"{name}.avsc").write_text(json.dumps(schema))
+    return StreamJobConfig.model_validate(
+        {
+            "name": f"bench-scale-{uuid.uuid4().hex[:6]}",
+            "events": {
+                "topic": args["events"],
+                "value_schema": "event.avsc",
+                "starting_offsets": "earliest",
+                "max_offsets_per_trigger": BATCH,
+            },
+            "snapshots": [
+                {
+                    "name": "airports",
+                    "topics": [args["snapshot"]],
+                    "key_schema": "key.avsc",
+                    "value_schema": "value.avsc",
+                }
+            ],
+            "lookups": [{"snapshot": "airports", "on": {"origin": "faa"}, "prefix": "origin_"}],
+            "enriched_topic": f"bench.scale.enriched.{uuid.uuid4().hex[:6]}",
+            "dead_letter_topic": args["dlq"],
+            "trigger_interval_s": 1,
+            "checkpoint_location": args["checkpoint"],
+        }
+    )
+
+
+def _run_job(spark: Any, kafka: KafkaConfig, args: dict[str, Any]) -> dict[str, Any]:
+    from stream_app.job import StreamJob
+
+    checkpoint = Path(args["checkpoint"])
+    for part in ("events", "snapshot-offsets"):  # events from the start again; the snapshot's versions stay
+        shutil.rmtree(checkpoint / part, ignore_errors=True)
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    job = StreamJob(_job_config(args, checkpoint.parent), kafka, spark, base_dir=checkpoint.parent)
+    started = time.monotonic()
+    job.start(available_now=True)
+    query, first_batch_s = job.queries[0], None
+    while query.isActive:
+        if first_batch_s is None and any(p["numInputRows"] for p in query.recentProgress):
+            first_batch_s = time.monotonic() - started
+        time.sleep(0.1)
+    if first_batch_s is None:
+        first_batch_s = time.monotonic() - started
+    stats = Bench.throughput(query, job.gate_wait_s)
+    snapshot = job.snapshots["airports"]
+    stats.update(
+        engine=snapshot.mode,
+        readiness=job.readiness["airports"],
+        to_first_batch_s=first_batch_s,
+        keys=snapshot.live_keys(),
+        version=snapshot.base.version,
+    )
+    job.stop(checkpoint=False)
+    return stats
+
+
+def child(args: dict[str, Any]) -> dict[str, Any]:
+    """One measurement in this process: ``write`` topics, or run the ``job`` once."""
+    kafka = KafkaConfig(bootstrap_servers=args["bootstrap"])
+    spark = _session(args["master"])
+    try:
+        if args["action"] == "write":
+            from schemas.store import SchemaStore
+
+            store = SchemaStore(kafka.librdkafka_config(), kafka.schema_topic)
+            for schema in (KEY, VALUE, EVENT):  # the writer schemas, as a source registers them
+                store.register(schema)
+            for spec in args["snapshots"]:
+                write_snapshot_topic(spark, kafka, **spec)
+            if args.get("events"):
+                write_events_topic(spark, kafka, args["events"], args["n"], stride=STRIDE)
+            return {}
+        return _run_job(spark, kafka, args)
+    finally:
+        spark.stop()
+
+
+# -- the parent: orchestration and memory sampling -------------------------------------------------
+
+
+def _tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and its descendants (``/proc``), bytes."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [pid]
+    page = os.sysconf("SC_PAGE_SIZE")
+    while todo:
+        current = todo.pop()
+        todo.extend(children.get(current, []))
+        try:
+            with open(f"/proc/{current}/statm") as statm:
+                total += int(statm.read().split()[1]) * page
+        except OSError:
+            continue
+    return total
+
+
+def run_child(args: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """Run :func:`child` in a new process; returns its result and the peak RSS of its tree, MB."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "child", json.dumps(args)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, _tree_rss_bytes(proc.pid))
+        time.sleep(0.5)
+    out = proc.stdout.read() if proc.stdout else ""
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {args['action']} failed with exit code {proc.returncode}")
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    return (json.loads(lines[-1]) if lines else {}), peak / 2**20
+
+
+def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """The whole scale measurement; returns the figures and table rows."""
+    run_id = uuid.uuid4().hex[:8]
+    tmp = Path(tempfile.mkdtemp(prefix="threes-scale-"))
+    small, big = f"bench.scale.snap10k.{run_id}", f"bench.scale.snap10m.{run_id}"
+    events, dlq = f"bench.scale.events.{run_id}", f"bench.scale.dlq.{run_id}"
+    base = {"bootstrap": kafka.bootstrap_servers, "master": MASTER, "dlq": dlq}
+    results: dict[str, Any] = {"scale_keys": SCALE_KEYS, "scale_events": SCALE_EVENTS, "scale_master": MASTER}
+    try:
+        started = time.monotonic()
+        snapshots = [
+            {"topic": small, "keys": SMALL, "stride": STRIDE},
+            {"topic": big, "keys": SCALE_KEYS},
+        ]
+        run_child({**base, "action": "write", "snapshots": snapshots, "events": events, "n": SCALE_EVENTS})
+        log.info("scale: topics written in %.1f s", time.monotonic() - started)
+        job = {**base, "action": "job", "events": events}
+        r10k, rss10k = run_child({**job, "snapshot": small, "checkpoint": str(tmp / "cp10k" / "checkpoint")})
+        cp = str(tmp / "cp10m" / "checkpoint")
+        r10m, rss_boot = run_child({**job, "snapshot": big, "checkpoint": cp})
+        updates = [{"topic": big, "keys": UPDATES, "start": 0, "name": "renamed %d", "stride": STRIDE}]
+        run_child({**base, "action": "write", "snapshots": updates})
+        restart, rss_restart = run_child({**job, "snapshot": big, "checkpoint": cp})
+        delta = [{"topic": big, "keys": SCALE_DELTA, "start": 0, "name": "delta %d", "stride": 1}]
+        run_child({**base, "action": "write", "snapshots": delta})
+        merged, rss_merge = run_child({**job, "snapshot": big, "checkpoint": cp})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    boot = r10m["readiness"]
+    results.update(
+        {
+            "job_10k_cluster": r10k,
+            "job_10m_cluster": r10m,
+            "restart_10m": restart,
+            "large_delta_10m": merged,
+            "ratio_10m_vs_10k": r10m["events_per_s"] / r10k["events_per_s"],
+            "bootstrap_10m_keys_per_s": boot["keys"] / boot["elapsed_s"],
+            "bootstrap_10m_to_first_batch_s": r10m["to_first_batch_s"],
+            "restart_10m_to_first_batch_s": restart["to_first_batch_s"],
+            "ratio_restart_vs_bootstrap_10m": restart["to_first_batch_s"] / r10m["to_first_batch_s"],
+            "large_delta_10m_merge_s": merged["readiness"]["elapsed_s"],
+            "driver_peak_rss_mb_10k": rss10k,
+            "driver_peak_rss_mb_10m": max(rss_boot, rss_restart, rss_merge),
+        }
+    )
+    r = results
+    rows = [
+        ("events/s job 10k (cluster)", f"{r10k['events_per_s']:,.0f}", f"engine {r10k['engine']}"),
+        (
+            f"events/s job {SCALE_KEYS / 1e6:g}M (cluster)",
+            f"{r10m['events_per_s']:,.0f}",
+            f"engine {r10m['engine']}, steady {r10m['steady_events_per_s']:,.0f}/s",
+        ),
+        ("job 10M / job 10k", f"{r['ratio_10m_vs_10k']:.2f}x", "target >= 0.5"),
+        (
+            "bootstrap 10M keys/s",
+            f"{r['bootstrap_10m_keys_per_s']:,.0f}",
+            f"{boot['keys']:,} keys in {boot['elapsed_s']:.1f} s (target >= 500,000/s); "
+            f"first batch done {r10m['to_first_batch_s']:.1f} s after start",
+        ),
+        (
+            "restart 10M to first batch",
+            f"{restart['to_first_batch_s']:.1f} s",
+            f"{r['ratio_restart_vs_bootstrap_10m']:.2f} of the bootstrap's (target <= 0.2); "
+            f"source {restart['readiness']['source']}, records read {restart['readiness']['records']:,}",
+        ),
+        (
+            f"large delta ({SCALE_DELTA:,} updates) merged",
+            f"{r['large_delta_10m_merge_s']:.1f} s",
+            f"by the executors at start, new version {merged['version']}",
+        ),
+        (
+            "driver peak RSS 10M",
+            f"{r['driver_peak_rss_mb_10m']:,.0f} MB",
+            f"driver_memory 1g, maxResultSize default (target <= 1536 MB); 10k: {rss10k:,.0f} MB",
+        ),
+    ]
+    return results, rows
+
+
+def main() -> None:
+    from connectors.local import LocalStack
+
+    stack = LocalStack()
+    stack.up(["kafka", "spark"])
+    kafka = KafkaConfig(bootstrap_servers=stack.endpoints().kafka_bootstrap)
+    results, rows = run_scale(kafka)
+    width = max(len(r[0]) for r in rows)
+    print(f"\nsnapshot_scale benchmark: {MASTER}, {SCALE_EVENTS:,} events in micro-batches of {BATCH:,}")
+    for name, value, note in rows:
+        print(f"  {name:<{width}}  {value:>14}  {note}")
+    print(json.dumps({"benchmark": "snapshot_scale", **results}, default=float))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=os.environ.get("THREES_BENCH_LOG", "INFO"), format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    if len(sys.argv) > 2 and sys.argv[1] == "child":
+        print(json.dumps(child(json.loads(sys.argv[2])), default=float))
+    else:
+        main()
