@@ -182,6 +182,9 @@ def clear_sinks(pipeline: Any) -> dict[str, int]:
                 engine = clients.sql_engine(conn)
                 try:
                     Table(sink.table, MetaData(), schema=sink.schema_name).drop(engine, checkfirst=True)
+                    # its tombstones too: a fresh table must not inherit the deleted keys' versions
+                    tombstones = sink.tombstone_table or f"{sink.table}__deleted"
+                    Table(tombstones, MetaData(), schema=sink.schema_name).drop(engine, checkfirst=True)
                     removed["tables"] += 1
                 finally:
                     engine.dispose()
