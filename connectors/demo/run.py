@@ -7,9 +7,12 @@ Phases (each one's wall time is in the summary):
    (:mod:`connectors.demo.reset`), and the flights index with explicit mappings;
 3. **load_reference** - airports and weather into PostgreSQL, planes into
    Elasticsearch, airlines into S3 (:mod:`connectors.demo.reference`);
-4. **start** - ``threes source run`` and ``threes sync run``, the state topics
-   filled, the events topic created, ``threes stream run`` ready (its metrics
-   endpoint answers once every snapshot is loaded);
+4. **start** - the pipeline's processes through ``threes run``'s supervisor
+   (:class:`~connectors.pipeline.supervisor.Supervisor`): ``threes source run``, then
+   once every source took its first snapshot the events topic and ``threes stream run``,
+   then ``threes sync run`` once the update topics exist; the phase ends when every
+   part is ready (the stream job's metrics endpoint answers once every snapshot is
+   loaded) and the state topics hold every reference row;
 5. **pipeline** - the flights are replayed (:class:`~connectors.demo.replay.Replayer`)
    while the two reference changes are made (:mod:`connectors.demo.changes`), until
    every sink holds every flight: this is the phase the 120 s target is about,
@@ -18,7 +21,7 @@ Phases (each one's wall time is in the summary):
    pipeline's CPU microseconds per flight are in the summary's ``cpu``;
 6. **verify** - every sink against the pandas oracle (:mod:`connectors.demo.verify`).
 
-The pipeline's processes are stopped at the end (SIGTERM: they flush and commit).
+The pipeline's processes are stopped at the end, in reverse order (SIGTERM: they flush and commit).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import logging
 import os
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,7 +114,7 @@ class DemoRun:
         self.on_update = on_update or (lambda _state: None)
         self.state = LiveState()
         self.phases: dict[str, float] = {}
-        self.processes: Any = None
+        self.supervisor: Any = None
         self.pipeline: Any = None
 
     # -- phases ------------------------------------------------------------------------------------
@@ -142,10 +144,10 @@ class DemoRun:
         if opts.start_stack:
             done = self._phase("stack")
             from connectors.local import LocalStack
+            from connectors.local.needs import services_for_pipeline
 
             # only what the pipeline uses: no MariaDB (an optional package and driver) for the demo
             LocalStack().up(services_for_pipeline(load_pipeline(opts.config)))
-            from connectors.local.needs import services_for_pipeline
             done()
         self.pipeline = pipeline = load_pipeline(opts.config)
         targets = Targets.of(pipeline)
@@ -177,10 +179,18 @@ class DemoRun:
         loads = load_reference(pipeline, frames=references)
         done()
 
-        from connectors.demo.processes import PipelineProcesses
+        from connectors.pipeline.supervisor import RunOptions, Supervisor
 
         log_dir = opts.log_dir or Path(".threes") / "demo" / time.strftime("%Y%m%d-%H%M%S")
-        self.processes = PipelineProcesses(opts.config, log_dir)
+        self.log_dir = log_dir
+        run_options = RunOptions(config=opts.config, offsets_topic=opts.offsets_topic, log_dir=log_dir,
+                                 start_timeout_s=opts.start_timeout_s, restart=False,
+                                 flow_every_s=float("inf"))  # the demo reads its own progress
+        self.supervisor = Supervisor(pipeline, run_options, on_update=self._on_tick)
+        stream_part = self.supervisor.part("stream")
+        if stream_part is not None and stream_part.part.create_events is not None:
+            topic, spec = stream_part.part.create_events
+            stream_part.part.create_events = (topic, spec.model_copy(update={"partitions": opts.partitions}))
         probe = ProgressProbe(targets)
         try:
             done = self._phase("start")
@@ -190,9 +200,10 @@ class DemoRun:
         finally:
             probe.close()
             if not opts.keep_running:
-                self.state.message = "stopping the pipeline's processes"
+                self.state.message = "stopping the pipeline's processes (sync, stream, sources)"
                 self.on_update(self.state)
-                self.processes.stop()
+                self.supervisor.shutdown()
+            self.supervisor.close()
         if opts.verify:
             done = self._phase("verify")
             from connectors.demo.oracle import enriched_flights
@@ -225,50 +236,32 @@ class DemoRun:
         return summary
 
     def _start(self, pipeline: Any, targets: Targets) -> None:
-        """Sources and sync services, then (state topics complete) the stream job; wait until ready."""
-        from connectors.demo.replay import ensure_event_topic
-        from connectors.topics import read_latest_per_key
+        """Sources, stream job and sync services in ``threes run``'s order; wait until all are ready.
 
-        opts = self.options
-        self.processes.start_sources(opts.offsets_topic)
-        self.processes.start_sync()
-        conf = pipeline.kafka.librdkafka_config()
-        deadline = time.monotonic() + opts.start_timeout_s
+        Besides every part being ready, the demo waits until each state topic holds every row of
+        its reference table (a timestamp-mode source's first cycle leaves out rows younger than
+        its ``commit_delay_s``; the next poll brings them).
+        """
         wanted = {s.topic: TABLES[s.name].rows for s in pipeline.sources if s.name in TABLES}
-        while True:
-            self.processes.check()
+        probe = self.supervisor._probe_()
+
+        def state_topics_full() -> bool:
             for topic, rows in wanted.items():
                 if self.state.state_topics.get(topic, 0) < rows:
                     try:
-                        self.state.state_topics[topic] = len(read_latest_per_key(conf, topic, timeout_s=10))
+                        self.state.state_topics[topic] = probe.records(topic) or 0
                     except SetupError:
-                        self.state.state_topics[topic] = 0  # not created yet
-            self.on_update(self.state)
-            if all(self.state.state_topics.get(t, 0) >= n for t, n in wanted.items()):
-                break
-            if time.monotonic() > deadline:
-                raise SetupError(
-                    f"the sources did not fill their state topics within {opts.start_timeout_s:.0f} s: "
-                    f"{self.state.state_topics} of {wanted} (logs: {self.processes.log_dir})"
-                )
-            time.sleep(1.0)
-        ensure_event_topic(pipeline.kafka, targets.events_topic, opts.partitions)
-        self.processes.start_stream()
-        ports = [("stream", pipeline.stream.metrics_port)] + [(f"sync {s.name}", s.metrics_port) for s in pipeline.sync]
-        for what, port in ports:
-            if port is None:
-                log.warning("%s has no metrics_port: cannot tell when it is ready, going on", what)
-                continue
-            while not _answers(port):
-                self.processes.check()
-                self.state.message = f"waiting for {what} (metrics on port {port})"
-                self.on_update(self.state)
-                if time.monotonic() > deadline:
-                    raise SetupError(
-                        f"{what} was not ready within {opts.start_timeout_s:.0f} s (logs: {self.processes.log_dir})"
-                    )
-                time.sleep(1.0)
+                        self.state.state_topics[topic] = 0
+            return all(self.state.state_topics.get(t, 0) >= n for t, n in wanted.items())
+
+        self.supervisor.start(ready=state_topics_full)
         self.state.message = ""
+
+    def _on_tick(self, supervisor: Any) -> None:
+        """Show what the supervisor waits for while the pipeline starts."""
+        waiting = [f"{p.name}: {p.detail}" for p in supervisor.parts if p.status != "ready" and p.detail]
+        self.state.message = "; ".join(waiting)
+        self.on_update(self.state)
 
     def _stream(
         self, pipeline: Any, targets: Targets, probe: ProgressProbe, flights: Any, references: dict[str, Any]
@@ -318,7 +311,7 @@ class DemoRun:
         progress = Progress(at=t0)
         tick = 0
         while True:
-            self.processes.check()
+            self.supervisor.tick()  # raises when a part exited (no restarts in the demo)
             if failure:
                 raise failure[0] if isinstance(failure[0], ThreesError) else FatalError(f"replay: {failure[0]}")
             progress = probe.read()
@@ -350,7 +343,7 @@ class DemoRun:
                     f"not complete {opts.timeout_s:.0f} s after the first flight: events in "
                     f"{stats.acked}/{total}, enriched {progress.enriched_out}, Elasticsearch "
                     f"{progress.es_docs}, route_stats flights {progress.pg_flights}, archive committed "
-                    f"{progress.committed.get(archive, 0)} (logs: {self.processes.log_dir})"
+                    f"{progress.committed.get(archive, 0)} (logs: {self.log_dir})"
                 )
             tick += 1
             time.sleep(1.0)
@@ -404,7 +397,7 @@ class DemoRun:
         from connectors.demo.cpu import CpuMeter, stack_pids
 
         def roots() -> dict[str, int]:
-            out = {name: child.process.pid for name, child in self.processes.children.items()}
+            out = dict(self.supervisor.pids())
             out["demo"] = os.getpid()
             try:
                 servers = stack_pids()
@@ -436,14 +429,6 @@ def _waiting_for_changes(driver: ChangeDriver, now: float, completed: dict[str, 
         return False
     sinks_done = max(completed[s] for s in ("elasticsearch", "postgres", "s3"))
     return now - sinks_done < grace_s
-
-
-def _answers(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2):  # noqa: S310 - local
-            return True
-    except OSError:
-        return False
 
 
 def read_frame_of(table: Any) -> Any:
