@@ -203,13 +203,18 @@ def plan_topic_schemas(
         change = describe_change(store.get_json(key_versions[-1]), key_schema)
         _rekey_or_refuse(plan, connector, change, rekey, tasks, list(key_versions))
     else:
-        plan.key_fingerprint = legacy_key_fingerprint(store, key_schema) or plan.key_fingerprint
+        legacy = legacy_key_fingerprint(store, key_schema)
         framed = {bytes(k[2:HEADER_BYTES]) for k in (topic_keys() if topic_keys else ()) if k[:2] == MARKER}
-        if framed and plan.key_fingerprint not in framed:
+        if not framed:  # a new or empty topic (or nothing to look at)
+            plan.key_fingerprint = legacy or plan.key_fingerprint
+        elif plan.key_fingerprint in framed:
+            pass
+        elif legacy is not None and legacy in framed:
+            plan.key_fingerprint = legacy
+        else:
             known = [fp for fp in sorted(framed) if _known(store, fp)]
             change = (describe_change(store.get_json(known[0]), key_schema) if known
                       else [("<root>", f"the topic's keys carry fingerprint(s) {sorted(f.hex() for f in framed)}")])
-            plan.key_fingerprint = fingerprint(key_schema)
             _rekey_or_refuse(plan, connector, change, rekey, tasks, sorted(framed))
     check_compatibility(
         value_schema,

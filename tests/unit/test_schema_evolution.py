@@ -249,3 +249,19 @@ def test_a_topic_without_key_versions_is_judged_by_its_keys() -> None:
     empty = plan_topic_schemas(store, topic="t", connector="c", key_schema=KEY_LONG, value_schema=record(ID),
                                topic_keys=list)
     assert not empty.rekey
+
+
+def test_the_topic_decides_between_old_and_new_key_fingerprints() -> None:
+    from schemas.serde import parse, schema_json
+
+    key = {"type": "record", "name": "k", "fields": [{"name": "day", "type": {"type": "int", "logicalType": "date"}}]}
+    store = InMemorySchemaStore()
+    legacy = parsing_fingerprint(key)
+    store._schemas[legacy], store._json[legacy] = parse(key), schema_json(key)
+    store.register(key)
+    new_keys = [b"\xc3\x01" + fingerprint(key) + b"\x02"]
+    old_keys = [b"\xc3\x01" + legacy + b"\x02"]
+    for keys, expected in ((new_keys, fingerprint(key)), (old_keys, legacy), ([], legacy)):
+        plan = plan_topic_schemas(store, topic="t", connector="c", key_schema=key, value_schema=record(ID),
+                                  topic_keys=lambda keys=keys: keys)
+        assert plan.key_fingerprint == expected and not plan.rekey
