@@ -28,12 +28,15 @@ def s3a(spark, endpoints):
     return settings
 
 
-def test_restart_from_an_s3a_checkpoint_in_a_fresh_working_dir(spark, s3a, env, s3, tmp_path, monkeypatch):
+# partitioned: the base's versions are bucketed Parquet written and read back by the executors through s3a
+@pytest.mark.parametrize("engine", ["broadcast", "partitioned"])
+def test_restart_from_an_s3a_checkpoint_in_a_fresh_working_dir(spark, s3a, env, s3, tmp_path, monkeypatch, engine):
     from .conftest import flight
 
     bucket = f"ckpt-{env.unique}"
     s3.create_bucket(Bucket=bucket)
-    config = env.config(checkpoint_location=f"s3a://{bucket}/jobs/flights")
+    snapshot = {**env.config().model_dump()["snapshots"][0], **({"broadcast_max_rows": 1} if engine == "partitioned" else {})}
+    config = env.config(checkpoint_location=f"s3a://{bucket}/jobs/flights", snapshots=[snapshot])
     for faa in ("EWR", "JFK", "LGA", "LAX", "ORD"):
         env.put_airport(faa)
     env.put_flights([flight(i, "EWR", "LAX") for i in range(1, 11)])
@@ -48,6 +51,9 @@ def test_restart_from_an_s3a_checkpoint_in_a_fresh_working_dir(spark, s3a, env, 
     assert any(k.startswith("jobs/flights/events/commits/") for k in keys)
     assert any(k.startswith("jobs/flights/snapshots/airports/") and k.endswith("_manifest.json") for k in keys)
     assert any(k.startswith("jobs/flights/snapshot-offsets/") for k in keys)
+    assert first.snapshots["airports"].mode == engine
+    if engine == "partitioned":  # one Parquet file per bucket, written by the executors
+        assert any(k.startswith("jobs/flights/snapshots/airports/p") and k.endswith(".parquet") for k in keys)
 
     # while the job is down: two snapshot changes and more events
     env.put_airport("LAX", "Los Angeles WHILE DOWN")
@@ -61,7 +67,10 @@ def test_restart_from_an_s3a_checkpoint_in_a_fresh_working_dir(spark, s3a, env, 
     assert second.await_termination(180)
     restored = second.readiness["airports"]
     # the snapshot came from the s3a checkpoint; only the two records written since were read
-    assert restored["source"] == "checkpoint" and restored["records"] == 2 and restored["keys"] == 4
+    assert restored["source"] == "checkpoint" and restored["records"] == 2
+    assert second.snapshots["airports"].mode == engine
+    if engine == "broadcast":  # a partitioned snapshot counts base + overlay without a Spark job
+        assert restored["keys"] == 4
     enriched = env.consume(env.enriched, lambda rs: len(rs) >= 15, timeout_s=120)
     got = by_flight(enriched)
     assert set(got) == set(range(1, 16)) and len(enriched) == 15  # Spark resumed from its s3a offsets: no re-read
