@@ -44,7 +44,8 @@ SETTINGS = {
     "listen_addresses": f"'{HOST}'",
     "max_connections": "100",
     "shared_buffers": "'128MB'",
-    # Logical decoding is available for change-data-capture sources.
+    # Logical decoding for change data capture (rds_source mode: cdc, pgoutput): one replication
+    # slot and one WAL sender per cdc source, so 10 of each leave room for several plus pg_basebackup.
     "wal_level": "'logical'",
     "max_replication_slots": "10",
     "max_wal_senders": "10",
