@@ -328,25 +328,47 @@ class ElasticsearchSource(SourceTask):
     def reconcile(self, state: TopicState) -> Iterator[SourceBatch]:
         """Tombstones for live keys whose ``_id`` is gone; documents the topic lacks are fetched and emitted.
 
+        The index's ids are compared page by page with the worker's on-disk key
+        set (bounded memory: one page of ids; a snapshot's id set when one just ran).
+
         Raises:
             RetriableError: the cluster failed.
         """
         ids = self._snapshot_ids
         self._snapshot_ids = None
-        if ids is None:
-            ids = set()
-            for hits in self._pages({"match_all": {}}, ["_shard_doc"], source=False):
-                ids.update(h["_id"] for h in hits)
-        encode = state.encode_key
-        current = {encode({"_id": i}): i for i in ids}
-        gone = [kb for kb in state.live if kb not in current]
-        for i in range(0, len(gone), self.config.batch_records):
-            yield SourceBatch([(kb, None) for kb in gone[i:i + self.config.batch_records]], None)
-        missing = [doc_id for kb, doc_id in current.items() if kb not in state.live]
-        for i in range(0, len(missing), self.config.page_size):
-            chunk = missing[i:i + self.config.page_size]
-            resp = self._call(lambda c=chunk: self.es.mget(index=self.config.index, ids=c), "fetching documents")
-            yield SourceBatch([self._record(d) for d in resp["docs"] if d.get("found")], None)
+        live, encode = state.live, state.encode_key
+        bounded = hasattr(live, "split")
+        seen: set[bytes] = set()
+
+        def id_chunks() -> Iterator[list[str]]:
+            if ids is not None:
+                listed = sorted(ids)
+                for i in range(0, len(listed), self.config.page_size):
+                    yield listed[i:i + self.config.page_size]
+            else:
+                for hits in self._pages({"match_all": {}}, ["_shard_doc"], source=False):
+                    yield [h["_id"] for h in hits]
+
+        for chunk in id_chunks():
+            by_key = {encode({"_id": i}): i for i in chunk}
+            if bounded:
+                missing = [by_key[kb] for kb in live.split(list(by_key))]
+            else:
+                seen.update(kb for kb in by_key if kb in live)
+                missing = [i for kb, i in by_key.items() if kb not in live]
+            if missing:
+                resp = self._call(lambda c=missing: self.es.mget(index=self.config.index, ids=c),
+                                  "fetching documents")
+                yield SourceBatch([self._record(d) for d in resp["docs"] if d.get("found")], None)
+        gone_keys = live.unseen() if bounded else (kb for kb in list(live) if kb not in seen)
+        batch: list[Any] = []
+        for kb in gone_keys:
+            batch.append((kb, None))
+            if len(batch) >= self.config.batch_records:
+                yield SourceBatch(batch, None)
+                batch = []
+        if batch:
+            yield SourceBatch(batch, None)
 
     def describe_key(self, key: Any) -> str:
         """E.g. ``index "products" _id 'p-1'``."""

@@ -611,7 +611,12 @@ class RdsSource(SourceTask):
             self._cdc.commit(position)
 
     def reconcile(self, state: TopicState) -> Iterator[SourceBatch]:
-        """Compare the table's keys with the topic's live keys (as encoded bytes).
+        """Compare the table's keys with the topic's live keys (as encoded bytes), in bounded memory.
+
+        The table's keys are streamed (server-side cursor) and looked up in
+        chunks in the worker's on-disk key set, which marks them seen; the live
+        keys never seen are the deleted rows. Memory: one chunk of keys, plus
+        the keys of rows the topic lacks (normally none).
 
         Yields:
             Tombstones for live keys whose row is gone, then the rows the topic lacks.
@@ -621,23 +626,46 @@ class RdsSource(SourceTask):
         """
         self._scan_finished = False
         live, encode = state.live, state.encode_key
+        # a LiveKeys (the worker's) compares on disk in chunks; a plain dict (tests) in memory
+        bounded = hasattr(live, "split")
         seen: set[bytes] = set()
         missing: list[tuple[Any, ...]] = []
+
+        def split(rows: list[tuple[Any, ...]], keys: list[bytes]) -> None:
+            if bounded:
+                absent = set(live.split(keys))
+                missing.extend(r for r, kb in zip(rows, keys, strict=True) if kb in absent)
+                return
+            for r, kb in zip(rows, keys, strict=True):
+                if kb in live:
+                    seen.add(kb)
+                else:
+                    missing.append(r)
+
         key_sel = select(*self.key_cols)
         try:
             with self.engine.connect() as conn:
                 result = conn.execution_options(stream_results=True, yield_per=10_000).execute(key_sel)
+                rows: list[tuple[Any, ...]] = []
+                keys: list[bytes] = []
                 for row in result:
-                    kb = encode(self.to_key(row))
-                    if kb in live:
-                        seen.add(kb)
-                    else:
-                        missing.append(tuple(row))
+                    rows.append(tuple(row))
+                    keys.append(encode(self.to_key(row)))
+                    if len(keys) >= _RECONCILE_CHUNK * 10:
+                        split(rows, keys)
+                        rows, keys = [], []
+                split(rows, keys)
                 result.close()
                 conn.rollback()
-                gone = [kb for kb in live if kb not in seen]
-                for i in range(0, len(gone), self.config.batch_records):
-                    yield SourceBatch([(kb, None) for kb in gone[i : i + self.config.batch_records]], None)
+                gone_keys = live.unseen() if bounded else (kb for kb in live if kb not in seen)
+                batch: list[Any] = []
+                for kb in gone_keys:
+                    batch.append((kb, None))
+                    if len(batch) >= self.config.batch_records:
+                        yield SourceBatch(batch, None)
+                        batch = []
+                if batch:
+                    yield SourceBatch(batch, None)
                 if missing:
                     log.info(
                         "source=%s reconcile: %d row(s) of %s missing from the topic, emitting them",

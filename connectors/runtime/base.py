@@ -92,12 +92,14 @@ class TopicState:
     Attributes:
         live: encoded key bytes -> the value of the record's ``source_header``
             header (``None`` when absent) for every key whose latest record is
-            not a tombstone.
+            not a tombstone: a :class:`~connectors.runtime.state.LiveKeys` on
+            disk (reads like a mapping; compare in bounded memory with its
+            ``split`` / ``unseen`` / ``by_tag``), or a plain ``dict`` in tests.
         encode_key: turns a key dict into the exact bytes the worker writes,
             so a task compares keys as bytes, the way compaction does.
     """
 
-    live: dict[bytes, str | None]
+    live: Any
     encode_key: Callable[[Mapping[str, Any]], bytes]
     end_offsets: dict[int, int] = field(default_factory=dict)
 

@@ -57,7 +57,7 @@ from connectors.runtime import metrics
 from connectors.runtime.base import SourceBatch, SourceTask, TopicState
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 from connectors.runtime.offsets import OffsetStore, PositionTracker, offsets_key, require_position_shape
-from connectors.runtime.state import live_keys
+from connectors.runtime.state import LiveKeys, live_keys
 from connectors.runtime.supervision import describe_retry, retry_stop
 from connectors.topics import ensure_compacted_topic, recent_keys
 from connectors.updates import with_source_ts
@@ -189,6 +189,7 @@ class TaskRunner:
         self._tx_position: dict[str, Any] | None = None
         self._tx_timeout_s = max(30.0, kafka.request_timeout_s)
         self._fenced = False
+        self._live: LiveKeys | None = None  # the state topic's live keys, kept between reconciliations
         self.stats = RunnerStats()
         self._tracker = PositionTracker()
         self._producer: Any = None
@@ -373,16 +374,19 @@ class TaskRunner:
         live, _ends = live_keys(self.kafka.librdkafka_config(), self.config.topic, None, self.kafka.request_timeout_s)
         new_header = MARKER + plan.key_fingerprint
         old = [key for key in live if key is not None and not key.startswith(new_header)]
+        live.close()
         if old:
             self._send(SourceBatch([(key, None) for key in old], None))
             self._drain()
         log.info("source=%s re-key: %d old keys tombstoned in topic=%s", self._label, len(old), self.config.topic)
 
     def _reconcile(self) -> None:
+        """Compare the task's system with the topic's live keys (kept on disk, caught up from the last run)."""
         self._drain()
-        live, ends = live_keys(
-            self.kafka.librdkafka_config(), self.config.topic, self.task.source_header, self.kafka.request_timeout_s
-        )
+        if self._live is None:
+            self._live = LiveKeys(self.task.source_header)
+        live = self._live
+        ends = live.catch_up(self.kafka.librdkafka_config(), self.config.topic, self.kafka.request_timeout_s)
         state = TopicState(live=live, encode_key=self.key_ser, end_offsets=ends)
         before = self.stats.tombstones
         for batch in self.task.reconcile(state):
@@ -759,6 +763,9 @@ class TaskRunner:
                     self.stats.position,
                 )
         finally:
+            if self._live is not None:
+                self._live.close()
+                self._live = None
             try:
                 self.task.close()
             except Exception as exc:  # noqa: BLE001 - closing must not hide the real error

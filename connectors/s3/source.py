@@ -385,39 +385,43 @@ class S3Source(SourceTask):
         Deleted: live keys tagged with an object the last listing does not hold.
         Changed: objects read since the last reconciliation (above the
         ``reconciled`` mark) whose tagged live keys may outnumber what they hold
-        now are read again and their vanished keys tombstoned. Memory: the
-        topic's live keys and one object's keys.
+        now are read again and their vanished keys tombstoned. Memory: one
+        object's keys (the worker's key set is on disk, read grouped by object).
 
         Raises:
             RetriableError: S3 failed.
         """
         if not self.listed:
             self.listed = {o["Key"]: o for o in self._list()}
-        by_object: dict[str, list[bytes]] = {}
-        for kb, obj in state.live.items():
-            if obj is not None:
-                by_object.setdefault(obj, []).append(kb)
-        for key in sorted(by_object):
-            if key in self.listed:
-                continue
-            gone = by_object[key] if self.config.tombstones_on_delete else []
-            yield SourceBatch([(kb, None) for kb in gone], None)
-            log.info("source=%s object s3://%s/%s deleted: %d tombstones", self.name, self.config.bucket, key,
-                     len(gone))
-        for key in sorted(by_object):
+        live = state.live
+        if hasattr(live, "by_tag"):
+            groups: Iterator[tuple[str, list[bytes]]] = live.by_tag()  # one object's keys at a time, from disk
+        else:
+            by_object: dict[str, list[bytes]] = {}
+            for kb, obj in live.items():
+                if obj is not None:
+                    by_object.setdefault(obj, []).append(kb)
+            groups = iter(sorted(by_object.items()))
+        for key, tagged in groups:
             obj = self.listed.get(key)
-            if obj is None or not self._done(key, obj["ETag"], obj["LastModified"]):
-                continue  # deleted (above), or not read yet: its turn comes after it is read
+            if obj is None:
+                gone = tagged if self.config.tombstones_on_delete else []
+                yield SourceBatch([(kb, None) for kb in gone], None)
+                log.info("source=%s object s3://%s/%s deleted: %d tombstones", self.name, self.config.bucket, key,
+                         len(gone))
+                continue
+            if not self._done(key, obj["ETag"], obj["LastModified"]):
+                continue  # not read yet: its turn comes after it is read
             if self.reconciled is not None and (obj["LastModified"], key) <= self.reconciled:
                 continue  # not read again since the last reconciliation
-            if 0 <= len(by_object[key]) <= self.read_here.get(key, -1):
+            if 0 <= len(tagged) <= self.read_here.get(key, -1):
                 continue  # read here whole: every tagged key is one it holds now
             try:
                 current = {state.encode_key(k) for k, _v in
                            (self._record(row, key, n) for n, row in enumerate(self._rows(key, obj["ETag"]), 1))}
             except _ObjectChanged:
                 continue  # changed again: the next cycle re-reads it and comes back here
-            gone = [kb for kb in by_object[key] if kb not in current]
+            gone = [kb for kb in tagged if kb not in current]
             if gone:
                 yield SourceBatch([(kb, None) for kb in gone], None)
             log.info("source=%s object s3://%s/%s changed: %d keys gone", self.name, self.config.bucket, key,
