@@ -61,12 +61,22 @@ def main(
     from connectors.redact import install_log_redaction
 
     install_log_redaction()  # every line, ours and the libraries', with URL passwords and config secrets masked
+    sys.excepthook = _redacted_traceback  # an unexpected error's traceback (--debug) masks them too
     if level == logging.WARNING and ctx.invoked_subcommand in SERVICES:
         # a service says what it did (as Kafka Connect does): threes' own lines at INFO, libraries' at WARNING
         for name in OWN_LOGGERS:
             logging.getLogger(name).setLevel(logging.INFO)
     if debug:
         app.pretty_exceptions_enable = True
+
+
+def _redacted_traceback(kind: type[BaseException], value: BaseException, tb: object) -> None:
+    """Print a traceback as Python would, without locals, secrets masked (``connectors.redact``)."""
+    import traceback
+
+    from connectors.redact import redact
+
+    sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))
 
 
 def load(config: Path):  # noqa: ANN201 - returns the dynamic pipeline model
@@ -81,8 +91,13 @@ def load(config: Path):  # noqa: ANN201 - returns the dynamic pipeline model
 
 @app.command()
 def validate(config: ConfigArg) -> None:
-    """Validate a config file without connecting to anything (exit 1 on errors)."""
+    """Validate a config file and its schemas without connecting to anything (exit 1 on errors)."""
+    from connectors.config.schemas_check import schema_problems
+
     pipeline = load(config)
+    problems = schema_problems(pipeline, config)
+    if problems:
+        raise fail(ConfigError(problems))
     n_sinks = sum(len(s.sinks) for s in pipeline.sync)
     out.print(
         f"[green]ok[/green] {config}: {len(pipeline.sources)} source(s), "

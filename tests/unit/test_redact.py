@@ -47,3 +47,14 @@ def test_dead_letter_messages_are_masked() -> None:
     headers = dict(letter.headers())
     assert b"DlqSecret77" not in headers["dlq.error.message"]
     assert DeadLetter.from_headers(letter.headers()).message == f"refused by postgresql://u:{MASK}@h/db"
+
+
+def test_unexpected_tracebacks_are_masked(capsys) -> None:  # noqa: ANN001
+    from connectors.cli import _redacted_traceback
+
+    try:
+        raise ValueError("boom at postgresql://u:TbSecret77@h/db")
+    except ValueError as exc:
+        _redacted_traceback(type(exc), exc, exc.__traceback__)
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "TbSecret77" not in err and MASK in err
