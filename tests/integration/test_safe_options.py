@@ -18,7 +18,24 @@ from typer.testing import CliRunner
 
 from connectors.cli import app
 
-EXAMPLE = Path(__file__).parents[2] / "examples" / "pipeline.yaml"
+
+def _base() -> dict[str, Any]:
+    """A valid pipeline naming every kind of system (the addresses are replaced by the listener's)."""
+    return {
+        "version": 1,
+        "kafka": {"bootstrap_servers": "127.0.0.1:19092"},
+        "connections": {
+            "postgres": {"type": "rds", "url": "postgresql+psycopg://threes@127.0.0.1:15432/threes",
+                         "password": "threes"},
+            "elasticsearch": {"type": "elasticsearch", "hosts": ["http://127.0.0.1:19200"]},
+            "s3": {"type": "s3", "endpoint_url": "http://127.0.0.1:18090", "access_key_id": "threes",
+                   "secret_access_key": "threes-secret-key", "path_style": True},
+        },
+        "sources": [{"name": "customers", "type": "rds_source", "connection": "postgres",
+                     "topic": "state.customers", "table": "customers"}],
+        "stream": {"events": {"topic": "orders", "value_schema": "event.avsc"}, "enriched_topic": "orders.enriched",
+                   "dead_letter_topic": "orders.dlq", "checkpoint_location": "/tmp/threes-safe-options-cp"},
+    }
 
 
 def _kafka(**client_config: Any) -> Any:
@@ -105,12 +122,14 @@ def _point_everything_at(doc: dict[str, Any], port: int) -> None:
 
 
 def test_every_dangerous_option_is_refused_without_a_connection(tmp_path: Path, listener: Any) -> None:
-    base = yaml.load(EXAMPLE.read_text(), Loader=yaml.BaseLoader)  # strings only: `on:` stays a key
-    base["version"] = 1
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "event.avsc").write_text(
+        '{"type": "record", "name": "E", "fields": [{"name": "id", "type": "long"}]}'
+    )
+    base = _base()
     port = listener.getsockname()[1]
     _point_everything_at(base, port)
     runner = CliRunner()
-    (tmp_path / "cfg").mkdir()
     ok = tmp_path / "cfg" / "ok.yaml"
     ok.write_text(yaml.safe_dump(base))
     assert runner.invoke(app, ["validate", str(ok)]).exit_code == 0
