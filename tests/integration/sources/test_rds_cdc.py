@@ -164,3 +164,30 @@ def test_a_table_whose_deletes_carry_no_key_is_refused_in_one_line(
     finally:
         task.close()
     assert "REPLICA IDENTITY FULL" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_key_changes_unchanged_large_values_and_a_transaction_larger_than_a_batch(
+    pg: Any, pg_engine: Any, kafka: Any, kafka_conf: Any, cdc_names: dict[str, str]
+) -> None:
+    t = cdc_names["table"]
+    big = "x" * 100_000  # TOASTed: an update that leaves it alone does not carry it in the WAL
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {t} (id int PRIMARY KEY, v text NOT NULL, doc text)"))
+        c.execute(text(f"ALTER TABLE {t} ALTER COLUMN doc SET STORAGE EXTERNAL"))
+        c.execute(text(f"INSERT INTO {t} VALUES (1, 'a', :d)"), {"d": big})
+    pipeline = _pipeline(kafka, pg, cdc_names, batch_records=50)
+    run_once(pipeline)
+    before = len(changes(kafka_conf, cdc_names["topic"]))
+    with pg_engine.begin() as c:
+        c.execute(text(f"UPDATE {t} SET v = 'b' WHERE id = 1"))  # doc unchanged (not in the WAL record)
+    run_once(pipeline)  # (read from the table by key: were the row gone by then, its delete would follow)
+    with pg_engine.begin() as c:
+        c.execute(text(f"UPDATE {t} SET id = 2 WHERE id = 1"))  # the key changed
+        c.execute(text(f"INSERT INTO {t} SELECT g, 'bulk', NULL FROM generate_series(10, 129) g"))  # 120 > 50
+    run_once(pipeline)
+    got = changes(kafka_conf, cdc_names["topic"])[before:]
+    assert [(i, None if v is None else v["v"]) for _p, i, v, _ver in got[:3]] == [(1, "b"), (1, None), (2, "b")]
+    assert got[0][2]["doc"] == big and got[2][2]["doc"] == big  # filled in, not null
+    assert [i for _p, i, _v, _ver in got[3:]] == list(range(10, 130))  # all of it, in order
+    assert len({ver for *_r, ver in got[1:]}) == 1  # one transaction, one version
+    assert got[0][3] < got[1][3]
