@@ -91,8 +91,13 @@ def load(config: Path):  # noqa: ANN201 - returns the dynamic pipeline model
 
 @app.command()
 def validate(config: ConfigArg) -> None:
-    """Validate a config file without connecting to anything (exit 1 on errors)."""
+    """Validate a config file and its schemas without connecting to anything (exit 1 on errors)."""
+    from connectors.config.schemas_check import schema_problems
+
     pipeline = load(config)
+    problems = schema_problems(pipeline, config)
+    if problems:
+        raise fail(ConfigError(problems))
     n_sinks = sum(len(s.sinks) for s in pipeline.sync)
     out.print(
         f"[green]ok[/green] {config}: {len(pipeline.sources)} source(s), "

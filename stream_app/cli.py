@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from connectors.exceptions import ThreesError
+from connectors.exceptions import ConfigError, ThreesError
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,10 @@ def run(
         check_input_topics(pipeline.stream, meta.topics)  # a missing input topic: one line, before Spark starts
         spark = spark_session(settings, _jars(), _s3a_jars(pipeline.stream.checkpoint_location))
         StreamJob(pipeline.stream, pipeline.kafka, spark, base_dir=config.parent).run(available_now)
+    except ConfigError as exc:  # the plan's problems (schemas, lookups): with the file and line of each key
+        from connectors.config.loader import locate
+
+        raise fail(ConfigError(locate(exc.problems, config))) from None
     except ThreesError as exc:
         raise fail(exc) from None
 
@@ -96,6 +100,12 @@ def schemas(config: ConfigArg) -> None:
     pipeline = _stream(config)
     try:
         plan = build_plan(pipeline.stream, None, config.parent)
+        if plan is None:  # snapshots without reader schemas: their topics' writer schemas from the schema store
+            from schemas.store import SchemaStore
+
+            store = SchemaStore(pipeline.kafka.librdkafka_config(), pipeline.kafka.schema_topic)
+            plan = build_plan(pipeline.stream, None, config.parent, store.version_schemas)
+            assert plan is not None
     except ThreesError as exc:
         raise fail(exc) from None
     out = {"enriched": {"topic": pipeline.stream.enriched_topic, "schema": plan.enriched.avro}}

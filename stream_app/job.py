@@ -113,11 +113,14 @@ class StreamJob:
         for key, value in SQL_DEFAULTS.items():
             if key not in cfg.spark.conf:
                 self.spark.conf.set(key, value)
-        self.plan = plan = build_plan(cfg, self.spark, self.base_dir)
         self._watermarks = TopicWatermarks(self.kafka)
-        self._check_topics()
         writers = WriterSchemas(self.kafka, self._watermarks)
         self._writers = writers
+        # snapshots without reader schemas read with their topics' writer schemas (a mismatch: ConfigError now)
+        plan = build_plan(cfg, self.spark, self.base_dir, writers.store.version_schemas)
+        assert plan is not None  # with the writer versions every schema is known
+        self.plan = plan
+        self._check_topics()
         for schema in [plan.enriched] + [s for u in plan.updates for s in (u.key, u.value)]:
             writers.register(schema.avro)
         fs = open_checkpoint_location(cfg.checkpoint_location, self.spark)  # unusable: an error, never "no checkpoints"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,18 +151,120 @@ def _is_timestamp(avro_type: Any) -> bool:
     return isinstance(t, dict) and t.get("logicalType") in _TIMESTAMPS
 
 
-def build_plan(config: StreamJobConfig, spark: Any | None = None, base_dir: Path | None = None) -> JobPlan:
+_PROMOTIONS = {
+    "int": {"int", "long", "float", "double"},
+    "long": {"long", "float", "double"},
+    "float": {"float", "double"},
+    "string": {"string", "bytes"},
+    "bytes": {"bytes", "string"},
+}
+"""Avro schema resolution: writer primitive -> reader primitives it resolves to (Avro specification)."""
+
+
+def _resolves(writer: Any, reader: Any) -> bool:
+    """Whether a writer field type can be read as the reader field type (a conservative check).
+
+    Primitives follow Avro's promotions; unions resolve when every writer branch
+    resolves to some reader branch; other types (records, logical types) must
+    have the same encoding (names aside).
+    """
+    from stream_app.avro_schemas import _encoded_shape
+
+    if isinstance(writer, list):
+        return all(_resolves(w, reader) for w in writer)
+    if isinstance(reader, list):
+        return any(_resolves(writer, r) for r in reader)
+    if isinstance(writer, str) and isinstance(reader, str):
+        return reader in _PROMOTIONS.get(writer, {writer})
+    return _encoded_shape(writer) == _encoded_shape(reader)
+
+
+def match_writers(reader: dict[str, Any], writers: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Match the writer schemas a snapshot's topics carry to its reader schema, by field names.
+
+    A writer record with another name than the reader's becomes one of the
+    reader's aliases when the reader can read it (Avro resolution needs a
+    matching name or alias; the user no longer writes them). A writer it cannot
+    read is a problem: the snapshot would send every record of it to the dead
+    letter topic.
+
+    Args:
+        reader: the reader record schema; its ``aliases`` are extended in place.
+        writers: ``(topic, writer schema)`` for every version of every topic's subject.
+
+    Returns:
+        One message per writer schema the reader cannot read (topic, writer
+        record name, missing fields or alias); empty when all match.
+    """
+    problems: list[str] = []
+    reader_name = full_name(reader)
+    aliases = list(reader.get("aliases", []))
+    namespace = reader.get("namespace") or ""
+    known = {reader_name} | {a if "." in a or not namespace else f"{namespace}.{a}" for a in aliases}
+    for topic, writer in writers:
+        name = full_name(writer)
+        if not isinstance(writer, dict) or writer.get("type") != "record":
+            problems.append(f"topic {topic!r}: writer schema {name} is not a record")
+            continue
+        have = {f["name"]: f for f in writer["fields"]}
+        for f in writer["fields"]:
+            for alias in f.get("aliases", []):
+                have.setdefault(alias, f)
+        missing, wrong = [], []
+        for f in reader["fields"]:
+            match = next((have[n] for n in [f["name"], *f.get("aliases", [])] if n in have), None)
+            if match is None:
+                if "default" not in f:
+                    missing.append(f["name"])
+            elif not _resolves(match["type"], f["type"]):
+                wrong.append(f["name"])
+        if missing or wrong:
+            detail = "; ".join(
+                part
+                for part in (
+                    f"no field(s) {missing} (and the reader gives no default)" if missing else "",
+                    f"field(s) {wrong} of another type" if wrong else "",
+                )
+                if part
+            )
+            problems.append(f"topic {topic!r}: writer record {name} does not resolve to reader {reader_name}: {detail}")
+        elif name not in known:
+            aliases.append(name)
+            known.add(name)
+    if aliases:
+        reader["aliases"] = aliases
+    return problems
+
+
+WriterVersions = Callable[[str], list[str]]
+"""subject (``<topic>-key`` / ``<topic>-value``) -> the JSON of its writer schema versions, oldest first."""
+
+
+def build_plan(
+    config: StreamJobConfig,
+    spark: Any | None = None,
+    base_dir: Path | None = None,
+    writer_versions: WriterVersions | None = None,
+) -> JobPlan | None:
     """Resolve the config against its schemas.
 
     Args:
         config: the ``stream:`` section.
         spark: a SparkSession to derive Spark types with; ``None`` skips them
             (``threes validate`` needs no JVM).
-        base_dir: where relative schema paths start (the config file's
-            folder); the current directory and the shipped schemas are tried next.
+        base_dir: where relative schema paths start (the config file's folder;
+            the config loader already made them absolute); the current directory
+            when ``None``, the shipped schemas next.
+        writer_versions: the schema store's subject versions
+            (:meth:`schemas.store.SchemaStore.version_schemas`): snapshots without
+            reader schemas read with the latest writer schema of their topics, and
+            every writer schema is matched to the reader (:func:`match_writers`).
+            ``None`` (``threes validate``, no connection): what needs the topics'
+            schemas is not checked.
 
     Returns:
-        The plan.
+        The plan; ``None`` when ``writer_versions`` is ``None`` and a snapshot has
+        no reader schema (every check that could be made passed).
 
     Raises:
         ConfigError: every problem found, with its path under ``stream``.
@@ -172,18 +275,40 @@ def build_plan(config: StreamJobConfig, spark: Any | None = None, base_dir: Path
         problems.append(ConfigProblem(f"stream.{path}", message))
 
     def load(ref: str, path: str) -> dict[str, Any] | None:
-        for folder in (base_dir, Path.cwd()) if base_dir is not None else (Path.cwd(),):
-            try:
-                avro = load_schema(ref, folder)
-            except SchemaNotFoundError as exc:
-                last = exc
-                continue
-            if not isinstance(avro, dict) or avro.get("type") != "record":
-                problem(path, f"{ref}: the schema must be an Avro record")
+        try:
+            avro = load_schema(ref, base_dir or Path.cwd())
+        except SchemaNotFoundError as exc:
+            problem(path, str(exc))
+            return None
+        if not isinstance(avro, dict) or avro.get("type") != "record":
+            problem(path, f"{ref}: the schema must be an Avro record")
+            return None
+        return avro
+
+    def writers_of(snap: SnapshotConfig, kind: str) -> list[tuple[str, dict[str, Any]]]:
+        assert writer_versions is not None
+        return [(t, json.loads(text)) for t in snap.topics for text in writer_versions(f"{t}-{kind}")]
+
+    def snapshot_schema(i: int, snap: SnapshotConfig, kind: str, ref: str | None) -> dict[str, Any] | None:
+        path = f"snapshots[{i}].{kind}_schema"
+        if ref is not None:
+            reader = load(ref, path)
+        elif writer_versions is None:
+            return None
+        else:
+            writers = writers_of(snap, kind)
+            if not writers:
+                problem(path, f"no {kind} schema recorded for topic(s) {snap.topics} (subject <topic>-{kind} in the "
+                              f"schema topic): start the source that writes them first, or set {kind}_schema")
                 return None
-            return avro
-        problem(path, str(last))
-        return None
+            # the latest schema of the first topic (of any topic when it has none yet) reads them all
+            first = [w for t, w in writers if t == snap.topics[0]] or [w for _, w in writers]
+            reader = {k: v for k, v in first[-1].items() if k != "aliases"}
+        if reader is None or writer_versions is None:
+            return reader
+        for message in match_writers(reader, writers_of(snap, kind)):
+            problem(path, message)
+        return reader
 
     event = load(config.events.value_schema, "events.value_schema")
     if event is not None:
@@ -191,24 +316,32 @@ def build_plan(config: StreamJobConfig, spark: Any | None = None, base_dir: Path
         if internal:
             problem("events.value_schema", f"field names starting with '__' are reserved: {internal}")
     snaps: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    unknown: set[str] = set()  # snapshots whose schemas only the topics know (validate without a connection)
     for i, snap in enumerate(config.snapshots):
         if snap.key_format == "string":  # plain UTF-8 keys: one string field, no schema to load
             key: dict[str, Any] | None = string_key_schema(snap.name, snap.key_field or "key")
         else:
-            key = load(snap.key_schema or "", f"snapshots[{i}].key_schema")
-        value = load(snap.value_schema, f"snapshots[{i}].value_schema")
+            key = snapshot_schema(i, snap, "key", snap.key_schema)
+        value = snapshot_schema(i, snap, "value", snap.value_schema)
         if key is not None and value is not None:
             snaps[snap.name] = (key, value)
+        elif writer_versions is None and (snap.value_schema is None or snap.key_schema is None):
+            unknown.add(snap.name)
 
     joins: list[JoinedFields] = []
+    open_prefixes: list[str] = []  # lookups not joined (unknown snapshot or problems): their fields go unchecked
     for i, lookup in enumerate(config.lookups):
+        before = len(problems)
+        if event is not None:
+            for ev in lookup.on:
+                if ev not in fields_of(event):
+                    problem(f"lookups[{i}].on.{ev}", f"no field {ev!r} in the event schema {full_name(event)}")
         if lookup.snapshot not in snaps or event is None:
+            open_prefixes.append(lookup.prefix)
             continue
         key, value = snaps[lookup.snapshot]
-        event_fields, key_fields, value_fields = fields_of(event), fields_of(key), fields_of(value)
+        key_fields, value_fields = fields_of(key), fields_of(value)
         for ev, kf in lookup.on.items():
-            if ev not in event_fields:
-                problem(f"lookups[{i}].on.{ev}", f"no field {ev!r} in the event schema {full_name(event)}")
             if kf not in key_fields:
                 problem(f"lookups[{i}].on.{ev}", f"no field {kf!r} in the key schema of snapshot {lookup.snapshot}")
         missing = sorted(set(key_fields) - set(lookup.on.values()))
@@ -217,14 +350,27 @@ def build_plan(config: StreamJobConfig, spark: Any | None = None, base_dir: Path
         for name in lookup.fields or []:
             if name not in value_fields:
                 problem(f"lookups[{i}].fields", f"no field {name!r} in the value schema of snapshot {lookup.snapshot}")
-        joins.append(JoinedFields(lookup.prefix, value, lookup.fields, lookup.how == "left"))
+        if len(problems) > before:
+            open_prefixes.append(lookup.prefix)
+        else:
+            joins.append(JoinedFields(lookup.prefix, value, lookup.fields, lookup.how == "left"))
 
     enriched: dict[str, Any] | None = None
-    if event is not None and len(joins) == len(config.lookups) and not problems:
+    if event is not None:
         try:
             enriched = enriched_schema(event, joins)
         except ValueError as exc:
             problem("lookups", str(exc))
+    if enriched is not None and open_prefixes:
+        # every problem at once: the updates are checked against what is known, a field under the prefix
+        # of a lookup that could not be joined is accepted (its schema is unknown here)
+        for j, update in enumerate(config.updates):
+            try:
+                _update_plan(update, enriched, lambda path, msg, j=j: problem(f"updates[{j}].{path}", msg),
+                             open_prefixes)
+            except ValueError:
+                pass  # a field of a lookup not joined: reported with the lookup, or derived at start-up
+        enriched = None
 
     updates: list[UpdatePlan] = []
     if enriched is not None:
@@ -234,6 +380,8 @@ def build_plan(config: StreamJobConfig, spark: Any | None = None, base_dir: Path
                 updates.append(plan)
     if problems:
         raise ConfigError(problems)
+    if unknown or enriched is None:
+        return None  # only without writer versions: a snapshot's schemas are known at start-up
     assert event is not None and enriched is not None  # no problems: both were loaded
 
     snapshot_plans = {
@@ -257,14 +405,22 @@ def build_plan(config: StreamJobConfig, spark: Any | None = None, base_dir: Path
     return plan
 
 
-def _update_plan(update: UpdateConfig, enriched: dict[str, Any], problem: Any) -> UpdatePlan | None:
-    """Schemas of one update topic; ``None`` after reporting problems."""
+def _update_plan(
+    update: UpdateConfig, enriched: dict[str, Any], problem: Any, open_prefixes: list[str] | None = None
+) -> UpdatePlan | None:
+    """Schemas of one update topic; ``None`` after reporting problems.
+
+    ``open_prefixes``: prefixes of lookups whose snapshot schemas are unknown
+    (validate without a connection): a field under one is accepted unchecked.
+    """
     available = fields_of(enriched)
     ok = True
 
     def need(path: str, names: list[str]) -> None:
         nonlocal ok
         for name in names:
+            if open_prefixes is not None and any(name.startswith(p) for p in open_prefixes):
+                continue
             if name not in available:
                 problem(path, f"no field {name!r} in the enriched event (have: {sorted(available)})")
                 ok = False

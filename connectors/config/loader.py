@@ -244,7 +244,8 @@ def validate_data(
         return any(path[: len(r)] == r or r[: len(path)] == path for r in failed_refs)
 
     try:
-        instance = model.model_validate(resolved)
+        # relative paths (schemas, mapping files) start at the config's folder: one rule everywhere
+        instance = model.model_validate(resolved, context={"base_dir": base_dir or Path.cwd()})
     except ValidationError as exc:
         for err in exc.errors(include_input=False, include_url=False):
             path, line = _line_for(err["loc"], resolved, lines)
@@ -297,3 +298,35 @@ def load_yaml_model(
     return validate_data(
         model, data, file=str(path), lines=lines, environ=environ, base_dir=path.parent
     )
+
+
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def locate(problems: list[ConfigProblem], path: str | Path) -> list[ConfigProblem]:
+    """Give problems found after loading (schema checks) the file and line of their key path.
+
+    Args:
+        problems: problems whose ``path`` is a key path of the document
+            (``stream.lookups[1].on.dest``), without file or line.
+        path: the config file they belong to.
+
+    Returns:
+        The same problems with ``file`` and the line of the key (of its nearest
+        parent when the key is not in the file), sorted by line.
+    """
+    try:
+        _, lines = _compose(Path(path).read_text(), str(path))
+    except (OSError, ConfigError):
+        lines = {}
+    out = []
+    for p in problems:
+        parts: list[str | int] = [m.group(1) if m.group(1) is not None else int(m.group(2))
+                                  for m in _PATH_PART.finditer(p.path)]
+        line = None
+        for cut in range(len(parts), -1, -1):
+            line = lines.get(tuple(parts[:cut]))
+            if line is not None:
+                break
+        out.append(ConfigProblem(p.path, p.message, p.file or str(path), p.line or line))
+    return sorted(out, key=lambda p: (p.line or 0, p.path))

@@ -8,12 +8,58 @@ errors show ``**********``. Units are in the field names: ``_s`` seconds,
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=200)]
 TopicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$", max_length=249)]
+
+
+def resolve_config_path(ref: str, info: ValidationInfo) -> str:
+    """One rule for relative paths in a config: they start at the config file's folder.
+
+    The loader passes the folder as validation context (``base_dir``); a relative
+    path becomes absolute there, so sources, the stream job, sync services and
+    ``threes validate`` read the same file whatever the working directory. A
+    name of a schema shipped with threes (``nycflights13/airport``) stays a name
+    when the config's folder has no such file.
+
+    Args:
+        ref: the value as written.
+        info: pydantic's validation info (``context["base_dir"]`` when loaded from a file).
+
+    Returns:
+        An absolute path, or ``ref`` unchanged (absolute already, a shipped name,
+        or validated without a config file).
+    """
+    base = (info.context or {}).get("base_dir") if info.context is not None else None
+    path = Path(ref).expanduser()
+    if base is None or path.is_absolute():
+        return str(path) if path.is_absolute() else ref
+    local = Path(base) / path
+    if not local.exists():
+        from schemas import SHIPPED
+
+        if (SHIPPED / (ref if ref.endswith(".avsc") else f"{ref}.avsc")).is_file():
+            return ref
+    return str(local.resolve())
+
+
+SchemaRef = Annotated[str, AfterValidator(resolve_config_path)]
+"""An Avro schema: a ``.avsc`` path (relative to the config file's folder) or the name of a shipped schema."""
+ConfigPath = Annotated[str, AfterValidator(resolve_config_path)]
+"""A file path in a config, relative to the config file's folder."""
 
 
 class StrictModel(BaseModel):
@@ -344,7 +390,9 @@ class SourceConnectorConfig(ConnectorConfig):
             )
         return self
 
-    value_schema: str | None = Field(None, description="Avro schema (.avsc path or name in schemas/)")
+    value_schema: SchemaRef | None = Field(
+        None, description="Avro schema (.avsc path relative to the config file's folder, or name in schemas/)"
+    )
     poll_interval_s: float = Field(5.0, gt=0)
     batch_records: int = Field(10_000, ge=1)
     exactly_once: bool = Field(

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from connectors.config.models import Name, StrictModel, TopicName
+from connectors.config.models import Name, SchemaRef, StrictModel, TopicName
 
 AGGREGATION = re.compile(r"^(?:count|(?P<fn>mean|sum|min|max)\((?P<field>[A-Za-z_][A-Za-z0-9_]*)\))$")
 """An aggregation: ``count`` or ``mean(field)`` / ``sum(field)`` / ``min(field)`` / ``max(field)``."""
@@ -54,7 +54,10 @@ class EventsConfig(StrictModel):
     """The event stream the job reads (Spark's Kafka source options)."""
 
     topic: TopicName
-    value_schema: str = Field(description="Avro reader schema of the events (.avsc path or name in schemas/)")
+    value_schema: SchemaRef = Field(
+        description="Avro reader schema of the events (.avsc path relative to the config file's folder, or name in "
+        "schemas/)"
+    )
     starting_offsets: Literal["earliest", "latest"] = Field(
         "latest", description="where a job without a checkpoint starts; a checkpoint always wins"
     )
@@ -84,15 +87,22 @@ class SnapshotConfig(StrictModel):
         description="how record keys are encoded: 'avro' (single-object Avro, read with key_schema) or 'string' "
         "(plain UTF-8, as Kafka Streams' Serdes.String() writes them; the key is one string field named key_field)",
     )
-    key_schema: str | None = Field(
-        None, description="Avro reader schema of the record keys (a record); required with key_format avro"
+    key_schema: SchemaRef | None = Field(
+        None,
+        description="Avro reader schema of the record keys (a record); default: the latest key schema the topics "
+        "carry (schema store subject <topic>-key)",
     )
     key_field: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="key_format string: the name lookups join on (`on: {event_field: <key_field>}`), default 'key'",
     )
-    value_schema: str = Field(description="Avro reader schema of the record values (a record)")
+    value_schema: SchemaRef | None = Field(
+        None,
+        description="Avro reader schema of the record values (a record), for projection or evolution; default: the "
+        "latest value schema the topics carry (schema store subject <topic>-value), writer schemas matched by field "
+        "names",
+    )
     index_min_rows: int | None = Field(
         None,
         ge=0,
@@ -124,8 +134,6 @@ class SnapshotConfig(StrictModel):
     @model_validator(mode="after")
     def _key_format(self) -> SnapshotConfig:
         if self.key_format == "avro":
-            if self.key_schema is None:
-                raise ValueError("key_schema is required with key_format avro")
             if self.key_field is not None:
                 raise ValueError("key_field applies to key_format string only (an Avro key names its own fields)")
         elif self.key_schema is not None:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from connectors.config.models import SinkConnectorConfig, SourceConnectorConfig
+from connectors.config.models import SchemaRef, SinkConnectorConfig, SourceConnectorConfig
 
 DEFAULT_BULK_INTERVAL_S = 300.0
 """``poll_interval_s`` of a source whose ``mode`` was not given and has no column to read incrementally."""
@@ -157,8 +157,9 @@ class RdsSinkConfig(SinkConnectorConfig):
     key: list[str] = Field(min_length=1, description="primary key column(s)")
     version_column: str = Field("_version", description="column holding the applied version")
     create_table: bool = Field(False, description="create the table from the Avro schema if missing")
-    value_schema: str | None = Field(
-        None, description="Avro schema (.avsc path or shipped name) to create the table before the first record"
+    value_schema: SchemaRef | None = Field(
+        None, description="Avro schema (.avsc path relative to the config file's folder, or shipped name) to create "
+        "the table before the first record"
     )
     tombstone_table: str | None = Field(
         None,

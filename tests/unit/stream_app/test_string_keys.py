@@ -72,11 +72,10 @@ def job_config(tmp_path, **snap) -> StreamJobConfig:
     )
 
 
-def test_config_needs_a_key_schema_only_for_avro_keys():
+def test_key_schema_applies_to_avro_keys_only():
     assert SnapshotConfig.model_validate(snapshot(key_format="string")).key_schema is None
     assert SnapshotConfig.model_validate(snapshot(key_schema="k.avsc")).key_format == "avro"  # the default
     for bad, reason in (
-        (snapshot(), "key_schema is required"),
         (snapshot(key_format="string", key_schema="k.avsc"), "does not apply to key_format string"),
         (snapshot(key_schema="k.avsc", key_field="id"), "key_field applies to key_format string only"),
         (snapshot(key_format="json"), "key_format"),
