@@ -104,7 +104,8 @@ def _elasticsearch(name: str, conn: ElasticsearchConnection) -> CheckResult:
     )
 
 
-def _s3(name: str, conn: S3Connection, buckets: list[str]) -> list[CheckResult]:
+def _s3(name: str, conn: S3Connection, buckets: list[str], created: frozenset[str] = frozenset()) -> list[CheckResult]:
+    """``head_bucket`` each bucket; a missing one in ``created`` (a connector has ``create_bucket: true``) passes."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     s3 = clients.s3_client(conn)
@@ -117,6 +118,10 @@ def _s3(name: str, conn: S3Connection, buckets: list[str]) -> list[CheckResult]:
                 s3.head_bucket(Bucket=bucket)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "?")
+            if code in ("404", "NoSuchBucket") and bucket in created:
+                results.append(CheckResult("s3", f"{name}/{bucket}", True,
+                                           "missing; created at start (create_bucket: true)"))
+                continue
             hint = {
                 "404": f"create bucket {bucket!r} first",
                 "NoSuchBucket": f"create bucket {bucket!r} first",
@@ -198,6 +203,8 @@ def _run(pipeline: PipelineBase, emit: Callable[[CheckResult], None]) -> None:
         elif isinstance(conn, ElasticsearchConnection):
             emit(_elasticsearch(name, conn))
         elif isinstance(conn, S3Connection):
-            buckets = sorted({c.bucket for c in connectors if c.connection == name and hasattr(c, "bucket")})
-            for r in _s3(name, conn, buckets):
+            mine = [c for c in connectors if c.connection == name and hasattr(c, "bucket")]
+            buckets = sorted({c.bucket for c in mine})
+            created = frozenset(c.bucket for c in mine if getattr(c, "create_bucket", False))
+            for r in _s3(name, conn, buckets, created):
                 emit(r)

@@ -100,3 +100,24 @@ def test_check_with_everything_down_is_one_line_per_problem_without_secrets(tmp_
             assert all(line.startswith("FAILED ") for line in lines), output
             assert [line.split()[1] for line in lines] == ["kafka", "rds", "elasticsearch", "s3"]
             assert done.stderr.strip().splitlines() == ["error 4 of 4 check(s) failed"], done.stderr
+
+
+def test_a_bucket_the_sink_creates_is_not_a_failure(tmp_path, endpoints, s3, unique):
+    source_bucket = f"check-{unique}"
+    s3.create_bucket(Bucket=source_bucket)
+    path = pipeline_yaml(tmp_path, endpoints, bucket=source_bucket)
+    archive = f"archive-{unique}"  # does not exist; the sink creates it at start
+    sink = textwrap.dedent(f"""\
+        sync:
+          - name: lake
+            dead_letter_topic: updates.dlq
+            sinks:
+              - {{name: archive, type: s3_sink, connection: s3, topics: [updates.x], bucket: {archive}, create_bucket: true}}
+        """)
+    path.write_text(path.read_text() + sink)
+    result = CliRunner().invoke(app, ["check", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert f"s3/{archive}: missing; created at start (create_bucket: true)" in result.output
+    path.write_text(path.read_text().replace("create_bucket: true", "create_bucket: false"))
+    result = CliRunner().invoke(app, ["check", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and f"create bucket {archive!r} first" in result.output
