@@ -200,9 +200,15 @@ def measure(kafka: Any, conn: RdsConnection, mode: str, args: argparse.Namespace
         }
     finally:
         with engine.connect() as c:
-            if mode == "cdc":
+            if mode == "cdc":  # a slot retains WAL: drop it once its WAL sender is gone
+                for _ in range(50):
+                    active = c.execute(text("SELECT active FROM pg_replication_slots WHERE slot_name = :s"),
+                                       {"s": default_name(name)}).scalar()
+                    if not active:
+                        break
+                    time.sleep(0.2)
                 c.execute(text("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                               "WHERE slot_name = :s AND NOT active"), {"s": default_name(name)})
+                               "WHERE slot_name = :s"), {"s": default_name(name)})
                 c.execute(text(f'DROP PUBLICATION IF EXISTS "{default_name(name)}"'))
             c.execute(text(f"DROP TABLE IF EXISTS {table}"))
             c.commit()
