@@ -254,7 +254,9 @@ def read_latest_per_key(
 ) -> dict[bytes, bytes]:
     """Read a compacted topic from the start to its current end, keeping the latest value per key.
 
-    Tombstones remove their key, exactly as compaction would.
+    Tombstones remove their key, exactly as compaction would. Records of
+    aborted or open transactions are not read (``read_committed``, see
+    :mod:`connectors.runtime.committed`).
 
     Args:
         kafka_config: librdkafka properties.
@@ -267,36 +269,14 @@ def read_latest_per_key(
     Raises:
         SetupError: the topic does not exist, or the end was not reached in time.
     """
-    ends = end_offsets(kafka_config, topic, timeout_s)
-    consumer = Consumer(
-        {
-            **kafka_config,
-            "group.id": f"threes-read-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    latest: dict[bytes, bytes] = {}
+    # read_committed, ended by the consumer's position: a transactional topic's last offset is a commit marker
+    from connectors.exceptions import RetriableError
+    from connectors.runtime.committed import latest_per_key
+
     try:
-        pending = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, 0) for p in pending])
-        # the low watermark may be > 0 after deletion; auto.offset.reset handles that.
-        while pending:
-            msg = consumer.poll(timeout_s)
-            if msg is None:
-                raise SetupError(f"topic {topic!r}: no record within {timeout_s} s before its end offsets {ends}")
-            if msg.error():
-                raise SetupError(f"topic {topic!r}: {msg.error()}")
-            if msg.value() is None:
-                latest.pop(msg.key(), None)
-            else:
-                latest[msg.key()] = msg.value()
-            if msg.offset() + 1 >= ends[msg.partition()]:
-                pending.discard(msg.partition())
-                consumer.incremental_unassign([TopicPartition(topic, msg.partition())])
-    finally:
-        consumer.close()
-    return latest
+        return latest_per_key(kafka_config, topic, timeout_s)
+    except RetriableError as exc:
+        raise SetupError(str(exc)) from exc
 
 
 def internal_topic_settings(
