@@ -8,6 +8,7 @@ serve logical replication is refused in one line.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -60,17 +61,27 @@ def wal_lsn(engine: Any) -> int:
         return lsn_int(c.execute(text("SELECT pg_current_wal_lsn()::text")).scalar_one())
 
 
+def drop_slot(engine: Any, connector: str) -> None:
+    """Drop the connector's slot (it retains WAL) once its WAL sender is gone, and its publication."""
+    slot = default_name(connector)
+    with engine.connect() as c:
+        for _ in range(50):
+            if not c.execute(text("SELECT active FROM pg_replication_slots WHERE slot_name = :s"),
+                             {"s": slot}).scalar():
+                break
+            time.sleep(0.2)
+        c.execute(text("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                       "WHERE slot_name = :s"), {"s": slot})
+        c.execute(text(f'DROP PUBLICATION IF EXISTS "{slot}"'))
+        c.commit()
+
+
 @pytest.fixture
 def cdc_names(pg_engine: Any, unique: str) -> Iterator[dict[str, str]]:
     """Table, connector, topic names; the slot and publication are dropped afterwards (a slot retains WAL)."""
     name = f"cdc-{unique}"
     yield {"table": f"cdc_{unique}", "name": name, "topic": f"state.cdc.{unique}"}
-    slot = default_name(name)
-    with pg_engine.connect() as c:
-        c.execute(text("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                       "WHERE slot_name = :s AND NOT active"), {"s": slot})
-        c.execute(text(f'DROP PUBLICATION IF EXISTS "{slot}"'))
-        c.commit()
+    drop_slot(pg_engine, name)
 
 
 def _pipeline(kafka: Any, pg: Any, names: dict[str, str], **extra: Any) -> Any:

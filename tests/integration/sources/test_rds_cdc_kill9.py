@@ -22,10 +22,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from connectors.rds.cdc import default_name
 from connectors.runtime.offsets import OffsetStore
 from tests.conftest import ROOT
-from tests.integration.sources.test_rds_cdc import changes
+from tests.integration.sources.test_rds_cdc import changes, drop_slot
 
 KILLS = int(os.environ.get("THREES_CDC_KILLS", "5"))
 
@@ -35,11 +34,7 @@ def names(pg_engine: Any, unique: str) -> Iterator[tuple[str, str, str]]:
     """Table, connector and topic names; the slot (which retains WAL) and the publication are dropped after."""
     name = f"cdckill-{unique}"
     yield f"cdckill_{unique}", name, f"state.cdckill.{unique}"
-    with pg_engine.connect() as c:
-        c.execute(text("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                       "WHERE slot_name = :s AND NOT active"), {"s": default_name(name)})
-        c.execute(text(f'DROP PUBLICATION IF EXISTS "{default_name(name)}"'))
-        c.commit()
+    drop_slot(pg_engine, name)
 
 
 def test_kill9_during_a_change_load_loses_and_duplicates_nothing(
