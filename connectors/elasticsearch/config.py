@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from connectors.config.models import SinkConnectorConfig, SourceConnectorConfig
+from connectors.config.models import ConfigPath, SinkConnectorConfig, SourceConnectorConfig
 
 
 class ElasticsearchSourceConfig(SourceConnectorConfig):
@@ -82,6 +82,22 @@ class ElasticsearchSinkConfig(SinkConnectorConfig):
 
     type: Literal["elasticsearch_sink"]
     index: str
+    create_index: bool = Field(
+        True,
+        description="create a missing index before the first document, with mappings from the update's Avro value "
+        "schema (connectors/elasticsearch/mapping.py); false: the cluster's dynamic mapping or an index template",
+    )
+    string_mapping: Literal["keyword", "text", "text_and_keyword"] = Field(
+        "keyword", description="mapping of Avro strings in a created index (text_and_keyword: text + .keyword)"
+    )
+    decimal_mapping: Literal["scaled_float", "double", "keyword"] = Field(
+        "scaled_float", description="mapping of Avro decimals in a created index (scaled_float: factor 10^scale)"
+    )
+    mapping_file: ConfigPath | None = Field(
+        None,
+        description="JSON mappings (relative to the config file's folder) over the derived ones: its properties "
+        "replace the derived field by field, its other keys (dynamic, _source...) are added",
+    )
     max_concurrency: int = Field(4, ge=1, le=64, description="upper bound of parallel bulk requests")
     chunk_records: int = Field(500, ge=1, le=100_000, description="actions per bulk request")
     chunk_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="bytes per bulk request")

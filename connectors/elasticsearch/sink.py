@@ -88,6 +88,7 @@ class ElasticsearchSink(Sink):
         super().__init__(config, connection, **kwargs)
         self.client: Any = None
         self._pool: ThreadPoolExecutor | None = None
+        self._index_ready = not config.create_index  # checked (or created) before the first document
 
     def open(self) -> None:
         """Create the client and the request pool, and check the cluster answers.
@@ -176,6 +177,8 @@ class ElasticsearchSink(Sink):
         assert self._pool is not None, "open() first"
         failures: list[RecordFailure] = []
         records = latest_per_key(batch.records)
+        if not self._index_ready:
+            self._ensure_index(records)
         sources = self._sources(batch, records) if batch.tables else {}
         chunks: list[list[tuple[SinkRecord, bytes]]] = [[]]
         size = 0
@@ -206,6 +209,50 @@ class ElasticsearchSink(Sink):
                         raise exc
             raise errors[0]
         return failures
+
+    def _ensure_index(self, records: list[SinkRecord]) -> None:
+        """Create the index with mappings from the first upsert's value schema, unless it exists.
+
+        An existing index (or one another task created first) is used as it is.
+
+        Raises:
+            RetriableError: the cluster cannot be reached.
+            FatalError: the cluster refused the mappings (400).
+        """
+        from elasticsearch import ApiError, TransportError
+
+        from connectors.elasticsearch.mapping import index_mappings
+
+        sample = next((r for r in records if not r.is_delete and isinstance(r.value_schema, dict)), None)
+        if sample is None:
+            return  # only deletes so far: nothing to map yet
+        index = self.config.index
+        try:
+            if self.client.indices.exists(index=index):
+                self._index_ready = True
+                return
+            mappings = index_mappings(sample.value_schema, self.config)
+            try:
+                self.client.indices.create(index=index, mappings=mappings)
+            except ApiError as exc:
+                if "[scaled_float]" not in str(exc) or "does not exist" not in str(exc):
+                    raise
+                # a cluster without the mapper-extras module (the minimal distribution): decimals as double
+                log.warning("sink=%s index=%s: the cluster has no scaled_float type; decimals mapped as double",
+                            self.name, index)
+                mappings = index_mappings(sample.value_schema, self.config.model_copy(
+                    update={"decimal_mapping": "double"}))
+                self.client.indices.create(index=index, mappings=mappings)
+            log.info("sink=%s created index=%s fields_mapped=%d", self.name, index, len(mappings["properties"]))
+        except ApiError as exc:
+            if "resource_already_exists_exception" not in str(exc):
+                if getattr(exc, "status_code", 500) >= 500:
+                    raise RetriableError(f"sink {self.name!r}: creating index {index!r}: {redact(str(exc))}") from exc
+                raise FatalError(f"sink {self.name!r}: index {index!r} refused its mappings: {redact(str(exc))}") \
+                    from exc
+        except TransportError as exc:
+            raise RetriableError(f"sink {self.name!r}: creating index {index!r}: {redact(str(exc))}") from exc
+        self._index_ready = True
 
     def _bulk(self, chunk: list[tuple[SinkRecord, bytes]]) -> Any:
         """One ``_bulk`` request of ready NDJSON lines; the answer keeps only what is read (``filter_path``)."""
