@@ -98,26 +98,14 @@ ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "quantity", "type": "int"},
     {"name": "order_time", "type": {"type": "long", "logicalType": "timestamp-micros"}},
 ]}
-# Reader schemas of the snapshots. RdsSource names its records after the table (threes.rds.customers,
-# threes.rds.customers_key) and ElasticsearchSource keys by _id (threes.elasticsearch.stores_key): Avro
-# aliases map them to ours. The S3 source writes with the value schema given to it, and its key record is
-# <namespace>.<source>_key, which products_key.avsc names exactly.
-CUSTOMER = {"type": "record", "name": "Customer", "namespace": "shop", "aliases": ["threes.rds.customers"],
-            "fields": [{"name": "customer_id", "type": "int"}, {"name": "name", "type": "string"},
-                       {"name": "country", "type": "string"}]}
-CUSTOMER_KEY = {"type": "record", "name": "CustomerKey", "namespace": "shop", "aliases": ["threes.rds.customers_key"],
-                "fields": [{"name": "customer_id", "type": "int"}]}
+# The products' and stores' sources are given their value schema (typed CSV columns, a chosen record name);
+# the customers' comes from the table. The snapshots need no reader schema: they read with the writer
+# schemas their topics carry; the stores' key is the Elasticsearch _id (lookups join on `_id`).
 PRODUCT = {"type": "record", "name": "Product", "namespace": "shop", "fields": [
     {"name": "product_id", "type": "string"}, {"name": "name", "type": "string"},
     {"name": "category", "type": "string"}, {"name": "unit_price", "type": "double"}]}
-PRODUCT_KEY = {"type": "record", "name": "products_key", "namespace": "shop",
-               "fields": [{"name": "product_id", "type": "string"}]}
 STORE = {"type": "record", "name": "Store", "namespace": "shop", "fields": [
     {"name": "store_id", "type": "string"}, {"name": "name", "type": "string"}, {"name": "city", "type": "string"}]}
-STORE_KEY = {"type": "record", "name": "StoreKey", "namespace": "shop",
-             "aliases": ["threes.elasticsearch.stores_key"],
-             "fields": [{"name": "store_id", "type": "string", "aliases": ["_id"]}]}
-
 PIPELINE = """\
 # the shop's first pipeline (written by tests/e2e/test_first_pipeline.py)
 kafka:
@@ -148,17 +136,14 @@ sources:
 stream:
   events: {{topic: orders.{u}, value_schema: schemas/order.avsc, starting_offsets: earliest,
            topic_spec: {{partitions: 2}}}}
-  snapshots:
-    - {{name: customers, topics: [state.customers.{u}], key_schema: schemas/customer_key.avsc,
-       value_schema: schemas/customer.avsc}}
-    - {{name: products, topics: [state.products.{u}], key_schema: schemas/product_key.avsc,
-       value_schema: schemas/product.avsc}}
-    - {{name: stores, topics: [state.stores.{u}], key_schema: schemas/store_key.avsc,
-       value_schema: schemas/store.avsc}}
+  snapshots:                 # no reader schemas: read with the writer schemas the state topics carry
+    - {{name: customers, topics: [state.customers.{u}]}}
+    - {{name: products, topics: [state.products.{u}]}}
+    - {{name: stores, topics: [state.stores.{u}]}}
   lookups:
     - {{snapshot: customers, on: {{customer_id: customer_id}}, prefix: customer_, fields: [name, country]}}
     - {{snapshot: products, on: {{product_id: product_id}}, prefix: product_, fields: [name, category, unit_price]}}
-    - {{snapshot: stores, on: {{store_id: store_id}}, prefix: store_, fields: [city]}}
+    - {{snapshot: stores, on: {{store_id: _id}}, prefix: store_, fields: [city]}}
   enriched_topic: orders.enriched.{u}
   updates:
     - {{topic: updates.orders.{u}, kind: projection, key: [order_id], version: offset}}
@@ -243,9 +228,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory, stack: Any, endpoints: Any, p
              "orders_index": f"orders_{u}"}
     data = generate()
     (folder / "schemas").mkdir()
-    for name, schema in [("order", ORDER), ("customer", CUSTOMER), ("customer_key", CUSTOMER_KEY),
-                         ("product", PRODUCT), ("product_key", PRODUCT_KEY), ("store", STORE),
-                         ("store_key", STORE_KEY)]:
+    for name, schema in [("order", ORDER), ("product", PRODUCT), ("store", STORE)]:
         (folder / "schemas" / f"{name}.avsc").write_text(json.dumps(schema, indent=1))
     (folder / "pipeline.yaml").write_text(PIPELINE.format(**names))
     with (folder / "orders.csv").open("w", newline="") as f:
