@@ -64,6 +64,7 @@ class UpdatePlan:
     key: Schema
     value: Schema
     aggregations: list[tuple[str, str, str | None]] = field(default_factory=list)  # (output, fn, field)
+    event_time_is_date: bool = False  # an Avro date: windows start at its midnight UTC
 
 
 @dataclass
@@ -143,12 +144,32 @@ def _base_type(avro_type: Any) -> Any:
 
 def _is_numeric(avro_type: Any) -> bool:
     t = _base_type(avro_type)
-    return (t in _NUMERIC) or (isinstance(t, dict) and t.get("type") in _NUMERIC and "logicalType" not in t)
+    if isinstance(t, dict):
+        return t.get("type") in _NUMERIC and "logicalType" not in t
+    return isinstance(t, str) and t in _NUMERIC
 
 
 def _is_timestamp(avro_type: Any) -> bool:
     t = _base_type(avro_type)
     return isinstance(t, dict) and t.get("logicalType") in _TIMESTAMPS
+
+
+def is_date(avro_type: Any) -> bool:
+    """Whether a field type is an Avro ``date`` (days since the epoch)."""
+    t = _base_type(avro_type)
+    return isinstance(t, dict) and t.get("logicalType") == "date"
+
+
+def decimal_of(avro_type: Any) -> tuple[int, int] | None:
+    """``(precision, scale)`` of an Avro ``decimal`` field type, else ``None``."""
+    t = _base_type(avro_type)
+    if isinstance(t, dict) and t.get("logicalType") == "decimal":
+        return int(t["precision"]), int(t.get("scale", 0))
+    return None
+
+
+def _decimal_type(precision: int, scale: int) -> dict[str, Any]:
+    return {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}
 
 
 _PROMOTIONS = {
@@ -442,8 +463,10 @@ def _update_plan(
     group_by = list(update.group_by or [])
     need("group_by", group_by)
     need("event_time", [update.event_time or ""])
-    if update.event_time in available and not _is_timestamp(available[update.event_time]["type"]):
-        problem("event_time", f"field {update.event_time!r} is not an Avro timestamp-millis/micros")
+    if update.event_time in available and not (
+        _is_timestamp(available[update.event_time]["type"]) or is_date(available[update.event_time]["type"])
+    ):
+        problem("event_time", f"field {update.event_time!r} is not an Avro timestamp-millis/micros or date")
         ok = False
     aggregations: list[tuple[str, str, str | None]] = []
     extra: list[dict[str, Any]] = []
@@ -455,12 +478,21 @@ def _update_plan(
             ok = False
         if source is not None:
             need(f"aggregations.{out}", [source])
-            if source in available and not _is_numeric(available[source]["type"]):
-                problem(f"aggregations.{out}", f"field {source!r} is not numeric (int, long, float, double)")
+            if source in available and not (
+                _is_numeric(available[source]["type"]) or decimal_of(available[source]["type"])
+            ):
+                problem(f"aggregations.{out}", f"field {source!r} is not numeric (int, long, float, double, decimal)")
                 ok = False
         aggregations.append((out, fn, source))
+        decimal = decimal_of(available[source]["type"]) if source in available else None
         if fn == "count":
             extra.append({"name": out, "type": "long"})
+        elif decimal is not None and fn in ("sum", "mean"):
+            # exact, as Spark computes them: sum decimal(p+10, s), mean decimal(p+4, s+4) (at most 38 digits)
+            p, sc = decimal
+            out_type = _decimal_type(min(38, p + 10), sc) if fn == "sum" else _decimal_type(min(38, p + 4),
+                                                                                             min(38, sc + 4))
+            extra.append(nullable({"name": out, "type": out_type}))
         elif fn == "mean":
             extra.append(nullable({"name": out, "type": "double"}))
         elif fn == "sum" and source in available:
@@ -477,4 +509,5 @@ def _update_plan(
     ]
     key = subset_schema(enriched, group_by, record_name_for(update.topic, "Key"), window[:1])
     value = subset_schema(enriched, group_by, record_name_for(update.topic, "Value"), window + extra)
-    return UpdatePlan(update, _schema(key), _schema(value), aggregations)
+    date = update.event_time in available and is_date(available[update.event_time or ""]["type"])
+    return UpdatePlan(update, _schema(key), _schema(value), aggregations, date)

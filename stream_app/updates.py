@@ -145,6 +145,9 @@ def aggregate(enriched: Any, plan: UpdatePlan, dedupe_on: str | None = None) -> 
     outputs = [f.count(f.lit(1)).alias(COUNT)]
     for out, fn, source in plan.aggregations:
         outputs.append(f.count(f.lit(1)).alias(out) if fn == "count" else fns[fn](f.col(source)).alias(out))
+    if plan.event_time_is_date:
+        # a date is its day's midnight UTC (whatever the session's time zone)
+        enriched = enriched.withColumn(cfg.event_time, f.timestamp_seconds(f.unix_date(f.col(cfg.event_time)) * 86400))
     events = enriched.withWatermark(cfg.event_time, cfg.watermark)
     if dedupe_on is not None:
         events = events.dropDuplicatesWithinWatermark([dedupe_on])
@@ -162,7 +165,11 @@ def aggregation_records(aggregated: Any, plan: UpdatePlan) -> Any:
     ]
     for out, _fn, _source in plan.aggregations:
         target = types[out] if isinstance(types[out], str) else [t for t in types[out] if t != "null"][0]
-        columns.append((f.col(out).cast(target) if target in ("long", "double") else f.col(out)).alias(out))
+        if isinstance(target, dict) and target.get("logicalType") == "decimal":  # Spark's own result type, exact
+            column = f.col(out).cast(f"decimal({target['precision']},{target.get('scale', 0)})")
+        else:
+            column = f.col(out).cast(target) if target in ("long", "double") else f.col(out)
+        columns.append(column.alias(out))
     key = encode_avro(
         f.struct(*[f.col(n) for n in group_by], f.col("window.start").alias("window_start")),
         plan.key.json,
