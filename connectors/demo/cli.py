@@ -79,6 +79,9 @@ def replay(
     ] = None,
     partitions: Annotated[int, typer.Option("--partitions", help="partitions of a topic created here")] = 4,
     na: Annotated[str, typer.Option("--na", help="the text read as null in CSV files")] = "NA",
+    timezone: Annotated[str, typer.Option(
+        "--timezone", help="IANA zone of CSV timestamps written without an offset (a date alone: its midnight there)"
+    )] = "UTC",
     order_by: Annotated[
         str | None,
         typer.Option("--order-by", help="replay sorted by these columns, comma-separated (e.g. time_hour: "
@@ -124,7 +127,8 @@ def replay(
             rows = sql_source(pipeline.connections[connection], table, value_schema,
                               schema_name=schema_name or None, match=wanted, limit=limit, order_by=order or None)
         else:
-            rows = csv_source(source, value_schema, match=wanted, limit=limit, null_values=(na,), order_by=order)
+            rows = csv_source(source, value_schema, match=wanted, limit=limit, null_values=(na,), order_by=order,
+                              timezone=timezone)
         replayer = Replayer(kafka, topic, value_schema, key_fields,
                             key_schema=load_schema(key_schema, base_dir) if key_schema else None,
                             partitions=partitions, rate=rate)

@@ -185,6 +185,7 @@ def read_csv(
     avro_schema: dict[str, Any],
     *,
     null_values: Sequence[str] = (NA,),
+    timezone: str = "UTC",
 ) -> Any:
     """Read a CSV file (or a zipped one) into an Arrow table typed by an Avro schema.
 
@@ -192,11 +193,19 @@ def read_csv(
     other columns are ignored. A null in a column whose Avro type has no
     ``null`` branch is an error naming the column and the first such row.
 
+    Timestamps (``timestamp-millis``/``-micros`` fields) are read by one rule:
+    a value with a zone offset (``Z``, ``+02:00``) is that instant; a value
+    without one (``1996-03-13 10:11:12``) is a local time in ``timezone``;
+    a date alone (``1996-03-13``) is that day's midnight in ``timezone``.
+    ``date`` fields read ``YYYY-MM-DD``.
+
     Args:
         path: the CSV file, or a ``.zip`` holding one.
         avro_schema: the record schema whose fields are read.
         null_values: the texts read as null (R's ``NA`` by default); an empty
             field is null in non-string columns.
+        timezone: the IANA zone of timestamps written without an offset (``UTC``
+            by default, ``Europe/Oslo``...).
 
     Returns:
         A ``pyarrow.Table`` with the schema's fields in schema order.
@@ -214,7 +223,7 @@ def read_csv(
             table = csv.read_csv(
                 handle,
                 convert_options=csv.ConvertOptions(
-                    column_types={f.name: f.type for f in target},
+                    column_types={f.name: pa.string() if _zoned(f.type) else f.type for f in target},
                     include_columns=target.names,
                     null_values=list(null_values),
                     strings_can_be_null=True,
@@ -223,6 +232,13 @@ def read_csv(
             )
         except (pa.ArrowInvalid, pa.ArrowKeyError) as exc:
             raise ConfigError(f"{path}: cannot read as {avro_schema.get('name')}: {exc}") from exc
+    for i, field in enumerate(target):
+        if _zoned(field.type):
+            try:
+                column = parse_timestamps(table.column(field.name), field.type, timezone)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ConfigError(f"{path}: column {field.name!r} is not a timestamp: {exc}") from exc
+            table = table.set_column(i, field.name, column)
     for field in target:
         if not field.nullable and table.column(field.name).null_count:
             row = table.column(field.name).is_null().to_pylist().index(True)
@@ -231,6 +247,41 @@ def read_csv(
                 f"which is not nullable in {avro_schema.get('name')}"
             )
     return table.cast(target)
+
+
+def _zoned(arrow_type: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_timestamp(arrow_type) and arrow_type.tz is not None
+
+
+def parse_timestamps(strings: Any, target: Any, timezone: str = "UTC") -> Any:
+    """ISO-8601 texts as instants (the rule of :func:`read_csv`).
+
+    Args:
+        strings: an Arrow string column.
+        target: the Arrow timestamp type with a zone (``timestamp('us', tz='UTC')``).
+        timezone: the zone of values without an offset.
+
+    Returns:
+        A column of ``target``.
+
+    Raises:
+        pyarrow.ArrowInvalid: a value is not an ISO-8601 date or date-time.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    strings = strings.combine_chunks() if isinstance(strings, pa.ChunkedArray) else strings
+    offset = r"[T ]\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d(:?\d\d)?)$"  # a time of day, then its offset
+    has_offset = pc.fill_null(pc.match_substring_regex(strings, offset), False)
+    day_only = pc.fill_null(pc.equal(pc.utf8_length(strings), 10), False)
+    local = pc.if_else(day_only, pc.binary_join_element_wise(strings, "T00:00:00", ""), strings)
+    local = pc.if_else(has_offset, pa.scalar(None, pa.string()), local)
+    naive = local.cast(pa.timestamp(target.unit))
+    assumed = pc.assume_timezone(naive, timezone=timezone, ambiguous="earliest", nonexistent="earliest")
+    zoned = pc.if_else(has_offset, strings, pa.scalar(None, pa.string())).cast(target)
+    return pc.if_else(has_offset, zoned, assumed.cast(target))
 
 
 @functools.cache

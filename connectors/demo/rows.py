@@ -135,6 +135,7 @@ def csv_source(
     limit: int | None = None,
     null_values: Sequence[str] = ("NA",),
     order_by: Sequence[str] = (),
+    timezone: str = "UTC",
 ) -> RowSource:
     """The rows of a CSV file (or a ``.zip`` holding one), typed by the value schema.
 
@@ -145,6 +146,7 @@ def csv_source(
         limit: at most this many rows (after ``match`` and ``order_by``).
         null_values: texts read as null.
         order_by: columns to sort by before replaying (file order when empty).
+        timezone: the zone of timestamps without an offset (see :func:`connectors.demo.data.read_csv`).
 
     Raises:
         ConfigError: the file is missing or does not match the schema (see
@@ -152,7 +154,8 @@ def csv_source(
     """
     from connectors.demo.data import read_csv
 
-    table = sort_table(filter_table(read_csv(path, value_schema, null_values=null_values), match), order_by)
+    table = read_csv(path, value_schema, null_values=null_values, timezone=timezone)
+    table = sort_table(filter_table(table, match), order_by)
     table = filter_table(table, None, limit)
     return RowSource(arrow_rows(table), table.num_rows, str(path))
 

@@ -86,3 +86,22 @@ def test_flights_csv_is_not_in_time_order_and_sorting_makes_it_so() -> None:
     assert ordered.slice(0, len(in_file)).column("flight").to_pylist() == in_file  # ties keep file order
     with pytest.raises(ConfigError, match="no column"):
         sort_table(flights, ["when"])
+
+
+def test_csv_dates_and_local_timestamps_read_into_timestamp_and_date_fields(tmp_path):
+    import datetime as dt
+
+    from connectors.demo.data import read_csv
+
+    schema = {"type": "record", "name": "Order", "fields": [
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+    ]}
+    (tmp_path / "o.csv").write_text("at,day\n1996-03-13,1996-03-13\n1996-03-13 10:11:12,1996-03-14\n"
+                                    "1996-03-13T10:11:12.5+02:00,1996-03-15\n")
+    utc = read_csv(tmp_path / "o.csv", schema).to_pydict()
+    assert utc["at"] == [dt.datetime(1996, 3, 13, tzinfo=dt.UTC), dt.datetime(1996, 3, 13, 10, 11, 12, tzinfo=dt.UTC),
+                         dt.datetime(1996, 3, 13, 8, 11, 12, 500000, tzinfo=dt.UTC)]
+    assert utc["day"] == [dt.date(1996, 3, 13), dt.date(1996, 3, 14), dt.date(1996, 3, 15)]
+    oslo = read_csv(tmp_path / "o.csv", schema, timezone="Europe/Oslo").to_pydict()["at"]
+    assert [t.astimezone(dt.UTC).hour for t in oslo] == [23, 9, 8]  # local times in Oslo (UTC+1); the offset wins
