@@ -852,7 +852,12 @@ class Bench:
                         "key_format": "string",
                         "key_field": "key",
                         "value_schema": "ks_ref.avsc",
-                        **({"index_min_rows": int(KS_INDEX_MIN_ROWS)} if KS_INDEX_MIN_ROWS else {}),
+                        # the opt-in Python-worker index, up to 2M keys (the engine default before 100k/partitioned)
+                        **(
+                            {"index_min_rows": int(KS_INDEX_MIN_ROWS), "broadcast_max_rows": 2_000_000}
+                            if KS_INDEX_MIN_ROWS
+                            else {}
+                        ),
                     }
                 ],
                 "lookups": [{"snapshot": "refs", "on": {"fk": "key"}, "prefix": "ref_"}],
