@@ -445,6 +445,9 @@ class TaskRunner:
                 produce(topic, vb, kb, on_delivery=on_delivery, headers=headers)
             except BufferError:
                 self._produce_when_room(topic, vb, kb, on_delivery=on_delivery, headers=headers)
+            except KafkaException as exc:  # refused at once (too large...): the batch never commits
+                self.stats.produced += i
+                raise self._refused(pending, len(records) - i, exc) from exc
         n = len(records)
         self.stats.rows_read += batch.rows_read or 0
         self.stats.produced += n
@@ -481,11 +484,13 @@ class TaskRunner:
             self._produce_batch(keys, values, pending)
         else:  # produce_batch carries no headers
             produce, topic, headers, on_delivery = self._producer.produce, self.config.topic, batch.headers, pending.ack
-            for kb, vb in zip(keys, values, strict=True):
+            for i, (kb, vb) in enumerate(zip(keys, values, strict=True)):
                 try:
                     produce(topic, vb, kb, on_delivery=on_delivery, headers=headers)
                 except BufferError:
                     self._produce_when_room(topic, vb, kb, on_delivery=on_delivery, headers=headers)
+                except KafkaException as exc:  # refused at once (too large...): the batch never commits
+                    raise self._refused(pending, n - i, exc) from exc
         self.stats.rows_read += batch.rows_read or 0
         self.stats.produced += n
         metrics.RECORDS_READ.labels(self._label).inc(batch.rows_read or 0)
@@ -524,6 +529,19 @@ class TaskRunner:
                 # the refused records and the parts not produced owe no acknowledgement; the batch never commits
                 self._tracker.abandon(pending, len(values) - first - queued, str(error))
                 raise error
+
+    def _refused(self, pending: Any, unsent: int, exc: KafkaException) -> FatalError:
+        """The error that stops the task when librdkafka refuses a record of a batch at once (e.g. too large).
+
+        The refused record and the ones after it owe no acknowledgement: the
+        batch's position is never stored.
+        """
+        error = FatalError(
+            f"source {self._label!r} (topic {self.config.topic!r}): a record of a batch refused by the producer: "
+            f"{exc.args[0] if exc.args else exc}"
+        )
+        self._tracker.abandon(pending, unsent, str(error))
+        return error
 
     def _produce_when_room(self, topic: str, value: bytes | None, key: bytes, **kwargs: Any) -> None:
         """Produce after the local queue was found full: serve delivery reports until there is room; never drop."""
