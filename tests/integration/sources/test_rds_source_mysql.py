@@ -10,7 +10,6 @@ import datetime as dt
 import decimal
 import time
 from typing import Any
-from urllib.parse import quote
 
 from sqlalchemy import text
 
@@ -115,8 +114,9 @@ def test_timestamp_cursor_is_utc_whatever_the_writers_time_zone(
 ) -> None:
     """A ``TIMESTAMP`` column is an instant: written from a +05:00 session, it reaches the topic as UTC.
 
-    The source's sessions start in +03:00 (``init_command``, as on a server whose
-    default zone is not UTC): the connector's own ``SET time_zone`` must win.
+    The source's sessions start in +03:00 (the server's default zone is set to it for the
+    test, ``SET GLOBAL time_zone``; a URL's ``init_command`` is refused as unsafe): the
+    connector's own ``SET time_zone`` must win.
     """
     table = f"tz_{unique}"
     with mysql_engine.connect() as c:
@@ -124,10 +124,9 @@ def test_timestamp_cursor_is_utc_whatever_the_writers_time_zone(
         c.execute(text(f"CREATE TABLE {table} (id int PRIMARY KEY, at timestamp(6) NOT NULL)"))
         c.execute(text(f"INSERT INTO {table} VALUES (1, '2024-06-01 12:00:00.250000'), (2, NOW(6))"))
         c.commit()
-    local_zone = "&init_command=" + quote("SET time_zone = '+03:00'")
     pipeline = source_pipeline(
         kafka,
-        mysql.model_copy(update={"url": mysql.url + local_zone}),
+        mysql,
         name=f"tz-{unique}",
         topic=f"state.{unique}",
         table=table,
@@ -135,7 +134,14 @@ def test_timestamp_cursor_is_utc_whatever_the_writers_time_zone(
         timestamp_column="at",
         commit_delay_s=0,
     )
-    (s,) = run_once(pipeline).values()
+    with mysql_engine.connect() as c:
+        default_zone = c.execute(text("SELECT @@GLOBAL.time_zone")).scalar()
+        c.execute(text("SET GLOBAL time_zone = '+03:00'"))  # new sessions start in +03:00
+    try:
+        (s,) = run_once(pipeline).values()
+    finally:
+        with mysql_engine.connect() as c:
+            c.execute(text("SET GLOBAL time_zone = :zone"), {"zone": default_zone})
     assert s.state == "caught_up", s.error
     state = topic_state(kafka_conf, f"state.{unique}")
     # row 2 (NOW() of a +05:00 session) is read at once: the bound is taken in the same (UTC) clock
