@@ -110,9 +110,12 @@ def test_status_pages_render_the_facts_in_headless_chromium(
     try:
         group = p.sync[0].consumer_group()
         wait_until(lambda: group_lag(kafka_conf, group, topic) == 0, 60, "the updates written and committed")
-        wait_until(lambda: sum(x["committed"] or 0 for x in
-                               get_json(f"http://127.0.0.1:{port}/status.json")["sync"][0]["partitions"]) == 20,
-                   30, "the service's status to show the commits")
+        def shown(part: dict[str, Any]) -> bool:  # committed and the end offset it caught up with (lag 0)
+            return part["committed"] is not None and part["committed"] == part.get("end_offset")
+
+        wait_until(lambda: (parts := get_json(f"http://127.0.0.1:{port}/status.json")["sync"][0]["partitions"])
+                   and sum(x["committed"] or 0 for x in parts) == 20 and all(shown(x) for x in parts),
+                   30, "the service's status to show the commits and the end offsets")
         service = render(chromium, f"http://127.0.0.1:{port}/status", artifacts / "status-page-service.png")
         assert {"http-equiv": "refresh", "content": "5"} in service.meta  # the page reloads itself
         key = f"page-{unique}"
