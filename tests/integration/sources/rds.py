@@ -7,6 +7,7 @@ import decimal
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from sqlalchemy import text
@@ -26,6 +27,28 @@ def source_pipeline(kafka: Any, conn: RdsConnection, **source: Any) -> Any:
             "sources": [{"type": "rds_source", "connection": "pg", "commit_delay_s": 0, **source}],
         }
     )
+
+
+def write_source_run_config(
+    folder: Path, kafka: Any, conn: RdsConnection, name: str, topic: str, table: str, options: str
+) -> tuple[Path, dict[str, str]]:
+    """A one-source pipeline for ``threes source run`` as a child process (kill -9 and group tests).
+
+    Args:
+        folder: where ``pipeline.yaml`` goes.
+        options: the source's further YAML lines (indented by four spaces, each ending in a newline).
+
+    Returns:
+        The config's path and the child's environment (the password in ``$PGPASS``, never in the file).
+    """
+    cfg = folder / "pipeline.yaml"
+    cfg.write_text(
+        f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
+        f"connections:\n  pg:\n    type: rds\n    url: {conn.url}\n    password: ${{env:PGPASS}}\n"
+        f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: {topic}\n"
+        f"    table: {table}\n{options}"
+    )
+    return cfg, {"PGPASS": conn.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
 
 
 def naive_poll(engine: Any, table: str, last: dt.datetime | None) -> tuple[list[int], dt.datetime | None]:

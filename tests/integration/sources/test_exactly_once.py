@@ -30,6 +30,7 @@ from connectors.runtime.offsets import OffsetStore
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from tests.conftest import ROOT
+from tests.integration.sources.rds import write_source_run_config
 
 ROWS = 30_000
 KILLS = 5
@@ -52,16 +53,12 @@ def test_kill9_with_exactly_once_neither_loses_nor_duplicates(tmp_path: Any, pg_
     topic = f"state.eos.{unique}"
     with pg_engine.begin() as c:
         c.execute(text(f"CREATE TABLE {table} (id bigserial PRIMARY KEY, payload text NOT NULL)"))
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
-        f"connections:\n  pg:\n    type: rds\n    url: {pg.url}\n    password: ${{env:PGPASS}}\n"
-        f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: {topic}\n"
-        f"    table: {table}\n    mode: incrementing\n    incrementing_column: id\n"
+    cfg, env = write_source_run_config(
+        tmp_path, kafka, pg, name, topic, table,
+        f"    mode: incrementing\n    incrementing_column: id\n"
         f"    poll_interval_s: 0.1\n    batch_records: {CHUNK}\n    reconcile_interval_s: null\n"
-        f"    exactly_once: true\n"
+        f"    exactly_once: true\n",
     )
-    env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     cmd = [sys.executable, "-m", "connectors.cli", "source", "run", str(cfg)]
 
     def insert(n: int) -> None:

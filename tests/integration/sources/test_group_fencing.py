@@ -32,6 +32,7 @@ from connectors.runtime.offsets import OFFSETS_TOPIC
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from tests.conftest import ROOT, sql_engine
+from tests.integration.sources.rds import write_source_run_config
 from tests.integration.sources.test_distributed import _assigned, _wait
 
 ROWS = 400
@@ -85,16 +86,12 @@ def test_paused_worker_past_session_timeout_writes_no_stale_value(tmp_path: Any,
         c.execute(text(f"CREATE TABLE {table} (id int PRIMARY KEY, v bigint NOT NULL, "
                        "updated_at timestamptz NOT NULL DEFAULT clock_timestamp())"))
         c.execute(text(f"INSERT INTO {table} (id, v) SELECT g, 0 FROM generate_series(1, {ROWS}) g"))
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
-        f"connections:\n  pg:\n    type: rds\n    url: {pg.url}\n    password: ${{env:PGPASS}}\n"
-        f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: {topic}\n"
-        f"    table: {table}\n    mode: timestamp+incrementing\n    timestamp_column: updated_at\n"
-        f"    incrementing_column: id\n    commit_delay_s: 0\n    poll_interval_s: 0.05\n"
-        f"    batch_records: 50\n    reconcile_interval_s: null\n"
+    cfg, env = write_source_run_config(
+        tmp_path, kafka, pg, name, topic, table,
+        "    mode: timestamp+incrementing\n    timestamp_column: updated_at\n"
+        "    incrementing_column: id\n    commit_delay_s: 0\n    poll_interval_s: 0.05\n"
+        "    batch_records: 50\n    reconcile_interval_s: null\n",
     )
-    env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     cmd = [sys.executable, "-m", "connectors.cli", "-v", "source", "run", str(cfg), "--group", f"g{unique}"]
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
 

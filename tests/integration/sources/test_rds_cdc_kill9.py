@@ -24,6 +24,7 @@ from sqlalchemy import text
 
 from connectors.runtime.offsets import OffsetStore
 from tests.conftest import ROOT
+from tests.integration.sources.rds import write_source_run_config
 from tests.integration.sources.test_rds_cdc import changes, drop_slot
 
 KILLS = int(os.environ.get("THREES_CDC_KILLS", "5"))
@@ -44,15 +45,11 @@ def test_kill9_during_a_change_load_loses_and_duplicates_nothing(
     with pg_engine.begin() as c:
         c.execute(text(f"CREATE TABLE {table} (id bigserial PRIMARY KEY, v int NOT NULL, payload text)"))
         c.execute(text(f"INSERT INTO {table} (v, payload) SELECT 0, md5(g::text) FROM generate_series(1, 500) g"))
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
-        f"connections:\n  pg:\n    type: rds\n    url: {pg.url}\n    password: ${{env:PGPASS}}\n"
-        f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: {topic}\n"
-        f"    table: {table}\n    mode: cdc\n    exactly_once: true\n    batch_records: 500\n"
-        f"    topic_spec:\n      partitions: 1\n"
+    cfg, env = write_source_run_config(
+        tmp_path, kafka, pg, name, topic, table,
+        "    mode: cdc\n    exactly_once: true\n    batch_records: 500\n"
+        "    topic_spec:\n      partitions: 1\n",
     )
-    env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     cmd = [sys.executable, "-m", "connectors.cli", "source", "run", str(cfg)]
     stop = threading.Event()
     transactions = Counter()

@@ -25,6 +25,7 @@ from connectors.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from tests.conftest import ROOT
+from tests.integration.sources.rds import write_source_run_config
 
 ROWS = int(os.environ.get("THREES_KILL9_ROWS", "100000"))
 KILLS = int(os.environ.get("THREES_KILL9_KILLS", "10"))
@@ -60,16 +61,12 @@ def test_kill9_during_load_loses_no_row(tmp_path: Any, pg_engine: Any, pg: Any, 
         c.execute(text(f"CREATE TABLE {table} (id bigserial PRIMARY KEY, payload text NOT NULL, "
                        "updated_at timestamptz NOT NULL DEFAULT now())"))
         c.execute(text(f"CREATE INDEX ON {table} (updated_at, id)"))
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
-        f"connections:\n  pg:\n    type: rds\n    url: {pg.url}\n    password: ${{env:PGPASS}}\n"
-        f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: {topic}\n"
-        f"    table: {table}\n    mode: timestamp+incrementing\n    timestamp_column: updated_at\n"
+    cfg, env = write_source_run_config(
+        tmp_path, kafka, pg, name, topic, table,
+        f"    mode: timestamp+incrementing\n    timestamp_column: updated_at\n"
         f"    incrementing_column: id\n    commit_delay_s: 0\n    poll_interval_s: 0.2\n"
-        f"    batch_records: {CHUNK}\n    reconcile_interval_s: null\n"
+        f"    batch_records: {CHUNK}\n    reconcile_interval_s: null\n",
     )
-    env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     cmd = [sys.executable, "-m", "connectors.cli", "source", "run", str(cfg)]
 
     def insert(n: int) -> None:
