@@ -64,8 +64,9 @@ side by side on the same events:
 Sizes: ``THREES_BENCH_KEYS`` (default 1000000), ``THREES_BENCH_EVENTS`` (500000,
 in micro-batches of ``THREES_BENCH_BATCH`` = 50000), ``THREES_BENCH_RATE``
 (events/s for the latency run, 2000) and ``THREES_BENCH_LATENCY_S`` (30);
-``THREES_BENCH_PARTS`` picks parts (default ``throughput,bootstrap,restart,latency,kstreams``;
-``latency20k`` adds the 20k events/s latency run; ``scale`` adds the 10M-key run of
+``THREES_BENCH_PARTS`` picks parts (default: all of
+``throughput,bootstrap,restart,latency,latency20k,kstreams,scale``, so one run prints every key
+the issues name; ``latency20k`` is the 20k events/s latency run; ``scale`` the 10M-key run of
 ``benchmarks/snapshot_scale.py`` on the standalone cluster: ``ratio_10m_vs_10k``,
 ``driver_peak_rss_mb_10m``, ``bootstrap_10m_keys_per_s``, ``ratio_restart_vs_bootstrap_10m``);
 throughput configurations run ``THREES_BENCH_ROUNDS`` (2) times in turn and the best
@@ -1002,6 +1003,9 @@ class Bench:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+DEFAULT_PARTS = "throughput,bootstrap,restart,latency,latency20k,kstreams,scale"
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=os.environ.get("THREES_BENCH_LOG", "INFO"), format="%(asctime)s %(name)s %(message)s")
     for noisy in ("py4j", "stream_app.snapshot.indexed"):
@@ -1009,7 +1013,7 @@ if __name__ == "__main__":
     bench = Bench()
     try:
         bench.main(
-            set(os.environ.get("THREES_BENCH_PARTS", "throughput,bootstrap,restart,latency,kstreams").split(","))
+            set(os.environ.get("THREES_BENCH_PARTS", DEFAULT_PARTS).split(","))
         )
     finally:
         bench.close()
