@@ -243,12 +243,27 @@ def decode_error_reason(col: Any, writers: Mapping[bytes, str], what: str) -> An
     )
 
 
-def latest_per_key(records: Any, value_columns: Sequence[str] | None = None, keep_deleted: bool = False) -> Any:
+def latest_per_key(
+    records: Any,
+    value_columns: Sequence[str] | None = None,
+    keep_deleted: bool = False,
+    partitions: int | None = None,
+) -> Any:
     """The latest record per lookup key; tombstones remove their key.
 
     Order: topic rank, then partition, then offset (Kafka keeps a key in one
     partition, where offsets order its records). Records with ``__error`` set
     are ignored (they went to the dead letter topic; they are not deletes).
+
+    The records are hash-partitioned by ``__lk`` into ``partitions`` and sorted
+    once, by (bucket, ``__lk``, newest first), where the bucket is Spark's
+    bucket id of ``__lk`` (``pmod(murmur3(__lk), partitions)``); the first row
+    of each key wins (a window's ``row_number``). That one sort also satisfies
+    a Parquet write bucketed and sorted by ``__lk`` into ``partitions``
+    buckets, and the output stays partitioned and sorted by ``__lk``. (A
+    ``max_by`` aggregation of a struct is a sort-based aggregation in Spark,
+    which sorts every record twice, before and after the shuffle: measured 3x
+    slower on 2M keys.)
 
     Args:
         records: output of :func:`decode_records`, or any frame with ``__lk``,
@@ -257,27 +272,43 @@ def latest_per_key(records: Any, value_columns: Sequence[str] | None = None, kee
         value_columns: flat value columns; ``None`` expands struct ``__v``.
         keep_deleted: keep the tombstones (a change set to apply), else drop
             them (a snapshot).
+        partitions: how many hash partitions of ``__lk``; ``None``:
+            ``spark.sql.shuffle.partitions``.
 
     Returns:
         ``__lk, __lh[, __deleted, __topic, __partition, __offset]`` and the value
         fields, one row per key.
     """
+    from pyspark.sql import Window
+
     f = _f()
     if ERROR in records.columns:
         records = records.filter(f.col(ERROR).isNull())
     if value_columns is None:
         records = records.select("*", "__v.*").drop("__v")
         value_columns = [c for c in records.columns if not c.startswith("__") and c not in ("key", "value")]
+    if partitions is None:
+        partitions = int(records.sparkSession.conf.get("spark.sql.shuffle.partitions"))
     keep = [LH, DELETED, TOPIC, PARTITION, OFFSET, *value_columns]
     present = [c for c in keep if c in records.columns]
+    newest_first = Window.partitionBy(bucket_id(LK, partitions), f.col(LK)).orderBy(
+        f.col(RANK).desc(), f.col(PARTITION).desc(), f.col(OFFSET).desc()
+    )
     latest = (
-        records.groupBy(LK)
-        .agg(f.max_by(f.struct(*present), f.struct(RANK, PARTITION, OFFSET)).alias("__r"))
-        .select(LK, "__r.*")
+        records.repartition(partitions, LK)
+        .select(LK, *present, f.row_number().over(newest_first).alias("__n"))
+        .filter(f.col("__n") == 1)
+        .select(LK, *present)
     )
     if keep_deleted:
         return latest
     return latest.filter(~f.col(DELETED)).select(LK, LH, *value_columns)
+
+
+def bucket_id(column: str, buckets: int) -> Any:
+    """Spark's bucket (and hash partition) of a column's value: ``pmod(murmur3(column), buckets)``."""
+    f = _f()
+    return f.pmod(f.hash(f.col(column)), f.lit(buckets))
 
 
 # ---------------------------------------------------------------------------------------------

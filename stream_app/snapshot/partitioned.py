@@ -142,6 +142,9 @@ class PartitionedStore:
 
     def _read_version(self, table: str, path: str) -> Any:
         """A version as a cached DataFrame, partitioned by ``__lk`` (buckets) and sorted: no shuffle."""
+        # each bucket of a version is one file, written sorted by ``__lk``: with this setting Spark's bucketed
+        # scan reports that order (it checks the one file per bucket) and the sort below is a no-op
+        self.spark.conf.set("spark.sql.legacy.bucketedTableScan.outputOrdering", "true")
         catalog = self.spark.catalog
         if not catalog.tableExists(table):  # a restart: the version's files are registered as they are
             columns = self.spark.read.parquet(path).schema.toDDL()  # the files' footers, not their rows

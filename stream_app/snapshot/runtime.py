@@ -338,7 +338,11 @@ class Snapshot:
 
         decoded = self._decode(raw)
         seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
-        latest = latest_per_key(decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors")))
+        # partitioned like the base's buckets: the version is written without another shuffle or sort
+        latest = latest_per_key(
+            decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors")),
+            partitions=self.base.store.partitions,
+        )
         if records <= self.cfg.broadcast_max_rows:
             self._install(latest.toArrow())
         else:  # maybe too big to broadcast: built partitioned by the executors (collected only if it is small)
