@@ -43,7 +43,7 @@ from stream_app.avro_schemas import subset_schema
 from stream_app.batch import SOURCE_HEADER, BatchPlan
 from stream_app.checkpoint import BatchOffsetsLog, SnapshotCheckpoint, child, open_checkpoint_location
 from stream_app.enrich import BoundLookup
-from stream_app.kafka_io import READ_COMMITTED, TopicWatermarks, offsets_json, spark_kafka_options
+from stream_app.kafka_io import READ_COMMITTED, TopicWatermarks, offsets_json, sink_options, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import write_records
 from stream_app.snapshot.data import corrupt_to_null
@@ -282,7 +282,7 @@ class StreamJob:
         events = decoded.filter(f.col("e").isNotNull()).select("e.*", "__source")
         records = aggregation_records(aggregate(events, update, dedupe_on="__source"), update)
         writer = records.writeStream.format("kafka").outputMode("update")
-        for key, value in self._options.items():
+        for key, value in sink_options(self._options).items():
             writer = writer.option(key, value)
         writer = writer.option(
             "checkpointLocation", child(self.config.checkpoint_location, "aggregations", update.config.topic)

@@ -132,7 +132,9 @@ def explode_records(df: Any, records: Sequence[Any]) -> Any:
 
 def write_records(records: Any, options: dict[str, str]) -> None:
     """Write a batch of ``topic, key, value, headers`` rows with Spark's Kafka sink (at least once)."""
+    from stream_app.kafka_io import sink_options
+
     writer = records.write.format("kafka").mode("append")
-    for key, value in options.items():
+    for key, value in sink_options(options).items():
         writer = writer.option(key, value)
     writer.save()
