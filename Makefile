@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv stack test demo down lint docs clean
+.PHONY: venv stack test drills demo down lint docs clean
 
 venv: $(VENV)/.installed
 
@@ -23,6 +23,16 @@ stack: venv
 
 test: stack
 	$(BIN)/pytest
+
+# The failure drills at the sizes their issues name (make test runs them shorter): 90 s outages of
+# PostgreSQL and Elasticsearch, 10 kill -9 of a polling, a CDC and an exactly-once source, 20 kills of
+# a sync service over 50,000 updates.
+drills: stack
+	THREES_OUTAGE_S=90 THREES_KILL9_KILLS=10 THREES_CDC_KILLS=10 THREES_EOS_KILLS=10 \
+	THREES_SOAK_UPDATES=50000 THREES_SOAK_KILLS=20 \
+	$(BIN)/pytest tests/integration/ops/test_outage.py tests/integration/sources/test_rds_kill9.py \
+	  tests/integration/sources/test_rds_cdc_kill9.py tests/integration/sources/test_exactly_once.py \
+	  tests/integration/sync/test_kill9.py
 
 demo: stack
 	$(BIN)/threes demo

@@ -14,6 +14,7 @@ re-send rows behind the test's back).
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -33,7 +34,7 @@ from tests.conftest import ROOT
 from tests.integration.sources.rds import write_source_run_config
 
 ROWS = 30_000
-KILLS = 5
+KILLS = int(os.environ.get("THREES_EOS_KILLS", "5"))  # make drills: 10
 CHUNK = 200
 
 
