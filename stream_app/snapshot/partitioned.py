@@ -31,6 +31,18 @@ The cached base is read back from that version as a bucketed table, so
   ``pmod(murmur3(__lk), P)``, and its row is found by the Parquet row-group
   statistics of one file.
 
+**Cached or read from the version's files.** When the versions live on a file
+system the executors read locally (a ``file:`` path: ``local[*]``, or a
+standalone cluster on one host), the base is *not* cached: each micro-batch's
+join scans the version's bucketed, sorted Parquet (the operating system's page
+cache keeps it in memory). Measured at 2M keys, 50k events per batch: 0.50 s
+per join against the files, 0.52 s against the cache. Then a restart only
+registers the newest version (seconds, whatever the size), nothing is held in
+the executors' storage memory (a 10M-key cache spilled to disk on 1 GB
+executors) and a lost executor loses nothing. On object storage or HDFS
+(``s3a://``, ``hdfs://``...), where every scan would move the whole base over
+the network, the base is cached by the executors as above.
+
 The driver holds only the version's path, its offsets and counts.
 """
 
@@ -44,6 +56,13 @@ from typing import Any
 from stream_app.snapshot.data import DELETED, LK
 
 log = logging.getLogger(__name__)
+
+
+def is_local_path(path: str, default_fs: str = "file:///") -> bool:
+    """Whether a Spark path is on the local file system (``file:``, or no scheme and a local default FS)."""
+    if "://" in path or path.startswith("file:"):
+        return path.startswith("file:")
+    return default_fs.startswith("file:")
 
 
 def _table_name(snapshot: str, version: str) -> str:
@@ -67,6 +86,9 @@ class PartitionedStore:
 
     def __init__(self, spark: Any, name: str, partitions: int, columns: list[str], versions: Any = None):
         self.spark, self.name, self.partitions, self.columns, self.versions = spark, name, partitions, columns, versions
+        # versions on a local file system are read in place each batch; elsewhere the base is cached
+        default_fs = spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+        self.cached = versions is None or not is_local_path(versions.version_path("p0"), default_fs)
         self.df: Any = None
         self.rows = 0
         self.version: str | None = None  # the version the cached base was read from
@@ -107,14 +129,19 @@ class PartitionedStore:
         self._install(merged, offsets, aligned=True)
 
     def _install(self, df: Any, offsets: Any, aligned: bool) -> None:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as f
+
         started = time.monotonic()
         old_df, old_table = self.df, self._table
         if self.versions is not None:
             version = f"p{int(time.time() * 1000):015d}"
             path = self.versions.version_path(version)
             table = _table_name(self.name, version)
+            written = Observation(f"version-{self.name}-{version}")
             (
-                df.write.mode("overwrite")
+                df.observe(written, f.count(f.lit(1)).alias("rows"))
+                .write.mode("overwrite")
                 .bucketBy(self.partitions, LK)
                 .sortBy(LK)
                 .format("parquet")
@@ -122,7 +149,7 @@ class PartitionedStore:
                 .saveAsTable(table)
             )
             base = self._read_version(table, path)
-            rows = base.count()
+            rows = base.count() if self.cached else written.get["rows"]
             self.versions.save_partitioned(version, rows, self.partitions, offsets)
             self.version, self._table = version, table
         else:
@@ -132,16 +159,17 @@ class PartitionedStore:
         self.df, self.rows = base, rows
         self._release(old_df, old_table)
         log.info(
-            "snapshot=%s partitioned base keys=%d partitions=%d version=%s elapsed_s=%.2f",
+            "snapshot=%s partitioned base keys=%d partitions=%d version=%s cached=%s elapsed_s=%.2f",
             self.name,
             rows,
             self.partitions,
             self.version,
+            self.cached,
             time.monotonic() - started,
         )
 
     def _read_version(self, table: str, path: str) -> Any:
-        """A version as a cached DataFrame, partitioned by ``__lk`` (buckets) and sorted: no shuffle."""
+        """A version as a DataFrame partitioned by ``__lk`` (buckets) and sorted, cached or not: no shuffle."""
         # each bucket of a version is one file, written sorted by ``__lk``: with this setting Spark's bucketed
         # scan reports that order (it checks the one file per bucket) and the sort below is a no-op
         self.spark.conf.set("spark.sql.legacy.bucketedTableScan.outputOrdering", "true")
@@ -152,10 +180,11 @@ class PartitionedStore:
                 f"CREATE TABLE `{table}` ({columns}) USING parquet CLUSTERED BY (`{LK}`) SORTED BY (`{LK}`) "
                 f"INTO {self.partitions} BUCKETS LOCATION '{path}'"
             )
-        return self.spark.table(table).select(*self.columns).sortWithinPartitions(LK).persist()
+        base = self.spark.table(table).select(*self.columns).sortWithinPartitions(LK)
+        return base.persist() if self.cached else base
 
     def restore(self, version: str, path: str, rows: int, partitions: int) -> None:
-        """Install a version written earlier (a restart): registered as a bucketed table, cached.
+        """Install a version written earlier (a restart): registered as a bucketed table (and cached).
 
         Args:
             version: the version's name.
@@ -168,16 +197,17 @@ class PartitionedStore:
         table = _table_name(self.name, version)
         old_df, old_table = self.df, self._table
         base = self._read_version(table, path)
-        self.df, self.rows, self.version, self._table = base, base.count(), version, table
+        self.df, self.rows, self.version, self._table = base, base.count() if self.cached else rows, version, table
         if self.rows != rows:
             log.warning("snapshot=%s version %s: %d keys, manifest %d", self.name, version, self.rows, rows)
         self._release(old_df, old_table)
         log.info(
-            "snapshot=%s restored partitioned base keys=%d partitions=%d version=%s elapsed_s=%.2f",
+            "snapshot=%s restored partitioned base keys=%d partitions=%d version=%s cached=%s elapsed_s=%.2f",
             self.name,
             self.rows,
             partitions,
             version,
+            self.cached,
             time.monotonic() - started,
         )
 
