@@ -13,7 +13,8 @@ Engines, chosen per snapshot by its size:
   broadcasts it again for every micro-batch (each batch is a new plan), which
   costs little while the snapshot is small; a GlobalKTable is replicated too.
 * **partitioned** (above): a sort-merge join against the base, which the
-  executors keep cached, hash-partitioned and sorted by lookup key
+  executors keep hash-partitioned and sorted by lookup key (cached, or the
+  bucketed Parquet of its version)
   (:mod:`stream_app.snapshot.partitioned`): only the events are shuffled and
   sorted; the base is scanned where it lives.
 * **indexed** (opt-in, from ``index_min_rows``): a scalar pandas UDF per lookup
@@ -153,7 +154,7 @@ def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None)
     else:
         # partitioned: the base's columns are joined flat (a struct built per base row would cost a
         # projection of the whole base per batch) and made a struct for the matched events only; the
-        # cached base is partitioned and sorted by __lk, so only the events are shuffled and sorted
+        # base (cached or its version's files) is partitioned and sorted by __lk: only the events are shuffled, sorted
         flat = [f.col(name).alias(f"__b{i}_{j}") for j, name in enumerate(values)]
         base = view.base_df.select(f.col(LK).alias(key), f.col(LK).alias(f"__bk{i}"), *flat)
         df = df.join(base, key, "left")

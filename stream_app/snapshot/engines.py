@@ -153,7 +153,7 @@ class SnapshotBase:
             old_df.unpersist()
 
     def restore(self, loaded: Any) -> None:
-        """Install a partitioned version from the checkpoint (registered and cached by the executors).
+        """Install a partitioned version from the checkpoint (registered; cached unless on a local file system).
 
         Args:
             loaded: a :class:`~stream_app.checkpoint.LoadedSnapshot` with a ``path``.

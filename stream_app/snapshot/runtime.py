@@ -289,7 +289,7 @@ class Snapshot:
         ends = self.watermarks.end_offsets(self.cfg.topics)
         loaded = self._usable_checkpoint(ends)
         if loaded is not None:
-            if loaded.table is None:  # a partitioned version: registered and cached by the executors
+            if loaded.table is None:  # a partitioned version: registered (and cached) by the executors
                 self.base.restore(loaded)
                 self._view = None
             else:
