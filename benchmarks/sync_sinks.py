@@ -208,6 +208,9 @@ class _PerRecordDecoder:
     def supports(self, fingerprint: bytes) -> bool:
         return False
 
+    def decode_objects(self, fingerprint: bytes, bodies: Any) -> None:
+        return None  # keys too: per record
+
 
 class Wire:
     """Update messages of one value schema, encoded with the project's serde, and writers that decode them.
