@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from connectors.updates import SOURCE_TS_HEADER, VERSION_HEADER
+from stream_app.kafka_io import sink_options
 
 HEADER_TYPE = "struct<key:string,value:binary>"
 RECORD_FIELDS = ("topic", "key", "value", "headers")
@@ -132,8 +133,6 @@ def explode_records(df: Any, records: Sequence[Any]) -> Any:
 
 def write_records(records: Any, options: dict[str, str]) -> None:
     """Write a batch of ``topic, key, value, headers`` rows with Spark's Kafka sink (at least once)."""
-    from stream_app.kafka_io import sink_options
-
     writer = records.write.format("kafka").mode("append")
     for key, value in sink_options(options).items():
         writer = writer.option(key, value)

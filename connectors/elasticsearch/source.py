@@ -40,7 +40,7 @@ from connectors.config.models import ElasticsearchConnection
 from connectors.elasticsearch.config import ElasticsearchSourceConfig
 from connectors.exceptions import ConfigError, FatalError, RetriableError
 from connectors.runtime.avro import CoercionError, avro_name, record_coercer
-from connectors.runtime.base import SourceBatch, SourceSchemas, SourceTask, TopicState
+from connectors.runtime.base import SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
 
 log = logging.getLogger(__name__)
 
@@ -361,14 +361,7 @@ class ElasticsearchSource(SourceTask):
                                   "fetching documents")
                 yield SourceBatch([self._record(d) for d in resp["docs"] if d.get("found")], None)
         gone_keys = live.unseen() if bounded else (kb for kb in list(live) if kb not in seen)
-        batch: list[Any] = []
-        for kb in gone_keys:
-            batch.append((kb, None))
-            if len(batch) >= self.config.batch_records:
-                yield SourceBatch(batch, None)
-                batch = []
-        if batch:
-            yield SourceBatch(batch, None)
+        yield from tombstone_batches(gone_keys, self.config.batch_records)
 
     def describe_key(self, key: Any) -> str:
         """E.g. ``index "products" _id 'p-1'``."""

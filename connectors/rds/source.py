@@ -79,7 +79,7 @@ from connectors.rds.types import (
     make_row_converter,
     to_json_value,
 )
-from connectors.runtime.base import SourceBatch, SourceSchemas, SourceTask, TopicState
+from connectors.runtime.base import SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 
 log = logging.getLogger(__name__)
@@ -658,14 +658,7 @@ class RdsSource(SourceTask):
                 result.close()
                 conn.rollback()
                 gone_keys = live.unseen() if bounded else (kb for kb in live if kb not in seen)
-                batch: list[Any] = []
-                for kb in gone_keys:
-                    batch.append((kb, None))
-                    if len(batch) >= self.config.batch_records:
-                        yield SourceBatch(batch, None)
-                        batch = []
-                if batch:
-                    yield SourceBatch(batch, None)
+                yield from tombstone_batches(gone_keys, self.config.batch_records)
                 if missing:
                     log.info(
                         "source=%s reconcile: %d row(s) of %s missing from the topic, emitting them",

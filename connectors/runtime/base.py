@@ -22,7 +22,7 @@ schema store: the worker (:mod:`connectors.runtime.worker`) owns them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -70,6 +70,23 @@ class SourceBatch:
     def __post_init__(self) -> None:
         if self.rows_read is None:
             self.rows_read = len(self.records) if self.columns is None else self.columns.num_rows
+
+
+def tombstone_batches(keys: Iterable[bytes], size: int) -> Iterator[SourceBatch]:
+    """Tombstones for encoded keys whose entities are gone, ``size`` per batch (position unmoved).
+
+    Args:
+        keys: encoded key bytes (e.g. ``LiveKeys.unseen()``), consumed lazily.
+        size: records per batch (the source's ``batch_records``).
+    """
+    batch: list[SourceRecord] = []
+    for key in keys:
+        batch.append((key, None))
+        if len(batch) >= size:
+            yield SourceBatch(batch, None)
+            batch = []
+    if batch:
+        yield SourceBatch(batch, None)
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,10 @@ class PartitionedStore:
         self.spark, self.name, self.partitions, self.columns, self.versions = spark, name, partitions, columns, versions
         # versions on a local file system are read in place each batch; elsewhere the base is cached
         default_fs = spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
-        self.cached = versions is None or not is_local_path(versions.version_path("p0"), default_fs)
+        self.cached = versions is None or not is_local_path(versions.spark_folder, default_fs)
+        # each bucket of a version is one file, written sorted by ``__lk``: with this setting Spark's bucketed
+        # scan reports that order (it checks the one file per bucket), so reading a version back needs no sort
+        spark.conf.set("spark.sql.legacy.bucketedTableScan.outputOrdering", "true")
         self.df: Any = None
         self.rows = 0
         self.version: str | None = None  # the version the cached base was read from
@@ -149,7 +152,9 @@ class PartitionedStore:
                 .saveAsTable(table)
             )
             base = self._read_version(table, path)
-            rows = base.count() if self.cached else written.get["rows"]
+            if self.cached:
+                base.count()  # fill the cache now, not in the first micro-batch
+            rows = written.get["rows"]
             self.versions.save_partitioned(version, rows, self.partitions, offsets)
             self.version, self._table = version, table
         else:
@@ -170,9 +175,6 @@ class PartitionedStore:
 
     def _read_version(self, table: str, path: str) -> Any:
         """A version as a DataFrame partitioned by ``__lk`` (buckets) and sorted, cached or not: no shuffle."""
-        # each bucket of a version is one file, written sorted by ``__lk``: with this setting Spark's bucketed
-        # scan reports that order (it checks the one file per bucket) and the sort below is a no-op
-        self.spark.conf.set("spark.sql.legacy.bucketedTableScan.outputOrdering", "true")
         catalog = self.spark.catalog
         if not catalog.tableExists(table):  # a restart: the version's files are registered as they are
             columns = self.spark.read.parquet(path).schema.toDDL()  # the files' footers, not their rows
