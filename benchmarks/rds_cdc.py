@@ -49,6 +49,7 @@ from connectors.config import pipeline_from_dict
 from connectors.config.models import KafkaConfig, RdsConnection
 from connectors.local.stack import Endpoints
 from connectors.rds.cdc import default_name
+from connectors.runtime.process import tune_gc
 from connectors.runtime.standalone import SourceWorker, task_specs
 from connectors.topics import end_offsets
 from schemas.serde import AvroDeserializer
@@ -222,6 +223,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the delay run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    tune_gc()  # what `threes source run` sets in the source's process
     endpoints = Endpoints.from_env()
     kafka = KafkaConfig(bootstrap_servers=endpoints.kafka_bootstrap)
     conn = database(endpoints.postgres_url)

@@ -53,6 +53,7 @@ from connectors import clients
 from connectors.config import pipeline_from_dict
 from connectors.config.models import KafkaConfig, RdsConnection
 from connectors.local.stack import Endpoints
+from connectors.runtime.process import tune_gc
 from connectors.runtime.standalone import SourceWorker, task_specs
 from connectors.topics import end_offsets, ensure_compacted_topic
 from schemas.serde import AvroSerializer
@@ -186,6 +187,7 @@ def _pipeline_doc(
 def _run_one_task(doc: dict[str, Any], task_id: int) -> tuple[str, int, str | None]:
     """Child process: run one task of the source until caught up (what a worker of a --group does)."""
     logging.basicConfig(level=logging.WARNING)
+    tune_gc()
     pipeline = pipeline_from_dict(doc)
     worker = SourceWorker(pipeline)
     spec = [s for s in task_specs(pipeline.sources) if s.task_id == task_id][0]
@@ -253,6 +255,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    tune_gc()  # what `threes source run` sets in the source's process
     endpoints = Endpoints.from_env()
     kafka = KafkaConfig(bootstrap_servers=endpoints.kafka_bootstrap)
     conn, table = ensure_table(endpoints.postgres_url, args.rows)

@@ -766,7 +766,10 @@ def threes_child(spec: dict[str, Any]) -> None:
     import signal
 
     from connectors.config import pipeline_from_dict
+    from connectors.runtime.process import tune_gc
     from sync_service.service import SyncService
+
+    tune_gc()  # as `threes sync run` does
 
     target, c = spec["target"], spec["conn"]
     connection = {
@@ -1161,6 +1164,9 @@ def main() -> None:
     if args.e2e_child:
         child_main(json.loads(args.e2e_child))
         return
+    from connectors.runtime.process import tune_gc
+
+    tune_gc()  # what `threes sync run` sets in the service's process (the quixstreams child keeps Python's)
     if args.rss_child:
         b, topic, bound, rate, seconds = args.rss_child
         rss_child(b, topic, int(bound), float(rate), float(seconds))

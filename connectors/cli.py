@@ -66,6 +66,13 @@ def main(
         # a service says what it did (as Kafka Connect does): threes' own lines at INFO, libraries' at WARNING
         for name in OWN_LOGGERS:
             logging.getLogger(name).setLevel(logging.INFO)
+    if ctx.invoked_subcommand in SERVICES:
+        from connectors.runtime.process import tune_gc
+
+        try:
+            tune_gc()  # a data-path process: collections rarer (connectors/runtime/process.py)
+        except ValueError as exc:
+            raise fail(ThreesError(str(exc))) from None
     if debug:
         app.pretty_exceptions_enable = True
 

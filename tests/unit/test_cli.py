@@ -28,3 +28,11 @@ def test_every_command_group_is_mounted(command):
     result = run(*command)
     assert result.returncode == 0, result.stderr
     assert "Usage: threes" in result.stdout
+
+
+def test_bad_gc_threshold_of_a_service_is_one_line():
+    result = subprocess.run([THREES, "sync", "run", "/nonexistent/pipeline.yaml"], capture_output=True, text=True,
+                            timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "THREES_GC_THRESHOLD_0": "lots"})
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "THREES_GC_THRESHOLD_0='lots': expected a non-negative integer" in result.stderr
