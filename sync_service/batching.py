@@ -130,6 +130,10 @@ class PartitionBuffer:
         now = time.monotonic() if now is None else now
         return self.full() or (now - self.opened_at) * 1000.0 >= self.policy.max_age_ms
 
+    def due_when_idle(self) -> bool:
+        """A partial batch may be cut because the input is drained (``flush_when_idle``)."""
+        return bool(self.records) and self.policy.flush_when_idle
+
     def take(self) -> Job:
         """Cut the buffered records into the in-flight job (the caller checked ``inflight is None``).
 

@@ -10,7 +10,9 @@ One thread owns the consumer (poll, pause, resume, commit); worker threads
    opened again after an exponential backoff (``errors.restart_backoff_s``),
    then writes the failed batch first (Kafka Connect restarts a failed task;
    the other sinks go on, and nothing is committed past the failed batch);
-3. cut the batches that are due (records, bytes or age) and hand them to the
+3. cut the batches that are due (records, bytes or age; or any buffered records
+   when the turn's ``consume()`` returned fewer than it asked for: the input is
+   drained for now, ``batch.flush_when_idle``) and hand them to the
    sink's pool while the sink has fewer batches in flight than its adaptive
    concurrency limit (:mod:`sync_service.concurrency`);
 4. pause the partitions that feed a sink which is over its share of the memory
@@ -277,10 +279,13 @@ class SyncService:
                         raise SetupError(f"fatal Kafka consumer error: {err}")
                 continue
             step_bytes += self._route(msg)
+        # fewer records than asked for within the timeout: the input is drained for now, so partial
+        # batches need not wait for their age (BatchPolicy.flush_when_idle)
+        idle = len(msgs) < self._step_records
         # the memory bound must hold after the next consume() too: keep one turn's bytes of headroom
         self._step_bytes = max(int(self._step_bytes * 0.99), step_bytes)
         self._take_outcomes()
-        self._dispatch()
+        self._dispatch(idle=idle)
         self._update_pauses()
         self._commit(asynchronous=True)
         if time.monotonic() - self._last_lag > 5.0:
@@ -307,7 +312,7 @@ class SyncService:
         future = slot.pool.submit(slot.writer.run, job)
         future.add_done_callback(lambda f: self._outcomes.put(f.result()))
 
-    def _dispatch(self, only: set[TP] | None = None, force: bool = False) -> None:
+    def _dispatch(self, only: set[TP] | None = None, force: bool = False, idle: bool = False) -> None:
         now = time.monotonic()
         for slot in self.slots:
             if slot.state == "restarting":
@@ -336,7 +341,7 @@ class SyncService:
                     continue
                 if not buf.records or slot.inflight >= slot.limiter.limit:
                     continue
-                if eager or buf.due(now):
+                if eager or buf.due(now) or (idle and buf.due_when_idle()):
                     self._submit(slot, buf.take())
 
     def _take_outcomes(self) -> None:

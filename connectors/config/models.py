@@ -344,6 +344,12 @@ class BatchPolicy(StrictModel):
     max_records: int = Field(10_000, ge=1)
     max_bytes: int = Field(16 * 1024 * 1024, ge=1)
     max_age_ms: int = Field(1_000, ge=1)
+    flush_when_idle: bool = Field(
+        True,
+        description="also cut a batch as soon as a poll returns fewer records than asked for (the input is "
+        "drained for now) instead of waiting for max_age_ms; while a partition's batch is in flight its next "
+        "one still grows",
+    )
 
 
 class ConnectorConfig(StrictModel):

@@ -65,3 +65,13 @@ def test_safe_offset_is_first_record_not_yet_durable() -> None:
     b.take()
     b.complete()
     assert b.safe_offset() == 14  # all durable: the next offset to consume
+
+
+def test_due_when_idle_needs_records_and_the_policy() -> None:
+    b = buffer(max_age_ms=60_000)
+    assert not b.due_when_idle()  # empty
+    b.add(FakeMessage(0), 10, now=0.0)
+    assert b.due_when_idle() and not b.due(now=0.0)
+    off = PartitionBuffer("s", "t", 0, BatchPolicy(max_age_ms=60_000, flush_when_idle=False))
+    off.add(FakeMessage(0), 10, now=0.0)
+    assert not off.due_when_idle()
