@@ -45,7 +45,7 @@ from stream_app.checkpoint import BatchOffsetsLog, SnapshotCheckpoint, child, op
 from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import READ_COMMITTED, TopicWatermarks, offsets_json, sink_options, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
-from stream_app.records import write_records
+from stream_app.records import header_value, write_records
 from stream_app.snapshot.data import corrupt_to_null
 from stream_app.snapshot.engines import DeadLetterProducer
 from stream_app.snapshot.runtime import Snapshot
@@ -274,9 +274,7 @@ class StreamJob:
         decoded = stream.select(
             decode_avro(f.col("value"), writers, reader_json).alias("e"),
             # ours is appended after the event's own headers: the last one named so
-            f.element_at(f.filter("headers", lambda h: h["key"] == SOURCE_HEADER), -1)["value"]
-            .cast("string")
-            .alias("__source"),
+            header_value(f.col("headers"), SOURCE_HEADER, last=True).cast("string").alias("__source"),
         )
         decoded = decoded.withColumn("e", corrupt_to_null(f.col("e"), reader_json))
         events = decoded.filter(f.col("e").isNotNull()).select("e.*", "__source")

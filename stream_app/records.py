@@ -70,10 +70,21 @@ def update_record(topic: str, key: Any, value: Any, version: Any, source_ts: Any
     return record(topic, key, value, headers)
 
 
-def header_value(headers: Any, name: str) -> Any:
-    """The value (binary) of the first header called ``name`` in a header array column; null when absent."""
+def header_value(headers: Any, name: str, last: bool = False) -> Any:
+    """The value (binary) of the first (``last``: the last) header called ``name`` in a header array column.
+
+    Null when no header has that name, or the array is null. Built from
+    ``array_position`` on the header keys, not a ``filter`` lambda: a
+    higher-order function is interpreted, and Spark then interprets the whole
+    operator holding it (the explode of every output record, with its Avro
+    encoding, in ``explode_records``) instead of compiling it.
+    """
     f = _f()
-    return f.get(f.filter(headers, lambda h: h["key"] == f.lit(name)), 0)["value"]
+    keys, values = headers["key"], headers["value"]
+    if last:
+        from_end = f.array_position(f.reverse(keys), f.lit(name)).cast("int")
+        return f.when(from_end > 0, f.element_at(values, -from_end))
+    return f.get(values, (f.array_position(keys, f.lit(name)) - 1).cast("int"))
 
 
 def dead_letter(
@@ -125,7 +136,9 @@ def explode_records(df: Any, records: Sequence[Any]) -> Any:
 
     ``inline`` turns a null element into a row of nulls, dropped by the filter;
     a ``filter`` lambda on the array instead would make Spark interpret (not
-    compile) every record expression.
+    compile) every record expression. So would any higher-order function
+    (lambda) inside a record: Spark then runs the whole ``Generate`` outside
+    whole-stage code generation.
     """
     f = _f()
     return df.select(f.inline(f.array(*records))).filter(f.col("topic").isNotNull())
