@@ -21,7 +21,7 @@ from connectors.registry import load_implementation
 from connectors.runtime import metrics
 from connectors.runtime.offsets import OFFSETS_TOPIC, OffsetStore, offsets_key
 from connectors.runtime.supervision import RestartBackoff
-from connectors.runtime.worker import RunnerStats, TaskRunner
+from connectors.runtime.worker import TRANSACTION_TIMEOUT_MS, RunnerStats, TaskRunner
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,13 @@ class SourceWorker:
         self.pipeline = pipeline
         kconf = pipeline.kafka.librdkafka_config()
         internal = internal_topic_options(pipeline.kafka)
+        # a task killed inside its transaction holds every read_committed read of the shared offsets
+        # topic back until the transaction times out: a restart waits that out instead of failing
         self.offsets = OffsetStore(
-            kconf, offsets_topic, timeout_s=max(30.0, pipeline.kafka.request_timeout_s), **internal
+            kconf,
+            offsets_topic,
+            timeout_s=max(TRANSACTION_TIMEOUT_MS / 1000 + 15, pipeline.kafka.request_timeout_s),
+            **internal,
         )
         self.schema_store = SchemaStore(kconf, pipeline.kafka.schema_topic, **internal)
         self.offset_flush_interval_s = offset_flush_interval_s

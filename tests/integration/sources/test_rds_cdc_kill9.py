@@ -23,6 +23,7 @@ import pytest
 from sqlalchemy import text
 
 from connectors.runtime.offsets import OffsetStore
+from connectors.runtime.worker import TRANSACTION_TIMEOUT_MS
 from tests.conftest import ROOT
 from tests.integration.sources.rds import write_source_run_config
 from tests.integration.sources.test_rds_cdc import changes, drop_slot
@@ -69,15 +70,17 @@ def test_kill9_during_a_change_load_loses_and_duplicates_nothing(
             transactions["committed"] += 1
             time.sleep(0.05)
 
-    store = OffsetStore(kafka_conf)
+    store = OffsetStore(kafka_conf, timeout_s=TRANSACTION_TIMEOUT_MS / 1000 + 15)
     rng = random.Random(4)
     loader = threading.Thread(target=load, daemon=True)
     moved = 0
     try:
         for i in range(KILLS):
-            before = store.load(name)
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             try:
+                # a read_committed read of the positions waits behind the transaction the last kill left
+                # open, until the new process's init_transactions (same transactional.id) aborts it
+                before = store.load(name)
                 deadline = time.monotonic() + 60
                 started = time.monotonic()
                 while time.monotonic() < deadline and (
