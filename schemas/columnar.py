@@ -34,6 +34,7 @@ The wire format is unchanged: this module only reads the bodies of
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import threading
@@ -77,6 +78,16 @@ def _zigzag(n: int) -> bytes:
 
 
 _ROW_BYTES = [_zigzag(i) for i in range(16384)]
+
+
+def _numpy_exact(arrow_type: Any) -> bool:
+    """Whether ``to_numpy().tolist()`` gives exactly ``to_pylist()``'s objects for a column without nulls."""
+    import pyarrow as pa
+
+    t = pa.types
+    return t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_boolean(arrow_type) or t.is_string(
+        arrow_type
+    ) or t.is_large_string(arrow_type)
 
 
 def _row_bytes(i: int) -> bytes:
@@ -296,7 +307,11 @@ class ColumnarDecoder:
         plan = self._cached(self._wrapped, fingerprint, True)
         if plan is None:
             return None
-        return self._read(fingerprint, plan, bodies).column(0).to_pylist()
+        column = self._read(fingerprint, plan, bodies).column(0)
+        if column.null_count == 0 and _numpy_exact(column.type):
+            # the same Python ints, floats, bools and strs as to_pylist, without a pyarrow scalar per value
+            return column.to_numpy().tolist()
+        return column.to_pylist()
 
     @staticmethod
     def _make_plan(schema: dict[str, Any], parsed: Any) -> tuple[bytes, Any]:
@@ -344,17 +359,16 @@ class ColumnarDecoder:
     @staticmethod
     def _read(fingerprint: bytes, plan: tuple[bytes, Any], bodies: Sequence[bytes | memoryview]) -> Any:
         """One container block of ``bodies`` read by polars, checked, conformed to the plan's Arrow schema."""
+        import numpy as np
         import polars as pl
         import pyarrow as pa
 
         header, schema = plan
         if not bodies:
             return schema.empty_table()
-        parts: list[Any] = []
-        for i, body in enumerate(bodies):
-            parts.append(body)
-            parts.append(_row_bytes(i))
-        data = b"".join(parts)
+        rows = _ROW_BYTES if len(bodies) <= len(_ROW_BYTES) else map(_row_bytes, range(len(bodies)))
+        # each body, then its row number (the row list may be longer than the bodies)
+        data = b"".join(itertools.chain.from_iterable(zip(bodies, rows, strict=False)))
         block = b"".join((header, _zigzag(len(bodies)), _zigzag(len(data)), data, _SYNC))
         try:
             table = pl.read_avro(io.BytesIO(block)).to_arrow()
@@ -367,9 +381,7 @@ class ColumnarDecoder:
                 f"block of {len(bodies)} bodies of {fingerprint.hex()}: reader panic: {exc}"
             ) from exc
         rows = table.column(ROW_FIELD)
-        if table.num_rows != len(bodies) or not rows.equals(
-            pa.chunked_array([pa.array(range(len(bodies)), pa.int64())])
-        ):
+        if table.num_rows != len(bodies) or not np.array_equal(rows.to_numpy(), np.arange(len(bodies))):
             raise ColumnarDecodeError(
                 f"block of {len(bodies)} bodies of {fingerprint.hex()}: rows misaligned (a body has extra or missing "
                 "bytes)"

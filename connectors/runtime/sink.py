@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from connectors.config.models import BatchPolicy, SinkConnectorConfig
+from schemas.serde import HEADER_BYTES
 
-_LAZY = object()  # the value is decoded from ``body`` on first access
+_LAZY = object()  # the value is decoded from ``encoded`` on first access
 
 
 class SinkRecord:
@@ -59,15 +60,17 @@ class SinkRecord:
         value: the decoded Avro value (a dict), or ``None`` for a tombstone (delete).
         version: the ``version`` header (signed int64, monotonic per key).
         timestamp_ms: the record's Kafka timestamp, epoch milliseconds.
-        size_bytes: bytes of key, value and headers as consumed.
+        size_bytes: bytes of key and value as consumed plus a fixed per-record overhead
+            (``sync_service.batching.RECORD_OVERHEAD_BYTES``); headers are not counted here.
         value_schema: the parsed Avro writer schema of the value (``None`` for a tombstone).
         value_fingerprint: its 8-byte fingerprint (``None`` for a tombstone).
-        body: the value's Avro body (no single-object header), when ``value`` is decoded lazily.
+        encoded: the value as consumed (single-object header and Avro body), when ``value``
+            is decoded lazily; ``None`` otherwise.
         row: the record's row in ``SinkBatch.tables[value_fingerprint]``, or -1 when it has none.
     """
 
     __slots__ = ("topic", "partition", "offset", "key", "_value", "version", "timestamp_ms", "size_bytes",
-                 "value_schema", "value_fingerprint", "body", "row")
+                 "value_schema", "value_fingerprint", "encoded", "row")
 
     def __init__(
         self,
@@ -82,31 +85,38 @@ class SinkRecord:
         value_schema: Any = None,
         value_fingerprint: bytes | None = None,
         *,
-        body: bytes | memoryview | None = None,
+        encoded: bytes | None = None,
         row: int = -1,
     ):
         self.topic = topic
         self.partition = partition
         self.offset = offset
         self.key = key
-        self._value = _LAZY if body is not None and value is None else value
+        self._value = _LAZY if encoded is not None and value is None else value
         self.version = version
         self.timestamp_ms = timestamp_ms
         self.size_bytes = size_bytes
         self.value_schema = value_schema
         self.value_fingerprint = value_fingerprint
-        self.body = body
+        self.encoded = encoded
         self.row = row
 
     @property
+    def body(self) -> memoryview | None:
+        """The value's Avro body (``encoded`` without its single-object header), ``None`` when not kept."""
+        return None if self.encoded is None else memoryview(self.encoded)[HEADER_BYTES:]
+
+    @property
     def value(self) -> dict[str, Any] | None:
-        """The value as a dict (decoded from ``body`` by fastavro on first access), ``None`` for a tombstone."""
+        """The value as a dict (decoded from ``encoded`` by fastavro on first access), ``None`` for a tombstone."""
         if self._value is _LAZY:
             import io
 
             import fastavro
 
-            self._value = fastavro.schemaless_reader(io.BytesIO(self.body), self.value_schema, None)
+            buf = io.BytesIO(self.encoded)
+            buf.seek(HEADER_BYTES)
+            self._value = fastavro.schemaless_reader(buf, self.value_schema, None)
         return self._value
 
     @value.setter

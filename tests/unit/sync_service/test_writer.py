@@ -150,3 +150,73 @@ def test_record_keys_decoded_in_columns_equal_fastavro(store: InMemorySchemaStor
     assert w.columnar.decode_objects(raw[0].key()[2:10], [raw[0].key()[10:]]) == [keys[0]]  # the columnar path ran
     batch = w.decode(job(raw))
     assert [r.key for r in batch.records] == keys == [AvroDeserializer(store)(m.key()) for m in raw]
+
+
+def _mixed_job(store: InMemorySchemaStore) -> Job:
+    """Two value writer schemas, tombstones, source timestamps on some records, an extra header."""
+    from connectors.updates import SOURCE_TS_HEADER
+
+    other = {"type": "record", "name": "V", "fields": [{"name": "a", "type": "int"},
+                                                       {"name": "b", "type": ["null", "string"], "default": None}]}
+    key, v1, v2 = AvroSerializer("long", store), AvroSerializer(SCHEMA, store), AvroSerializer(other, store)
+    raw = []
+    for i in range(40):
+        headers = [("version", encode_version(1000 - i))]
+        if i % 3 == 0:
+            headers.append((SOURCE_TS_HEADER, encode_version(1_700_000_000_000 + (i * 7919) % 97)))
+        if i % 5 == 0:
+            headers.append(("trace", b"x" * i))
+        value = None if i % 4 == 1 else (v1({"a": i}) if i % 2 else v2({"a": i, "b": f"s{i}"}))
+        raw.append(FakeMessage(i, key(i % 13), value, headers=headers, timestamp_ms=5_000 + i))
+    return job(raw)
+
+
+def test_column_wise_heads_equal_the_per_message_heads(store: InMemorySchemaStore) -> None:
+    w = writer(store, ScriptedSink(), FakeProducer())
+    columns_job, each_job = _mixed_job(store), _mixed_job(store)
+    heads = w._decode_heads_columns(columns_job)
+    assert heads is not None  # the job is well formed: the column-wise path took it
+    records, groups = heads
+    expected = w._decode_heads_each(each_job)
+    assert records == expected and len(records) == 40
+    assert [r.encoded for r in records] == [r.encoded for r in expected]
+    assert [r.value_schema for r in records] == [r.value_schema for r in expected]
+    assert columns_job.oldest_source_ts_ms == each_job.oldest_source_ts_ms == 1_700_000_000_000
+    assert sorted(len(g) for g in groups.values()) == [10, 20]  # tombstones belong to no writer schema
+    assert all(r.value_fingerprint == fp for fp, g in groups.items() for r in g)
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["no version", "short version", "two version headers", "no key", "key not single-object", "unknown value schema",
+     "two key schemas"],
+)
+def test_a_message_off_the_common_shape_takes_the_per_message_path(store: InMemorySchemaStore, change: str) -> None:
+    raw = msgs(store, 4)
+    m = raw[2]
+    if change == "no version":
+        m._headers = [("other", b"1")]
+    elif change == "short version":
+        m._headers = [("version", b"\x00\x01")]
+    elif change == "two version headers":
+        m._headers = [("version", encode_version(7)), ("version", encode_version(3))]
+    elif change == "no key":
+        m._key = None
+    elif change == "key not single-object":
+        m._key = b"plain key bytes"
+    elif change == "unknown value schema":
+        m._value = b"\xc3\x01" + b"\x00" * 8 + b"\x02"
+    else:
+        m._key = AvroSerializer("string", store)("two")
+    sink, producer = ScriptedSink(), FakeProducer()
+    w = writer(store, sink, producer)
+    assert w._decode_heads_columns(job(list(raw))) is None
+    out = w.run(job(raw))
+    assert out.status == "done"
+    if change == "two version headers":  # valid: the first version header counts, as version_of reads it
+        assert out.dead == 0 and sink.batches[0].records[2].version == 7
+    elif change == "two key schemas":
+        assert out.dead == 0 and [r.key for r in sink.batches[0].records] == [0, 1, "two", 3]
+    else:
+        assert out.dead == 1 and [r.offset for r in sink.batches[0].records] == [0, 1, 3]
+        assert [int(p["headers"]["dlq.offset"]) for p in producer.produced] == [2]
