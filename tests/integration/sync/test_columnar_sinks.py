@@ -64,8 +64,14 @@ def make_sink(pg: Any, name: str) -> RdsSink:
     return sink
 
 
-def test_postgres_columnar_copy_equals_the_per_record_path(pg: Any, unique: str) -> None:
+@pytest.mark.parametrize("session_time_zone", [None, "Asia/Kathmandu"])
+def test_postgres_columnar_copy_equals_the_per_record_path(pg: Any, unique: str, session_time_zone: str | None) -> None:
+    if session_time_zone:  # zoned timestamps are copied as UTC wall time: whatever the session's zone
+        pg = pg.model_copy(update={"url": f"{pg.url}?options=-c%20TimeZone%3D{session_time_zone.replace('/', '%2F')}"})
     columnar, per_record = make_sink(pg, f"col_{unique}"), make_sink(pg, f"rec_{unique}")
+    if session_time_zone:
+        with columnar.engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW TimeZone").scalar() == session_time_zone
     try:
         batch = decoded_batch(60)
         assert columnar.write(batch) == []
