@@ -80,6 +80,33 @@ def _zigzag(n: int) -> bytes:
 _ROW_BYTES = [_zigzag(i) for i in range(16384)]
 
 
+def _python_objects(column: Any) -> list[Any]:
+    """``column.to_pylist()``, faster for columns (and records) of ints, floats, bools and strings.
+
+    pyarrow's ``to_pylist`` makes a scalar object per value (and per field of a
+    record); numpy's ``tolist`` gives the same Python objects in one call, and a
+    record becomes a dict zipped from its fields' lists.
+
+    Args:
+        column: a ``pyarrow.ChunkedArray``.
+
+    Returns:
+        One Python object per row, equal to ``to_pylist()``'s.
+    """
+    import pyarrow as pa
+
+    if column.null_count == 0:
+        if _numpy_exact(column.type):
+            return column.to_numpy().tolist()
+        if pa.types.is_struct(column.type) and all(_numpy_exact(f.type) for f in column.type):
+            fields = column.combine_chunks().flatten()
+            if all(f.null_count == 0 for f in fields):
+                names = [f.name for f in column.type]
+                lists = [f.to_numpy(zero_copy_only=False).tolist() for f in fields]
+                return [dict(zip(names, row, strict=True)) for row in zip(*lists, strict=True)]
+    return column.to_pylist()
+
+
 def _numpy_exact(arrow_type: Any) -> bool:
     """Whether ``to_numpy().tolist()`` gives exactly ``to_pylist()``'s objects for a column without nulls."""
     import pyarrow as pa
@@ -308,10 +335,7 @@ class ColumnarDecoder:
         if plan is None:
             return None
         column = self._read(fingerprint, plan, bodies).column(0)
-        if column.null_count == 0 and _numpy_exact(column.type):
-            # the same Python ints, floats, bools and strs as to_pylist, without a pyarrow scalar per value
-            return column.to_numpy().tolist()
-        return column.to_pylist()
+        return _python_objects(column)
 
     @staticmethod
     def _make_plan(schema: dict[str, Any], parsed: Any) -> tuple[bytes, Any]:

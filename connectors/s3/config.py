@@ -80,7 +80,12 @@ class S3SinkConfig(SinkConnectorConfig):
     partition_by: str | None = Field(None, description="date field for dt=YYYY-MM-DD/ prefixes")
     rotate_records: int = Field(100_000, ge=1)
     rotate_bytes: int = Field(64 * 1024 * 1024, ge=1)
-    rotate_interval_s: float = Field(60.0, gt=0)
+    rotate_interval_s: float = Field(
+        60.0,
+        gt=0,
+        description="an object is cut after this age, or at rotate_records / rotate_bytes; never because the "
+        "input paused (batch.flush_when_idle does not apply to this sink)",
+    )
     max_concurrency: int = Field(4, ge=1, le=64, description="upper bound of concurrent uploads")
     multipart_threshold_bytes: int = Field(
         8 * 1024 * 1024, ge=5 * 1024 * 1024, description="objects at least this big use a multipart upload"

@@ -188,3 +188,32 @@ def test_schemas_without_a_columnar_reading_are_decoded_per_record(field_type) -
 def test_a_non_record_value_is_decoded_per_record() -> None:
     store, fp, _ = encode({"type": "array", "items": "long"}, [[1]])
     assert not ColumnarDecoder(store).supports(fp)
+
+
+def test_python_objects_of_scalar_and_record_columns_equal_to_pylist() -> None:
+    import pyarrow as pa
+
+    from schemas.columnar import _python_objects
+
+    n = 50
+    record = pa.StructArray.from_arrays(
+        [pa.array(range(n)), pa.array([f"é{i}" for i in range(n)]), pa.array([i / 3 for i in range(n)]),
+         pa.array([i % 2 == 0 for i in range(n)]), pa.array(range(n), pa.int16())],
+        names=["year", "carrier", "x", "b", "flight"],
+    )
+    with_null_field = pa.StructArray.from_arrays([pa.array([1, None, 3])], names=["a"])
+    columns = [
+        pa.chunked_array([record.slice(0, 7), record.slice(7)]),  # chunks, one with an offset
+        pa.chunked_array([record.slice(11, 5)]),
+        pa.chunked_array([pa.array(range(n), pa.int32())]),
+        pa.chunked_array([pa.array(["a", "é", ""])]),
+        pa.chunked_array([pa.array([1, None, 2])]),  # nulls: to_pylist's path
+        pa.chunked_array([with_null_field]),
+        pa.chunked_array([pa.array([{"d": 1}], pa.struct([("d", pa.date32())]))]),  # a date field: to_pylist's path
+    ]
+    for column in columns:
+        got, want = _python_objects(column), column.to_pylist()
+        assert got == want
+        assert [type(v) for v in got] == [type(v) for v in want]
+        if want and isinstance(want[0], dict):
+            assert [[type(v) for v in d.values()] for d in got] == [[type(v) for v in d.values()] for d in want]

@@ -117,7 +117,9 @@ def test_objects_split_by_date_and_by_writer_schema() -> None:
     ]
     names = [o.key for o in objects]
     assert len(names) == len(set(names))
-    assert sink.batch_policy(None).max_records == cfg.rotate_records
+    policy = sink.batch_policy(None)
+    assert policy.max_records == cfg.rotate_records and policy.max_age_ms == cfg.rotate_interval_s * 1000
+    assert policy.flush_when_idle is False  # objects rotate on records, bytes and age, not on a pause of the input
 
 
 def test_avro_to_sql_types() -> None:
