@@ -21,10 +21,11 @@ from typing import Any
 
 from stream_app.avro import decode_avro, framed
 from stream_app.avro_schemas import is_optional, same_encoding
+from stream_app.columns import ColumnCache
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.kafka_io import offsets_json
 from stream_app.plan import JobPlan, writers_for
-from stream_app.records import dead_letter, explode_records, header, no_headers, record
+from stream_app.records import dead_letter, header, no_headers, record, record_rows
 from stream_app.snapshot.data import ERROR, SnapshotView, decode_error_reason
 from stream_app.updates import projection_records
 
@@ -54,6 +55,9 @@ class BatchPlan:
         self._raw_when_null = sorted(key_fields & set(event_fields))
         self._writers: frozenset[bytes] | None = None
         self._decode: tuple[list[Any], list[Any], list[Any]] | None = None
+        self._cache = ColumnCache()
+        self._snapshot_headers: tuple[tuple[tuple[str, str], ...], Any] | None = None
+        self._record_kept = f.col("topic").isNotNull()  # explode_records' filter
 
         ok = f.col(ERROR).isNull()
         self._ok = ok
@@ -124,7 +128,7 @@ class BatchPlan:
             for name in required:
                 all_null = all_null & f.col("__v")[name].isNull()
             decoded = decoded & ~all_null
-        second = [*meta, "__value", "__v", decoded.alias("__decoded")]
+        second = [*self._cache.cols([*meta, "__value", "__v"]), decoded.alias("__decoded")]
         error = f.when(f.col("__value").isNull(), f.lit("event has no value (null)")).when(
             ~f.col("__decoded"), decode_error_reason(f.col("__value"), relevant, "value")
         )
@@ -133,7 +137,8 @@ class BatchPlan:
             keep_raw = f.lit(True)
         for name in self._raw_when_null:
             keep_raw = keep_raw | f.col("__v")[name].isNull()
-        third = [*meta, f.when(keep_raw, f.col("__value")).alias("__value"), error.alias(ERROR), "__v.*"]
+        third = [*self._cache.cols(meta), f.when(keep_raw, f.col("__value")).alias("__value"), error.alias(ERROR),
+                 self._cache.col("__v.*")]
         self._writers, self._decode = frozenset(relevant), (first, second, third)
         return self._decode
 
@@ -150,13 +155,22 @@ class BatchPlan:
             lookups: the lookups bound to this batch's snapshot views.
             views: the views, whose offsets go in the ``snapshot.<name>`` headers.
         """
+        enriched = enrich(frame, lookups, passthrough=ERROR, cache=self._cache).select(self._cache.col("*"), self._body)
+        return enriched.select(self._record_rows(views)).filter(self._record_kept)
+
+    def _record_rows(self, views: Mapping[str, SnapshotView]) -> Any:
+        """The generator of every output record (:func:`~stream_app.records.record_rows`).
+
+        Rebuilt only when a snapshot's offsets (a header of every enriched event)
+        changed since the last batch.
+        """
         from pyspark.sql import functions as f
 
-        cfg = self.plan.config
-        enriched = enrich(frame, lookups, passthrough=ERROR).select("*", self._body)
-        ours = [self._source_header] + [
-            header(f"snapshot.{name}", f.lit(offsets_json(view.offsets))) for name, view in sorted(views.items())
-        ]
-        headers = f.concat(self._event_headers, f.array(*ours))
-        enriched_record = f.when(self._ok, record(cfg.enriched_topic, f.col("__key"), self._value, headers))
-        return explode_records(enriched, [enriched_record, *self._updates, self._dead_letter])
+        offsets = tuple((name, offsets_json(view.offsets)) for name, view in sorted(views.items()))
+        if self._snapshot_headers is None or self._snapshot_headers[0] != offsets:
+            cfg = self.plan.config
+            ours = [self._source_header] + [header(f"snapshot.{name}", f.lit(text)) for name, text in offsets]
+            headers = f.concat(self._event_headers, f.array(*ours))
+            enriched_record = f.when(self._ok, record(cfg.enriched_topic, f.col("__key"), self._value, headers))
+            self._snapshot_headers = (offsets, record_rows([enriched_record, *self._updates, self._dead_letter]))
+        return self._snapshot_headers[1]

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connectors.config.stream import LookupConfig
+from stream_app.columns import ColumnCache
 from stream_app.snapshot.data import DELETED, LK, SnapshotView, event_lookup_key
 from stream_app.snapshot.indexed import MATCHED, ArrowLookup, lookup_udf_function
 
@@ -65,7 +66,9 @@ def joined_fields(lookup: BoundLookup) -> list[Any]:
     ]
 
 
-def enrich(events: Any, lookups: Sequence[BoundLookup], passthrough: str | None = None) -> Any:
+def enrich(
+    events: Any, lookups: Sequence[BoundLookup], passthrough: str | None = None, cache: ColumnCache | None = None
+) -> Any:
     """Join events to snapshots.
 
     Args:
@@ -74,6 +77,8 @@ def enrich(events: Any, lookups: Sequence[BoundLookup], passthrough: str | None 
         lookups: the lookups, in order; joined columns are appended in this order.
         passthrough: name of a column whose non-null rows are never dropped by
             an inner lookup (the job routes such rows to the dead letter topic).
+        cache: where the column expressions are kept between micro-batches (a job's
+            :class:`~stream_app.columns.ColumnCache`); a fresh one when ``None``.
 
     Returns:
         ``events``' columns followed by each lookup's prefixed columns.
@@ -84,6 +89,7 @@ def enrich(events: Any, lookups: Sequence[BoundLookup], passthrough: str | None 
     """
     from pyspark.sql import functions as f
 
+    cache = cache if cache is not None else ColumnCache()
     existing = set(events.columns)
     for lookup in lookups:
         for fld in joined_fields(lookup):
@@ -92,20 +98,29 @@ def enrich(events: Any, lookups: Sequence[BoundLookup], passthrough: str | None 
             existing.add(fld.name)
     if not lookups:
         return events
-    columns = list(events.columns)
+    columns = tuple(events.columns)
+    star = cache.col("*")
     keys = [
-        event_lookup_key(lookup.config.on, lookup.view.key_type).alias(f"__lk{i}") for i, lookup in enumerate(lookups)
+        cache.get(
+            ("lookup key", i, id(lookup.config), lookup.view.key_type.simpleString()),
+            lambda i=i, lookup=lookup: event_lookup_key(lookup.config.on, lookup.view.key_type).alias(f"__lk{i}"),
+        )
+        for i, lookup in enumerate(lookups)
     ]
-    hashes = [f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}") for i in range(len(lookups))]
+    hashes = [cache.get(("lookup hash", i), lambda i=i: f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}"))
+              for i in range(len(lookups))]
     # two projections: the hash reads the key computed by the first
-    df = events.select("*", *keys).select("*", *hashes)
+    df = events.select(star, *keys).select(star, *hashes)
     indexed = [(i, lk) for i, lk in enumerate(lookups) if lk.view.mode == "indexed"]
     if indexed:
         df = _indexed_lookups(df, indexed, passthrough)
     for i, lookup in enumerate(lookups):
         if lookup.view.mode != "indexed":
-            df = _spark_lookup(df, i, lookup, passthrough)
-    out = columns + [fld.name for lookup in lookups for fld in joined_fields(lookup)]
+            df = _spark_lookup(df, i, lookup, passthrough, cache)
+    out = cache.get(
+        ("enriched columns", columns, tuple(fld.name for lookup in lookups for fld in joined_fields(lookup))),
+        lambda: cache.cols(list(columns) + [fld.name for lookup in lookups for fld in joined_fields(lookup)]),
+    )
     return df.select(*out)
 
 
@@ -139,47 +154,75 @@ def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passth
     return df.select("*", *expanded)
 
 
-def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None) -> Any:
-    """One lookup joined by Spark (broadcast or shuffle join with the base), then the overlay on top."""
+@dataclass(frozen=True)
+class _LookupColumns:
+    """The column expressions of one Spark-engine lookup (see :func:`_spark_lookup`)."""
+
+    base: list[Any]  # the base's projection
+    overlay: list[Any] | None  # the overlay's projection (None: no overlay this batch)
+    value: Any  # the joined value struct, null when nothing matched (or the overlay deleted the key)
+    keep: Any | None  # the inner lookup's filter
+    expanded: list[Any]  # the value's fields under their joined names
+
+
+def _lookup_columns(
+    i: int, lookup: BoundLookup, passthrough: str | None, has_overlay: bool
+) -> _LookupColumns:
     from pyspark.sql import functions as f
 
     view = lookup.view
-    spark = df.sparkSession
     values = lookup.value_columns()
     key = f"__lk{i}"
     if view.mode == "broadcast":
-        base = view.base_df.select(f.col(LK).alias(key), f.struct(*values).alias(f"__b{i}"))
-        df = df.join(f.broadcast(base), key, "left")
+        base = [f.col(LK).alias(key), f.struct(*values).alias(f"__b{i}")]
         value = f.col(f"__b{i}")
     else:
         # partitioned: the base's columns are joined flat (a struct built per base row would cost a
         # projection of the whole base per batch) and made a struct for the matched events only; the
         # base (cached or its version's files) is partitioned and sorted by __lk: only the events are shuffled, sorted
-        flat = [f.col(name).alias(f"__b{i}_{j}") for j, name in enumerate(values)]
-        base = view.base_df.select(f.col(LK).alias(key), f.col(LK).alias(f"__bk{i}"), *flat)
-        df = df.join(base, key, "left")
+        base = [f.col(LK).alias(key), f.col(LK).alias(f"__bk{i}"),
+                *[f.col(name).alias(f"__b{i}_{j}") for j, name in enumerate(values)]]
         value = f.when(
             f.col(f"__bk{i}").isNotNull(),
             f.struct(*[f.col(f"__b{i}_{j}").alias(name) for j, name in enumerate(values)]),
         )
-    overlay = view.overlay_df(spark)
-    if overlay is not None:
-        ov = overlay.select(
+    overlay = None
+    if has_overlay:
+        overlay = [
             f.col(LK).alias(key),
             f.struct(*values).alias(f"__o{i}"),
             f.lit(True).alias(f"__oh{i}"),
             f.col(DELETED).alias(f"__od{i}"),
-        )
-        df = df.join(f.broadcast(ov), key, "left")
+        ]
         value = f.when(f.col(f"__oh{i}").isNotNull(), f.when(~f.col(f"__od{i}"), f.col(f"__o{i}"))).otherwise(value)
+    keep = None
+    if lookup.config.how == "inner":
+        keep = f.col(f"__v{i}").isNotNull()
+        if passthrough is not None:
+            keep = keep | f.col(passthrough).isNotNull()
+    expanded = [f.col(f"__v{i}")[name].alias(fld.name) for name, fld in zip(values, joined_fields(lookup), strict=True)]
+    return _LookupColumns(base, overlay, value.alias(f"__v{i}"), keep, expanded)
+
+
+def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None, cache: ColumnCache) -> Any:
+    """One lookup joined by Spark (broadcast or shuffle join with the base), then the overlay on top."""
+    view = lookup.view
+    overlay = view.overlay_df(df.sparkSession)
+    cols = cache.get(
+        ("lookup", i, id(lookup.config), view.mode, tuple(lookup.value_columns()), view.value_type.simpleString(),
+         passthrough, overlay is not None),
+        lambda: _lookup_columns(i, lookup, passthrough, overlay is not None),
+    )
+    key = f"__lk{i}"
+    base = view.base_df.select(*cols.base)
+    # a hint, not functions.broadcast: the same plan, without a py4j function lookup per batch
+    df = df.join(base.hint("broadcast"), key, "left") if view.mode == "broadcast" else df.join(base, key, "left")
+    if overlay is not None:
+        df = df.join(overlay.select(*cols.overlay).hint("broadcast"), key, "left")
+    star = cache.col("*")
     # one projection per step, not one withColumn per field: each DataFrame step is analyzed on the driver
     # against the whole (wide) plan, a fixed cost of every micro-batch
-    df = df.select("*", value.alias(f"__v{i}"))
-    if lookup.config.how == "inner":
-        cond = f.col(f"__v{i}").isNotNull()
-        if passthrough is not None:
-            cond = cond | f.col(passthrough).isNotNull()
-        df = df.filter(cond)
-    return df.select(
-        "*", *[f.col(f"__v{i}")[name].alias(fld.name) for name, fld in zip(values, joined_fields(lookup), strict=True)]
-    )
+    df = df.select(star, cols.value)
+    if cols.keep is not None:
+        df = df.filter(cols.keep)
+    return df.select(star, *cols.expanded)

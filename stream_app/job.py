@@ -139,6 +139,7 @@ class StreamJob:
         loading = threading.Thread(target=self._bootstrap, args=(started,), name="snapshot-bootstrap", daemon=True)
         loading.start()
         self._batch = BatchPlan(plan)
+        self._counted: tuple[Any, list[Any]] | None = None  # the observed counts, built at the first batch
         self.queries.append(self._start_enrich(available_now))
         loading.join()
         if self._bootstrap_error is not None:
@@ -321,17 +322,22 @@ class StreamJob:
         views, replay = self._views(batch_id)
         refreshed = time.monotonic()
         self._writers.refresh()
+        if self._counted is None:  # built once: each functions call is a dozen py4j round trips
+            self._counted = (
+                f.count(f.lit(1)).alias("events"),
+                [
+                    f.count_if(f.col("topic") == cfg.enriched_topic).alias("enriched"),
+                    f.count_if(f.col("topic") == cfg.dead_letter_topic).alias("dead_letters"),
+                    f.count(f.lit(1)).alias("records"),
+                ],
+            )
+        counted_in, counted_out = self._counted
         seen_in = Observation(f"in-{batch_id}-{uuid.uuid4().hex[:6]}")
-        frame = self._batch.frame(batch, self._writers()).observe(seen_in, f.count(f.lit(1)).alias("events"))
+        frame = self._batch.frame(batch, self._writers()).observe(seen_in, counted_in)
         lookups = [BoundLookup(lookup, views[lookup.snapshot]) for lookup in cfg.lookups]
         records = self._batch.records(frame, lookups, views)
         seen_out = Observation(f"out-{batch_id}-{uuid.uuid4().hex[:6]}")
-        out = records.observe(
-            seen_out,
-            f.count_if(f.col("topic") == cfg.enriched_topic).alias("enriched"),
-            f.count_if(f.col("topic") == cfg.dead_letter_topic).alias("dead_letters"),
-            f.count(f.lit(1)).alias("records"),
-        )
+        out = records.observe(seen_out, *counted_out)
         planned = time.monotonic()
         write_records(out, self._options)
         written = time.monotonic()

@@ -141,7 +141,13 @@ def explode_records(df: Any, records: Sequence[Any]) -> Any:
     whole-stage code generation.
     """
     f = _f()
-    return df.select(f.inline(f.array(*records))).filter(f.col("topic").isNotNull())
+    return df.select(record_rows(records)).filter(f.col("topic").isNotNull())
+
+
+def record_rows(records: Sequence[Any]) -> Any:
+    """The generator of :func:`explode_records`: ``inline`` of the array of ``records``."""
+    f = _f()
+    return f.inline(f.array(*records))
 
 
 def write_records(records: Any, options: dict[str, str]) -> None:

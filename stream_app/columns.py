@@ -1,0 +1,48 @@
+"""Column expressions built once per job, not once per micro-batch.
+
+Every ``pyspark.sql.functions`` call goes through py4j: on this project's 2-core
+machine one ``f.col(name)`` measured 13 round trips to the driver's JVM
+(~0.8 ms), ``df.select`` of 60 column *names* 324 round trips (30 ms), the same
+select of 60 ready ``Column`` objects 65 (5.5 ms). A micro-batch plan rebuilt from
+scratch spent 130-180 ms of its ~0.6 s in such calls (``plan_s`` of the batch
+log line, 50k events). Unresolved column expressions (built from names, not
+from one DataFrame's attributes) can be reused by every later plan, so the plan
+builders keep them in a :class:`ColumnCache`, keyed by everything they depend on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+
+class ColumnCache:
+    """Column expressions (or lists of them) by key, built on first use.
+
+    Not thread-safe; one per job (``foreachBatch`` runs one micro-batch at a time).
+    Entries live as long as the job: keys must name a bounded set (a lookup, an
+    engine, a column list), never a per-batch value.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The entry for ``key``, from ``build()`` the first time."""
+        found = self._entries.get(key)
+        if found is None:
+            found = self._entries[key] = build()
+        return found
+
+    def col(self, name: str) -> Any:
+        """``pyspark.sql.functions.col(name)``, built once."""
+        from pyspark.sql import functions as f
+
+        return self.get(("col", name), lambda: f.col(name))
+
+    def cols(self, names: list[str] | tuple[str, ...]) -> list[Any]:
+        """``col`` of each name, in order."""
+        return [self.col(n) for n in names]
+
+    def __len__(self) -> int:
+        return len(self._entries)
