@@ -1,6 +1,6 @@
 """Sync sinks against raw client baselines and quixstreams' sinks, side by side in one run, on the same data.
 
-    python benchmarks/sync_sinks.py [--records 50000] [--rounds 3] [--only es|pg|s3|s3pq|quix|rss ...]
+    python benchmarks/sync_sinks.py [--records 50000] [--quix-records 300000] [--rounds 3] [--only es|pg|s3|s3pq|quix|rss ...]
 
 **Inputs come from the wire.** The sinks' input is update records as the stream
 job writes them: keys and values single-object Avro (the project's serde,
@@ -36,7 +36,8 @@ docs or bytes and pay no decode at all, so a sink's ratio to them is conservativ
   ``upload_fileobj``), side by side in the same run.
 * quixstreams (``--only quix``, targets ``--quix-targets es,pg,s3``): records/s of
   threes' real ``SyncService`` vs a quixstreams 3.28.1 ``Application`` with its own
-  community sink, on the same update topic. ``--records`` update records (distinct
+  community sink, on the same update topic. ``--quix-records`` update records (300k: at
+  50k, each side's last 1 s batch or commit interval was half of the run; distinct
   keys, version 1) are produced once to a fresh real Kafka topic of 4 partitions
   (writer schema in the real schema topic); then, per target and round, each
   system consumes the whole topic with a consumer group of its own, one after the
@@ -46,7 +47,8 @@ docs or bytes and pay no decode at all, so a sink's ratio to them is conservativ
     (``pipeline_from_dict``), one sink, its defaults (batches of 10k records or
     1 s, up to 4 concurrent writes or requests per sink), except the S3 sink's
     ``rotate_interval_s`` = 1 s (its default of 60 s would hold every object back
-    a minute) and ``format: jsonl``.
+    a minute; an S3 object rotates on records, bytes and age only, as quixstreams'
+    file sink writes at each 1 s commit) and ``format: jsonl``.
   - quixstreams: ``Application(auto_offset_reset="earliest", commit_interval=1.0)``
     (quixstreams' sinks flush at each checkpoint; 1 s matches threes' batch age,
     its default is 5 s), ``sdf.sink(...)`` of
@@ -1151,6 +1153,9 @@ def print_table(figures: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument("--quix-records", type=int, default=300_000,
+                        help="update records of the quixstreams part (end to end, each side's last 1 s batch or "
+                             "commit interval must stay a small part of the run)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bound-mb", type=int, default=64)
     parser.add_argument("--input-rate", type=float, default=20_000, help="records/s produced during the RSS run")
@@ -1194,7 +1199,7 @@ def main() -> None:
     if "s3pq" in only:
         figures |= bench_s3_parquet(s3_connection(ep), args.records, args.rounds)
     if "quix" in only:
-        figures |= bench_quix(ep, kafka, args.records, args.rounds, quix_targets, args.quix_python)
+        figures |= bench_quix(ep, kafka, args.quix_records, args.rounds, quix_targets, args.quix_python)
     if "rss" in only:
         figures |= bench_rss(kafka, args.bound_mb * 1024 * 1024, args.input_rate, args.rss_seconds)
         figures["rss_headroom_mb"] = figures["rss_bound_mb"] + 150 - figures["rss_peak_mb"]
