@@ -84,14 +84,24 @@ def encode_jsonl(records: Iterable[SinkRecord], documents: Any = None) -> bytes:
     if documents is None:
         return b"".join(dumps(envelope(r), default=_json_default, option=option) for r in records)
     out = []
+    topics: dict[str, bytes] = {}
     for r in records:
         if r.is_delete or r.row < 0:
             out.append(dumps(envelope(r), default=_json_default, option=option))
             continue
-        head = {"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp_ms": r.timestamp_ms,
-                "key": r.key_id, "version": r.version, "deleted": False}
-        out.append(dumps(head)[:-1] + b',"value":' + documents[r.row] + b"}\n")
+        # the bytes orjson writes for the envelope dict, formatted without building the dict
+        topic = topics.get(r.topic)
+        if topic is None:
+            topic = topics[r.topic] = dumps(r.topic)
+        key = r.key
+        out.append(_ENVELOPE % (topic, r.partition, r.offset, r.timestamp_ms,
+                                b'"%d"' % key if type(key) is int else dumps(r.key_id), r.version, documents[r.row]))
     return b"".join(out)
+
+
+_ENVELOPE = (
+    b'{"topic":%b,"partition":%d,"offset":%d,"timestamp_ms":%d,"key":%b,"version":%d,"deleted":false,"value":%b}\n'
+)  # an upsert's JSON Lines envelope, keys in envelope() order
 
 
 def envelope_arrow_schema(value_type: Any) -> Any:

@@ -265,8 +265,9 @@ def test_parquet_from_columns_equals_parquet_from_dicts_with_dates_and_tombstone
         assert ta.to_pylist() == tb.to_pylist()
 
 
+@pytest.mark.parametrize("key_schema", ["long", "string", "record"])
 @pytest.mark.parametrize("nested", [False, True])
-def test_jsonl_from_columns_is_byte_identical_to_jsonl_from_dicts(nested: bool) -> None:
+def test_jsonl_from_columns_is_byte_identical_to_jsonl_from_dicts(nested: bool, key_schema: str) -> None:
     """Decimals as text, bytes base64, timestamps RFC 3339: the columnar documents equal orjson's per value."""
     import copy
     from decimal import Decimal
@@ -286,12 +287,20 @@ def test_jsonl_from_columns_is_byte_identical_to_jsonl_from_dicts(nested: bool) 
         schema["fields"] = [f for f in schema["fields"] if f["name"] != "r"]
     names = {f["name"] for f in schema["fields"]}
     store = InMemorySchemaStore()
-    key_ser, value_ser = AvroSerializer("long", store), AvroSerializer(schema, store)
+    key_schemas = {
+        "long": ("long", lambda i: i),
+        "string": ("string", lambda i: f'k"é\\{i}'),  # quotes, backslash and non-ASCII in the key's JSON
+        "record": ({"type": "record", "name": "K", "fields": [{"name": "b", "type": "string"},
+                                                                 {"name": "a", "type": "long"}]},
+                   lambda i: {"b": f"x{i}", "a": -i}),
+    }
+    key_avro, key_of = key_schemas[key_schema]
+    key_ser, value_ser = AvroSerializer(key_avro, store), AvroSerializer(schema, store)
     raw = []
     for i in range(30):
         value = {k: v for k, v in every_value(i).items() if k in names}
         value["dec"] = Decimal("-0.0000001") if i == 4 else value["dec"]  # str() writes 1E-7 style here
-        raw.append(FakeMessage(i, key_ser(i), None if i % 9 == 4 else value_ser(value),
+        raw.append(FakeMessage(i, key_ser(key_of(i)), None if i % 9 == 4 else value_ser(value),
                                headers=[("version", encode_version(i + 1))]))
     writer = BatchWriter("svc", ScriptedSink(), AvroDeserializer(store), FakeProducer(), "dlq", RetryPolicy(),
                          SyncMetrics("svc"))
