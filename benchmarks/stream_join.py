@@ -80,6 +80,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -364,6 +365,12 @@ class Bench:
             "gate_wait_s": gate_wait_s,
             "steady_events_per_s": sum(p["numInputRows"] for p in steady) / steady_s,
             "first_batch_s": progress[0]["durationMs"]["triggerExecution"] / 1000 - gate_wait_s,
+            # where a steady micro-batch's time goes (Spark's phases: latestOffset, walCommit, addBatch = the
+            # job's foreachBatch, commitOffsets, ...), median ms
+            "steady_duration_ms": {
+                phase: statistics.median(p["durationMs"].get(phase, 0) for p in steady)
+                for phase in steady[0]["durationMs"]
+            },
         }
 
     def run_job(self, events: str, snapshot_topic: str | None, **snapshot: Any) -> dict[str, float]:

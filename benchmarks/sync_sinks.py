@@ -1,6 +1,7 @@
 """Sync sinks against raw client baselines and quixstreams' sinks, side by side in one run, on the same data.
 
-    python benchmarks/sync_sinks.py [--records 50000] [--quix-records 300000] [--rounds 3] [--only es|pg|s3|s3pq|quix|rss ...]
+    python benchmarks/sync_sinks.py [--records 50000] [--quix-records 300000] [--rounds 3]
+        [--only es|pg|s3|s3pq|quix|rss ...]
 
 **Inputs come from the wire.** The sinks' input is update records as the stream
 job writes them: keys and values single-object Avro (the project's serde,
