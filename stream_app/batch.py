@@ -145,7 +145,8 @@ class BatchPlan:
     def frame(self, batch: Any, writers: Mapping[bytes, str]) -> Any:
         """The decoded events of a micro-batch (Spark's Kafka rows), bad ones marked in ``__error``."""
         first, second, third = self._decode_columns(writers)
-        return batch.select(*first).select(*second).select(*third)
+        select = self._cache.select
+        return select(select(select(batch, first), second), third)
 
     def records(self, frame: Any, lookups: list[BoundLookup], views: Mapping[str, SnapshotView]) -> Any:
         """Every output record of the batch: ``topic, key, value, headers``.
@@ -155,7 +156,9 @@ class BatchPlan:
             lookups: the lookups bound to this batch's snapshot views.
             views: the views, whose offsets go in the ``snapshot.<name>`` headers.
         """
-        enriched = enrich(frame, lookups, passthrough=ERROR, cache=self._cache).select(self._cache.col("*"), self._body)
+        enriched = self._cache.select(
+            enrich(frame, lookups, passthrough=ERROR, cache=self._cache), [self._cache.col("*"), self._body]
+        )
         return enriched.select(self._record_rows(views)).filter(self._record_kept)
 
     def _record_rows(self, views: Mapping[str, SnapshotView]) -> Any:

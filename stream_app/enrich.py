@@ -110,7 +110,7 @@ def enrich(
     hashes = [cache.get(("lookup hash", i), lambda i=i: f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}"))
               for i in range(len(lookups))]
     # two projections: the hash reads the key computed by the first
-    df = events.select(star, *keys).select(star, *hashes)
+    df = cache.select(cache.select(events, [star, *keys]), [star, *hashes])
     indexed = [(i, lk) for i, lk in enumerate(lookups) if lk.view.mode == "indexed"]
     if indexed:
         df = _indexed_lookups(df, indexed, passthrough)
@@ -121,7 +121,7 @@ def enrich(
         ("enriched columns", columns, tuple(fld.name for lookup in lookups for fld in joined_fields(lookup))),
         lambda: cache.cols(list(columns) + [fld.name for lookup in lookups for fld in joined_fields(lookup)]),
     )
-    return df.select(*out)
+    return cache.select(df, out)
 
 
 def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passthrough: str | None) -> Any:
@@ -214,15 +214,15 @@ def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None,
         lambda: _lookup_columns(i, lookup, passthrough, overlay is not None),
     )
     key = f"__lk{i}"
-    base = view.base_df.select(*cols.base)
+    base = cache.select(view.base_df, cols.base)
     # a hint, not functions.broadcast: the same plan, without a py4j function lookup per batch
     df = df.join(base.hint("broadcast"), key, "left") if view.mode == "broadcast" else df.join(base, key, "left")
     if overlay is not None:
-        df = df.join(overlay.select(*cols.overlay).hint("broadcast"), key, "left")
+        df = df.join(cache.select(overlay, cols.overlay).hint("broadcast"), key, "left")
     star = cache.col("*")
     # one projection per step, not one withColumn per field: each DataFrame step is analyzed on the driver
     # against the whole (wide) plan, a fixed cost of every micro-batch
-    df = df.select(star, cols.value)
+    df = cache.select(df, [star, cols.value])
     if cols.keep is not None:
         df = df.filter(cols.keep)
-    return df.select(star, *cols.expanded)
+    return cache.select(df, [star, *cols.expanded])

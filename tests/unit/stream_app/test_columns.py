@@ -1,0 +1,49 @@
+"""ColumnCache: column expressions and JVM column lists built once, reused by every micro-batch's plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stream_app.columns import ColumnCache
+
+
+def _round_trips(spark: Any, fn: Any) -> tuple[Any, int]:
+    client = spark.sparkContext._gateway._gateway_client
+    calls = [0]
+    send = client.send_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return send(*args, **kwargs)
+
+    client.send_command = counting
+    try:
+        return fn(), calls[0]
+    finally:
+        client.send_command = send
+
+
+def test_entries_are_built_once() -> None:
+    cache, built = ColumnCache(), []
+    assert cache.get("k", lambda: built.append(1) or ["x"]) == ["x"]
+    assert cache.get("k", lambda: built.append(1) or ["y"]) == ["x"]
+    assert built == [1] and len(cache) == 1
+
+
+def test_a_cached_select_equals_select_and_reuses_its_jvm_column_list(spark: Any) -> None:
+    from pyspark.sql import functions as f
+
+    cache = ColumnCache()
+    names = [f"c{i}" for i in range(40)]
+    columns = cache.get("wide", lambda: [(f.col("id") + i).alias(n) for i, n in enumerate(names)])
+    first = spark.range(5)
+    assert cache.select(first, columns).collect() == first.select(*columns).collect()
+    entries = len(cache)
+    # a later micro-batch: another DataFrame, the same column objects
+    later = spark.range(3, 9)
+    cached, cached_trips = _round_trips(spark, lambda: cache.select(later, columns))
+    plain, plain_trips = _round_trips(spark, lambda: later.select(*columns))
+    assert cached.collect() == plain.collect() and cached.columns == names
+    assert len(cache) == entries  # no new entry for the same columns
+    # py4j sends a Python list element by element; the kept JVM Seq goes in one call
+    assert plain_trips >= len(names) and cached_trips <= 3, (plain_trips, cached_trips)
