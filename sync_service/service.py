@@ -148,6 +148,8 @@ class SyncService:
         self._by_topic: dict[str, list[SinkSlot]] = {}
         self.consumer: Any = None
         self.producer: Any = None
+        # librdkafka's prefetch limit per partition (queued.max.messages.kbytes), set by open()
+        self.queued_kbytes = 0
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -210,8 +212,11 @@ class SyncService:
                 if topic in self._by_topic:
                     writer.decode_dlq_topics.discard(topic)
                 self._by_topic.setdefault(topic, []).append(slot)
-        # the fetch queue is memory too: keep librdkafka's share to a quarter of the bound
-        queued_kb = max(1024, min(65536, cfg.buffer_max_bytes // 4 // 1024))
+        # the fetch queue is memory too: keep librdkafka's share to a quarter of the bound. Its
+        # queued.max.messages.kbytes holds per partition (measured: 16 MB on 4 partitions held ~60 MB
+        # more than 1 MB did), so the share is spread over every partition this member may be assigned
+        partitions = self._partitions(sorted(self._by_topic))
+        queued_kb = self.queued_kbytes = max(1024, min(65536, cfg.buffer_max_bytes // 4 // partitions // 1024))
         overrides: dict[str, Any] = {
             "partition_assignment_strategy": "cooperative-sticky",
             "enable_auto_offset_store": False,
@@ -235,6 +240,18 @@ class SyncService:
                                 on_lost=self._on_lost)
         log.info("sync service=%s group=%s topics=%s sinks=%s", cfg.name, cfg.consumer_group(),
                  sorted(self._by_topic), [s.sink.name for s in self.slots])
+
+    def _partitions(self, topics: list[str]) -> int:
+        """Partitions of ``topics`` together (a topic not created yet counts one), at least 1.
+
+        Read from the dead letter producer's metadata; Kafka away counts one per topic
+        (the consumer's own start then reports the broker).
+        """
+        try:
+            meta = self.producer.list_topics(timeout=self.kafka.request_timeout_s).topics
+        except KafkaException:
+            return max(1, len(topics))
+        return max(1, sum(len(meta[t].partitions) if t in meta and not meta[t].error else 1 for t in topics))
 
     # -- the loop -------------------------------------------------------------------------------
 

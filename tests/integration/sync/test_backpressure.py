@@ -137,3 +137,27 @@ def test_slow_target_pauses_only_its_partitions(
         assert conn.execute(select(func.count()).select_from(t)).scalar() == KEYS
     t.drop(pg_engine)
     es.indices.delete(index=index)
+
+
+def test_librdkafka_s_prefetch_share_of_the_bound_is_spread_over_the_partitions(
+    kafka: KafkaConfig, kafka_conf: dict[str, Any], pg: RdsConnection, unique: str
+) -> None:
+    """queued.max.messages.kbytes holds per partition: a quarter of the bound, divided by every partition."""
+    wide, narrow, later = f"updates.wide.{unique}", f"updates.narrow.{unique}", f"updates.later.{unique}"
+    create_topic(kafka_conf, wide, 8)
+    create_topic(kafka_conf, narrow, 1)
+    bound = 64 * 1024 * 1024
+
+    def opened(topics: list[str]) -> SyncService:
+        p = pipeline(kafka, {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}},
+                     [{"name": f"prefetch-{unique}", "dead_letter_topic": f"dlq.{unique}", "buffer_max_bytes": bound,
+                       "sinks": [{"name": "db", "type": "rds_sink", "connection": "pg", "topics": topics,
+                                  "table": f"prefetch_{unique}", "key": ["id"], "create_table": True}]}])
+        service = SyncService(p.kafka, p.sync[0], dict(p.connections))
+        service.open()
+        service._shutdown()  # what run() does on its way out: sinks closed, consumer closed
+        return service
+
+    # 8 + 1 partitions, and a topic not created yet counts one
+    assert opened([wide, narrow, later]).queued_kbytes == bound // 4 // 10 // 1024
+    assert opened([narrow]).queued_kbytes == bound // 4 // 1024
