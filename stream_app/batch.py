@@ -57,7 +57,7 @@ class BatchPlan:
         self._decode: tuple[list[Any], list[Any], list[Any]] | None = None
         self._cache = ColumnCache()
         self._snapshot_headers: tuple[tuple[tuple[str, str], ...], Any] | None = None
-        self._record_kept = f.col("topic").isNotNull()  # explode_records' filter
+        self._record_kept = f.col("topic").isNotNull()  # the rows of record_rows that are records
 
         ok = f.col(ERROR).isNull()
         self._ok = ok

@@ -77,7 +77,7 @@ def header_value(headers: Any, name: str, last: bool = False) -> Any:
     ``array_position`` on the header keys, not a ``filter`` lambda: a
     higher-order function is interpreted, and Spark then interprets the whole
     operator holding it (the explode of every output record, with its Avro
-    encoding, in ``explode_records``) instead of compiling it.
+    encoding, in :func:`record_rows`) instead of compiling it.
     """
     f = _f()
     keys, values = headers["key"], headers["value"]
@@ -131,21 +131,16 @@ def dead_letter(
     return record(topic, key, value, all_headers)
 
 
-def explode_records(df: Any, records: Sequence[Any]) -> Any:
-    """One output row per non-null record column: ``topic, key, value, headers``.
+def record_rows(records: Sequence[Any]) -> Any:
+    """The generator of one output row per record column: ``inline`` of the array of ``records``.
 
-    ``inline`` turns a null element into a row of nulls, dropped by the filter;
-    a ``filter`` lambda on the array instead would make Spark interpret (not
+    Select it, then keep the rows whose ``topic`` is not null: ``inline`` turns a
+    null element (a record that does not apply to the event) into a row of nulls.
+    A ``filter`` lambda on the array instead would make Spark interpret (not
     compile) every record expression. So would any higher-order function
     (lambda) inside a record: Spark then runs the whole ``Generate`` outside
     whole-stage code generation.
     """
-    f = _f()
-    return df.select(record_rows(records)).filter(f.col("topic").isNotNull())
-
-
-def record_rows(records: Sequence[Any]) -> Any:
-    """The generator of :func:`explode_records`: ``inline`` of the array of ``records``."""
     f = _f()
     return f.inline(f.array(*records))
 
