@@ -25,7 +25,7 @@ from stream_app.columns import ColumnCache
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.kafka_io import offsets_json
 from stream_app.plan import JobPlan, writers_for
-from stream_app.records import dead_letter, header, no_headers, record, record_rows
+from stream_app.records import RECORD_FIELDS, dead_letter, header, no_headers, record, record_rows
 from stream_app.snapshot.data import ERROR, SnapshotView, decode_error_reason
 from stream_app.updates import projection_records
 
@@ -86,9 +86,7 @@ class BatchPlan:
                 body=f.col(BODY) if same_encoding(u.value.avro, plan.enriched.avro) else None,
             )
         ]
-        self._dead_letter = f.when(
-            ~ok,
-            dead_letter(
+        self._dead_letter_record = dead_letter(
                 cfg.dead_letter_topic,
                 "decode",
                 "SkippableRecordError",
@@ -100,8 +98,8 @@ class BatchPlan:
                 key=f.col("__key"),
                 value=f.col("__value"),
                 headers=f.col("__headers"),
-            ),
         )
+        self._dead_letter = f.when(~ok, self._dead_letter_record)
 
     def _decode_columns(self, writers: Mapping[bytes, str]) -> tuple[list[Any], list[Any], list[Any]]:
         """The three projections that decode events, rebuilt when the writer schemas change."""
@@ -159,13 +157,23 @@ class BatchPlan:
         enriched = self._cache.select(
             enrich(frame, lookups, passthrough=ERROR, cache=self._cache), [self._cache.col("*"), self._body]
         )
+        if self.one_record_per_event:
+            return enriched.select(*self._record_rows(views))
         return enriched.select(self._record_rows(views)).filter(self._record_kept)
+
+    @property
+    def one_record_per_event(self) -> bool:
+        """Whether every event gives exactly one output record (enriched or dead letter): no update records."""
+        return not self._updates
 
     def _record_rows(self, views: Mapping[str, SnapshotView]) -> Any:
         """The generator of every output record (:func:`~stream_app.records.record_rows`).
 
-        Rebuilt only when a snapshot's offsets (a header of every enriched event)
-        changed since the last batch.
+        Without update records (:attr:`one_record_per_event`), the columns of the
+        one record of each event instead (the enriched event or its dead letter).
+        No generator then, which would make a second, empty row per event and
+        filter it out again. Rebuilt only when a snapshot's offsets (a header of
+        every enriched event) changed since the last batch.
         """
         from pyspark.sql import functions as f
 
@@ -174,6 +182,11 @@ class BatchPlan:
             cfg = self.plan.config
             ours = [self._source_header] + [header(f"snapshot.{name}", f.lit(text)) for name, text in offsets]
             headers = f.concat(self._event_headers, f.array(*ours))
-            enriched_record = f.when(self._ok, record(cfg.enriched_topic, f.col("__key"), self._value, headers))
-            self._snapshot_headers = (offsets, record_rows([enriched_record, *self._updates, self._dead_letter]))
+            enriched_record = record(cfg.enriched_topic, f.col("__key"), self._value, headers)
+            if self.one_record_per_event:
+                one = f.when(self._ok, enriched_record).otherwise(self._dead_letter_record)
+                rows = [one.getField(name).alias(name) for name in RECORD_FIELDS]
+            else:
+                rows = record_rows([f.when(self._ok, enriched_record), *self._updates, self._dead_letter])
+            self._snapshot_headers = (offsets, rows)
         return self._snapshot_headers[1]

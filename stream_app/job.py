@@ -43,7 +43,7 @@ from stream_app.avro_schemas import subset_schema
 from stream_app.batch import SOURCE_HEADER, BatchPlan
 from stream_app.checkpoint import BatchOffsetsLog, SnapshotCheckpoint, child, open_checkpoint_location
 from stream_app.enrich import BoundLookup
-from stream_app.kafka_io import READ_COMMITTED, TopicWatermarks, offsets_json, sink_options, spark_kafka_options
+from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, source_options, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import header_value, write_records
 from stream_app.snapshot.data import corrupt_to_null
@@ -231,7 +231,7 @@ class StreamJob:
 
     def _read_stream(self, topic: str, starting: str) -> Any:
         reader = self.spark.readStream.format("kafka")
-        for key, value in {**self._options, **READ_COMMITTED}.items():
+        for key, value in source_options(self._options).items():
             reader = reader.option(key, value)
         return reader.option("subscribe", topic).option("startingOffsets", starting)
 
@@ -332,8 +332,13 @@ class StreamJob:
                 ],
             )
         counted_in, counted_out = self._counted
-        seen_in = Observation(f"in-{batch_id}-{uuid.uuid4().hex[:6]}")
-        frame = self._batch.frame(batch, self._writers()).observe(seen_in, counted_in)
+        frame = self._batch.frame(batch, self._writers())
+        seen_in = None
+        # One record per event: the events are the records. Else counted as they enter: an observation
+        # is a stage of its own (it breaks the whole-stage code generation), so only when needed.
+        if not self._batch.one_record_per_event:
+            seen_in = Observation(f"in-{batch_id}-{uuid.uuid4().hex[:6]}")
+            frame = frame.observe(seen_in, counted_in)
         lookups = [BoundLookup(lookup, views[lookup.snapshot]) for lookup in cfg.lookups]
         records = self._batch.records(frame, lookups, views)
         seen_out = Observation(f"out-{batch_id}-{uuid.uuid4().hex[:6]}")
@@ -366,7 +371,8 @@ class StreamJob:
         """Log a micro-batch's summary line and count its records (reporter thread)."""
         cfg = self.config
         try:
-            counts = {**seen_in.get, **seen_out.get}
+            counts = {**(seen_in.get if seen_in is not None else {}), **seen_out.get}
+            counts.setdefault("events", counts["records"])
         except Exception as exc:  # the session stopped before the metrics arrived
             log.debug("job=%s batch=%d: no counts (%s)", cfg.name, batch_id, exc)
             return

@@ -171,3 +171,12 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_job_goes_on(spa
     # the job keeps running: good events before and after are enriched
     assert {1, 2} <= set(by_flight(env.consume(env.enriched, lambda rs: {1, 2} <= set(by_flight(rs)), timeout_s=120)))
     assert all(q.isActive for q in job.queries)
+    # every event is counted once, as enriched or dead-lettered (the batch counts arrive late, by listener)
+    kinds = ("events", "enriched", "dead_letters", "updates")
+    deadline = time.monotonic() + 60
+    while True:
+        totals = {k: sum(c[k] for c in list(job.counts.values())) for k in kinds}
+        if totals["events"] >= 6 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert totals == {"events": 6, "enriched": 2, "dead_letters": 4, "updates": 0}
