@@ -60,6 +60,20 @@ def test_latest_per_key_keeps_highest_version_then_last_offset() -> None:
     assert [(r.offset, r.version) for r in out] == [(0, 5), (3, 1), (5, 2)]
 
 
+def test_latest_per_key_record_keys_with_arrays_and_scalar_lookalikes() -> None:
+    records = [
+        rec({"id": 1, "tags": ["a", "b"]}, 1, 0, {}),  # unhashable field: identified by canonical JSON
+        rec({"tags": ["a", "b"], "id": 1}, 2, 1, {}),
+        rec({"id": 1, "tags": ["b"]}, 1, 2, {}),
+        rec({"id": 7}, 1, 3, {}),  # a record key is never the same key as a scalar of its value
+        rec(7, 1, 4, {}),
+        rec({"id": 7}, 3, 5, {}),
+        rec({"id": 7}, 2, 6, {}),  # an older version arriving later loses
+    ]
+    out = latest_per_key(records)
+    assert [(r.offset, r.version) for r in out] == [(1, 2), (2, 1), (4, 1), (5, 3)]
+
+
 def test_object_key_is_deterministic_and_sorts_by_offset() -> None:
     assert (
         object_key("p/", "updates.x", 2, 17, "parquet")
