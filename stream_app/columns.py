@@ -60,5 +60,20 @@ class ColumnCache:
         _held, seq = self.get(("select", tuple(map(id, columns))), lambda: (list(columns), jcols(*columns)))
         return type(df)(jdf.select(seq), df.sparkSession)
 
+    def join(self, df: Any, other: Any, on: str, how: str) -> Any:
+        """``df.join(other, on, how)`` on one column name, the JVM ``Seq`` of ``[on]`` built once.
+
+        PySpark turns ``[on]`` into a ``Seq`` through ``PythonUtils``, which py4j
+        finds by trying the name in each imported package: a failing class lookup
+        (a scan of the driver's class path) per package, every micro-batch. Falls
+        back to ``df.join`` for a DataFrame without a JVM peer (Spark Connect).
+        """
+        jdf, jseq = getattr(df, "_jdf", None), getattr(df, "_jseq", None)
+        other_jdf = getattr(other, "_jdf", None)
+        if jdf is None or jseq is None or other_jdf is None:
+            return df.join(other, on, how)
+        seq = self.get(("join-on", on), lambda: jseq([on]))
+        return type(df)(jdf.join(other_jdf, seq, how), df.sparkSession)
+
     def __len__(self) -> int:
         return len(self._entries)

@@ -214,11 +214,15 @@ def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None,
         lambda: _lookup_columns(i, lookup, passthrough, overlay is not None),
     )
     key = f"__lk{i}"
-    base = cache.select(view.base_df, cols.base)
-    # a hint, not functions.broadcast: the same plan, without a py4j function lookup per batch
-    df = df.join(base.hint("broadcast"), key, "left") if view.mode == "broadcast" else df.join(base, key, "left")
+    # the base's side of the join changes only with the base: two DataFrame steps (each analyzed on the
+    # driver) made once per base, not per batch. A hint, not functions.broadcast: no py4j function lookup
+    held = cache.get(("base-side", i), dict)
+    if held.get("base") is not view.base_df or held.get("cols") is not cols:
+        side = cache.select(view.base_df, cols.base)
+        held.update(base=view.base_df, cols=cols, side=side.hint("broadcast") if view.mode == "broadcast" else side)
+    df = cache.join(df, held["side"], key, "left")
     if overlay is not None:
-        df = df.join(cache.select(overlay, cols.overlay).hint("broadcast"), key, "left")
+        df = cache.join(df, cache.select(overlay, cols.overlay).hint("broadcast"), key, "left")
     star = cache.col("*")
     # one projection per step, not one withColumn per field: each DataFrame step is analyzed on the driver
     # against the whole (wide) plan, a fixed cost of every micro-batch

@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -371,7 +371,9 @@ class StreamJob:
         """Log a micro-batch's summary line and count its records (reporter thread)."""
         cfg = self.config
         try:
-            counts = {**(seen_in.get if seen_in is not None else {}), **seen_out.get}
+            counts = observed(seen_out, ("enriched", "dead_letters", "records"))
+            if seen_in is not None:
+                counts.update(observed(seen_in, ("events",)))
             counts.setdefault("events", counts["records"])
         except Exception as exc:  # the session stopped before the metrics arrived
             log.debug("job=%s batch=%d: no counts (%s)", cfg.name, batch_id, exc)
@@ -472,6 +474,20 @@ class StreamJob:
                 restore_jvm()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
+
+
+def observed(observation: Any, names: Sequence[str]) -> dict[str, Any]:
+    """The metrics ``names`` of a PySpark ``Observation``, waiting for them as ``Observation.get`` does.
+
+    ``Observation.get`` iterates the JVM's map through py4j, which ends every
+    iteration with a Java exception that PySpark converts through a dozen JVM class
+    lookups (each a scan of the driver's class path): one ``get`` per name instead.
+    """
+    jo = getattr(observation, "_jo", None)
+    if jo is None:  # not the classic PySpark Observation
+        return dict(observation.get)
+    metrics = jo.getAsJava()
+    return {name: metrics.get(name) for name in names}
 
 
 def missing_topic_error(config: StreamJobConfig, topic: str) -> SetupError:
