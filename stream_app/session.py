@@ -90,6 +90,9 @@ def spark_session(
         # most of the planning time of a wide plan rebuilt every micro-batch. The call
         # sites would be this package's own lines; `stream.spark.conf` can turn it back on.
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
+        # every query execution (two per micro-batch) renders its physical plan for the UI's SQL tab,
+        # which is off here: the one-line rendering, not the "formatted" default's numbered operators
+        .config("spark.sql.ui.explainMode", "simple")
     )
     if local or _loopback_master(settings.master):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
