@@ -60,3 +60,17 @@ def test_typed_security_settings_win_and_verification_stays_on():
 def test_plaintext_has_no_sasl_or_tls_options():
     options = spark_kafka_options(KafkaConfig(bootstrap_servers="127.0.0.1:19092"))
     assert not [k for k in options if k.startswith(("kafka.sasl.", "kafka.ssl."))]
+
+
+def test_source_options_defaults_yield_to_the_pipeline_and_reads_stay_committed() -> None:
+    from stream_app.kafka_io import SOURCE_DEFAULTS, source_options
+
+    assert source_options({"kafka.bootstrap.servers": "b"}) == {
+        **SOURCE_DEFAULTS,
+        "kafka.bootstrap.servers": "b",
+        "kafka.isolation.level": "read_committed",
+    }
+    mine = source_options({"kafka.max.partition.fetch.bytes": "1048576", "kafka.isolation.level": "read_uncommitted"})
+    assert mine["kafka.max.partition.fetch.bytes"] == "1048576"  # client_config wins over the defaults
+    assert mine["kafka.isolation.level"] == "read_committed"  # never an open or aborted transaction's records
+    assert mine["kafka.max.poll.records"] == SOURCE_DEFAULTS["kafka.max.poll.records"]
