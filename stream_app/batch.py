@@ -87,17 +87,17 @@ class BatchPlan:
             )
         ]
         self._dead_letter_record = dead_letter(
-                cfg.dead_letter_topic,
-                "decode",
-                "SkippableRecordError",
-                f.col(ERROR),
-                cfg.name,
-                source_topic=f.lit(self.events_topic),
-                partition=f.col("__partition"),
-                offset=f.col("__offset"),
-                key=f.col("__key"),
-                value=f.col("__value"),
-                headers=f.col("__headers"),
+            cfg.dead_letter_topic,
+            "decode",
+            "SkippableRecordError",
+            f.col(ERROR),
+            cfg.name,
+            source_topic=f.lit(self.events_topic),
+            partition=f.col("__partition"),
+            offset=f.col("__offset"),
+            key=f.col("__key"),
+            value=f.col("__value"),
+            headers=f.col("__headers"),
         )
         self._dead_letter = f.when(~ok, self._dead_letter_record)
 
