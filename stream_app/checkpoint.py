@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -410,6 +411,49 @@ def _first_line(exc: BaseException) -> str:
         return str(cause.toString()).splitlines()[0][:300]
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+#: Spark's checkpoint file manager over Hadoop's ``FileSystem`` API (rename by ``File.renameTo``).
+FILE_SYSTEM_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+CHECKPOINT_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
+
+
+def default_fs(spark: Any) -> str:
+    """Spark's default Hadoop file system (``fs.defaultFS``), ``file:///`` when unset."""
+    return spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+
+
+def is_local_path(path: str, default_fs: str = "file:///") -> bool:
+    """Whether a Spark path is on the local file system (``file:``, or no scheme and a local default FS)."""
+    if "://" in path or path.startswith("file:"):
+        return path.startswith("file:")
+    return default_fs.startswith("file:")
+
+
+def checkpoint_conf(location: str, default_fs: str = "file:///") -> dict[str, str]:
+    """Spark SQL settings for the streaming checkpoint at ``location``.
+
+    On the local file system, Spark's offset and commit logs go through the
+    ``FileSystem`` API instead of its default, Hadoop's ``FileContext``. Without
+    Hadoop's native library (the pyspark package has none), ``FileContext``'s
+    local file system forks a ``readlink`` process twice per rename and a
+    ``chmod`` per file created, for every log entry and its checksum file:
+    measured 35-45 ms per entry, two entries per micro-batch (``walCommit`` and
+    ``commitOffsets`` in Spark's progress), against 10-13 ms through
+    ``FileSystem``. That manager renames a log entry's temporary file with
+    ``rename(2)``, atomic on a local file system, which is all Spark asks of it.
+    Other locations (``s3a://``, ``hdfs://``) keep Spark's default.
+
+    Args:
+        location: the job's ``checkpoint_location`` (a path or a URI).
+        default_fs: Spark's ``fs.defaultFS`` (:func:`default_fs`), which a path without a scheme is on.
+
+    Returns:
+        ``{setting: value}``, empty when Spark's defaults fit.
+    """
+    if is_local_path(spark_path(location), default_fs):
+        return {CHECKPOINT_MANAGER_KEY: FILE_SYSTEM_CHECKPOINT_MANAGER}
+    return {}
 
 
 def spark_path(location: str) -> str:

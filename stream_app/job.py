@@ -41,7 +41,14 @@ from stream_app import metrics
 from stream_app.avro import decode_avro
 from stream_app.avro_schemas import subset_schema
 from stream_app.batch import SOURCE_HEADER, BatchPlan
-from stream_app.checkpoint import BatchOffsetsLog, SnapshotCheckpoint, child, open_checkpoint_location
+from stream_app.checkpoint import (
+    BatchOffsetsLog,
+    SnapshotCheckpoint,
+    checkpoint_conf,
+    child,
+    default_fs,
+    open_checkpoint_location,
+)
 from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, source_options, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
@@ -110,7 +117,7 @@ class StreamJob:
         """
         cfg = self.config
         started = time.monotonic()
-        for key, value in SQL_DEFAULTS.items():
+        for key, value in {**SQL_DEFAULTS, **checkpoint_conf(cfg.checkpoint_location, default_fs(self.spark))}.items():
             if key not in cfg.spark.conf:
                 self.spark.conf.set(key, value)
         self._watermarks = TopicWatermarks(self.kafka)

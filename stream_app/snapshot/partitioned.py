@@ -53,16 +53,10 @@ import re
 import time
 from typing import Any
 
+from stream_app.checkpoint import default_fs, is_local_path
 from stream_app.snapshot.data import DELETED, LK
 
 log = logging.getLogger(__name__)
-
-
-def is_local_path(path: str, default_fs: str = "file:///") -> bool:
-    """Whether a Spark path is on the local file system (``file:``, or no scheme and a local default FS)."""
-    if "://" in path or path.startswith("file:"):
-        return path.startswith("file:")
-    return default_fs.startswith("file:")
 
 
 def _table_name(snapshot: str, version: str) -> str:
@@ -87,8 +81,7 @@ class PartitionedStore:
     def __init__(self, spark: Any, name: str, partitions: int, columns: list[str], versions: Any = None):
         self.spark, self.name, self.partitions, self.columns, self.versions = spark, name, partitions, columns, versions
         # versions on a local file system are read in place each batch; elsewhere the base is cached
-        default_fs = spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
-        self.cached = versions is None or not is_local_path(versions.spark_folder, default_fs)
+        self.cached = versions is None or not is_local_path(versions.spark_folder, default_fs(spark))
         # each bucket of a version is one file, written sorted by ``__lk``: with this setting Spark's bucketed
         # scan reports that order (it checks the one file per bucket), so reading a version back needs no sort
         spark.conf.set("spark.sql.legacy.bucketedTableScan.outputOrdering", "true")

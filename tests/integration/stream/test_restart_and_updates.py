@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from connectors.updates import version_of
+from stream_app.checkpoint import CHECKPOINT_MANAGER_KEY, FILE_SYSTEM_CHECKPOINT_MANAGER
 
 from .conftest import flight, offsets_header, same_on_every_master
 from .test_enrich_job import Flow, by_flight
@@ -21,8 +22,11 @@ def test_restart_loses_no_event_and_reads_only_the_snapshot_tail(spark, env):
     airports = ("EWR", "JFK", "LGA", "LAX", "ORD")
     for faa in airports:
         env.put_airport(faa)
+    spark.conf.unset(CHECKPOINT_MANAGER_KEY)
     first = env.start(spark)
     assert first.readiness["airports"]["source"] == "topics" and first.readiness["airports"]["keys"] == 5
+    # a local checkpoint: Spark's offset and commit logs go through the FileSystem manager (no forked processes)
+    assert spark.conf.get(CHECKPOINT_MANAGER_KEY) == FILE_SYSTEM_CHECKPOINT_MANAGER
     with Flow(env, period_s=0.05) as flow:
         env.consume(env.enriched, lambda rs: len(rs) >= 10, timeout_s=120)
         first.stop()  # while events keep coming

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from connectors.exceptions import ConfigError
-from stream_app.checkpoint import CheckpointFs, open_checkpoint_location, s3_filesystem
+from stream_app.checkpoint import (
+    CHECKPOINT_MANAGER_KEY,
+    FILE_SYSTEM_CHECKPOINT_MANAGER,
+    CheckpointFs,
+    checkpoint_conf,
+    open_checkpoint_location,
+    s3_filesystem,
+)
 
 
 def options(fs) -> dict:
@@ -47,3 +54,41 @@ def test_a_scheme_nothing_can_write_is_a_one_line_config_error():
 def test_a_local_location_is_probed_and_left_clean(tmp_path):
     fs = open_checkpoint_location(str(tmp_path / "cp"))
     assert fs.root == str(tmp_path / "cp") and list((tmp_path / "cp").iterdir()) == []
+
+
+def test_a_local_checkpoint_gets_the_file_system_manager_and_remote_ones_keep_sparks():
+    local = {CHECKPOINT_MANAGER_KEY: FILE_SYSTEM_CHECKPOINT_MANAGER}
+    assert checkpoint_conf("checkpoints/flights") == local  # relative: made absolute, on the local default FS
+    assert checkpoint_conf("file:///var/lib/threes/cp") == local
+    assert checkpoint_conf("s3a://ckpt/jobs/flights") == {}
+    assert checkpoint_conf("hdfs://nn:8020/cp") == {}
+    assert checkpoint_conf("/var/lib/threes/cp", "hdfs://nn:8020") == {}  # no scheme: on the default FS
+
+
+def test_a_query_checkpointed_through_the_file_system_manager_resumes_where_it_committed(spark, tmp_path):
+    """Spark writes its offset and commit logs with that manager, and a restart reads them back."""
+    source, cp = tmp_path / "in", tmp_path / "cp"
+    source.mkdir()
+
+    def run(name: str, rows: int) -> int:
+        (source / f"{name}.json").write_text("".join(f'{{"n": {i}}}\n' for i in range(rows)))
+        query = (
+            spark.readStream.schema("n long").json(str(source))
+            .writeStream.format("noop").option("checkpointLocation", str(cp))
+            .trigger(availableNow=True).start()
+        )
+        query.awaitTermination(120)
+        return sum(p["numInputRows"] for p in query.recentProgress)
+
+    before = spark.conf.get(CHECKPOINT_MANAGER_KEY, None)
+    for key, value in checkpoint_conf(str(cp)).items():
+        spark.conf.set(key, value)
+    try:
+        assert run("a", 3) == 3
+        assert run("b", 2) == 2  # only the new file: the first run's commit was read back
+    finally:
+        if before is None:
+            spark.conf.unset(CHECKPOINT_MANAGER_KEY)
+        else:
+            spark.conf.set(CHECKPOINT_MANAGER_KEY, before)
+    assert sorted(p.name for p in (cp / "commits").iterdir() if not p.name.startswith(".")) == ["0", "1"]
