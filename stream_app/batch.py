@@ -25,7 +25,7 @@ from stream_app.columns import ColumnCache
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.kafka_io import offsets_json
 from stream_app.plan import JobPlan, writers_for
-from stream_app.records import RECORD_FIELDS, dead_letter, header, no_headers, record, record_rows
+from stream_app.records import RECORD_FIELDS, dead_letter_fields, header, no_headers, record_of, record_rows
 from stream_app.snapshot.data import ERROR, SnapshotView, decode_error_reason
 from stream_app.updates import projection_records
 
@@ -86,7 +86,7 @@ class BatchPlan:
                 body=f.col(BODY) if same_encoding(u.value.avro, plan.enriched.avro) else None,
             )
         ]
-        self._dead_letter_record = dead_letter(
+        self._dead_letter_fields = dead_letter_fields(
             cfg.dead_letter_topic,
             "decode",
             "SkippableRecordError",
@@ -99,7 +99,7 @@ class BatchPlan:
             value=f.col("__value"),
             headers=f.col("__headers"),
         )
-        self._dead_letter = f.when(~ok, self._dead_letter_record)
+        self._dead_letter = f.when(~ok, record_of(*self._dead_letter_fields))
 
     def _decode_columns(self, writers: Mapping[bytes, str]) -> tuple[list[Any], list[Any], list[Any]]:
         """The three projections that decode events, rebuilt when the writer schemas change."""
@@ -130,7 +130,9 @@ class BatchPlan:
         error = f.when(f.col("__value").isNull(), f.lit("event has no value (null)")).when(
             ~f.col("__decoded"), decode_error_reason(f.col("__value"), relevant, "value")
         )
-        keep_raw = error.isNotNull()
+        # the error is set exactly when the value is null or did not decode (a null value never decodes):
+        # ~__decoded, not a second copy of the error's expression tree
+        keep_raw = ~f.col("__decoded")
         if self._raw_always:
             keep_raw = f.lit(True)
         for name in self._raw_when_null:
@@ -182,11 +184,16 @@ class BatchPlan:
             cfg = self.plan.config
             ours = [self._source_header] + [header(f"snapshot.{name}", f.lit(text)) for name, text in offsets]
             headers = f.concat(self._event_headers, f.array(*ours))
-            enriched_record = record(cfg.enriched_topic, f.col("__key"), self._value, headers)
+            enriched_fields = (f.lit(cfg.enriched_topic), f.col("__key"), self._value, headers)
             if self.one_record_per_event:
-                one = f.when(self._ok, enriched_record).otherwise(self._dead_letter_record)
-                rows = [one.getField(name).alias(name) for name in RECORD_FIELDS]
+                # one CASE per field: a CASE of the two record structs, taken apart field by field, would
+                # repeat both whole records in each of the four columns (each analyzed, optimized and
+                # generated again every micro-batch)
+                rows = [
+                    f.when(self._ok, mine).otherwise(dead).alias(name)
+                    for name, mine, dead in zip(RECORD_FIELDS, enriched_fields, self._dead_letter_fields, strict=True)
+                ]
             else:
-                rows = record_rows([f.when(self._ok, enriched_record), *self._updates, self._dead_letter])
+                rows = record_rows([f.when(self._ok, record_of(*enriched_fields)), *self._updates, self._dead_letter])
             self._snapshot_headers = (offsets, rows)
         return self._snapshot_headers[1]

@@ -45,8 +45,13 @@ def version_bytes(version: Any) -> Any:
 
 def record(topic: str, key: Any, value: Any, headers: Any) -> Any:
     """A Kafka record struct for Spark's Kafka sink."""
+    return record_of(_f().lit(topic), key, value, headers)
+
+
+def record_of(*fields: Any) -> Any:
+    """The record struct of its four columns, in :data:`RECORD_FIELDS` order."""
     f = _f()
-    return f.struct(f.lit(topic).alias("topic"), key.alias("key"), value.alias("value"), headers.alias("headers"))
+    return f.struct(*[column.alias(name) for name, column in zip(RECORD_FIELDS, fields, strict=True)])
 
 
 def update_record(topic: str, key: Any, value: Any, version: Any, source_ts: Any = None) -> Any:
@@ -87,7 +92,12 @@ def header_value(headers: Any, name: str, last: bool = False) -> Any:
     return f.get(values, (f.array_position(keys, f.lit(name)) - 1).cast("int"))
 
 
-def dead_letter(
+def dead_letter(topic: str, *args: Any, **kwargs: Any) -> Any:
+    """A dead letter record struct: :func:`dead_letter_fields` as one column."""
+    return record_of(*dead_letter_fields(topic, *args, **kwargs))
+
+
+def dead_letter_fields(
     topic: str,
     stage: str,
     error_class: str,
@@ -100,8 +110,8 @@ def dead_letter(
     key: Any,
     value: Any,
     headers: Any = None,
-) -> Any:
-    """A dead letter record (``connectors.dlq`` contract): original key, value and headers kept.
+) -> tuple[Any, Any, Any, Any]:
+    """A dead letter record's columns (``connectors.dlq`` contract): original key, value and headers kept.
 
     Args:
         topic: the dead letter topic.
@@ -115,6 +125,9 @@ def dead_letter(
         key: original key bytes.
         value: original value bytes.
         headers: original headers (appended after ours), or ``None``.
+
+    Returns:
+        ``(topic, key, value, headers)`` columns, as :data:`RECORD_FIELDS`.
     """
     f = _f()
     ours = f.array(
@@ -128,7 +141,7 @@ def dead_letter(
         header("dlq.timestamp_ms", f.unix_millis(f.current_timestamp()).cast("string")),
     )
     all_headers = ours if headers is None else f.concat(ours, f.coalesce(headers, no_headers()))
-    return record(topic, key, value, all_headers)
+    return f.lit(topic), key, value, all_headers
 
 
 def record_rows(records: Sequence[Any]) -> Any:
