@@ -21,7 +21,10 @@ One thread owns the consumer (poll, pause, resume, commit); worker threads
    ``consume()``, so the group never evicts this member (``max.poll.interval.ms``);
 5. commit, per partition, the first offset that is not yet durable in every
    sink reading it (Kafka Connect's ``preCommit``): offsets are committed only
-   after the writes they cover succeeded.
+   after the writes they cover succeeded. Commits are asynchronous; one the
+   broker refuses (e.g. ``REBALANCE_IN_PROGRESS`` while the group rebalances)
+   is reported to ``on_commit`` and made again at the next turn, so a partition
+   that receives nothing more still gets its offset committed.
 
 On revoke (cooperative-sticky, KIP-429) the revoked partitions are flushed,
 their in-flight writes awaited, and their offsets committed before they go. On
@@ -56,6 +59,10 @@ from sync_service.metrics import SyncMetrics
 from sync_service.writer import BatchWriter, Outcome
 
 log = logging.getLogger(__name__)
+# commit errors of a member whose group is rebalancing (its generation or membership is being renewed)
+_REBALANCE_CODES = frozenset(
+    (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
+)
 
 TP = tuple[str, int]
 
@@ -223,8 +230,9 @@ class SyncService:
             "max_poll_interval_ms": cfg.max_poll_interval_ms,
             "session_timeout_ms": cfg.session_timeout_ms,
             "queued_max_messages_kbytes": queued_kb,
+            "on_commit": self._on_commit,
         }
-        consumer_conf = {k.replace("_", "."): v for k, v in overrides.items()}
+        consumer_conf = {k if k == "on_commit" else k.replace("_", "."): v for k, v in overrides.items()}
         if cfg.group_instance_id:
             consumer_conf["group.instance.id"] = cfg.group_instance_id
         from confluent_kafka import Consumer
@@ -517,6 +525,29 @@ class SyncService:
             return
         self._committed.update(todo)
         log.debug("committed %s", sorted(todo.items()))
+
+    def _on_commit(self, err: Any, partitions: list[TopicPartition]) -> None:
+        """The result of a commit, from librdkafka (called in ``consume()``, on the loop's thread).
+
+        A refused commit (the whole request, or one partition) is forgotten, so the
+        next turn's :meth:`_commit` makes it again: without this, an asynchronous
+        commit refused during a rebalance stayed "done" and a partition that
+        received nothing more kept its old committed offset (its lag never reached 0).
+        """
+        failed = [p for p in partitions if err is not None or p.error is not None]
+        if not failed:
+            return
+        retry = []
+        for p in failed:
+            tp = (p.topic, p.partition)
+            if self._committed.get(tp) == p.offset:  # not overtaken by a newer commit meanwhile
+                del self._committed[tp]
+                retry.append((tp, p.offset))
+        if retry:  # (a refused synchronous commit raised in _commit, which logged it)
+            error = err if err is not None else failed[0].error
+            # a commit made while the group rebalances is refused as a matter of course: not a warning
+            level = logging.INFO if error.code() in _REBALANCE_CODES else logging.WARNING
+            log.log(level, "commit of %s refused (made again at the next turn): %s", sorted(retry), error)
 
     def _update_lag(self) -> None:
         self._last_lag = time.monotonic()
