@@ -29,6 +29,7 @@ defaults (``poll_interval_s`` 0.2 s). Prints a table and, last, one JSON line.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import random
@@ -38,6 +39,7 @@ import time
 import uuid
 from typing import Any
 
+from bench_topics import BenchTopics
 from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
@@ -226,6 +228,7 @@ def main() -> None:
     tune_gc()  # what `threes source run` sets in the source's process
     endpoints = Endpoints.from_env()
     kafka = KafkaConfig(bootstrap_servers=endpoints.kafka_bootstrap)
+    atexit.register(BenchTopics(kafka.librdkafka_config()).drop)  # this run's bench.* topics
     conn = database(endpoints.postgres_url)
     results = [measure(kafka, conn, mode, args) for mode in ("cdc", "timestamp")]
     table = Table(title="rds_source: cdc vs polling (timestamp)")

@@ -37,6 +37,7 @@ Target (issue #12): ``rds_source`` >= 100k rows/s and >= 0.8x the baseline.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import threading
@@ -44,6 +45,7 @@ import time
 import uuid
 from typing import Any
 
+from bench_topics import BenchTopics
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import text
@@ -258,6 +260,7 @@ def main() -> None:
     tune_gc()  # what `threes source run` sets in the source's process
     endpoints = Endpoints.from_env()
     kafka = KafkaConfig(bootstrap_servers=endpoints.kafka_bootstrap)
+    atexit.register(BenchTopics(kafka.librdkafka_config()).drop)  # this run's bench.* topics
     conn, table = ensure_table(endpoints.postgres_url, args.rows)
 
     results: dict[str, list[float]] = {"baseline": [], "rds_source_per_record": [], "rds_source": []}

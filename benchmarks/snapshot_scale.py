@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_topics import BenchTopics  # noqa: E402
 from stream_join import (  # noqa: E402
     BATCH,
     EVENT,
@@ -295,7 +296,11 @@ def main() -> None:
     stack = LocalStack()
     stack.up(["kafka", "spark"])
     kafka = KafkaConfig(bootstrap_servers=stack.endpoints().kafka_bootstrap)
-    results, rows = run_scale(kafka)
+    topics = BenchTopics(kafka.librdkafka_config())
+    try:
+        results, rows = run_scale(kafka)
+    finally:
+        topics.drop()
     width = max(len(r[0]) for r in rows)
     print(f"\nsnapshot_scale benchmark: {MASTER}, {SCALE_EVENTS:,} events in micro-batches of {BATCH:,}")
     for name, value, note in rows:

@@ -99,6 +99,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_topics import BenchTopics  # noqa: E402
+
 from connectors.config.models import KafkaConfig  # noqa: E402
 from connectors.config.stream import SparkSettings, StreamJobConfig  # noqa: E402
 from connectors.topics import ensure_compacted_topic  # noqa: E402
@@ -289,6 +291,7 @@ class Bench:
         stack.up(["kafka", "spark"])
         self.kafka = KafkaConfig(bootstrap_servers=stack.endpoints().kafka_bootstrap)
         self.conf = self.kafka.librdkafka_config()
+        self.topics = BenchTopics(self.conf)
         self.spark = spark_session(
             SparkSettings(master="local[2]", app_name="threes-bench", driver_memory="4g"), stack.spark_jars()
         )
@@ -1030,6 +1033,7 @@ class Bench:
     def close(self) -> None:
         self.spark.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self.topics.drop()
 
 
 DEFAULT_PARTS = "throughput,bootstrap,restart,latency,latency20k,kstreams,scale"

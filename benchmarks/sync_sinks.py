@@ -104,6 +104,7 @@ Needs the local stack (``threes local up``).
 from __future__ import annotations
 
 import argparse
+import atexit
 import io
 import json
 import os
@@ -125,6 +126,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # only modules both environments have at import time (the quixstreams child runs in its own virtualenv)
+from bench_topics import BenchTopics  # noqa: E402
+
 from schemas.serde import fingerprint  # noqa: E402
 
 if TYPE_CHECKING:
@@ -1182,6 +1185,7 @@ def main() -> None:
 
     ep = Endpoints.from_env()
     kafka = KafkaConfig(bootstrap_servers=ep.kafka_bootstrap)
+    atexit.register(BenchTopics(kafka.librdkafka_config()).drop)  # this run's bench.* topics
     only = set(args.only or ["es", "pg", "s3", "s3pq", "quix", "rss"])
     quix_targets = [t for t in args.quix_targets.split(",") if t]
     if unknown := set(quix_targets) - set(QUIX_TARGETS):
