@@ -266,6 +266,20 @@ class StreamJobConfig(StrictModel):
     metrics_port: int | None = Field(None, ge=1, le=65535, description="serve Prometheus metrics on this port")
     spark: SparkSettings = Field(default_factory=SparkSettings)
 
+    @field_validator("checkpoint_location")
+    @classmethod
+    def _local_uri_in_one_form(cls, location: str) -> str:
+        """``file:/x`` (one slash, which Hadoop accepts) becomes ``file:///x``, ``file:x`` the relative path ``x``.
+
+        Every part of the job (Spark, the snapshot checkpoints, the choice of the
+        checkpoint manager) then reads the location as the same local folder; before,
+        a one-slash ``file:`` URI was taken for a relative path named ``file:``.
+        """
+        if location.startswith("file:") and not location.startswith("file://"):
+            rest = location.removeprefix("file:")
+            return f"file://{rest}" if rest.startswith("/") else rest
+        return location
+
     @model_validator(mode="after")
     def _references(self) -> StreamJobConfig:
         names = [s.name for s in self.snapshots]

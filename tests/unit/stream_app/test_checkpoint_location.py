@@ -92,3 +92,26 @@ def test_a_query_checkpointed_through_the_file_system_manager_resumes_where_it_c
         else:
             spark.conf.set(CHECKPOINT_MANAGER_KEY, before)
     assert sorted(p.name for p in (cp / "commits").iterdir() if not p.name.startswith(".")) == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("file:/srv/cp", "file:///srv/cp"),  # one slash: Hadoop's short form of a local URI
+        ("file:///srv/cp", "file:///srv/cp"),
+        ("file:cp/flights", "cp/flights"),  # relative, like a plain relative path
+        ("/srv/cp", "/srv/cp"),
+        ("s3a://bucket/cp", "s3a://bucket/cp"),
+    ],
+)
+def test_a_local_uri_has_one_form(given, expected):
+    from connectors.config.stream import StreamJobConfig
+    from stream_app.checkpoint import is_local_path, spark_path
+
+    cfg = StreamJobConfig.model_validate(
+        {"events": {"topic": "e", "value_schema": "e.avsc"}, "enriched_topic": "out", "dead_letter_topic": "dlq",
+         "checkpoint_location": given}
+    )
+    assert cfg.checkpoint_location == expected
+    assert "file:" not in spark_path(cfg.checkpoint_location).removeprefix("file:")  # never a folder named "file:"
+    assert is_local_path(spark_path(cfg.checkpoint_location)) == (not given.startswith("s3a"))
