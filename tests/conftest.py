@@ -8,7 +8,10 @@ variables point the tests at services that already run instead
 ``THREES_S3_ENDPOINT_URL``, ``THREES_MYSQL_URL`` ...; see ``threes local env``).
 
 Every test gets unique names (topics, tables, indices, buckets) so tests never
-see each other's data and need no cleanup between them.
+see each other's data and need no cleanup between them. At the end of the
+session the Kafka topics named after those suffixes are deleted: a developer's
+long-lived local stack would otherwise gain ~100 topics per run (a broker of
+~1,000 leftover topics spent ~18 % of a core with nothing running).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from connectors import clients
 from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection, S3Connection
 
 ROOT = Path(__file__).resolve().parents[1]
+_SESSION: dict[str, Any] = {"tokens": set()}  # the suffixes drawn by ``unique`` and the Kafka config, for the cleanup
 
 
 def sql_engine(conn: RdsConnection) -> Iterator[Any]:
@@ -67,7 +71,9 @@ def kafka(endpoints: Any) -> KafkaConfig:
 @pytest.fixture(scope="session")
 def kafka_conf(kafka: KafkaConfig) -> dict[str, Any]:
     """librdkafka properties of the test stack."""
-    return kafka.librdkafka_config()
+    conf = kafka.librdkafka_config()
+    _SESSION["kafka_conf"] = conf
+    return conf
 
 
 @pytest.fixture(scope="session")
@@ -123,7 +129,25 @@ def s3(s3_conn: S3Connection) -> Any:
 @pytest.fixture
 def unique() -> str:
     """A short unique suffix for names of topics, tables, indices and buckets."""
-    return uuid.uuid4().hex[:10]
+    token = uuid.uuid4().hex[:10]
+    _SESSION["tokens"].add(token)
+    return token
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Delete the Kafka topics whose names carry a suffix this session's tests drew (see the module docstring)."""
+    conf, tokens = _SESSION.get("kafka_conf"), _SESSION["tokens"]
+    if not conf or not tokens:
+        return
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        admin = AdminClient(conf)
+        names = [t for t in admin.list_topics(timeout=10).topics if any(token in t for token in tokens)]
+        for future in admin.delete_topics(names, operation_timeout=30).values() if names else ():
+            future.result()
+    except Exception:  # noqa: BLE001, S110 - cleanup only: the tests' outcome stands
+        pass
 
 
 @pytest.fixture
