@@ -27,7 +27,10 @@ six value fields) to Spark's ``noop`` sink; the best of ``THREES_BENCH_JOIN_ROUN
    not once per worker), looked up with ``numpy.searchsorted`` for the events of
    that bucket (``mapInArrow``), the key compared on each hit. Its cost grows
    with the batch, not with the base.
-6. ``broadcast_10k`` (the reference): the same batch joined to a cached table of
+6. ``mmap_whole``: the same lookups without shuffling the events: the whole base
+   as one Arrow IPC file sorted by ``__lh``, memory-mapped by every Python worker,
+   each event looked up where it is (a host's page cache holds the file once);
+7. ``broadcast_10k`` (the reference): the same batch joined to a cached table of
    only the 10k keys it references, by a broadcast hash join: what the job does
    with a 10k-key snapshot, so ``point_lookup`` / ``broadcast_10k`` bounds what
    point lookups could give ``ratio_10m_vs_10k``.
@@ -143,6 +146,17 @@ def build_bases(spark: Any, folder: Path) -> tuple[Any, Any, Path]:
             out.write_table(table, max_chunksize=len(table) or 1)  # one chunk: zero-copy numpy views
 
     spark.sparkContext.parallelize(files, len(files)).foreach(write_bucket)
+
+    def write_whole(_: int) -> None:  # the whole base as one file sorted by __lh (variant mmap_whole)
+        import pyarrow as pa
+        from pyarrow import ipc as pa_ipc
+
+        parts = [pa_ipc.open_file(pa.memory_map(str(ipc / f"{b}.arrow"))).read_all() for b in range(BUCKETS)]
+        table = pa.concat_tables(parts).sort_by("__lh")
+        with pa_ipc.new_file(str(ipc / "whole.arrow"), table.schema) as out:
+            out.write_table(table, max_chunksize=len(table) or 1)
+
+    spark.sparkContext.parallelize([0], 1).foreach(write_whole)
     return tables["base"], tables["raw"], ipc
 
 
@@ -218,11 +232,11 @@ def strategies(base: Any, raw: Any, ipc: Path) -> dict[str, Any]:
         import pyarrow.compute as pc
         from pyarrow import ipc as pa_ipc
 
-        opened: dict[int, Any] = {}
+        opened: dict[Any, Any] = {}
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            bucket = batch.column("__bucket")[0].as_py()
+            bucket = batch.column("__bucket")[0].as_py() if "__bucket" in batch.schema.names else "whole"
             table = opened.get(bucket)
             if table is None:
                 source = pa.memory_map(f"{folder}/{bucket}.arrow")
@@ -247,12 +261,17 @@ def strategies(base: Any, raw: Any, ipc: Path) -> dict[str, Any]:
         ).repartition(BUCKETS, "origin")  # Spark's hash partitioning = the bucket id: partition p holds bucket p
         return keyed.mapInArrow(lookup, out_schema)
 
+    def mmap_whole(ev: Any) -> Any:  # no shuffle: every worker maps the one file of the whole base
+        keyed = ev.select("event_id", "origin", f.xxhash64("origin").alias("__lh0"))
+        return keyed.mapInArrow(lookup, out_schema)
+
     return {
         "sort_merge": sort_merge,
         "shuffled_hash": shuffled_hash,
         "raw_value": raw_value,
         "scan_floor": scan_floor,
         "point_lookup": point_lookup,
+        "mmap_whole": mmap_whole,
         "broadcast_10k": broadcast_small,
     }
 
