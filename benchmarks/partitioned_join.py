@@ -55,6 +55,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from stream_join import VALUE, faa  # noqa: E402
+
 KEYS = int(os.environ.get("THREES_BENCH_JOIN_KEYS", "10000000"))
 BATCH = int(os.environ.get("THREES_BENCH_BATCH", "50000"))
 BUCKETS = int(os.environ.get("THREES_BENCH_JOIN_BUCKETS", "4"))
@@ -62,21 +64,7 @@ ROUNDS = int(os.environ.get("THREES_BENCH_JOIN_ROUNDS", "4"))
 MASTER = os.environ.get("THREES_BENCH_JOIN_MASTER", "spark://127.0.0.1:7077")
 REFERENCED = 10_000  # distinct keys a batch references, spread over the whole key range
 VALUES = ["faa", "name", "lat", "lon", "alt", "tz"]
-VALUE_AVSC = json.dumps(
-    {
-        "type": "record",
-        "name": "BenchAirport",
-        "namespace": "threes.bench",
-        "fields": [
-            {"name": "faa", "type": "string"},
-            {"name": "name", "type": "string"},
-            {"name": "lat", "type": "double"},
-            {"name": "lon", "type": "double"},
-            {"name": "alt", "type": "int"},
-            {"name": "tz", "type": ["null", "int"], "default": None},
-        ],
-    }
-)
+VALUE_AVSC = json.dumps(VALUE)  # the snapshot values of stream_join.py and snapshot_scale.py
 log = logging.getLogger("partitioned_join")
 
 
@@ -105,7 +93,7 @@ def build_bases(spark: Any, folder: Path) -> tuple[Any, Any, Path]:
     from pyspark.sql import functions as f
     from pyspark.sql.avro.functions import to_avro
 
-    key = f.format_string("K%07d", f.col("id"))
+    key = faa(f.col("id"))
     rows = spark.range(KEYS).select(
         key.alias("__lk"),
         f.xxhash64(key).alias("__lh"),
@@ -167,7 +155,7 @@ def events(spark: Any, seed: int) -> Any:
     ids = spark.range(seed * BATCH, (seed + 1) * BATCH, numPartitions=2)
     return ids.select(
         f.col("id").alias("event_id"),
-        f.format_string("K%07d", (f.col("id") % REFERENCED) * stride).alias("origin"),
+        faa((f.col("id") % REFERENCED) * stride).alias("origin"),
     )
 
 
