@@ -423,14 +423,14 @@ def default_fs(spark: Any) -> str:
     return spark.sparkContext._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
 
 
-def is_local_path(path: str, default_fs: str = "file:///") -> bool:
+def is_local_path(path: str, fs_default: str = "file:///") -> bool:
     """Whether a Spark path is on the local file system (``file:``, or no scheme and a local default FS)."""
     if "://" in path or path.startswith("file:"):
         return path.startswith("file:")
-    return default_fs.startswith("file:")
+    return fs_default.startswith("file:")
 
 
-def checkpoint_conf(location: str, default_fs: str = "file:///") -> dict[str, str]:
+def checkpoint_conf(location: str, fs_default: str = "file:///") -> dict[str, str]:
     """Spark SQL settings for the streaming checkpoint at ``location``.
 
     On the local file system, Spark's offset and commit logs go through the
@@ -446,12 +446,12 @@ def checkpoint_conf(location: str, default_fs: str = "file:///") -> dict[str, st
 
     Args:
         location: the job's ``checkpoint_location`` (a path or a URI).
-        default_fs: Spark's ``fs.defaultFS`` (:func:`default_fs`), which a path without a scheme is on.
+        fs_default: Spark's ``fs.defaultFS`` (:func:`default_fs`), which a path without a scheme is on.
 
     Returns:
         ``{setting: value}``, empty when Spark's defaults fit.
     """
-    if is_local_path(spark_path(location), default_fs):
+    if is_local_path(spark_path(location), fs_default):
         return {CHECKPOINT_MANAGER_KEY: FILE_SYSTEM_CHECKPOINT_MANAGER}
     return {}
 
