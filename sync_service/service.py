@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 _REBALANCE_CODES = frozenset(
     (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
 )
+_REFUSAL_LOG_INTERVAL_S = 30.0  # a commit refused turn after turn is logged once per interval (then DEBUG)
 
 TP = tuple[str, int]
 
@@ -144,6 +145,7 @@ class SyncService:
         self._assigned: set[TP] = set()
         self._paused: set[TP] = set()
         self._committed: dict[TP, int] = {}
+        self._refusals_logged: dict[int, float] = {}  # commit error code -> when last logged (monotonic s)
         self._last_lag = 0.0
         self._step_bytes = 0  # most bytes one consume() returned lately
         # records per consume(): at most 1,000, and a 20th of the bound at 1 KiB per record
@@ -545,8 +547,14 @@ class SyncService:
                 retry.append((tp, p.offset))
         if retry:  # (a refused synchronous commit raised in _commit, which logged it)
             error = err if err is not None else failed[0].error
-            # a commit made while the group rebalances is refused as a matter of course: not a warning
+            # a commit made while the group rebalances is refused as a matter of course: not a warning;
+            # a refusal that lasts (say, an ACL) is made again every turn but logged once per interval
             level = logging.INFO if error.code() in _REBALANCE_CODES else logging.WARNING
+            now = time.monotonic()
+            if now - self._refusals_logged.get(error.code(), -_REFUSAL_LOG_INTERVAL_S) < _REFUSAL_LOG_INTERVAL_S:
+                level = logging.DEBUG
+            else:
+                self._refusals_logged[error.code()] = now
             log.log(level, "commit of %s refused (made again at the next turn): %s", sorted(retry), error)
 
     def _update_lag(self) -> None:

@@ -93,3 +93,17 @@ def test_a_successful_commit_changes_nothing() -> None:
     svc._on_commit(None, [TopicPartition(TOPIC, 0, 10)])
     svc._commit(asynchronous=True)
     assert consumer.commits == [[(0, 10)]]
+
+
+def test_a_lasting_refusal_is_made_again_every_turn_but_logged_once(caplog) -> None:
+    import logging
+
+    svc, consumer = service({0: 10})
+    caplog.set_level(logging.DEBUG, logger="sync_service.service")
+    denied = KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED)
+    for _ in range(3):
+        svc._commit(asynchronous=True)
+        svc._on_commit(denied, [TopicPartition(TOPIC, 0, 10)])
+    assert consumer.commits == [[(0, 10)]] * 3  # made again at every turn
+    refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert [r.levelno for r in refusals] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
