@@ -232,15 +232,15 @@ class SyncService:
             "max_poll_interval_ms": cfg.max_poll_interval_ms,
             "session_timeout_ms": cfg.session_timeout_ms,
             "queued_max_messages_kbytes": queued_kb,
-            "on_commit": self._on_commit,
         }
-        consumer_conf = {k if k == "on_commit" else k.replace("_", "."): v for k, v in overrides.items()}
+        consumer_conf = {k.replace("_", "."): v for k, v in overrides.items()}
         if cfg.group_instance_id:
             consumer_conf["group.instance.id"] = cfg.group_instance_id
         from confluent_kafka import Consumer
 
         # librdkafka's own log lines (rebalances, "leaving group") go through Python logging
         consumer_conf["logger"] = logging.getLogger("sync_service.rdkafka")
+        consumer_conf["on_commit"] = self._on_commit  # refused asynchronous commits are made again
         try:
             self.consumer = Consumer({**kconf, "group.id": cfg.consumer_group(), "enable.auto.commit": False,
                                       "auto.offset.reset": "earliest", **consumer_conf})
