@@ -16,7 +16,11 @@ Engines, chosen per snapshot by its size:
   executors keep hash-partitioned and sorted by lookup key (cached, or the
   bucketed Parquet of its version)
   (:mod:`stream_app.snapshot.partitioned`): only the events are shuffled and
-  sorted; the base is scanned where it lives.
+  sorted; the base is scanned where it lives. With versions on a local file
+  system (``partitioned_join: lookup``, the default) the events are not joined
+  but looked up: the same scalar pandas UDF as the indexed engine searches the
+  version's hash-sorted lookup files, memory-mapped by the Python workers
+  (:mod:`stream_app.snapshot.mapped`): no shuffle, no scan of the base.
 * **indexed** (opt-in, from ``index_min_rows``): a scalar pandas UDF per lookup
   probes a hash index that every Python worker keeps of the whole base
   (:mod:`stream_app.snapshot.indexed`); only the keys cross into Python, but
@@ -36,6 +40,7 @@ from connectors.config.stream import LookupConfig
 from stream_app.columns import ColumnCache
 from stream_app.snapshot.data import DELETED, LK, SnapshotView, event_lookup_key
 from stream_app.snapshot.indexed import MATCHED, ArrowLookup, lookup_udf_function
+from stream_app.snapshot.mapped import MappedLookup, mapped_udf_function
 
 
 @dataclass(frozen=True)
@@ -111,11 +116,11 @@ def enrich(
               for i in range(len(lookups))]
     # two projections: the hash reads the key computed by the first
     df = cache.select(cache.select(events, [star, *keys]), [star, *hashes])
-    indexed = [(i, lk) for i, lk in enumerate(lookups) if lk.view.mode == "indexed"]
+    indexed = [(i, lk) for i, lk in enumerate(lookups) if _in_python(lk.view)]
     if indexed:
         df = _indexed_lookups(df, indexed, passthrough)
     for i, lookup in enumerate(lookups):
-        if lookup.view.mode != "indexed":
+        if not _in_python(lookup.view):
             df = _spark_lookup(df, i, lookup, passthrough, cache)
     out = cache.get(
         ("enriched columns", columns, tuple(fld.name for lookup in lookups for fld in joined_fields(lookup))),
@@ -124,8 +129,13 @@ def enrich(
     return cache.select(df, out)
 
 
+def _in_python(view: SnapshotView) -> bool:
+    """Whether a lookup runs in the Python workers (indexed engine, or a partitioned base's lookup files)."""
+    return view.mode == "indexed" or (view.mode == "partitioned" and view.lookup_files is not None)
+
+
 def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passthrough: str | None) -> Any:
-    """The indexed lookups: one scalar pandas UDF each, in one projection (Spark evaluates them together)."""
+    """The lookups run in Python: one scalar pandas UDF each, in one projection (Spark evaluates them together)."""
     from pyspark.sql import functions as f
     from pyspark.sql import types as T
 
@@ -133,16 +143,20 @@ def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passth
     for i, lookup in lookups:
         view = lookup.view
         added = joined_fields(lookup)
-        spec = ArrowLookup(
-            token=view.token,
-            base=view.broadcast,
-            overlay=view.overlay_ipc(),
-            value_columns=tuple(lookup.value_columns()),
-            out_names=tuple(fld.name for fld in added),
-        )
         result = T.StructType([*added, T.StructField(MATCHED, T.BooleanType(), True)])
-        udf = f.pandas_udf(lookup_udf_function(spec), result)  # type: ignore[call-overload]
-        joined.append(udf(f.col(f"__lk{i}"), f.col(f"__lh{i}")).alias(f"__j{i}"))
+        values, out_names = tuple(lookup.value_columns()), tuple(fld.name for fld in added)
+        key, hashed = f.col(f"__lk{i}"), f.col(f"__lh{i}")
+        if view.mode == "indexed":
+            spec = ArrowLookup(view.token, view.broadcast, view.overlay_ipc(), values, out_names)
+            udf = f.pandas_udf(lookup_udf_function(spec), result)  # type: ignore[call-overload]
+            joined.append(udf(key, hashed).alias(f"__j{i}"))
+        else:  # a partitioned version's lookup files; a key's bucket as Spark's bucketing computes it
+            assert view.lookup_files is not None
+            mapped = MappedLookup(view.lookup_files, view.lookup_files, view.partitions, view.overlay_ipc(), values,
+                                  out_names)
+            udf = f.pandas_udf(mapped_udf_function(mapped), result)  # type: ignore[call-overload]
+            bucket = f.pmod(f.hash(key), f.lit(view.partitions))
+            joined.append(udf(key, hashed, bucket).alias(f"__j{i}"))
     df = df.select("*", *joined)
     for i, lookup in lookups:
         if lookup.config.how == "inner":

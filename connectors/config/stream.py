@@ -124,6 +124,13 @@ class SnapshotConfig(StrictModel):
     checkpoint_interval_s: float = Field(
         300.0, gt=0, description="the snapshot (data + offsets) is checkpointed at most this often, seconds"
     )
+    partitioned_join: Literal["lookup", "sort_merge"] = Field(
+        "lookup",
+        description="how micro-batches join a partitioned snapshot: lookup (each version also written as Arrow files "
+        "sorted by key hash, memory-mapped by the Python workers and searched per event: the cost follows the "
+        "events, not the snapshot; needs a checkpoint location on a file system the executors read locally, "
+        "file:, else sort_merge is used) or sort_merge (Spark's join of the events, shuffled, with the whole base)",
+    )
     partitions: int | None = Field(
         None,
         ge=1,

@@ -391,6 +391,10 @@ class SnapshotView:
         base_df: the base as a cached DataFrame (broadcast and partitioned modes).
         overlay: changes newer than the base, one row per key, ``__lk, __lh,
             __deleted`` + value fields; a deleted row hides the base row.
+        lookup_files: partitioned mode: the local folder of the version's
+            lookup files (:mod:`stream_app.snapshot.mapped`), searched per event
+            by the Python workers instead of a join; ``None``: Spark joins.
+        partitions: partitioned mode: the base's buckets.
     """
 
     name: str
@@ -403,6 +407,8 @@ class SnapshotView:
     broadcast: Any = None
     base_df: Any = None
     overlay: pa.Table | None = None
+    lookup_files: str | None = None
+    partitions: int = 0
     _overlay_ipc: bytes | None = field(default=None, repr=False)
     _overlay_df: Any = field(default=None, repr=False)
 

@@ -6,6 +6,8 @@
 * ``partitioned`` (above): the base stays on the executors, hash-partitioned
   and sorted by lookup key, versioned in the checkpoint location
   (:mod:`stream_app.snapshot.partitioned`); the driver never holds its rows.
+  Each version on a local file system also gets lookup files that the Python
+  workers memory-map and search per event (:mod:`stream_app.snapshot.mapped`).
 * ``indexed`` (opt-in, from ``index_min_rows`` keys up to ``broadcast_max_rows``):
   an Arrow IPC broadcast variable, shipped once per base and indexed by each
   Python worker (:mod:`stream_app.snapshot.indexed`); pre-loaded into the
@@ -94,7 +96,14 @@ class SnapshotBase:
         self.token = ""
         self._warming: threading.Thread | None = None
         partitions = config.partitions or int(spark.conf.get("spark.sql.shuffle.partitions"))
-        self.store = PartitionedStore(spark, config.name, partitions, empty.column_names, versions)
+        self.store = PartitionedStore(
+            spark, config.name, partitions, empty.column_names, versions, config.partitioned_join == "lookup"
+        )
+
+    @property
+    def lookup_folder(self) -> str | None:
+        """The local folder of a partitioned base's lookup files (``None``: joined by Spark's sort-merge join)."""
+        return self.store.lookup_folder if self.mode == "partitioned" else None
 
     @property
     def version(self) -> str | None:

@@ -123,7 +123,8 @@ def probe(table: pa.Table, index: Any, by_key: bool, keys: pa.Array, hashes: pa.
     return pos
 
 
-def _take(column: Any, pos: np.ndarray) -> pa.Array:
+def take(column: Any, pos: np.ndarray) -> pa.Array:
+    """``column`` at ``pos`` (int64 positions), null where a position is ``-1``."""
     taken = column.take(pa.array(pos, mask=pos < 0))
     return taken.combine_chunks() if isinstance(taken, pa.ChunkedArray) else taken
 
@@ -145,27 +146,43 @@ def lookup_columns(lookup: ArrowLookup, keys: pa.Array, hashes: pa.Array) -> pa.
     """
     base, index, by_key = _base(lookup)
     pos = probe(base, index, by_key, keys, hashes)
-    matched = pos >= 0
+    values = {column: take(base.column(column), pos) for column in lookup.value_columns}
+    return with_overlay(lookup, keys, hashes, pos >= 0, values)
+
+
+def with_overlay(
+    lookup: Any, keys: pa.Array, hashes: pa.Array, matched: np.ndarray, values: dict[str, pa.Array]
+) -> pa.Table:
+    """The base's values of a batch of keys with the overlay applied on top, as the UDF returns them.
+
+    Args:
+        lookup: the lookup (``token``, ``overlay``, ``value_columns``, ``out_names``).
+        keys: event lookup keys (string, nullable).
+        hashes: their ``xxhash64`` (long).
+        matched: whether the base holds each key (bool, one per key).
+        values: the base's value per key and value column (null where not matched).
+
+    Returns:
+        The value columns under their output names, then ``__matched``: a key
+        the overlay changed takes the overlay's values, a key it deleted has
+        none (null values, not matched).
+    """
     overlay = _overlay(lookup)
-    ov_pos = None
     if overlay is not None:
         ov_pos = probe(*overlay, keys, hashes)
         in_overlay = ov_pos >= 0
         if in_overlay.any():
             deleted = overlay[0].column("__deleted").to_numpy()[ov_pos[in_overlay]]
-            matched = np.where(in_overlay, False, matched)
-            matched[np.flatnonzero(in_overlay)[~deleted]] = True
-            pos = np.where(in_overlay, -1, pos)
-            ov_pos = np.where(in_overlay, ov_pos, -1)
+            matched = matched.copy()
+            matched[in_overlay] = ~deleted
             ov_pos[np.flatnonzero(in_overlay)[deleted]] = -1
-        else:
-            ov_pos = None
-    columns: dict[str, Any] = {}
-    for column, out in zip(lookup.value_columns, lookup.out_names, strict=True):
-        values = _take(base.column(column), pos)
-        if ov_pos is not None:
-            values = pc.if_else(pa.array(ov_pos >= 0), _take(overlay[0].column(column), ov_pos), values)
-        columns[out] = values
+            mask = pa.array(in_overlay)
+            values = {
+                column: pc.if_else(mask, take(overlay[0].column(column), ov_pos), base)
+                for column, base in values.items()
+            }
+    pairs = zip(lookup.value_columns, lookup.out_names, strict=True)
+    columns: dict[str, Any] = {out: values[column] for column, out in pairs}
     columns[MATCHED] = pa.array(matched)
     return pa.table(columns)
 

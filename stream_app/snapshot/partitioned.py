@@ -49,12 +49,16 @@ The driver holds only the version's path, its offsets and counts.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from stream_app.checkpoint import default_fs, is_local_path
 from stream_app.snapshot.data import DELETED, LK
+from stream_app.snapshot.mapped import LOOKUP_FOLDER, is_complete, write_lookup_files
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +82,26 @@ class PartitionedStore:
             :class:`~stream_app.checkpoint.SnapshotCheckpoint`), or ``None``.
     """
 
-    def __init__(self, spark: Any, name: str, partitions: int, columns: list[str], versions: Any = None):
+    def __init__(
+        self,
+        spark: Any,
+        name: str,
+        partitions: int,
+        columns: list[str],
+        versions: Any = None,
+        lookup_files: bool = False,
+    ):
         self.spark, self.name, self.partitions, self.columns, self.versions = spark, name, partitions, columns, versions
         # versions on a local file system are read in place each batch; elsewhere the base is cached
         self.cached = versions is None or not is_local_path(versions.spark_folder, default_fs(spark))
+        # point lookups need the versions where the Python workers read files: a local file system
+        self.lookup_files = lookup_files and not self.cached and isinstance(versions.fs.fs, pafs.LocalFileSystem)
+        self.lookup_folder: str | None = None  # the current version's lookup files (a local folder)
         # each bucket of a version is one file, written sorted by ``__lk``: with this setting Spark's bucketed
         # scan reports that order (it checks the one file per bucket), so reading a version back needs no sort
         spark.conf.set("spark.sql.legacy.bucketedTableScan.outputOrdering", "true")
+        # a scan of a version keeps one task per bucket even when no join needs it (the lookup files' writer)
+        spark.conf.set("spark.sql.sources.bucketing.autoBucketedScan.enabled", "false")
         self.df: Any = None
         self.rows = 0
         self.version: str | None = None  # the version the cached base was read from
@@ -148,12 +165,13 @@ class PartitionedStore:
             if self.cached:
                 base.count()  # fill the cache now, not in the first micro-batch
             rows = written.get["rows"]
+            self._write_lookup_files(version, base, rows)  # before the manifest: a valid version has them
             self.versions.save_partitioned(version, rows, self.partitions, offsets)
             self.version, self._table = version, table
         else:
             base = df.repartition(self.partitions, LK).sortWithinPartitions(LK).persist()
             rows = base.count()
-            self._table = None
+            self._table, self.lookup_folder = None, None
         self.df, self.rows = base, rows
         self._release(old_df, old_table)
         log.info(
@@ -165,6 +183,26 @@ class PartitionedStore:
             self.cached,
             time.monotonic() - started,
         )
+
+    def _write_lookup_files(self, version: str, base: Any, rows: int) -> None:
+        """Write a version's lookup files (:mod:`stream_app.snapshot.mapped`) and make them the current ones."""
+        if not self.lookup_files:
+            self.lookup_folder = None
+            return
+        folder = os.path.join(self.versions.folder, version, LOOKUP_FOLDER)
+        if not is_complete(folder, self.partitions):
+            started = time.monotonic()
+            written = write_lookup_files(base, folder, self.partitions)
+            if written != rows:
+                raise RuntimeError(f"snapshot {self.name} {version}: lookup files hold {written} keys, not {rows}")
+            log.info(
+                "snapshot=%s lookup files written version=%s keys=%d elapsed_s=%.2f",
+                self.name,
+                version,
+                written,
+                time.monotonic() - started,
+            )
+        self.lookup_folder = folder
 
     def _read_version(self, table: str, path: str) -> Any:
         """A version as a DataFrame partitioned by ``__lk`` (buckets) and sorted, cached or not: no shuffle."""
@@ -195,6 +233,7 @@ class PartitionedStore:
         self.df, self.rows, self.version, self._table = base, base.count() if self.cached else rows, version, table
         if self.rows != rows:
             log.warning("snapshot=%s version %s: %d keys, manifest %d", self.name, version, self.rows, rows)
+        self._write_lookup_files(version, base, rows)  # written with the version; only older versions lack them
         self._release(old_df, old_table)
         log.info(
             "snapshot=%s restored partitioned base keys=%d partitions=%d version=%s cached=%s elapsed_s=%.2f",
@@ -215,4 +254,4 @@ class PartitionedStore:
     def release(self) -> None:
         """Uncache the base (its version's files stay: they are the checkpoint)."""
         self._release(self.df, self._table)
-        self.df, self._table = None, None
+        self.df, self._table, self.lookup_folder = None, None, None

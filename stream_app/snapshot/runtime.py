@@ -538,6 +538,8 @@ class Snapshot:
             broadcast=self.base.broadcast,
             base_df=self.base.df,
             overlay=overlay if overlay is not None and overlay.num_rows else None,
+            lookup_files=self.base.lookup_folder,
+            partitions=self.base.store.partitions,
         )
 
     def maybe_checkpoint(self, force: bool = False, final: bool = False) -> bool:

@@ -67,8 +67,8 @@ def driver_guard(spark: Any) -> Iterator[list[int]]:
 
 
 class Fixture:
-    def __init__(self, spark: Any, env: Any):
-        self.spark, self.env = spark, env
+    def __init__(self, spark: Any, env: Any, join: str = "lookup"):
+        self.spark, self.env, self.join = spark, env, join
         self.checkpoint = env.tmp / "checkpoint"
 
     def put(self, items: list[tuple[int, str | None]]) -> None:
@@ -86,6 +86,7 @@ class Fixture:
                 "broadcast_max_rows": 1000,
                 "overlay_max_rows": 500,
                 "partitions": 4,
+                "partitioned_join": self.join,
             }
         ]
         config = env.config(snapshots=snapshots)
@@ -121,8 +122,15 @@ class Fixture:
         }
 
 
-def test_partitioned_snapshot_stays_on_the_executors_and_restarts_from_its_version(spark, env):
-    fx = Fixture(spark, env)
+def lookup_files(fx: Fixture, version: str) -> dict[str, float]:
+    """The lookup files of a version and their modification times."""
+    folder = fx.checkpoint / "snapshots" / "airports" / version / "lookup"
+    return {p.name: p.stat().st_mtime_ns for p in sorted(folder.glob("b*.arrow"))}
+
+
+@pytest.mark.parametrize("join", ["lookup", "sort_merge"])
+def test_partitioned_snapshot_stays_on_the_executors_and_restarts_from_its_version(spark, env, join):
+    fx = Fixture(spark, env, join)
     fx.put([(i, f"n{i}") for i in range(KEYS)])
     snap = fx.snapshot()
     with driver_guard(spark) as seen:
@@ -134,6 +142,11 @@ def test_partitioned_snapshot_stays_on_the_executors_and_restarts_from_its_versi
     version = next(iter(first))
     data = fx.checkpoint / "snapshots" / "airports" / version / "data"
     assert len(list(data.glob("part-*.parquet"))) == 4  # one file per bucket: nothing was reshuffled to write it
+    if join == "lookup":  # one hash-sorted file per bucket, written with the version; micro-batches search them
+        assert list(lookup_files(fx, version)) == [f"b{b:05d}.arrow" for b in range(4)]
+        assert snap.view().lookup_files == str(data.parent / "lookup")
+    else:
+        assert lookup_files(fx, version) == {} and snap.view().lookup_files is None
 
     # a small refresh goes to the driver's overlay (the changes, not the base)
     fx.put([(1, "updated"), (2, None), (99_999, "new")])
@@ -153,6 +166,8 @@ def test_partitioned_snapshot_stays_on_the_executors_and_restarts_from_its_versi
     assert snap.base_rows == KEYS - 2 + 1
     merged = fx.versions()
     assert merged[snap.base.version]["offsets"] == json.loads(offsets_json(snap.offsets))  # the manifest: offsets
+    written = lookup_files(fx, snap.base.version)
+    assert len(written) == (4 if join == "lookup" else 0)
     snap.close()
 
     # a restart, as on another driver: the newest version is registered and cached, nothing re-read but the tail
@@ -164,4 +179,6 @@ def test_partitioned_snapshot_stays_on_the_executors_and_restarts_from_its_versi
     assert stats["source"] == "checkpoint" and stats["records"] == 1  # the tail only
     assert again.mode == "partitioned" and again.base_rows == KEYS - 1
     assert fx.names(again, list(expected)) == {**expected, 4: "after restart"}
+    assert lookup_files(fx, again.base.version) == written  # found beside the version, not written again
+    assert (again.view().lookup_files is not None) == (join == "lookup")
     again.close()

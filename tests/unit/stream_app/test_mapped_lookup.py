@@ -1,0 +1,68 @@
+"""Point lookups in hash-sorted, memory-mapped lookup files (the partitioned engine's per-event path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from stream_app.snapshot import mapped
+from stream_app.snapshot.data import ipc_bytes
+from stream_app.snapshot.mapped import MappedLookup, bucket_file, lookup_columns, probe_sorted
+
+
+def test_probe_sorted_confirms_hash_hits_by_key_and_walks_shared_hashes():
+    # sorted by __lh; "b" and "d" share hash 7 (adjacent), "x" has hash 7 too but is absent
+    table = pa.table({"__lk": ["a", "b", "d", "c"], "__lh": pa.array([1, 7, 7, 9], pa.int64())})
+    hashes_sorted = table.column("__lh").to_numpy()
+    keys = pa.array(["d", "b", "x", "c", None, "a", "z"])
+    hashes = np.array([7, 7, 7, 9, 0, 1, 99], dtype=np.int64)
+    assert probe_sorted(table, hashes_sorted, keys, hashes).tolist() == [2, 1, -1, 3, -1, 0, -1]
+
+
+def test_probe_sorted_of_an_empty_bucket():
+    table = pa.table({"__lk": pa.array([], pa.string()), "__lh": pa.array([], pa.int64())})
+    out = probe_sorted(table, table.column("__lh").to_numpy(), pa.array(["a"]), np.array([1], dtype=np.int64))
+    assert out.tolist() == [-1]
+
+
+def write_bucket(folder: Path, bucket: int, rows: list[tuple[str, int, str]]) -> None:
+    rows = sorted(rows, key=lambda r: r[1])
+    table = pa.table(
+        {
+            "__lk": pa.array([r[0] for r in rows], pa.string()),
+            "__lh": pa.array([r[1] for r in rows], pa.int64()),
+            "name": pa.array([r[2] for r in rows], pa.string()),
+        }
+    )
+    mapped._write_ipc(bucket_file(str(folder), bucket), table)
+
+
+def test_lookup_columns_across_buckets_in_event_order_with_the_overlay_on_top(tmp_path):
+    write_bucket(tmp_path, 0, [("a", 10, "A"), ("c", 30, "C")])
+    write_bucket(tmp_path, 1, [("b", 20, "B"), ("d", 40, "D")])
+    overlay = pa.table(
+        {
+            "__lk": ["c", "d", "e"],
+            "__lh": pa.array([30, 40, 50], pa.int64()),
+            "__deleted": [False, True, False],
+            "name": ["C2", None, "E"],
+        }
+    )
+    lookup = MappedLookup(str(tmp_path), str(tmp_path), 2, ipc_bytes(overlay), ("name",), ("o_name",))
+    keys = pa.array(["b", "a", "d", "c", "zz", "e", None, "a"])
+    hashes = pa.array([20, 10, 40, 30, 77, 50, None, 10], pa.int64())
+    buckets = np.array([1, 0, 1, 0, 1, 0, 0, 0])
+    out = lookup_columns(lookup, keys, hashes, buckets).to_pydict()
+    # d deleted by the overlay, c changed by it, e only in the overlay, zz absent, a null key never matches
+    assert out["o_name"] == ["B", "A", None, "C2", None, "E", None, "A"]
+    assert out["__matched"] == [True, True, False, True, False, True, False, True]
+
+
+def test_lookup_columns_without_overlay_keeps_types(tmp_path):
+    write_bucket(tmp_path, 0, [("a", 10, "A")])
+    lookup = MappedLookup(str(tmp_path), str(tmp_path), 1, None, ("name",), ("o_name",))
+    out = lookup_columns(lookup, pa.array(["a", "b"]), pa.array([10, 11], pa.int64()), np.array([0, 0]))
+    assert out.schema.field("o_name").type == pa.string()
+    assert out.to_pydict() == {"o_name": ["A", None], "__matched": [True, False]}
