@@ -59,7 +59,8 @@ COMPLETE = "_complete.json"
 BUCKET = "__bucket"
 
 _OPENED: collections.OrderedDict[str, dict[int, tuple[pa.Table, np.ndarray]]] = collections.OrderedDict()
-_KEEP_VERSIONS = 8  # a few snapshots, plus the previous version of each while a new one takes over
+_KEEP_VERSIONS = 4  # a few snapshots, plus the previous version of each while a new one takes over (a deleted
+# version's files stay on disk while mapped)
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,10 @@ def write_lookup_files(base: Any, folder: str, partitions: int) -> int:
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:  # on an executor, per bucket
         part = TaskContext.get().partitionId()
-        table = pa.Table.from_batches(list(batches))
-        if table.num_rows == 0:
+        batches = [b for b in batches if b.num_rows]
+        if not batches:  # an empty bucket: its file is written by the driver
             return
+        table = pa.Table.from_batches(batches)
         buckets = pc.unique(table.column(BUCKET)).to_pylist()
         if buckets != [part]:
             raise RuntimeError(f"lookup files: partition {part} holds buckets {buckets[:5]} (not a bucketed scan)")
@@ -151,12 +153,17 @@ def write_lookup_files(base: Any, folder: str, partitions: int) -> int:
     if len(buckets) != len(set(buckets)):
         raise RuntimeError(f"lookup files: a bucket was written twice ({sorted(buckets)})")
     rows = sum(r["rows"] for r in written)
-    if written:  # the empty buckets: an empty file of the same schema, so a worker never guesses a type
+    # the empty buckets: an empty file of the same schema, so a worker never guesses a type
+    if written:
         from pyarrow import ipc
 
         schema = ipc.open_file(pa.memory_map(bucket_file(folder, buckets[0]))).schema
-        for bucket in set(range(partitions)) - set(buckets):
-            _write_ipc(bucket_file(folder, bucket), schema.empty_table())
+    else:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = to_arrow_schema(base.schema)
+    for bucket in set(range(partitions)) - set(buckets):
+        _write_ipc(bucket_file(folder, bucket), schema.empty_table())
     with open(os.path.join(folder, COMPLETE), "w") as fh:
         json.dump({"partitions": partitions, "rows": rows}, fh)
     return rows
