@@ -9,6 +9,10 @@ Modules, from data to runtime:
   (broadcast for small snapshots, partitioned by key on the executors above).
 * :mod:`~stream_app.snapshot.partitioned`: the partitioned store on the
   executors: bootstrap, merges and versions written and read by the executors.
+* :mod:`~stream_app.snapshot.mapped`: a version's lookup files (hash-sorted
+  Arrow IPC per bucket) and the point lookups the Python workers run on them.
+* :mod:`~stream_app.snapshot.indexed`: the opt-in indexed engine (an Arrow
+  broadcast indexed per Python worker) and the overlay applied on lookups.
 * :mod:`~stream_app.snapshot.delta`: small refreshes decoded on the driver.
 * :mod:`~stream_app.snapshot.runtime`: :class:`Snapshot`, the live snapshot
   (readiness gate, catch-up before each micro-batch, checkpoints, replays).

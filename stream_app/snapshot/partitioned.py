@@ -43,6 +43,12 @@ executors) and a lost executor loses nothing. On object storage or HDFS
 (``s3a://``, ``hdfs://``...), where every scan would move the whole base over
 the network, the base is cached by the executors as above.
 
+**Lookup files.** On a local file system a version also gets one Arrow IPC
+file per bucket sorted by ``__lh``, written from the bucketed version before
+its manifest (:mod:`stream_app.snapshot.mapped`); micro-batches then look
+their events up in them (memory-mapped by the Python workers) instead of
+joining the base (``partitioned_join: lookup``, the default).
+
 The driver holds only the version's path, its offsets and counts.
 """
 
