@@ -35,6 +35,8 @@ from connectors.dlq import DeadLetter
 from connectors.exceptions import RetriableError
 from stream_app.snapshot.data import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC, apply_changes, ipc_bytes
 from stream_app.snapshot.indexed import ArrowLookup, warm_udf_function
+from stream_app.snapshot.mapped import MappedLookup
+from stream_app.snapshot.mapped import warm_udf_function as mapped_warm_udf_function
 from stream_app.snapshot.partitioned import PartitionedStore
 
 log = logging.getLogger(__name__)
@@ -136,6 +138,8 @@ class SnapshotBase:
                 small = nullable_table(self.store.df.toArrow())
                 self.store.release()
                 self.install(small)
+                return
+            self._prewarm()
             return
         rows = table.num_rows
         if rows > self.config.broadcast_max_rows:
@@ -170,6 +174,7 @@ class SnapshotBase:
         self._release_driver_side()
         self.store.restore(loaded.version, loaded.path, loaded.rows, loaded.partitions)
         self.mode, self.rows, self.table, self.df = "partitioned", self.store.rows, None, self.store.df
+        self._prewarm()
 
     def _release_driver_side(self) -> None:
         if self.broadcast is not None:
@@ -202,6 +207,7 @@ class SnapshotBase:
         """
         self.store.merge(changes, offsets)
         self.rows, self.df = self.store.rows, self.store.df
+        self._prewarm()
 
     def as_arrow(self) -> pa.Table:
         """The base as an Arrow table (broadcast and indexed engines: the driver's own table).
@@ -214,13 +220,24 @@ class SnapshotBase:
         return self.table
 
     def _prewarm(self) -> None:
-        """Load the new base into the Python workers in the background (one task per core)."""
+        """Load the new base into the Python workers in the background (one task per core).
+
+        Indexed engine: the broadcast base and its index; a partitioned base with
+        lookup files: the workers start and map the files.
+        """
         from pyspark.sql import functions as f
         from pyspark.sql import types as T
 
-        spec = ArrowLookup(self.token, self.broadcast, None, (), ())
+        if self.mode == "partitioned":
+            folder = self.store.lookup_folder
+            if folder is None:
+                return
+            mapped = MappedLookup(folder, folder, self.store.partitions, None, (), ())
+            function = mapped_warm_udf_function([mapped])
+        else:
+            function = warm_udf_function([ArrowLookup(self.token, self.broadcast, None, (), ())])
         cores = self.spark.sparkContext.defaultParallelism
-        loader = f.pandas_udf(warm_udf_function([spec]), T.LongType())  # type: ignore[call-overload]
+        loader = f.pandas_udf(function, T.LongType())  # type: ignore[call-overload]
         name = self.config.name
 
         def run() -> None:

@@ -202,7 +202,7 @@ def lookup_udf_function(lookup: ArrowLookup) -> Any:
             table = lookup_columns(
                 lookup, pa.Array.from_pandas(keys, type=pa.string()), pa.Array.from_pandas(hashes, type=pa.int64())
             )
-            yield table.to_pandas()
+            yield table.to_pandas(maps_as_pydicts="strict")  # Spark converts a map from a dict
 
     # Spark infers the UDF kind from these hints; this module's annotations are strings
     # (``from __future__ import annotations``) that Spark cannot resolve, so give it the objects.

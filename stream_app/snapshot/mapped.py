@@ -19,8 +19,8 @@ of changes newer than the base is applied on top exactly as in the indexed
 engine. Nothing is shuffled, nothing is cached by the executors, nothing
 reaches the driver.
 
-The files are written by the executors from the bucketed version (a scan with
-one task per bucket: no shuffle), before the version's manifest, so a restart
+The files are written by the executors from the bucketed version (one task
+per bucket reads its Parquet with pyarrow: no shuffle), before the version's manifest, so a restart
 finds them beside the version it registers. They need a file system the
 Python workers read as local files: the engine applies to versions on a
 ``file:`` checkpoint location (``local[*]``, a standalone cluster on one
@@ -39,6 +39,7 @@ import collections
 import json
 import logging
 import os
+import re
 import typing
 import uuid
 from collections.abc import Iterator
@@ -56,7 +57,6 @@ log = logging.getLogger(__name__)
 
 LOOKUP_FOLDER = "lookup"
 COMPLETE = "_complete.json"
-BUCKET = "__bucket"
 
 _OPENED: collections.OrderedDict[str, dict[int, tuple[pa.Table, np.ndarray]]] = collections.OrderedDict()
 _KEEP_VERSIONS = 4  # a few snapshots, plus the previous version of each while a new one takes over (a deleted
@@ -108,62 +108,66 @@ def _write_ipc(path: str, table: pa.Table) -> None:
     os.replace(tmp, path)
 
 
-def write_lookup_files(base: Any, folder: str, partitions: int) -> int:
-    """Write the lookup files of a version (a Spark job; one task per bucket, no shuffle).
+def _bucket_of(name: str) -> int | None:
+    """The bucket of a data file as Spark's bucketed writer names it (``part-...-<uuid>_<bucket>.c000...``)."""
+    match = re.match(r".*_(\d+)(?:\..*)?$", name)
+    return int(match.group(1)) if match and name.endswith(".parquet") else None
+
+
+def write_lookup_files(spark: Any, data: str, folder: str, partitions: int, schema: Any) -> int:
+    """Write the lookup files of a version (a Spark job: one task per bucket, no shuffle).
+
+    Each task reads its bucket's Parquet files with pyarrow (the version is on
+    a local file system, or there would be no lookup files), sorts them by
+    ``__lh`` and writes them as one Arrow IPC record batch, cast to the types
+    Spark's own Arrow conversion gives (what the lookup UDF returns to Spark).
 
     Args:
-        base: the version as a bucketed table scan (``__lk, __lh`` + values,
-            bucket ``b`` in partition ``b``: Spark's bucketed scan).
+        spark: the SparkSession.
+        data: the version's data folder (a local path; Spark's bucketed Parquet).
         folder: the local folder to write into (created; an older content is replaced).
         partitions: P, the version's buckets.
+        schema: the version's Spark schema (``__lk, __lh`` + values).
 
     Returns:
         The rows written (the version's keys).
 
     Raises:
-        RuntimeError: a task held rows of another bucket than its own (the
-            scan was not bucketed), or a bucket was written twice.
+        RuntimeError: a data file does not name its bucket as Spark's bucketed writer does.
     """
-    from pyspark import TaskContext
-    from pyspark.sql import functions as f
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from stream_app.snapshot.engines import nullable_schema
 
     os.makedirs(folder, exist_ok=True)
     try:
         os.remove(os.path.join(folder, COMPLETE))
     except FileNotFoundError:
         pass
+    files: dict[int, list[str]] = {}
+    for name in sorted(os.listdir(data)):
+        if name.startswith(("_", ".")):
+            continue
+        bucket = _bucket_of(name)
+        if bucket is None or not 0 <= bucket < partitions:
+            raise RuntimeError(f"lookup files: {data}/{name} is not a bucket file of {partitions} buckets")
+        files.setdefault(bucket, []).append(os.path.join(data, name))
+    target = nullable_schema(to_arrow_schema(schema))
 
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:  # on an executor, per bucket
-        part = TaskContext.get().partitionId()
-        batches = [b for b in batches if b.num_rows]
-        if not batches:  # an empty bucket: its file is written by the driver
-            return
-        table = pa.Table.from_batches(batches)
-        buckets = pc.unique(table.column(BUCKET)).to_pylist()
-        if buckets != [part]:
-            raise RuntimeError(f"lookup files: partition {part} holds buckets {buckets[:5]} (not a bucketed scan)")
-        _write_ipc(bucket_file(folder, part), table.drop_columns([BUCKET]).sort_by(LH).combine_chunks())
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([part], pa.int32()), pa.array([table.num_rows], pa.int64())], names=["bucket", "rows"]
-        )
+    def write(item: tuple[int, list[str]]) -> int:  # on an executor, per bucket
+        import pyarrow.parquet as pq
 
-    keyed = base.select("*", f.expr(f"pmod(hash(`{LK}`), {partitions})").alias(BUCKET))
-    written = keyed.mapInArrow(write, "bucket int, rows long").collect()
-    buckets = [r["bucket"] for r in written]
-    if len(buckets) != len(set(buckets)):
-        raise RuntimeError(f"lookup files: a bucket was written twice ({sorted(buckets)})")
-    rows = sum(r["rows"] for r in written)
-    # the empty buckets: an empty file of the same schema, so a worker never guesses a type
-    if written:
-        from pyarrow import ipc
+        bucket, paths = item
+        table = pq.read_table(paths, coerce_int96_timestamp_unit="us").select(target.names)
+        _write_ipc(bucket_file(folder, bucket), table.cast(target).sort_by(LH).combine_chunks())
+        return table.num_rows
 
-        schema = ipc.open_file(pa.memory_map(bucket_file(folder, buckets[0]))).schema
-    else:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        schema = to_arrow_schema(base.schema)
-    for bucket in set(range(partitions)) - set(buckets):
-        _write_ipc(bucket_file(folder, bucket), schema.empty_table())
+    work = [(b, files.get(b, [])) for b in range(partitions)]
+    full = [item for item in work if item[1]]
+    rows = sum(spark.sparkContext.parallelize(full, max(len(full), 1)).map(write).collect()) if full else 0
+    for bucket, paths in work:  # an empty bucket: an empty file of the same schema, so a worker never guesses
+        if not paths:
+            _write_ipc(bucket_file(folder, bucket), target.empty_table())
     with open(os.path.join(folder, COMPLETE), "w") as fh:
         json.dump({"partitions": partitions, "rows": rows}, fh)
     return rows
@@ -270,7 +274,7 @@ def mapped_udf_function(lookup: MappedLookup) -> Any:
                 pa.Array.from_pandas(hashes, type=pa.int64()),
                 buckets.to_numpy(dtype=np.int64, na_value=0),
             )
-            yield table.to_pandas()
+            yield table.to_pandas(maps_as_pydicts="strict")  # Spark converts a map from a dict
 
     run.__annotations__ = {  # Spark infers the UDF kind from these objects (see indexed.lookup_udf_function)
         "batches": typing.Iterator[tuple[pd.Series, pd.Series, pd.Series]],
@@ -278,3 +282,23 @@ def mapped_udf_function(lookup: MappedLookup) -> Any:
     }
     return run
 
+
+
+def warm_udf_function(lookups: list[MappedLookup]) -> Any:
+    """The function of a scalar pandas UDF that maps every bucket's file in a worker (returns its pid).
+
+    Run as a tiny job right after a version's files are written or found (a
+    restart), it moves a Python worker's start, its imports and the mapping of
+    the files off the first micro-batch.
+    """
+    import pandas as pd
+
+    def run(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+        for lookup in lookups:
+            for bucket in range(lookup.partitions):
+                _bucket(lookup, bucket)
+        for batch in batches:
+            yield pd.Series([os.getpid()] * len(batch), dtype="int64")
+
+    run.__annotations__ = {"batches": typing.Iterator[pd.Series], "return": typing.Iterator[pd.Series]}
+    return run

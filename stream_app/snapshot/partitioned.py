@@ -106,8 +106,8 @@ class PartitionedStore:
         # each bucket of a version is one file, written sorted by ``__lk``: with this setting Spark's bucketed
         # scan reports that order (it checks the one file per bucket), so reading a version back needs no sort
         spark.conf.set("spark.sql.legacy.bucketedTableScan.outputOrdering", "true")
-        # a scan of a version keeps one task per bucket even when no join needs it (the lookup files' writer)
-        spark.conf.set("spark.sql.sources.bucketing.autoBucketedScan.enabled", "false")
+        # versions' timestamps as Parquet's microsecond timestamps (not INT96): what pyarrow reads exactly
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         self.df: Any = None
         self.rows = 0
         self.version: str | None = None  # the version the cached base was read from
@@ -198,7 +198,8 @@ class PartitionedStore:
         folder = os.path.join(self.versions.folder, version, LOOKUP_FOLDER)
         if not is_complete(folder, self.partitions):
             started = time.monotonic()
-            written = write_lookup_files(base, folder, self.partitions)
+            data = os.path.join(self.versions.folder, version, "data")
+            written = write_lookup_files(self.spark, data, folder, self.partitions, base.schema)
             if written != rows:
                 raise RuntimeError(f"snapshot {self.name} {version}: lookup files hold {written} keys, not {rows}")
             log.info(

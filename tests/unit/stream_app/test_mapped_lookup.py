@@ -66,3 +66,70 @@ def test_lookup_columns_without_overlay_keeps_types(tmp_path):
     out = lookup_columns(lookup, pa.array(["a", "b"]), pa.array([10, 11], pa.int64()), np.array([0, 0]))
     assert out.schema.field("o_name").type == pa.string()
     assert out.to_pydict() == {"o_name": ["A", None], "__matched": [True, False]}
+
+
+TYPES = (
+    "id string, ts timestamp, ntz timestamp_ntz, day date, amount decimal(10,2), ok boolean, ratio double, "
+    "tags array<int>, attrs map<string,int>, pos struct<a:int,b:string>, raw binary"
+)
+
+
+def _rows() -> list[tuple]:
+    import datetime as dt
+    from decimal import Decimal
+
+    out = []
+    for i in range(300):
+        if i % 7 == 3:  # a row of nulls
+            out.append((f"k{i}", None, None, None, None, None, None, None, None, None, None))
+            continue
+        out.append((
+            f"k{i}",
+            dt.datetime(2024, 1, 1, 12, 0, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i * 3601),
+            dt.datetime(2024, 6, 1, 8, 30) + dt.timedelta(minutes=i),
+            dt.date(2020, 1, 1) + dt.timedelta(days=i),
+            Decimal(i) / 4,
+            i % 2 == 0,
+            i / 3,
+            [i, i + 1],
+            {"a": i},
+            (i, f"b{i}"),
+            bytes([i % 256, 1]),
+        ))
+    return out
+
+
+def test_lookup_files_return_what_the_sort_merge_join_returns_for_every_spark_type(spark, tmp_path):
+    """The lookup path (files read by pyarrow, values back through pandas) equals Spark's own join, type by type."""
+    from connectors.config.stream import LookupConfig
+    from pyspark.sql import functions as f
+    from pyspark.sql import types as T
+
+    from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint, child
+    from stream_app.enrich import BoundLookup, enrich
+    from stream_app.snapshot.data import LH, LK, SnapshotView, lookup_key
+    from stream_app.snapshot.partitioned import PartitionedStore
+
+    rows = spark.createDataFrame(_rows(), TYPES)
+    key_type = T.StructType([rows.schema["id"]])
+    value_type = T.StructType([fld for fld in rows.schema.fields if fld.name != "id"])
+    lk = lookup_key(f.struct("id"), key_type)
+    latest = rows.select(lk.alias(LK), f.xxhash64(lk).alias(LH), *value_type.fieldNames())
+    checkpoint = tmp_path / "cp"
+    versions = SnapshotCheckpoint(
+        CheckpointFs(str(checkpoint)), "types", "x", spark_folder=child(str(checkpoint), "snapshots", "types")
+    )
+    store = PartitionedStore(spark, "types", 3, latest.columns, versions, lookup_files=True)
+    store.build(latest)
+    assert store.lookup_folder is not None and store.rows == 300
+    events = spark.createDataFrame([(f"k{i}", i) for i in range(-5, 305, 2)], "id string, n int")
+    config = LookupConfig(snapshot="types", on={"id": "id"}, prefix="t_")
+    out = {}
+    for folder in (store.lookup_folder, None):
+        view = SnapshotView("types", key_type, value_type, {}, "partitioned", 300, base_df=store.df,
+                            lookup_files=folder, partitions=3)
+        out[folder is None] = sorted(enrich(events, [BoundLookup(config, view)]).collect(), key=lambda r: r["n"])
+    looked_up, joined = out[False], out[True]
+    assert len(joined) == 155 and sum(r["t_day"] is not None for r in joined) > 100
+    assert [r.asDict(recursive=True) for r in looked_up] == [r.asDict(recursive=True) for r in joined]
+    store.release()
