@@ -172,9 +172,14 @@ class SnapshotBase:
             loaded: a :class:`~stream_app.checkpoint.LoadedSnapshot` with a ``path``.
         """
         self._release_driver_side()
+        early = self.store.written_lookup_folder(loaded.version, loaded.partitions)
+        if early is not None:  # the workers map the version's files while the driver registers it
+            self.mode = "partitioned"
+            self._prewarm(MappedLookup(early, early, loaded.partitions, None, (), ()))
         self.store.restore(loaded.version, loaded.path, loaded.rows, loaded.partitions)
         self.mode, self.rows, self.table, self.df = "partitioned", self.store.rows, None, self.store.df
-        self._prewarm()
+        if early is None:
+            self._prewarm()
 
     def _release_driver_side(self) -> None:
         if self.broadcast is not None:
@@ -219,20 +224,22 @@ class SnapshotBase:
             raise RuntimeError(f"snapshot {self.config.name}: a partitioned base is not collected to the driver")
         return self.table
 
-    def _prewarm(self) -> None:
+    def _prewarm(self, mapped: MappedLookup | None = None) -> None:
         """Load the new base into the Python workers in the background (one task per core).
 
         Indexed engine: the broadcast base and its index; a partitioned base with
-        lookup files: the workers start and map the files.
+        lookup files: the workers start and map the files (``mapped``, default
+        the current version's).
         """
         from pyspark.sql import functions as f
         from pyspark.sql import types as T
 
         if self.mode == "partitioned":
             folder = self.store.lookup_folder
-            if folder is None:
+            if mapped is None and folder is not None:
+                mapped = MappedLookup(folder, folder, self.store.partitions, None, (), ())
+            if mapped is None:
                 return
-            mapped = MappedLookup(folder, folder, self.store.partitions, None, (), ())
             function = mapped_warm_udf_function([mapped])
         else:
             function = warm_udf_function([ArrowLookup(self.token, self.broadcast, None, (), ())])

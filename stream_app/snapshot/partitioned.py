@@ -190,6 +190,13 @@ class PartitionedStore:
             time.monotonic() - started,
         )
 
+    def written_lookup_folder(self, version: str, partitions: int) -> str | None:
+        """The folder of a version's lookup files when they are all written (else ``None``)."""
+        if not self.lookup_files:
+            return None
+        folder = os.path.join(self.versions.folder, version, LOOKUP_FOLDER)
+        return folder if is_complete(folder, partitions) else None
+
     def _write_lookup_files(self, version: str, base: Any, rows: int) -> None:
         """Write a version's lookup files (:mod:`stream_app.snapshot.mapped`) and make them the current ones."""
         if not self.lookup_files:
