@@ -27,10 +27,14 @@ six value fields) to Spark's ``noop`` sink; the best of ``THREES_BENCH_JOIN_ROUN
    not once per worker), looked up with ``numpy.searchsorted`` for the events of
    that bucket (``mapInArrow``), the key compared on each hit. Its cost grows
    with the batch, not with the base.
-6. ``mmap_whole``: the same lookups without shuffling the events: the whole base
+6. ``lookup``: the job's engine (``partitioned_join: lookup``,
+   ``stream_app/snapshot/mapped.py``): the same files written by the engine from
+   the bucketed base, one per bucket, and the job's own ``enrich`` (a scalar pandas
+   UDF sends each event's key, hash and bucket; no shuffle);
+7. ``mmap_whole``: the same lookups without shuffling the events: the whole base
    as one Arrow IPC file sorted by ``__lh``, memory-mapped by every Python worker,
    each event looked up where it is (a host's page cache holds the file once);
-7. ``broadcast_10k`` (the reference): the same batch joined to a cached table of
+8. ``broadcast_10k`` (the reference): the same batch joined to a cached table of
    only the 10k keys it references, by a broadcast hash join: what the job does
    with a 10k-key snapshot, so ``point_lookup`` / ``broadcast_10k`` bounds what
    point lookups could give ``ratio_10m_vs_10k``.
@@ -253,7 +257,25 @@ def strategies(base: Any, raw: Any, ipc: Path) -> dict[str, Any]:
         keyed = ev.select("event_id", "origin", f.xxhash64("origin").alias("__lh0"))
         return keyed.mapInArrow(lookup, out_schema)
 
+    from connectors.config.stream import LookupConfig
+    from stream_app.enrich import BoundLookup, enrich
+    from stream_app.snapshot.data import SnapshotView
+    from stream_app.snapshot.mapped import write_lookup_files
+
+    lookup_folder = str(ipc / "engine")
+    write_lookup_files(base.sparkSession, str(ipc.parent / "base"), lookup_folder, BUCKETS, base.schema)
+    key_type = T.StructType([T.StructField("faa", T.StringType())])
+    view = SnapshotView("bench", key_type, value_type, {}, "partitioned", KEYS, base_df=base,
+                        lookup_files=lookup_folder, partitions=BUCKETS)
+    bound = [BoundLookup(LookupConfig(snapshot="bench", on={"origin": "faa"}, prefix="o_"), view)]
+
+    def engine_lookup(ev: Any) -> Any:  # the job's own code: stream_app.enrich with the lookup files
+        out = enrich(ev, bound)
+        value = f.struct(*[f.col(f"o_{v}").alias(v) for v in VALUES])
+        return out.select("event_id", f.when(f.col("o_faa").isNotNull(), value).alias("v"))
+
     return {
+        "lookup": engine_lookup,
         "sort_merge": sort_merge,
         "shuffled_hash": shuffled_hash,
         "raw_value": raw_value,

@@ -133,3 +133,10 @@ def test_lookup_files_return_what_the_sort_merge_join_returns_for_every_spark_ty
     assert len(joined) == 155 and sum(r["t_day"] is not None for r in joined) > 100
     assert [r.asDict(recursive=True) for r in looked_up] == [r.asDict(recursive=True) for r in joined]
     store.release()
+
+
+def test_bucket_of_a_spark_bucket_file_name():
+    assert mapped._bucket_of("part-00001-3f0c9a2e-1b7d-4c1e-9c55-0d5f3a3f4b10_00003.c000.snappy.parquet") == 3
+    assert mapped._bucket_of("part-00000-3f0c9a2e_00000.parquet") == 0
+    assert mapped._bucket_of("part-00000-3f0c9a2e.c000.snappy.parquet") is None  # not bucketed
+    assert mapped._bucket_of("_SUCCESS") is None
