@@ -85,7 +85,7 @@ def _rows() -> list[tuple]:
             continue
         out.append((
             f"k{i}",
-            dt.datetime(2024, 1, 1, 12, 0, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i * 3601),
+            dt.datetime(2024, 1, 1, 12, 0, tzinfo=dt.UTC) + dt.timedelta(seconds=i * 3601),
             dt.datetime(2024, 6, 1, 8, 30) + dt.timedelta(minutes=i),
             dt.date(2020, 1, 1) + dt.timedelta(days=i),
             Decimal(i) / 4,
@@ -101,10 +101,10 @@ def _rows() -> list[tuple]:
 
 def test_lookup_files_return_what_the_sort_merge_join_returns_for_every_spark_type(spark, tmp_path):
     """The lookup path (files read by pyarrow, values back through pandas) equals Spark's own join, type by type."""
-    from connectors.config.stream import LookupConfig
     from pyspark.sql import functions as f
     from pyspark.sql import types as T
 
+    from connectors.config.stream import LookupConfig
     from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint, child
     from stream_app.enrich import BoundLookup, enrich
     from stream_app.snapshot.data import LH, LK, SnapshotView, lookup_key
