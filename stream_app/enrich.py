@@ -152,8 +152,7 @@ def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passth
             joined.append(udf(key, hashed).alias(f"__j{i}"))
         else:  # a partitioned version's lookup files; a key's bucket as Spark's bucketing computes it
             assert view.lookup_files is not None
-            mapped = MappedLookup(view.lookup_files, view.lookup_files, view.partitions, view.overlay_ipc(), values,
-                                  out_names)
+            mapped = MappedLookup(view.lookup_files, view.partitions, view.overlay_ipc(), values, out_names)
             udf = f.pandas_udf(mapped_udf_function(mapped), result)  # type: ignore[call-overload]
             bucket = f.pmod(f.hash(key), f.lit(view.partitions))
             joined.append(udf(key, hashed, bucket).alias(f"__j{i}"))

@@ -174,8 +174,7 @@ class SnapshotBase:
         self._release_driver_side()
         early = self.store.written_lookup_folder(loaded.version, loaded.partitions)
         if early is not None:  # the workers map the version's files while the driver registers it
-            self.mode = "partitioned"
-            self._prewarm(MappedLookup(early, early, loaded.partitions, None, (), ()))
+            self._prewarm(MappedLookup(early, loaded.partitions))
         self.store.restore(loaded.version, loaded.path, loaded.rows, loaded.partitions)
         self.mode, self.rows, self.table, self.df = "partitioned", self.store.rows, None, self.store.df
         if early is None:
@@ -234,12 +233,11 @@ class SnapshotBase:
         from pyspark.sql import functions as f
         from pyspark.sql import types as T
 
-        if self.mode == "partitioned":
-            folder = self.store.lookup_folder
-            if mapped is None and folder is not None:
-                mapped = MappedLookup(folder, folder, self.store.partitions, None, (), ())
-            if mapped is None:
-                return
+        if mapped is None and self.mode == "partitioned":
+            if self.store.lookup_folder is None:
+                return  # joined by Spark: nothing for the workers to hold
+            mapped = MappedLookup(self.store.lookup_folder, self.store.partitions)
+        if mapped is not None:
             function = mapped_warm_udf_function([mapped])
         else:
             function = warm_udf_function([ArrowLookup(self.token, self.broadcast, None, (), ())])

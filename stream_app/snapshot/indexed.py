@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,25 +213,33 @@ def lookup_udf_function(lookup: ArrowLookup) -> Any:
     return run
 
 
-def warm_udf_function(lookups: Sequence[ArrowLookup]) -> Any:
-    """The function of a scalar pandas UDF that loads bases into a worker's cache (returns its pid).
+def warm_function(load: Callable[[], None]) -> Any:
+    """The function of a scalar pandas UDF that runs ``load`` in a Python worker first (returns its pid).
 
-    Run as a tiny job right after a new base is broadcast, it moves the load
-    (deserialize, build the index) off the next micro-batch. It must be a SQL
-    Python UDF like the lookups: Spark keeps those workers in another pool than
-    the RDD API's.
+    Run as a tiny job right after a new base is installed, it moves a worker's
+    start and the base's load off the next micro-batch. It must be a SQL Python
+    UDF like the lookups: Spark keeps those workers in another pool than the
+    RDD API's.
     """
     import os
 
     import pandas as pd
 
-    lookups = tuple(lookups)
-
     def run(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
-        for lookup in lookups:
-            _base(lookup)
+        load()
         for batch in batches:
             yield pd.Series([os.getpid()] * len(batch), dtype="int64")
 
     run.__annotations__ = {"batches": typing.Iterator[pd.Series], "return": typing.Iterator[pd.Series]}
     return run
+
+
+def warm_udf_function(lookups: Sequence[ArrowLookup]) -> Any:
+    """A :func:`warm_function` that loads bases into a worker's cache (deserialize, build the index)."""
+    lookups = tuple(lookups)
+
+    def load() -> None:
+        for lookup in lookups:
+            _base(lookup)
+
+    return warm_function(load)

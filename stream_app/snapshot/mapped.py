@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stream_app.snapshot.data import LH, LK
-from stream_app.snapshot.indexed import take, with_overlay
+from stream_app.snapshot.indexed import take, warm_function, with_overlay
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ class MappedLookup:
     """One lookup against a version's lookup files, as shipped to the workers.
 
     Attributes:
-        token: identity of the base (the lookup folder; the overlay cache is keyed by it).
         folder: the local folder of the lookup files (``b<bucket>.arrow``).
         partitions: P, the version's buckets (a key's bucket is ``pmod(hash(__lk), P)``).
         overlay: Arrow IPC bytes of the overlay (``__lk, __lh, __deleted`` + values), ``None`` when empty.
@@ -76,12 +75,16 @@ class MappedLookup:
         out_names: their names in the output (prefixed).
     """
 
-    token: str
     folder: str
     partitions: int
-    overlay: bytes | None
-    value_columns: tuple[str, ...]
-    out_names: tuple[str, ...]
+    overlay: bytes | None = None
+    value_columns: tuple[str, ...] = ()
+    out_names: tuple[str, ...] = ()
+
+    @property
+    def token(self) -> str:
+        """Identity of the base: its folder (the overlay cache is keyed by it)."""
+        return self.folder
 
 
 def bucket_file(folder: str, bucket: int) -> str:
@@ -283,22 +286,16 @@ def mapped_udf_function(lookup: MappedLookup) -> Any:
     return run
 
 
-
 def warm_udf_function(lookups: list[MappedLookup]) -> Any:
-    """The function of a scalar pandas UDF that maps every bucket's file in a worker (returns its pid).
+    """A :func:`~stream_app.snapshot.indexed.warm_function` that maps every bucket's file in a worker.
 
-    Run as a tiny job right after a version's files are written or found (a
-    restart), it moves a Python worker's start, its imports and the mapping of
-    the files off the first micro-batch.
+    Run right after a version's files are written or found (a restart), it moves
+    a Python worker's start, its imports and the mapping off the first micro-batch.
     """
-    import pandas as pd
 
-    def run(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+    def load() -> None:
         for lookup in lookups:
             for bucket in range(lookup.partitions):
                 _bucket(lookup, bucket)
-        for batch in batches:
-            yield pd.Series([os.getpid()] * len(batch), dtype="int64")
 
-    run.__annotations__ = {"batches": typing.Iterator[pd.Series], "return": typing.Iterator[pd.Series]}
-    return run
+    return warm_function(load)

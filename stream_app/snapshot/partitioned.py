@@ -202,8 +202,9 @@ class PartitionedStore:
         if not self.lookup_files:
             self.lookup_folder = None
             return
-        folder = os.path.join(self.versions.folder, version, LOOKUP_FOLDER)
-        if not is_complete(folder, self.partitions):
+        folder = self.written_lookup_folder(version, self.partitions)
+        if folder is None:
+            folder = os.path.join(self.versions.folder, version, LOOKUP_FOLDER)
             started = time.monotonic()
             data = os.path.join(self.versions.folder, version, "data")
             written = write_lookup_files(self.spark, data, folder, self.partitions, base.schema)

@@ -50,7 +50,7 @@ def test_lookup_columns_across_buckets_in_event_order_with_the_overlay_on_top(tm
             "name": ["C2", None, "E"],
         }
     )
-    lookup = MappedLookup(str(tmp_path), str(tmp_path), 2, ipc_bytes(overlay), ("name",), ("o_name",))
+    lookup = MappedLookup(str(tmp_path), 2, ipc_bytes(overlay), ("name",), ("o_name",))
     keys = pa.array(["b", "a", "d", "c", "zz", "e", None, "a"])
     hashes = pa.array([20, 10, 40, 30, 77, 50, None, 10], pa.int64())
     buckets = np.array([1, 0, 1, 0, 1, 0, 0, 0])
@@ -62,7 +62,7 @@ def test_lookup_columns_across_buckets_in_event_order_with_the_overlay_on_top(tm
 
 def test_lookup_columns_without_overlay_keeps_types(tmp_path):
     write_bucket(tmp_path, 0, [("a", 10, "A")])
-    lookup = MappedLookup(str(tmp_path), str(tmp_path), 1, None, ("name",), ("o_name",))
+    lookup = MappedLookup(str(tmp_path), 1, None, ("name",), ("o_name",))
     out = lookup_columns(lookup, pa.array(["a", "b"]), pa.array([10, 11], pa.int64()), np.array([0, 0]))
     assert out.schema.field("o_name").type == pa.string()
     assert out.to_pydict() == {"o_name": ["A", None], "__matched": [True, False]}
