@@ -55,8 +55,8 @@ def _nested_needs_conversion(typ: Any) -> bool:
     return pa.types.is_map(typ)
 
 
-def documents(table: Any, decimals: str = "number") -> list[bytes] | None:
-    """One JSON document per row of ``table``, equal to what the client writes for ``row`` dicts.
+def json_frame(table: Any, decimals: str = "number") -> Any:
+    """``table`` as a polars ``DataFrame`` whose NDJSON is what the client writes for its ``row`` dicts.
 
     Args:
         table: a ``pyarrow.Table`` typed by :mod:`schemas.arrow` (the sync service's columnar values).
@@ -65,15 +65,14 @@ def documents(table: Any, decimals: str = "number") -> list[bytes] | None:
             follows the same to-scientific-string rule).
 
     Returns:
-        ``table.num_rows`` JSON texts (UTF-8, no newline), in row order; ``None`` when a
-        column needs a conversion inside a nested type (the caller serializes per record).
+        A ``polars.DataFrame`` of ``table.num_rows`` rows, the columns of the table above
+        converted (same names, same order); ``None`` when a column needs a conversion inside a
+        nested type (the caller serializes per record).
     """
     import polars as pl
 
     if any(_nested_needs_conversion(f.type) for f in table.schema):
         return None
-    if table.num_rows == 0:
-        return []
     if decimals == "text":
         import pyarrow as pa
 
@@ -100,8 +99,25 @@ def documents(table: Any, decimals: str = "number") -> list[bytes] | None:
                 .otherwise(col.dt.to_string(whole + ".%6f" + zone))
                 .alias(field.name)
             )
-    if conversions:
-        frame = frame.with_columns(conversions)
+    return frame.with_columns(conversions) if conversions else frame
+
+
+def documents(table: Any, decimals: str = "number") -> list[bytes] | None:
+    """One JSON document per row of ``table``, equal to what the client writes for ``row`` dicts.
+
+    Args:
+        table: a ``pyarrow.Table`` typed by :mod:`schemas.arrow` (the sync service's columnar values).
+        decimals: as :func:`json_frame`.
+
+    Returns:
+        ``table.num_rows`` JSON texts (UTF-8, no newline), in row order; ``None`` when a
+        column needs a conversion inside a nested type (the caller serializes per record).
+    """
+    frame = json_frame(table, decimals)
+    if frame is None:
+        return None
+    if table.num_rows == 0:
+        return []
     text = frame.write_ndjson().encode()
     lines = text.split(b"\n")
     if lines and lines[-1] == b"":

@@ -18,7 +18,7 @@ from tenacity import Retrying, retry_if_exception, wait_random_exponential
 from connectors.config.models import RetryPolicy
 from connectors.dlq import DeadLetter
 from connectors.exceptions import FatalError, RetriableError, SinkBackpressureError, SkippableRecordError
-from connectors.runtime.sink import Sink, SinkBatch, SinkRecord
+from connectors.runtime.sink import Sink, SinkBatch, SinkRecord, records_from_columns
 from connectors.runtime.supervision import retry_stop
 from connectors.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, version_of
 from schemas.columnar import ColumnarDecodeError, ColumnarDecoder
@@ -257,9 +257,9 @@ class BatchWriter:
             decoded_keys = self.columnar.decode_objects(key_head[2:], [k[HEADER_BYTES:] for k in keys])
         except (ColumnarDecodeError, SkippableRecordError):
             decoded_keys = None
-        if decoded_keys is None:
-            return None  # the per-message path decodes the keys with fastavro and names a bad one
         n = len(raw)
+        if decoded_keys is None or len(decoded_keys) != n:
+            return None  # the per-message path decodes the keys with fastavro and names a bad one
         versions = struct.unpack(f">{n}q", b"".join(versions_raw))
         source_ts = [
             ts for ts in (h.get(SOURCE_TS_HEADER) for h in headers) if ts is not None and len(ts) == 8
@@ -267,16 +267,14 @@ class BatchWriter:
         job.oldest_source_ts_ms = (
             min(struct.unpack(f">{len(source_ts)}q", b"".join(source_ts))) if source_ts else None
         )
-        topic, partition = job.topic, job.partition
-        records = [
-            SinkRecord(topic, partition, offset, key, None, version, timestamp_ms,
-                       RECORD_OVERHEAD_BYTES + len(key_bytes) + (len(value) if value is not None else 0),
-                       schemas[head], head[2:] if head is not None else None, encoded=value)
-            for offset, key, version, timestamp_ms, key_bytes, value, head in zip(
-                [m.offset() for m in raw], decoded_keys, versions, [m.timestamp()[1] for m in raw], keys, values,
-                value_heads, strict=True,
-            )
-        ]
+        fingerprints: dict[bytes | None, bytes | None] = {h: (h[2:] if h is not None else None) for h in schemas}
+        sizes = [RECORD_OVERHEAD_BYTES + len(k) + (len(v) if v is not None else 0)
+                 for k, v in zip(keys, values, strict=True)]
+        records = records_from_columns(
+            job.topic, job.partition, [m.offset() for m in raw], decoded_keys, versions,
+            [m.timestamp()[1] for m in raw], sizes, map(schemas.__getitem__, value_heads),
+            map(fingerprints.__getitem__, value_heads), values,
+        )
         groups: dict[bytes, list[SinkRecord]] = {}
         if len(schemas) == 2:  # one writer schema: its upserts are the records with a value
             (head,) = (h for h in schemas if h is not None)

@@ -33,7 +33,7 @@ import json
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -151,6 +151,55 @@ class SinkRecord:
     def __repr__(self) -> str:
         return (f"SinkRecord({self.where()}, key={self.key!r}, version={self.version}, "
                 f"{'delete' if self.is_delete else 'upsert'})")
+
+
+class _LazyRecord(SinkRecord):
+    """A :class:`SinkRecord` built by :func:`records_from_columns`: a positional constructor, value lazy."""
+
+    __slots__ = ()
+
+    def __init__(self, topic: str, partition: int, offset: int, key: Any, version: int, timestamp_ms: int,
+                 size_bytes: int, value_schema: Any, value_fingerprint: bytes | None, encoded: bytes | None):
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self._value = None if encoded is None else _LAZY
+        self.version = version
+        self.timestamp_ms = timestamp_ms
+        self.size_bytes = size_bytes
+        self.value_schema = value_schema
+        self.value_fingerprint = value_fingerprint
+        self.encoded = encoded
+        self.row = -1
+
+
+def records_from_columns(
+    topic: str,
+    partition: int,
+    offsets: Iterable[int],
+    keys: Iterable[Any],
+    versions: Iterable[int],
+    timestamps_ms: Iterable[int],
+    sizes: Iterable[int],
+    value_schemas: Iterable[Any],
+    value_fingerprints: Iterable[bytes | None],
+    encoded: Iterable[bytes | None],
+) -> list[SinkRecord]:
+    """The records of one topic partition from their fields in columns (equal-length iterables).
+
+    Equal to ``SinkRecord(topic, partition, offset, key, None, version, timestamp_ms, size,
+    value_schema, value_fingerprint, encoded=value)`` per row (a ``None`` ``encoded`` is a
+    tombstone), about three times cheaper: one ``map`` over the columns, a positional
+    constructor. The sync service builds its records so, ~0.2 µs each.
+
+    Returns:
+        One record per row, in row order (``row`` is -1 until the values are decoded in columns).
+    """
+    from itertools import repeat
+
+    return list(map(_LazyRecord, repeat(topic), repeat(partition), offsets, keys, versions, timestamps_ms, sizes,
+                    value_schemas, value_fingerprints, encoded))
 
 
 @dataclass(slots=True)

@@ -10,7 +10,6 @@ import base64
 import io
 import logging
 import uuid
-from collections.abc import Iterable
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -65,43 +64,73 @@ def envelope(record: SinkRecord) -> dict[str, Any]:
     }
 
 
-def encode_jsonl(records: Iterable[SinkRecord], documents: Any = None) -> bytes:
-    """JSON Lines, one envelope per line (dates RFC 3339, decimals as text, bytes base64), with orjson.
+def encode_jsonl(records: list[SinkRecord], values: Any = None) -> bytes:
+    """JSON Lines, one envelope per line (dates RFC 3339, decimals as text, bytes base64).
+
+    With ``values``, the whole object is written in columns by polars' NDJSON writer
+    (:func:`jsonl_from_columns`); without, each envelope by orjson. Both give the same bytes.
 
     Args:
-        records: the object's records.
-        documents: the value JSON of every row of the batch's columnar values of these
-            records' writer schema (``record.row`` indexes it), written in columns by
-            :func:`schemas.documents.documents` with decimals as text: the
-            same bytes orjson writes for the value dict; ``None`` serializes each value.
+        records: the object's records, of one topic and partition.
+        values: the batch's values of these records' writer schema in columns, ready for JSON:
+            a ``polars`` struct ``Series`` (``record.row`` indexes it) from
+            :func:`schemas.documents.json_frame` with decimals as text; ``None`` serializes
+            each value.
 
     Raises:
         TypeError: a value JSON cannot represent (orjson's ``JSONEncodeError`` is a ``TypeError``).
     """
+    if values is not None:
+        return jsonl_from_columns(records, values)
     import orjson
 
     dumps, option = orjson.dumps, orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
-    if documents is None:
-        return b"".join(dumps(envelope(r), default=_json_default, option=option) for r in records)
-    out = []
-    topics: dict[str, bytes] = {}
-    for r in records:
-        if r.is_delete or r.row < 0:
-            out.append(dumps(envelope(r), default=_json_default, option=option))
-            continue
-        # the bytes orjson writes for the envelope dict, formatted without building the dict
-        topic = topics.get(r.topic)
-        if topic is None:
-            topic = topics[r.topic] = dumps(r.topic)
-        key = r.key
-        out.append(_ENVELOPE % (topic, r.partition, r.offset, r.timestamp_ms,
-                                b'"%d"' % key if type(key) is int else dumps(r.key_id), r.version, documents[r.row]))
-    return b"".join(out)
+    return b"".join(dumps(envelope(r), default=_json_default, option=option) for r in records)
 
 
-_ENVELOPE = (
-    b'{"topic":%b,"partition":%d,"offset":%d,"timestamp_ms":%d,"key":%b,"version":%d,"deleted":false,"value":%b}\n'
-)  # an upsert's JSON Lines envelope, keys in envelope() order
+def jsonl_from_columns(records: list[SinkRecord], values: Any) -> bytes:
+    """The JSON Lines of ``records`` from their values in columns, one polars NDJSON write per object.
+
+    The envelope's columns are gathered from the records (a list per field, no dict per
+    record), the values taken by ``record.row`` from ``values`` (null for a tombstone).
+    Keys follow :attr:`SinkRecord.key_id`: integer keys are cast to text in one call.
+
+    Args:
+        records: the object's records, of one topic and partition; every upsert has a row.
+        values: a ``polars`` struct ``Series`` of JSON-ready values (see :func:`encode_jsonl`).
+
+    Raises:
+        ValueError: an upsert has no row in ``values``.
+    """
+    import polars as pl
+
+    if not records:
+        return b""
+    n, first = len(records), records[0]
+    deleted = pl.Series("deleted", [r.is_delete for r in records], pl.Boolean)
+    rows = pl.Series("row", [r.row for r in records], pl.Int64).set(deleted, None)
+    if (rows < 0).any():
+        raise ValueError("an upsert has no row in the columnar values")
+    keys = [r.key for r in records]
+    if set(map(type, keys)) == {int}:
+        key = pl.Series("key", keys, pl.Int64).cast(pl.String)
+    else:
+        key = pl.Series("key", [r.key_id for r in records], pl.String)
+    frame = pl.DataFrame(
+        [
+            pl.repeat(first.topic, n, dtype=pl.String, eager=True).alias("topic"),
+            pl.repeat(first.partition, n, dtype=pl.Int32, eager=True).alias("partition"),
+            pl.Series("offset", [r.offset for r in records], pl.Int64),
+            pl.Series("timestamp_ms", [r.timestamp_ms for r in records], pl.Int64),
+            key,
+            pl.Series("version", [r.version for r in records], pl.Int64),
+            deleted,
+            values.gather(rows).alias("value"),
+        ]
+    )
+    out = io.BytesIO()
+    frame.write_ndjson(out)
+    return out.getvalue()
 
 
 def envelope_arrow_schema(value_type: Any) -> Any:

@@ -273,14 +273,14 @@ class S3Sink(Sink):
             groups.setdefault((self._dt(record, dt_columns), fp), []).append(record)
         out = []
         structs: dict[bytes, Any] = {}  # the batch's values of a writer schema as one struct column
-        docs: dict[bytes, Any] = {}  # the batch's values of a writer schema as JSON documents
+        json_values: dict[bytes, Any] = {}  # the batch's values of a writer schema, JSON-ready, as one struct
         for (dt, fp), records in groups.items():
             key = object_key(
                 self.config.prefix, batch.topic, batch.partition, records[0].offset, self.config.format, dt
             )
             values = None
             if self.config.format == "jsonl":
-                values = self._documents(batch, records, docs)
+                values = self._json_values(batch, records, json_values)
             if self.config.format == "parquet" and fp in batch.tables:
                 values = structs.get(fp)
                 if values is None:
@@ -290,22 +290,25 @@ class S3Sink(Sink):
         return out
 
     @staticmethod
-    def _documents(batch: SinkBatch, records: list[SinkRecord], docs: dict[bytes, Any]) -> list[bytes] | None:
-        """The JSON documents of the batch's columnar values of ``records``' writer schema (one per row).
+    def _json_values(batch: SinkBatch, records: list[SinkRecord], cache: dict[bytes, Any]) -> Any:
+        """The batch's columnar values of ``records``' writer schema, ready for JSON (one struct ``Series``).
 
-        ``None`` when the upserts among ``records`` are not all of one writer schema
-        decoded in columns (then each value is serialized on its own).
+        A ``polars.Series`` named ``value`` whose NDJSON is what orjson writes for each value dict
+        (:func:`schemas.documents.json_frame`, decimals as text), ``record.row`` indexing it;
+        ``None`` when the upserts among ``records`` are not all of one writer schema decoded in
+        columns, or a nested type needs a conversion (then each value is serialized on its own).
         """
-        from schemas.documents import documents
+        from schemas.documents import json_frame
 
         fps = {r.value_fingerprint for r in records if not r.is_delete}
         if len(fps) != 1 or any(r.row < 0 for r in records if not r.is_delete):
             return None
         fp = fps.pop()
-        if fp not in docs:
+        if fp not in cache:
             table = batch.tables.get(fp)
-            docs[fp] = documents(table, decimals="text") if table is not None else None
-        return docs[fp]
+            frame = json_frame(table, decimals="text") if table is not None else None
+            cache[fp] = frame.to_struct("value") if frame is not None else None
+        return cache[fp]
 
     def encode(self, obj: S3Object, records: list[SinkRecord] | None = None) -> bytes:
         """Encode an object's records (or ``records``, a subset of them) in the configured format.
@@ -437,7 +440,8 @@ class S3Object(NamedTuple):
         fingerprint: that schema's fingerprint (``None`` likewise).
         table: the batch's values of this writer schema in columns (``record.row`` indexes
             them), when the sync service decoded them so: for Parquet one
-            ``pyarrow.StructArray``, for JSON Lines a list of JSON documents; else ``None``.
+            ``pyarrow.StructArray``, for JSON Lines a ``polars`` struct ``Series`` ready for JSON
+            (:meth:`S3Sink._json_values`); else ``None``.
     """
 
     key: str

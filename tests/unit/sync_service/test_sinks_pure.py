@@ -279,10 +279,16 @@ def test_parquet_from_columns_equals_parquet_from_dicts_with_dates_and_tombstone
         assert ta.to_pylist() == tb.to_pylist()
 
 
+@pytest.mark.parametrize("partition_by", [None, "day"])
 @pytest.mark.parametrize("key_schema", ["long", "string", "record"])
 @pytest.mark.parametrize("nested", [False, True])
-def test_jsonl_from_columns_is_byte_identical_to_jsonl_from_dicts(nested: bool, key_schema: str) -> None:
-    """Decimals as text, bytes base64, timestamps RFC 3339: the columnar documents equal orjson's per value."""
+def test_jsonl_from_columns_is_byte_identical_to_jsonl_from_dicts(nested: bool, key_schema: str,
+                                                                  partition_by: str | None) -> None:
+    """Decimals as text, bytes base64, timestamps RFC 3339: the columnar objects equal orjson's per envelope.
+
+    With ``partition_by``, a batch's rows spread over many ``dt=`` objects: each object takes its own
+    rows (and tombstones) out of the batch's columns.
+    """
     import copy
     from decimal import Decimal
 
@@ -319,9 +325,14 @@ def test_jsonl_from_columns_is_byte_identical_to_jsonl_from_dicts(nested: bool, 
     writer = BatchWriter("svc", ScriptedSink(), AvroDeserializer(store), FakeProducer(), "dlq", RetryPolicy(),
                          SyncMetrics("svc"))
     batch = writer.decode(Job("fake", "t", 0, raw, 100))
-    cfg = S3SinkConfig(name="s", type="s3_sink", connection="c", topics=["t"], bucket="b", format="jsonl")
+    cfg = S3SinkConfig(name="s", type="s3_sink", connection="c", topics=["t"], bucket="b", format="jsonl",
+                       partition_by=partition_by)
     sink = S3Sink(cfg, None)
-    [columnar] = sink.objects(batch)
-    [per_record] = sink.objects(SinkBatch("t", 0, 0, 29, batch.records))
-    assert (columnar.table is None) == nested and per_record.table is None
-    assert sink.encode(columnar) == sink.encode(per_record)
+    columnar = sink.objects(batch)
+    per_record = sink.objects(SinkBatch("t", 0, 0, 29, batch.records))
+    assert len(columnar) == len(per_record)
+    assert len(columnar) == 1 if partition_by is None else len(columnar) > 5
+    for a, b in zip(columnar, per_record, strict=True):
+        assert a.key == b.key and b.table is None
+        assert (a.table is None) == (nested or all(r.is_delete for r in a.records))
+        assert sink.encode(a) == sink.encode(b)
