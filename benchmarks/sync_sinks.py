@@ -771,8 +771,10 @@ def threes_child(spec: dict[str, Any]) -> None:
     """threes' ``SyncService`` with one sink, its config built by the project's config models."""
     import signal
 
+    from connectors.runtime.process import keep_pandas_out, tune_gc
+
+    keep_pandas_out()  # as `threes sync run` does
     from connectors.config import pipeline_from_dict
-    from connectors.runtime.process import tune_gc
     from sync_service.service import SyncService
 
     tune_gc()  # as `threes sync run` does
@@ -1022,6 +1024,9 @@ def bench_quix(ep: Endpoints, kafka: KafkaConfig, n: int, rounds: int, targets: 
 
 def rss_child(bootstrap: str, topic: str, bound: int, rate: float, seconds: float) -> None:
     """Run a sync service whose sink applies ``rate`` records/s, for ``seconds``; print peak RSS as JSON."""
+    from connectors.runtime.process import keep_pandas_out
+
+    keep_pandas_out()  # as `threes sync run` does
     from connectors.config import pipeline_from_dict
     from connectors.runtime.sink import RecordFailure, Sink
     from sync_service.service import SyncService

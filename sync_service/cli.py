@@ -39,6 +39,9 @@ def run(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    from connectors.runtime.process import keep_pandas_out
+
+    keep_pandas_out()  # pyarrow would load it for nothing: 44 MB of every sync process (process.py)
     from connectors.cli import fail, load
     from connectors.exceptions import ThreesError
     from sync_service.supervisor import ServiceSupervisor

@@ -59,6 +59,14 @@ from sync_service.metrics import SyncMetrics
 from sync_service.writer import BatchWriter, Outcome
 
 log = logging.getLogger(__name__)
+
+PREFETCH_SHARE = 8
+"""librdkafka's prefetch queue gets ``buffer_max_bytes // PREFETCH_SHARE`` (inside the bound).
+
+A quarter held ~10 MB more at the service's peak RSS, reached when paused partitions resume
+and the queue is taken in a burst (``benchmarks/sync_sinks.py --only rss``, 64 MiB bound, 4
+partitions: 2 MB per partition with an eighth).
+"""
 # commit errors of a member whose group is rebalancing (its generation or membership is being renewed)
 _REBALANCE_CODES = frozenset(
     (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
@@ -159,6 +167,8 @@ class SyncService:
         self.producer: Any = None
         # librdkafka's prefetch limit per partition (queued.max.messages.kbytes), set by open()
         self.queued_kbytes = 0
+        # the bound of the records the service holds: buffer_max_bytes less the prefetch share (open())
+        self.buffer_bytes = config.buffer_max_bytes
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -221,11 +231,17 @@ class SyncService:
                 if topic in self._by_topic:
                     writer.decode_dlq_topics.discard(topic)
                 self._by_topic.setdefault(topic, []).append(slot)
-        # the fetch queue is memory too: keep librdkafka's share to a quarter of the bound. Its
+        # the fetch queue is memory too, inside the bound: librdkafka gets 1/PREFETCH_SHARE of it. Its
         # queued.max.messages.kbytes holds per partition (measured: 16 MB on 4 partitions held ~60 MB
-        # more than 1 MB did), so the share is spread over every partition this member may be assigned
+        # more than 1 MB did), so the share is spread over every partition this member may be assigned,
+        # at least 1 MB each; the service's own buffers get the rest (past partitions x 1 MB > the share, the
+        # floor goes over the bound: the service's buffers keep 1 - 1/PREFETCH_SHARE of it)
         partitions = self._partitions(sorted(self._by_topic))
-        queued_kb = self.queued_kbytes = max(1024, min(65536, cfg.buffer_max_bytes // 4 // partitions // 1024))
+        queued_kb = self.queued_kbytes = max(
+            1024, min(65536, cfg.buffer_max_bytes // PREFETCH_SHARE // partitions // 1024)
+        )
+        prefetch = min(queued_kb * 1024 * partitions, cfg.buffer_max_bytes // PREFETCH_SHARE)
+        self.buffer_bytes = cfg.buffer_max_bytes - prefetch
         overrides: dict[str, Any] = {
             "partition_assignment_strategy": "cooperative-sticky",
             "enable_auto_offset_store": False,
@@ -471,7 +487,7 @@ class SyncService:
     # -- backpressure -------------------------------------------------------------------------
 
     def _update_pauses(self) -> None:
-        share = self.config.buffer_max_bytes // max(1, len(self.slots))
+        share = self.buffer_bytes // max(1, len(self.slots))
         bound = max(share // 4, share - self._step_bytes)
         want: set[TP] = set()
         total = 0

@@ -18,6 +18,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -62,3 +64,43 @@ def tune_gc(threshold_0: int | None = None) -> tuple[int, int, int]:
         gc.set_threshold(threshold_0, older, oldest)
     log.debug("gc thresholds %s, %d objects frozen", gc.get_threshold(), gc.get_freeze_count())
     return gc.get_threshold()
+
+
+PANDAS_ENV = "THREES_SYNC_PANDAS"
+"""``1`` lets pandas load in a sync service process (a plugin sink of the user's that needs it)."""
+
+
+class _KeptOut:
+    """A ``sys.meta_path`` finder that refuses a top-level package: its import raises ``ModuleNotFoundError``."""
+
+    def __init__(self, package: str):
+        self.package = package
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        """Refuse ``package`` and its modules; leave every other import to the next finders."""
+        if fullname == self.package or fullname.startswith(self.package + "."):
+            raise ModuleNotFoundError(f"{fullname} is kept out of this process ({PANDAS_ENV}=1 lets it load)",
+                                      name=fullname)
+
+
+def keep_pandas_out() -> bool:
+    """Keep pandas from loading in a process whose code never uses it (the sync service).
+
+    pyarrow imports pandas on its first call (``pa.array``, ``to_numpy``...) whenever it is
+    installed, to recognise pandas objects; pandas is a dependency of threes (the stream job
+    uses it), so every sync service process held it: 44 MB of its peak RSS of ~280 MB
+    (``benchmarks/sync_sinks.py --only rss``). A finder first in ``sys.meta_path`` makes
+    ``import pandas`` raise ``ModuleNotFoundError``, and pyarrow and polars go on as if pandas
+    were not installed (a ``None`` in ``sys.modules`` would not do: pyarrow's compiled import
+    takes it for the module). Call it at the start of the process.
+
+    Returns:
+        ``True`` when pandas is kept out; ``False`` when it is loaded already or
+        ``THREES_SYNC_PANDAS=1`` lets it load.
+    """
+    if "pandas" in sys.modules or os.environ.get(PANDAS_ENV, "").strip() == "1":
+        return False
+    if not any(isinstance(f, _KeptOut) for f in sys.meta_path):
+        sys.meta_path.insert(0, _KeptOut("pandas"))
+    log.debug("pandas kept out of this process (%s=1 lets it load)", PANDAS_ENV)
+    return True

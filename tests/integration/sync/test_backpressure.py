@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import MetaData, Table, func, inspect, select, text
 
 from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection
-from sync_service.service import SyncService
+from sync_service.service import PREFETCH_SHARE, SyncService
 from tests.integration.sync.helpers import UpdateProducer, create_topic, pipeline, run_in_thread, wait_until
 
 HOLD_S = float(os.environ.get("THREES_SLOW_TARGET_S", "20"))
@@ -142,7 +142,8 @@ def test_slow_target_pauses_only_its_partitions(
 def test_librdkafka_s_prefetch_share_of_the_bound_is_spread_over_the_partitions(
     kafka: KafkaConfig, kafka_conf: dict[str, Any], pg: RdsConnection, unique: str
 ) -> None:
-    """queued.max.messages.kbytes holds per partition: a quarter of the bound, divided by every partition."""
+    """queued.max.messages.kbytes holds per partition: an eighth of the bound, divided by every partition,
+    taken from the bound of the service's own buffers."""
     wide, narrow, later = f"updates.wide.{unique}", f"updates.narrow.{unique}", f"updates.later.{unique}"
     create_topic(kafka_conf, wide, 8)
     create_topic(kafka_conf, narrow, 1)
@@ -159,5 +160,10 @@ def test_librdkafka_s_prefetch_share_of_the_bound_is_spread_over_the_partitions(
         return service
 
     # 8 + 1 partitions, and a topic not created yet counts one
-    assert opened([wide, narrow, later]).queued_kbytes == bound // 4 // 10 // 1024
-    assert opened([narrow]).queued_kbytes == bound // 4 // 1024
+    wide_open = opened([wide, narrow, later])
+    assert bound // PREFETCH_SHARE // 10 // 1024 == 819
+    assert wide_open.queued_kbytes == 1024  # at least 1 MB a partition: over the share
+    assert wide_open.buffer_bytes == bound - bound // PREFETCH_SHARE
+    narrow_open = opened([narrow])
+    assert narrow_open.queued_kbytes == bound // PREFETCH_SHARE // 1024 == 8192
+    assert narrow_open.buffer_bytes == bound - 8192 * 1024
