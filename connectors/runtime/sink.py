@@ -84,7 +84,6 @@ class SinkRecord:
         size_bytes: int = 0,
         value_schema: Any = None,
         value_fingerprint: bytes | None = None,
-        *,
         encoded: bytes | None = None,
         row: int = -1,
     ):
@@ -153,27 +152,6 @@ class SinkRecord:
                 f"{'delete' if self.is_delete else 'upsert'})")
 
 
-class _LazyRecord(SinkRecord):
-    """A :class:`SinkRecord` built by :func:`records_from_columns`: a positional constructor, value lazy."""
-
-    __slots__ = ()
-
-    def __init__(self, topic: str, partition: int, offset: int, key: Any, version: int, timestamp_ms: int,
-                 size_bytes: int, value_schema: Any, value_fingerprint: bytes | None, encoded: bytes | None):
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
-        self.key = key
-        self._value = None if encoded is None else _LAZY
-        self.version = version
-        self.timestamp_ms = timestamp_ms
-        self.size_bytes = size_bytes
-        self.value_schema = value_schema
-        self.value_fingerprint = value_fingerprint
-        self.encoded = encoded
-        self.row = -1
-
-
 def records_from_columns(
     topic: str,
     partition: int,
@@ -190,16 +168,17 @@ def records_from_columns(
 
     Equal to ``SinkRecord(topic, partition, offset, key, None, version, timestamp_ms, size,
     value_schema, value_fingerprint, encoded=value)`` per row (a ``None`` ``encoded`` is a
-    tombstone), about three times cheaper: one ``map`` over the columns, a positional
-    constructor. The sync service builds its records so, ~0.2 µs each.
+    tombstone), built by one ``map`` over the columns with positional arguments: about 0.2 µs a
+    record against 0.55 µs for a list comprehension with keywords. The sync service builds its
+    records so.
 
     Returns:
         One record per row, in row order (``row`` is -1 until the values are decoded in columns).
     """
     from itertools import repeat
 
-    return list(map(_LazyRecord, repeat(topic), repeat(partition), offsets, keys, versions, timestamps_ms, sizes,
-                    value_schemas, value_fingerprints, encoded))
+    return list(map(SinkRecord, repeat(topic), repeat(partition), offsets, keys, repeat(None), versions,
+                    timestamps_ms, sizes, value_schemas, value_fingerprints, encoded))
 
 
 @dataclass(slots=True)
