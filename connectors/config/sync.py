@@ -19,7 +19,10 @@ class SyncServiceBase(StrictModel):
     batch: BatchPolicy = Field(default_factory=BatchPolicy)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     buffer_max_bytes: int = Field(
-        256 * 1024 * 1024, ge=1024, description="bound of buffered + in-flight record bytes"
+        256 * 1024 * 1024,
+        ge=1024,
+        description="bound of consumed record bytes held: librdkafka's prefetch queue (an eighth) + "
+        "buffered + in-flight records",
     )
     dead_letter_topic: TopicName
     stop_on_error: bool = Field(False, description="stop instead of sending a bad record to the DLQ")
