@@ -227,10 +227,14 @@ class BatchWriter:
         keys = [m.key() for m in raw]
         values = [m.value() for m in raw]
         header_lists = [m.headers() or () for m in raw]
-        headers = [dict(h) for h in header_lists]
-        if sum(map(len, headers)) != sum(map(len, header_lists)):
-            return None  # a header name twice: the per-message path keeps the first version header
-        versions_raw = [h.get(VERSION_HEADER) for h in headers]
+        headers: list[dict[str, Any]] = []
+        if set(map(len, header_lists)) == {1} and {h[0][0] for h in header_lists} == {VERSION_HEADER}:
+            versions_raw = [h[0][1] for h in header_lists]  # the common shape: the version header alone
+        else:
+            headers = [dict(h) for h in header_lists]
+            if sum(map(len, headers)) != sum(map(len, header_lists)):
+                return None  # a header name twice: the per-message path keeps the first version header
+            versions_raw = [h.get(VERSION_HEADER) for h in headers]
         try:
             if set(map(len, versions_raw)) != {8}:
                 return None

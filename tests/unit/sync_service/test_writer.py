@@ -186,6 +186,23 @@ def test_column_wise_heads_equal_the_per_message_heads(store: InMemorySchemaStor
     assert all(r.value_fingerprint == fp for fp, g in groups.items() for r in g)
 
 
+def test_column_wise_heads_of_version_only_headers_equal_the_per_message_heads(store: InMemorySchemaStore) -> None:
+    """The common shape (one ``version`` header per message, read without a dict per message)."""
+    w = writer(store, ScriptedSink(), FakeProducer())
+    raw = msgs(store, 12)
+    for i, m in enumerate(raw):
+        if i % 5 == 3:
+            m._value = None  # tombstones
+    columns_job, each_job = job(raw), job(list(raw))
+    heads = w._decode_heads_columns(columns_job)
+    assert heads is not None
+    records, _groups = heads
+    expected = w._decode_heads_each(each_job)
+    assert records == expected and [r.version for r in records] == list(range(1, 13))
+    assert [r.is_delete for r in records] == [i % 5 == 3 for i in range(12)]
+    assert columns_job.oldest_source_ts_ms is None and each_job.oldest_source_ts_ms is None
+
+
 @pytest.mark.parametrize(
     "change",
     ["no version", "short version", "two version headers", "no key", "key not single-object", "unknown value schema",
