@@ -109,6 +109,14 @@ class PartitionBuffer:
         self.bytes += size
         self.next_offset = msg.offset() + 1
 
+    def extend(self, msgs: list[Any], size: int) -> None:
+        """Buffer consecutive consumed messages of this partition, ``size`` bytes together."""
+        if not self.records:
+            self.opened_at = time.monotonic()
+        self.records.extend(msgs)
+        self.bytes += size
+        self.next_offset = msgs[-1].offset() + 1
+
     @property
     def inflight_bytes(self) -> int:
         """Bytes of the batch in flight (0 when none)."""
