@@ -103,16 +103,12 @@ class PartitionBuffer:
 
     def add(self, msg: Any, size: int, now: float | None = None) -> None:
         """Buffer one consumed message of ``size`` bytes."""
-        if not self.records:
-            self.opened_at = time.monotonic() if now is None else now
-        self.records.append(msg)
-        self.bytes += size
-        self.next_offset = msg.offset() + 1
+        self.extend([msg], size, now)
 
-    def extend(self, msgs: list[Any], size: int) -> None:
+    def extend(self, msgs: list[Any], size: int, now: float | None = None) -> None:
         """Buffer consecutive consumed messages of this partition, ``size`` bytes together."""
         if not self.records:
-            self.opened_at = time.monotonic()
+            self.opened_at = time.monotonic() if now is None else now
         self.records.extend(msgs)
         self.bytes += size
         self.next_offset = msgs[-1].offset() + 1

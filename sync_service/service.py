@@ -315,7 +315,7 @@ class SyncService:
         step_bytes = 0
         # consecutive records of one partition are routed together: a turn's records come in runs
         run: list[Any] = []
-        run_tp: TP | None = None
+        run_tp: TP = ("", -1)
         run_bytes = 0
         for msg in msgs:
             err = msg.error()
@@ -328,12 +328,12 @@ class SyncService:
             tp = (msg.topic(), msg.partition())
             if tp != run_tp:
                 if run:
-                    step_bytes += self._route(run_tp, run, run_bytes)  # type: ignore[arg-type]
+                    step_bytes += self._route(run_tp, run, run_bytes)
                 run, run_tp, run_bytes = [], tp, 0
             run.append(msg)
             run_bytes += message_size(msg)
         if run:
-            step_bytes += self._route(run_tp, run, run_bytes)  # type: ignore[arg-type]
+            step_bytes += self._route(run_tp, run, run_bytes)
         # fewer records than asked for within the timeout: the input is drained for now, so partial
         # batches need not wait for their age (BatchPolicy.flush_when_idle)
         idle = len(msgs) < self._step_records
