@@ -182,6 +182,8 @@ class LoadedSnapshot:
         path: a partitioned version's data folder, as Spark reads it.
         rows: keys in the version.
         partitions: a partitioned version's buckets.
+        columns_ddl: a partitioned version's columns as Spark DDL (``""`` in versions written
+            before it was recorded: then read from the files' footers).
     """
 
     table: pa.Table | None
@@ -192,6 +194,7 @@ class LoadedSnapshot:
     path: str = ""
     rows: int = 0
     partitions: int = 0
+    columns_ddl: str = ""
 
 
 class SnapshotCheckpoint:
@@ -240,7 +243,9 @@ class SnapshotCheckpoint:
         """The data folder of a partitioned version, as Spark names it."""
         return f"{self.spark_folder}/{version}/data"
 
-    def save_partitioned(self, version: str, rows: int, partitions: int, offsets: Offsets | None) -> None:
+    def save_partitioned(
+        self, version: str, rows: int, partitions: int, offsets: Offsets | None, columns_ddl: str = ""
+    ) -> None:
         """Make a partitioned version (its data already written by Spark) valid: its manifest, written last.
 
         Args:
@@ -248,6 +253,8 @@ class SnapshotCheckpoint:
             rows: keys it holds.
             partitions: its buckets.
             offsets: the offsets it covers; ``None``: not a checkpoint (no manifest written).
+            columns_ddl: its columns as Spark DDL (``StructType.toDDL()``): a restart registers the
+                version with them instead of reading a footer first (~1.2 s in a new application).
         """
         if offsets is None:
             return
@@ -256,6 +263,7 @@ class SnapshotCheckpoint:
             "offsets": json.loads(offsets_json(offsets)),
             "rows": rows,
             "partitions": partitions,
+            "columns": columns_ddl,
             "schema_id": self.schema_id,
             "written_at": time.time(),
         }
@@ -313,6 +321,7 @@ class SnapshotCheckpoint:
                     path=self.version_path(version),
                     rows=manifest["rows"],
                     partitions=manifest["partitions"],
+                    columns_ddl=manifest.get("columns", ""),
                 )
             data = self.fs.read(f"{self.folder}/{version}/{DATA}")
             if data is None:

@@ -175,7 +175,7 @@ class SnapshotBase:
         early = self.store.written_lookup_folder(loaded.version, loaded.partitions)
         if early is not None:  # the workers map the version's files while the driver registers it
             self._prewarm(MappedLookup(early, loaded.partitions))
-        self.store.restore(loaded.version, loaded.path, loaded.rows, loaded.partitions)
+        self.store.restore(loaded.version, loaded.path, loaded.rows, loaded.partitions, loaded.columns_ddl)
         self.mode, self.rows, self.table, self.df = "partitioned", self.store.rows, None, self.store.df
         if early is None:
             self._prewarm()

@@ -172,7 +172,7 @@ class PartitionedStore:
                 base.count()  # fill the cache now, not in the first micro-batch
             rows = written.get["rows"]
             self._write_lookup_files(version, base, rows)  # before the manifest: a valid version has them
-            self.versions.save_partitioned(version, rows, self.partitions, offsets)
+            self.versions.save_partitioned(version, rows, self.partitions, offsets, base.schema.toDDL())
             self.version, self._table = version, table
         else:
             base = df.repartition(self.partitions, LK).sortWithinPartitions(LK).persist()
@@ -219,11 +219,15 @@ class PartitionedStore:
             )
         self.lookup_folder = folder
 
-    def _read_version(self, table: str, path: str) -> Any:
-        """A version as a DataFrame partitioned by ``__lk`` (buckets) and sorted, cached or not: no shuffle."""
+    def _read_version(self, table: str, path: str, columns_ddl: str = "") -> Any:
+        """A version as a DataFrame partitioned by ``__lk`` (buckets) and sorted, cached or not: no shuffle.
+
+        ``columns_ddl``: its columns (from its manifest) when a restart registers it; ``""`` reads them
+        from a footer (versions written before the manifest recorded them).
+        """
         catalog = self.spark.catalog
         if not catalog.tableExists(table):  # a restart: the version's files are registered as they are
-            columns = self.spark.read.parquet(path).schema.toDDL()  # the files' footers, not their rows
+            columns = columns_ddl or self.spark.read.parquet(path).schema.toDDL()  # a footer, not the rows
             self.spark.sql(
                 f"CREATE TABLE `{table}` ({columns}) USING parquet CLUSTERED BY (`{LK}`) SORTED BY (`{LK}`) "
                 f"INTO {self.partitions} BUCKETS LOCATION '{path}'"
@@ -231,7 +235,7 @@ class PartitionedStore:
         base = self.spark.table(table).select(*self.columns).sortWithinPartitions(LK)
         return base.persist() if self.cached else base
 
-    def restore(self, version: str, path: str, rows: int, partitions: int) -> None:
+    def restore(self, version: str, path: str, rows: int, partitions: int, columns_ddl: str = "") -> None:
         """Install a version written earlier (a restart): registered as a bucketed table (and cached).
 
         Args:
@@ -239,12 +243,13 @@ class PartitionedStore:
             path: its data folder (a Spark path).
             rows: keys it holds (from its manifest).
             partitions: its buckets; the store takes them as P.
+            columns_ddl: its columns as Spark DDL (from its manifest); ``""``: read from a footer.
         """
         started = time.monotonic()
         self.partitions = partitions
         table = _table_name(self.name, version)
         old_df, old_table = self.df, self._table
-        base = self._read_version(table, path)
+        base = self._read_version(table, path, columns_ddl)
         self.df, self.rows, self.version, self._table = base, base.count() if self.cached else rows, version, table
         if self.rows != rows:
             log.warning("snapshot=%s version %s: %d keys, manifest %d", self.name, version, self.rows, rows)
