@@ -38,7 +38,6 @@ from connectors.exceptions import ConfigError, ConfigProblem, FatalError, SetupE
 from connectors.topics import cluster_metadata, ensure_compacted_topic, topic_configs
 from schemas.serde import schema_json
 from stream_app import metrics
-from stream_app.avro import decode_avro
 from stream_app.avro_schemas import subset_schema
 from stream_app.batch import SOURCE_HEADER, BatchPlan
 from stream_app.checkpoint import (
@@ -52,11 +51,10 @@ from stream_app.checkpoint import (
 from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, source_options, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
-from stream_app.records import header_value, write_records
-from stream_app.snapshot.data import corrupt_to_null
+from stream_app.records import write_records
 from stream_app.snapshot.engines import DeadLetterProducer
 from stream_app.snapshot.runtime import Snapshot
-from stream_app.updates import aggregate, aggregation_input_fields, aggregation_records
+from stream_app.updates import aggregate, aggregation_input, aggregation_input_fields, aggregation_records
 from stream_app.writers import WriterSchemas
 
 log = logging.getLogger(__name__)
@@ -265,7 +263,6 @@ class StreamJob:
         return self._trigger(writer, available_now).start()
 
     def _start_aggregation(self, update: Any, available_now: bool) -> Any:
-        from pyspark.sql import functions as f
 
         # decode only the fields the aggregation reads: same record name, so every enriched writer resolves
         enriched = self.plan.enriched
@@ -279,17 +276,8 @@ class StreamJob:
         )
         # earlier versions of the enriched schema (a lookup added since) resolve to the current one
         writers = {**writers_for(self._writers(), enriched.avro), enriched.fingerprint: enriched.json}
-        decoded = stream.select(
-            decode_avro(f.col("value"), writers, reader_json).alias("e"),
-            # ours is appended after the event's own headers: the last one named so
-            header_value(f.col("headers"), SOURCE_HEADER, last=True).cast("string").alias("__source"),
-        )
-        decoded = decoded.withColumn("e", corrupt_to_null(f.col("e"), reader_json))
-        # undecodable records dropped by a generator (no rows for a null array), not by a filter: Spark
-        # pushes a filter below the projections and substitutes the decode into it, decoding every
-        # record once more per field the null check reads (8 from_avro per record for 5 fields)
-        kept = f.when(f.col("e").isNotNull(), f.array(f.struct("e.*", "__source")))
-        events = decoded.select(f.inline(kept))
+        # ours is appended after the event's own headers: the last one named so
+        events = aggregation_input(stream, writers, reader_json, SOURCE_HEADER)
         records = aggregation_records(aggregate(events, update, dedupe_on="__source"), update)
         writer = records.writeStream.format("kafka").outputMode("update")
         for key, value in sink_options(self._options).items():
