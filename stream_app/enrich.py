@@ -135,7 +135,12 @@ def _in_python(view: SnapshotView) -> bool:
 
 
 def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passthrough: str | None) -> Any:
-    """The lookups run in Python: one scalar pandas UDF each, in one projection (Spark evaluates them together)."""
+    """The lookups run in Python: one scalar pandas UDF each, in one projection (Spark evaluates them together).
+
+    The UDFs are marked non-deterministic, which they are not: it is what keeps Spark's optimizer
+    from pushing an inner lookup's filter below their projection with the UDF call substituted
+    into it, which ran every such lookup twice (a second Python evaluation of the whole batch).
+    """
     from pyspark.sql import functions as f
     from pyspark.sql import types as T
 
@@ -148,12 +153,12 @@ def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passth
         key, hashed = f.col(f"__lk{i}"), f.col(f"__lh{i}")
         if view.mode == "indexed":
             spec = ArrowLookup(view.token, view.broadcast, view.overlay_ipc(), values, out_names)
-            udf = f.pandas_udf(lookup_udf_function(spec), result)  # type: ignore[call-overload]
+            udf = f.pandas_udf(lookup_udf_function(spec), result).asNondeterministic()  # type: ignore[call-overload]
             joined.append(udf(key, hashed).alias(f"__j{i}"))
         else:  # a partitioned version's lookup files; a key's bucket as Spark's bucketing computes it
             assert view.lookup_files is not None
             mapped = MappedLookup(view.lookup_files, view.partitions, view.overlay_ipc(), values, out_names)
-            udf = f.pandas_udf(mapped_udf_function(mapped), result)  # type: ignore[call-overload]
+            udf = f.pandas_udf(mapped_udf_function(mapped), result).asNondeterministic()  # type: ignore[call-overload]
             bucket = f.pmod(f.hash(key), f.lit(view.partitions))
             joined.append(udf(key, hashed, bucket).alias(f"__j{i}"))
     df = df.select("*", *joined)

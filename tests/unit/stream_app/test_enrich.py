@@ -46,6 +46,19 @@ def by_id(df):
     return {r["id"]: r.asDict() for r in df.collect()}
 
 
+def python_evaluations(df):
+    """How many times the physical plan evaluates Python UDFs over the batch (``ArrowEvalPython`` nodes)."""
+    return df._jdf.queryExecution().executedPlan().toString().count("ArrowEvalPython")
+
+
+def test_an_inner_lookup_in_python_runs_once_per_batch(spark):
+    """The inner lookup's filter is not pushed below the lookup with the UDF call copied into it."""
+    view = airports(spark, "indexed")
+    inner = enrich(flights(spark), [lookup(view, {"dest": "faa"}, "dest_", "inner")])
+    assert python_evaluations(inner) == 1
+    assert sorted(by_id(inner)) == [1, 3]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_left_keeps_unmatched_with_nulls_inner_drops(spark, mode):
     view = airports(spark, mode)

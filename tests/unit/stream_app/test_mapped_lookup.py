@@ -132,6 +132,13 @@ def test_lookup_files_return_what_the_sort_merge_join_returns_for_every_spark_ty
     looked_up, joined = out[False], out[True]
     assert len(joined) == 155 and sum(r["t_day"] is not None for r in joined) > 100
     assert [r.asDict(recursive=True) for r in looked_up] == [r.asDict(recursive=True) for r in joined]
+    # an inner lookup: the files are read once per batch (its filter is not pushed below the UDF's projection)
+    view = SnapshotView("types", key_type, value_type, {}, "partitioned", 300, base_df=store.df,
+                        lookup_files=store.lookup_folder, partitions=3)
+    inner = enrich(events, [BoundLookup(LookupConfig(snapshot="types", on={"id": "id"}, prefix="t_", how="inner"), view)])
+    assert inner._jdf.queryExecution().executedPlan().toString().count("ArrowEvalPython") == 1
+    found = {r["n"] for r in inner.collect()}
+    assert found and found < {r["n"] for r in looked_up}
     store.release()
 
 
