@@ -78,7 +78,7 @@ SINK_DEFAULTS: dict[str, str] = {"kafka.linger.ms": "20", "kafka.batch.size": "2
 # ``fetch.max.wait.ms``: a read of a known offset range never gains from the broker holding a fetch for more data,
 # but a fetch sent at the end of a partition's log waited the Java client's 500 ms: the micro-batch that reads up
 # to the end of the events topic (availableNow) took 0.82-0.95 s against 0.3-0.4 s for the others (500k events,
-# 50k per batch, five runs); with 20 ms, 0.27-0.46 s. It only counts when no record is there to return.
+# 50k per batch, four runs); with 20 ms, 0.27-0.46 s (two runs). It only counts when no record is there to return.
 SOURCE_DEFAULTS: dict[str, str] = {
     "kafka.max.poll.records": "20000",
     "kafka.max.partition.fetch.bytes": str(2 << 20),
