@@ -135,12 +135,7 @@ def _in_python(view: SnapshotView) -> bool:
 
 
 def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passthrough: str | None) -> Any:
-    """The lookups run in Python: one scalar pandas UDF each, in one projection (Spark evaluates them together).
-
-    The UDFs are marked non-deterministic, which they are not: it is what keeps Spark's optimizer
-    from pushing an inner lookup's filter below their projection with the UDF call substituted
-    into it, which ran every such lookup twice (a second Python evaluation of the whole batch).
-    """
+    """The lookups run in Python: one scalar pandas UDF each, in one projection (Spark evaluates them together)."""
     from pyspark.sql import functions as f
     from pyspark.sql import types as T
 
@@ -153,23 +148,30 @@ def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passth
         key, hashed = f.col(f"__lk{i}"), f.col(f"__lh{i}")
         if view.mode == "indexed":
             spec = ArrowLookup(view.token, view.broadcast, view.overlay_ipc(), values, out_names)
-            udf = f.pandas_udf(lookup_udf_function(spec), result).asNondeterministic()  # type: ignore[call-overload]
+            udf = f.pandas_udf(lookup_udf_function(spec), result)  # type: ignore[call-overload]
             joined.append(udf(key, hashed).alias(f"__j{i}"))
         else:  # a partitioned version's lookup files; a key's bucket as Spark's bucketing computes it
             assert view.lookup_files is not None
             mapped = MappedLookup(view.lookup_files, view.partitions, view.overlay_ipc(), values, out_names)
-            udf = f.pandas_udf(mapped_udf_function(mapped), result).asNondeterministic()  # type: ignore[call-overload]
+            udf = f.pandas_udf(mapped_udf_function(mapped), result)  # type: ignore[call-overload]
             bucket = f.pmod(f.hash(key), f.lit(view.partitions))
             joined.append(udf(key, hashed, bucket).alias(f"__j{i}"))
     df = df.select("*", *joined)
+    expanded = [f.col(f"__j{i}")[fld.name].alias(fld.name) for i, lookup in lookups for fld in joined_fields(lookup)]
+    kept = None
     for i, lookup in lookups:
         if lookup.config.how == "inner":
             cond = f.col(f"__j{i}")[MATCHED]
             if passthrough is not None:
                 cond = cond | f.col(passthrough).isNotNull()
-            df = df.filter(cond)
-    expanded = [f.col(f"__j{i}")[fld.name].alias(fld.name) for i, lookup in lookups for fld in joined_fields(lookup)]
-    return df.select("*", *expanded)
+            kept = cond if kept is None else kept & cond
+    if kept is None:
+        return df.select("*", *expanded)
+    # inner lookups drop their unmatched events by a generator (no row for a null array), not by a filter:
+    # Spark's optimizer pushes a filter below the lookups' projection with the UDF call copied into the
+    # predicate, and evaluated every lookup twice per batch (two ArrowEvalPython nodes)
+    row = f.struct(*[df[c].alias(c) for c in df.columns], *expanded)
+    return df.select(f.inline(f.when(kept, f.array(row))))
 
 
 @dataclass(frozen=True)
