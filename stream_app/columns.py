@@ -77,3 +77,27 @@ class ColumnCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def rows_where(df: Any, condition: Any, columns: list[Any]) -> Any:
+    """The rows of ``df`` where ``condition`` is true, as ``columns``: a generator, not a filter.
+
+    Spark's optimizer pushes a filter below the projections under it and copies
+    the expressions of the columns it reads into the predicate, whatever they
+    cost: a filter on a decoded struct decoded every record again per field
+    the check reads (8 ``from_avro`` calls a record for 5 fields), and an inner
+    lookup's filter evaluated the lookup's pandas UDF a second time. A
+    generator (``inline`` of a one-element array, null where ``condition`` is
+    not true) is not crossed by that rule, so each expression below runs once.
+
+    Args:
+        df: the DataFrame.
+        condition: a boolean column of ``df``; null counts as false, as in a filter.
+        columns: the output columns (names, ``"struct.*"`` or named columns).
+
+    Returns:
+        A DataFrame of ``columns``, one row per row of ``df`` where ``condition`` holds.
+    """
+    from pyspark.sql import functions as f
+
+    return df.select(f.inline(f.when(condition, f.array(f.struct(*columns)))))

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connectors.config.stream import LookupConfig
-from stream_app.columns import ColumnCache
+from stream_app.columns import ColumnCache, rows_where
 from stream_app.snapshot.data import DELETED, LK, SnapshotView, event_lookup_key
 from stream_app.snapshot.indexed import MATCHED, ArrowLookup, lookup_udf_function
 from stream_app.snapshot.mapped import MappedLookup, mapped_udf_function
@@ -167,11 +167,8 @@ def _indexed_lookups(df: Any, lookups: Sequence[tuple[int, BoundLookup]], passth
             kept = cond if kept is None else kept & cond
     if kept is None:
         return df.select("*", *expanded)
-    # inner lookups drop their unmatched events by a generator (no row for a null array), not by a filter:
-    # Spark's optimizer pushes a filter below the lookups' projection with the UDF call copied into the
-    # predicate, and evaluated every lookup twice per batch (two ArrowEvalPython nodes)
-    row = f.struct(*[df[c].alias(c) for c in df.columns], *expanded)
-    return df.select(f.inline(f.when(kept, f.array(row))))
+    # not a filter, which Spark pushed below the lookups with the UDF copied in: each lookup ran twice a batch
+    return rows_where(df, kept, [*(df[c].alias(c) for c in df.columns), *expanded])
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 from connectors.updates import SOURCE_TS_HEADER
 from stream_app.avro import encode_avro, framed
+from stream_app.columns import rows_where
 from stream_app.plan import UpdatePlan
 from stream_app.records import dead_letter, header_value, update_record
 
@@ -139,10 +140,8 @@ def aggregation_input(records: Any, writers: dict[bytes, str], reader_json: str,
         One row per decodable record: the reader schema's fields and ``__source`` (string).
         Undecodable records are dropped: the enriched topic is written by the job itself.
 
-    The records that do not decode are dropped by a generator (no row for a null array), not
-    by a filter: Spark's optimizer pushes a filter below the projections and substitutes the
-    decode into it, which decoded every record once more per field the null check reads
-    (8 ``from_avro`` calls per record for 5 fields).
+    The records that do not decode are dropped by :func:`~stream_app.columns.rows_where`, not by
+    a filter, which decoded every record once more per field the null check reads.
     """
     from stream_app.avro import decode_avro
     from stream_app.snapshot.data import corrupt_to_null
@@ -153,7 +152,7 @@ def aggregation_input(records: Any, writers: dict[bytes, str], reader_json: str,
         header_value(f.col("headers"), source_header, last=True).cast("string").alias("__source"),
     )
     decoded = decoded.withColumn("e", corrupt_to_null(f.col("e"), reader_json))
-    return decoded.select(f.inline(f.when(f.col("e").isNotNull(), f.array(f.struct("e.*", "__source")))))
+    return rows_where(decoded, f.col("e").isNotNull(), ["e.*", "__source"])
 
 
 def aggregate(enriched: Any, plan: UpdatePlan, dedupe_on: str | None = None) -> Any:

@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from connectors.config.models import KafkaConfig
 from stream_app import metrics
 from stream_app.checkpoint import SnapshotCheckpoint
+from stream_app.columns import rows_where
 from stream_app.kafka_io import Offsets, RangeReader, TopicWatermarks, count_between, offsets_json, read_range
 from stream_app.plan import SnapshotPlan, writers_for
 from stream_app.snapshot.data import (
@@ -151,7 +152,8 @@ class Snapshot:
         return nullable_table(to_arrow_schema(spark_type, timestamp_utc=True).empty_table())
 
     def _dead_letter_errors(self, decoded: Any, stage: str = "snapshot") -> int:
-        bad = decoded.filter(decoded[ERROR].isNotNull()).select(TOPIC, PARTITION, OFFSET, ERROR, "key", "value")
+        # not a filter, which Spark pushed below the decode: every record decoded again per check of the reason
+        bad = rows_where(decoded, decoded[ERROR].isNotNull(), [TOPIC, PARTITION, OFFSET, ERROR, "key", "value"])
         return self.dead_letters.send(bad.toArrow(), stage)
 
     def _empty_log(self) -> pa.Table:

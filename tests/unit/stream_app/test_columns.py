@@ -47,3 +47,38 @@ def test_a_cached_select_equals_select_and_reuses_its_jvm_column_list(spark: Any
     assert len(cache) == entries  # no new entry for the same columns
     # py4j sends a Python list element by element; the kept JVM Seq goes in one call
     assert plain_trips >= len(names) and cached_trips <= 3, (plain_trips, cached_trips)
+
+
+def test_rows_where_keeps_each_expression_below_it_evaluated_once(spark) -> None:
+    """The snapshot's undecodable records (dead letters): found without decoding every record again."""
+    from schemas.serde import AvroSerializer, fingerprint, schema_json
+    from stream_app.columns import rows_where
+    from stream_app.plan import Schema, spark_type
+    from stream_app.snapshot.data import ERROR, OFFSET, record_decoder
+
+    key = {"type": "record", "name": "K", "namespace": "t", "fields": [{"name": "id", "type": "string"}]}
+    value = {
+        "type": "record",
+        "name": "V",
+        "namespace": "t",
+        "fields": [{"name": n, "type": "long"} for n in ("a", "b", "c", "d")],
+    }
+    k, v = AvroSerializer(key), AvroSerializer(value)
+    rows = [
+        (k({"id": "x"}), v({"a": 1, "b": 2, "c": 3, "d": 4}), "t", 0, 0),
+        (k({"id": "y"}), b"\xc3\x01" + fingerprint(value) + b"\xff", "t", 0, 1),  # a value that does not decode
+        (None, v({"a": 1, "b": 2, "c": 3, "d": 4}), "t", 0, 2),  # no key
+    ]
+    raw = spark.createDataFrame(rows, "key binary, value binary, topic string, partition int, offset long")
+    writers = {fingerprint(s): schema_json(s) for s in (key, value)}
+    key_type = spark_type(spark, Schema(key, schema_json(key), fingerprint(key)))
+    decoded = record_decoder(writers, schema_json(key), schema_json(value), key_type, {"t": 0})(raw)
+
+    bad = rows_where(decoded, decoded[ERROR].isNotNull(), [OFFSET, ERROR])
+    assert sorted((r[OFFSET], r[ERROR].split(" ")[0]) for r in bad.collect()) == [(1, "value"), (2, "record")]
+
+    def decodes(df: Any) -> int:
+        return df._jdf.queryExecution().optimizedPlan().toString().count("from_avro(")
+
+    assert decodes(bad) == decodes(decoded.select(OFFSET, ERROR))  # a filter here decoded again for the predicate
+    assert decodes(decoded.filter(decoded[ERROR].isNotNull()).select(OFFSET, ERROR)) > decodes(bad)
