@@ -263,7 +263,6 @@ class StreamJob:
         return self._trigger(writer, available_now).start()
 
     def _start_aggregation(self, update: Any, available_now: bool) -> Any:
-
         # decode only the fields the aggregation reads: same record name, so every enriched writer resolves
         enriched = self.plan.enriched
         reader = subset_schema(enriched.avro, aggregation_input_fields(update), full_name(enriched.avro) or "")

@@ -29,10 +29,11 @@ from __future__ import annotations
 from typing import Any
 
 from connectors.updates import SOURCE_TS_HEADER
-from stream_app.avro import encode_avro, framed
+from stream_app.avro import decode_avro, encode_avro, framed
 from stream_app.columns import rows_where
 from stream_app.plan import UpdatePlan
 from stream_app.records import dead_letter, header_value, update_record
+from stream_app.snapshot.data import corrupt_to_null
 
 COUNT = "__count"
 
@@ -143,9 +144,6 @@ def aggregation_input(records: Any, writers: dict[bytes, str], reader_json: str,
     The records that do not decode are dropped by :func:`~stream_app.columns.rows_where`, not by
     a filter, which decoded every record once more per field the null check reads.
     """
-    from stream_app.avro import decode_avro
-    from stream_app.snapshot.data import corrupt_to_null
-
     f = _f()
     decoded = records.select(
         decode_avro(f.col("value"), writers, reader_json).alias("e"),
