@@ -30,6 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stream_app.python_worker import prepare as prepare_worker
+
 log = logging.getLogger(__name__)
 
 _BASES: collections.OrderedDict[str, tuple[pa.Table, Any, bool]] = collections.OrderedDict()
@@ -198,6 +200,7 @@ def lookup_udf_function(lookup: ArrowLookup) -> Any:
     import pandas as pd
 
     def run(batches: Iterator[tuple[pd.Series, pd.Series]]) -> Iterator[pd.DataFrame]:
+        prepare_worker()
         for keys, hashes in batches:
             table = lookup_columns(
                 lookup, pa.Array.from_pandas(keys, type=pa.string()), pa.Array.from_pandas(hashes, type=pa.int64())
@@ -226,6 +229,7 @@ def warm_function(load: Callable[[], None]) -> Any:
     import pandas as pd
 
     def run(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+        prepare_worker()
         load()
         for batch in batches:
             yield pd.Series([os.getpid()] * len(batch), dtype="int64")

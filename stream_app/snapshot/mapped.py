@@ -50,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stream_app.python_worker import prepare as prepare_worker
 from stream_app.snapshot.data import LH, LK
 from stream_app.snapshot.indexed import take, warm_function, with_overlay
 
@@ -160,6 +161,7 @@ def write_lookup_files(spark: Any, data: str, folder: str, partitions: int, sche
     def write(item: tuple[int, list[str]]) -> int:  # on an executor, per bucket
         import pyarrow.parquet as pq
 
+        prepare_worker()
         bucket, paths = item
         table = pq.read_table(paths, coerce_int96_timestamp_unit="us").select(target.names)
         _write_ipc(bucket_file(folder, bucket), table.cast(target).sort_by(LH).combine_chunks())
@@ -270,6 +272,7 @@ def mapped_udf_function(lookup: MappedLookup) -> Any:
     import pandas as pd
 
     def run(batches: Iterator[tuple[pd.Series, pd.Series, pd.Series]]) -> Iterator[pd.DataFrame]:
+        prepare_worker()
         for keys, hashes, buckets in batches:
             table = lookup_columns(
                 lookup,
