@@ -18,9 +18,11 @@ environment (``spark.pyspark.python``, or a packed virtualenv shipped with
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import logging
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -53,7 +55,8 @@ def build_code_zip(target_dir: Path | str | None = None, packages: Sequence[str]
     """Zip the packages' folders (sources and package data, no bytecode) for ``addPyFile``.
 
     Args:
-        target_dir: folder of the zip (default: a new temporary folder).
+        target_dir: folder of the zip (default: a new temporary folder, removed when this
+            process exits: Spark serves the file to executors for the application's lifetime).
         packages: top-level package names; each lands at the zip's root (``stream_app/...``).
 
     Returns:
@@ -64,7 +67,11 @@ def build_code_zip(target_dir: Path | str | None = None, packages: Sequence[str]
     Raises:
         ImportError: a package is not a folder this process imports from.
     """
-    target = Path(target_dir) if target_dir is not None else Path(tempfile.mkdtemp(prefix="threes-pyfiles-"))
+    if target_dir is None:
+        target = Path(tempfile.mkdtemp(prefix="threes-pyfiles-"))
+        atexit.register(shutil.rmtree, target, ignore_errors=True)
+    else:
+        target = Path(target_dir)
     target.mkdir(parents=True, exist_ok=True)
     tmp = target / "threes-code.zip.tmp"
     files = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -24,3 +26,11 @@ def test_zip_holds_the_packages_sources_and_data_without_bytecode(tmp_path):
     second = build_code_zip(tmp_path / "b")
     assert first.name == second.name and first.read_bytes() == second.read_bytes()
     assert first.name.startswith("threes-code-") and Path(first).suffix == ".zip"
+
+
+def test_a_temporary_zip_folder_is_removed_when_the_process_exits():
+    code = "from stream_app.pyfiles import build_code_zip; print(build_code_zip())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    zipped = Path(out.strip().splitlines()[-1])
+    assert zipped.name.startswith("threes-code-")
+    assert not zipped.parent.exists()  # one folder per driver start would pile up in /tmp otherwise
