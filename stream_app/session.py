@@ -107,6 +107,10 @@ def spark_session(
     for key, value in settings.conf.items():
         if not (local_jars and key == "spark.executorEnv.SPARK_DIST_CLASSPATH"):
             builder = builder.config(key, value)
+    archive = _driver_archive(settings, jars, local_jars) if settings.class_data_sharing else None
+    if archive is not None:
+        options = [settings.conf.get("spark.driver.extraJavaOptions", ""), *archive.java_options]
+        builder = builder.config("spark.driver.extraJavaOptions", " ".join(filter(None, options)))
     # the driver's JVM (started by the first getOrCreate of this process) reads it from our environment;
     # restored afterwards so that child processes do not inherit it
     saved = os.environ.get("SPARK_DIST_CLASSPATH")
@@ -119,12 +123,47 @@ def spark_session(
             os.environ.pop("SPARK_DIST_CLASSPATH", None)
         else:
             os.environ["SPARK_DIST_CLASSPATH"] = saved
+    if archive is not None and archive.part is not None:
+        _finish_at_exit(archive)
     spark.sparkContext.setLogLevel("WARN")
     _quiet(spark)
     if not local:
         ship_code(spark)
     log.info("spark session master=%s version=%s", settings.master, spark.version)
     return spark
+
+
+def _driver_archive(
+    settings: SparkSettings, jars: Sequence[Path | str] | None, local_jars: Sequence[Path | str] | None
+) -> Any:
+    """The class data sharing archive for the driver's JVM, when this process is about to start one.
+
+    ``None`` when a JVM already runs (a second session of this process, or a driver launched by
+    ``spark-submit``, whose JVM started before this code): JVM options apply only at its start.
+    """
+    from pyspark import SparkContext
+
+    from stream_app.class_data_sharing import driver_archive
+
+    if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    extra = [str(j) for j in [*(jars or []), *(local_jars or [])]]
+    extra += [e for e in os.environ.get("SPARK_DIST_CLASSPATH", "").split(":") if e]
+    options = f"{settings.driver_memory} {settings.conf.get('spark.driver.extraJavaOptions', '')}"
+    return driver_archive(extra, options)
+
+
+def _finish_at_exit(archive: Any) -> None:
+    """Have this process's exit let the training JVM write its archive (or drop the training)."""
+    import atexit
+
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    if proc is None:  # not a JVM this process launched: nothing to wait for
+        archive.abandon()
+        return
+    atexit.register(archive.finish, proc)
 
 
 def ship_code(spark: Any) -> Path:

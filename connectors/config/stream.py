@@ -239,6 +239,12 @@ class SparkSettings(StrictModel):
         description="conf keys accepted although they load code or files or set the processes' environment "
         "(e.g. spark.archives, spark.pyspark.python, spark.kubernetes.container.image)",
     )
+    class_data_sharing: bool = Field(
+        True,
+        description="map Spark's classes into the driver's JVM from an archive of an earlier run (JDK class data "
+        "sharing, kept under $THREES_CACHE_DIR or ~/.cache/threes): a session starts ~1.7 s sooner and its first "
+        "query ~1 s sooner; the first run of an installation writes the archive when it exits (~7 s, once)",
+    )
 
     @model_validator(mode="after")
     def _allow_listed_conf(self) -> SparkSettings:

@@ -1,0 +1,108 @@
+"""stream_app.class_data_sharing: which archive a driver maps, and how a training installs one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stream_app import class_data_sharing as cds
+
+
+def _jvm_like(script: str) -> subprocess.Popen:
+    """A process that behaves as the gateway JVM: it runs ``script`` once its stdin closes."""
+    return subprocess.Popen([sys.executable, "-c", f"import sys; sys.stdin.read(); {script}"], stdin=subprocess.PIPE)
+
+
+def test_the_key_follows_the_installation(tmp_path: Path) -> None:
+    java, jars = tmp_path / "java", tmp_path / "jars"
+    jars.mkdir()
+    java.write_bytes(b"jvm")
+    (jars / "spark-core.jar").write_bytes(b"core")
+    extra = tmp_path / "kafka.jar"
+    extra.write_bytes(b"kafka")
+    key = cds.archive_key(str(java), jars, [str(extra)], "1g")
+    assert key == cds.archive_key(str(java), jars, [str(extra)], "1g")
+    assert key != cds.archive_key(str(java), jars, [str(extra)], "2g")  # other JVM options
+    assert key != cds.archive_key(str(java), jars, [], "1g")  # another class path
+    (jars / "spark-core.jar").write_bytes(b"core, upgraded")
+    assert key != cds.archive_key(str(java), jars, [str(extra)], "1g")  # a jar changed
+
+
+def test_a_first_driver_trains_and_holds_the_lock_a_second_runs_without(tmp_path: Path) -> None:
+    first = cds.driver_archive([], "1g", root=tmp_path)
+    assert first is not None and first.part is not None
+    assert first.java_options == (f"-XX:ArchiveClassesAtExit={first.part}", cds.QUIET)
+    assert first.part.parent == first.folder and first.part.name.endswith(".jsa.part")
+    assert first.lock.read_text() == str(os.getpid())
+    assert cds.driver_archive([], "1g", root=tmp_path) is None  # one trainer at a time
+    first.abandon()
+    assert not first.lock.exists()
+
+
+def test_a_lock_left_by_a_process_that_is_gone_is_taken_over(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    first = cds.driver_archive([], "1g", root=tmp_path)
+    assert first is not None
+    first.lock.write_text(gone.stdout.strip())  # its trainer died before finishing
+    second = cds.driver_archive([], "1g", root=tmp_path)
+    assert second is not None and second.part is not None
+    second.abandon()
+
+
+def test_finish_installs_the_archive_only_when_the_jvm_exits_cleanly(tmp_path: Path) -> None:
+    training = cds.driver_archive([], "1g", root=tmp_path)
+    assert training is not None and training.part is not None
+    proc = _jvm_like(f"open({str(training.part)!r}, 'wb').write(b'archive')")
+    assert training.finish(proc, timeout_s=30)
+    assert training.archive.read_bytes() == b"archive"
+    assert not training.part.exists() and not training.lock.exists()
+    mapped = cds.driver_archive([], "1g", root=tmp_path)  # the next driver maps it
+    assert mapped is not None and mapped.part is None
+    assert mapped.java_options == (f"-XX:SharedArchiveFile={training.archive}", cds.QUIET)
+
+
+def test_a_failed_or_hung_training_leaves_no_archive(tmp_path: Path) -> None:
+    training = cds.driver_archive([], "1g", root=tmp_path)
+    assert training is not None and training.part is not None
+    failed = _jvm_like(f"open({str(training.part)!r}, 'wb').write(b'trunc'); sys.exit(1)")
+    assert not training.finish(failed, timeout_s=30)
+    assert not training.archive.exists() and not training.part.exists() and not training.lock.exists()
+
+    again = cds.driver_archive([], "1g", root=tmp_path)
+    assert again is not None and again.part is not None
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+    started = time.monotonic()
+    assert not again.finish(hung, timeout_s=1)
+    assert time.monotonic() - started < 30 and hung.wait(10) != 0  # killed, not left running
+    assert not again.archive.exists() and not again.lock.exists()
+
+
+def test_an_unusable_cache_folder_turns_it_off(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    assert cds.driver_archive([], "1g", root=blocked) is None
+
+
+def test_only_the_newest_installations_are_kept(tmp_path: Path) -> None:
+    root = tmp_path / "jvm"
+    for i in range(5):
+        (root / f"old{i}").mkdir(parents=True)
+        os.utime(root / f"old{i}", (1_000_000 + i, 1_000_000 + i))
+    training = cds.driver_archive([], "1g", root=tmp_path)
+    assert training is not None
+    kept = sorted(p.name for p in root.iterdir())
+    assert len(kept) == cds.KEEP_KEYS and training.folder.name in kept and "old4" in kept
+    training.abandon()
+
+
+@pytest.mark.parametrize("variable", ["THREES_CACHE_DIR", "XDG_CACHE_HOME"])
+def test_the_cache_folder_comes_from_the_environment(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("THREES_CACHE_DIR", raising=False)
+    monkeypatch.setenv(variable, "/somewhere")
+    expected = Path("/somewhere") if variable == "THREES_CACHE_DIR" else Path("/somewhere/threes")
+    assert cds.cache_dir() == expected
