@@ -128,7 +128,7 @@ class DriverArchive:
         """The installed archive's path (it may not exist yet)."""
         return self.folder / ARCHIVE
 
-    def finish(self, proc: Any, timeout_s: float = 120.0) -> bool:
+    def finish(self, proc: Any, timeout_s: float = 60.0) -> bool:
         """Let a training JVM exit and write its archive; name it ``driver.jsa`` when complete.
 
         Args:
