@@ -25,7 +25,8 @@ How an archive comes to exist (no command to run):
    options, so an upgrade trains a new archive instead of ignoring the old one.
 
 The archives live under ``$THREES_CACHE_DIR`` (default ``~/.cache/threes``)
-``/jvm/<key>/``, 140-160 MB each; the three most recent keys are kept. The
+``/jvm/<key>/``, 140-190 MB each; an installation no driver used for a week
+loses its archive when another one trains. The
 JVM's own ``cds`` log lines are switched off (``-Xlog:cds*=off``): a training
 run would print hundreds of "skipping class" warnings. The executors' JVMs are
 not changed (they are launched by the cluster's workers, on other hosts).
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 ARCHIVE = "driver.jsa"
 LOCK = "training.lock"
-KEEP_KEYS = 3
+UNUSED_DAYS = 7
 _STALE_PART_S = 3600.0
 QUIET = "-Xlog:cds*=off"
 
@@ -92,7 +93,8 @@ def archive_key(java: str, jars_dir: Path, extra: Sequence[str], java_options: s
         java: the ``java`` binary's real path.
         jars_dir: Spark's ``jars`` folder (the driver's class path).
         extra: other class path entries (``spark.jars``, ``SPARK_DIST_CLASSPATH``).
-        java_options: the driver's other JVM options.
+        java_options: the driver's JVM options from the settings (the heap size is left out: the
+            JVM itself refuses an archive it cannot use).
     """
     lines = [_stat_line(java), str(jars_dir.resolve()), java_options]
     try:
@@ -204,15 +206,19 @@ def _take_lock(lock: Path) -> bool:
 
 
 def _prune(root: Path, keep: Path) -> None:
-    """Keep the newest ``KEEP_KEYS`` key folders (and ``keep``); drop stale training files."""
+    """Drop the archives of installations no driver used for ``UNUSED_DAYS``; drop stale training files."""
+    now = time.time()
     try:
-        folders = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+        folders = [p for p in root.iterdir() if p.is_dir() and p != keep]
     except OSError:
         return
-    for folder in folders[KEEP_KEYS:]:
-        if folder != keep:
+    for folder in folders:
+        try:
+            unused = now - folder.stat().st_mtime > UNUSED_DAYS * 86400
+        except OSError:
+            continue
+        if unused:
             shutil.rmtree(folder, ignore_errors=True)
-    now = time.time()
     for part in keep.glob("*.part"):
         try:
             if now - part.stat().st_mtime > _STALE_PART_S:
@@ -240,6 +246,10 @@ def driver_archive(
     jvm_root = (root or cache_dir()) / "jvm"
     folder = jvm_root / archive_key(java, _spark_jars_dir(), extra_classpath, java_options)
     if (folder / ARCHIVE).is_file():
+        try:
+            os.utime(folder)  # used: kept by the pruning of unused installations
+        except OSError:
+            pass
         return DriverArchive(folder, (f"-XX:SharedArchiveFile={folder / ARCHIVE}", QUIET), None)
     try:
         folder.mkdir(parents=True, exist_ok=True)

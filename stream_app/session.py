@@ -149,8 +149,7 @@ def _driver_archive(
         return None
     extra = [str(j) for j in [*(jars or []), *(local_jars or [])]]
     extra += [e for e in os.environ.get("SPARK_DIST_CLASSPATH", "").split(":") if e]
-    options = f"{settings.driver_memory} {settings.conf.get('spark.driver.extraJavaOptions', '')}"
-    return driver_archive(extra, options)
+    return driver_archive(extra, settings.conf.get("spark.driver.extraJavaOptions", ""))
 
 
 def _finish_at_exit(archive: Any) -> None:

@@ -25,55 +25,55 @@ def test_the_key_follows_the_installation(tmp_path: Path) -> None:
     (jars / "spark-core.jar").write_bytes(b"core")
     extra = tmp_path / "kafka.jar"
     extra.write_bytes(b"kafka")
-    key = cds.archive_key(str(java), jars, [str(extra)], "1g")
-    assert key == cds.archive_key(str(java), jars, [str(extra)], "1g")
-    assert key != cds.archive_key(str(java), jars, [str(extra)], "2g")  # other JVM options
-    assert key != cds.archive_key(str(java), jars, [], "1g")  # another class path
+    key = cds.archive_key(str(java), jars, [str(extra)], "")
+    assert key == cds.archive_key(str(java), jars, [str(extra)], "")
+    assert key != cds.archive_key(str(java), jars, [str(extra)], "-XX:+UseParallelGC")  # other JVM options
+    assert key != cds.archive_key(str(java), jars, [], "")  # another class path
     (jars / "spark-core.jar").write_bytes(b"core, upgraded")
-    assert key != cds.archive_key(str(java), jars, [str(extra)], "1g")  # a jar changed
+    assert key != cds.archive_key(str(java), jars, [str(extra)], "")  # a jar changed
 
 
 def test_a_first_driver_trains_and_holds_the_lock_a_second_runs_without(tmp_path: Path) -> None:
-    first = cds.driver_archive([], "1g", root=tmp_path)
+    first = cds.driver_archive([], "", root=tmp_path)
     assert first is not None and first.part is not None
     assert first.java_options == (f"-XX:ArchiveClassesAtExit={first.part}", cds.QUIET)
     assert first.part.parent == first.folder and first.part.name.endswith(".jsa.part")
     assert first.lock.read_text() == str(os.getpid())
-    assert cds.driver_archive([], "1g", root=tmp_path) is None  # one trainer at a time
+    assert cds.driver_archive([], "", root=tmp_path) is None  # one trainer at a time
     first.abandon()
     assert not first.lock.exists()
 
 
 def test_a_lock_left_by_a_process_that_is_gone_is_taken_over(tmp_path: Path) -> None:
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    first = cds.driver_archive([], "1g", root=tmp_path)
+    first = cds.driver_archive([], "", root=tmp_path)
     assert first is not None
     first.lock.write_text(gone.stdout.strip())  # its trainer died before finishing
-    second = cds.driver_archive([], "1g", root=tmp_path)
+    second = cds.driver_archive([], "", root=tmp_path)
     assert second is not None and second.part is not None
     second.abandon()
 
 
 def test_finish_installs_the_archive_only_when_the_jvm_exits_cleanly(tmp_path: Path) -> None:
-    training = cds.driver_archive([], "1g", root=tmp_path)
+    training = cds.driver_archive([], "", root=tmp_path)
     assert training is not None and training.part is not None
     proc = _jvm_like(f"open({str(training.part)!r}, 'wb').write(b'archive')")
     assert training.finish(proc, timeout_s=30)
     assert training.archive.read_bytes() == b"archive"
     assert not training.part.exists() and not training.lock.exists()
-    mapped = cds.driver_archive([], "1g", root=tmp_path)  # the next driver maps it
+    mapped = cds.driver_archive([], "", root=tmp_path)  # the next driver maps it
     assert mapped is not None and mapped.part is None
     assert mapped.java_options == (f"-XX:SharedArchiveFile={training.archive}", cds.QUIET)
 
 
 def test_a_failed_or_hung_training_leaves_no_archive(tmp_path: Path) -> None:
-    training = cds.driver_archive([], "1g", root=tmp_path)
+    training = cds.driver_archive([], "", root=tmp_path)
     assert training is not None and training.part is not None
     failed = _jvm_like(f"open({str(training.part)!r}, 'wb').write(b'trunc'); sys.exit(1)")
     assert not training.finish(failed, timeout_s=30)
     assert not training.archive.exists() and not training.part.exists() and not training.lock.exists()
 
-    again = cds.driver_archive([], "1g", root=tmp_path)
+    again = cds.driver_archive([], "", root=tmp_path)
     assert again is not None and again.part is not None
     hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
     started = time.monotonic()
@@ -85,19 +85,32 @@ def test_a_failed_or_hung_training_leaves_no_archive(tmp_path: Path) -> None:
 def test_an_unusable_cache_folder_turns_it_off(tmp_path: Path) -> None:
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
-    assert cds.driver_archive([], "1g", root=blocked) is None
+    assert cds.driver_archive([], "", root=blocked) is None
 
 
-def test_only_the_newest_installations_are_kept(tmp_path: Path) -> None:
+def test_installations_unused_for_a_week_lose_their_archive(tmp_path: Path) -> None:
     root = tmp_path / "jvm"
-    for i in range(5):
-        (root / f"old{i}").mkdir(parents=True)
-        os.utime(root / f"old{i}", (1_000_000 + i, 1_000_000 + i))
-    training = cds.driver_archive([], "1g", root=tmp_path)
+    week = cds.UNUSED_DAYS * 86400
+    for name, age in (("recent", 3600), ("unused", week + 3600)):
+        (root / name).mkdir(parents=True)
+        (root / name / cds.ARCHIVE).write_bytes(b"x")
+        then = time.time() - age
+        os.utime(root / name, (then, then))
+    training = cds.driver_archive([], "", root=tmp_path)
     assert training is not None
-    kept = sorted(p.name for p in root.iterdir())
-    assert len(kept) == cds.KEEP_KEYS and training.folder.name in kept and "old4" in kept
+    assert sorted(p.name for p in root.iterdir()) == sorted(["recent", training.folder.name])
     training.abandon()
+
+
+def test_mapping_an_archive_marks_its_installation_used(tmp_path: Path) -> None:
+    training = cds.driver_archive([], "", root=tmp_path)
+    assert training is not None and training.part is not None
+    training.part.write_bytes(b"archive")
+    assert training.finish(_jvm_like("pass"), timeout_s=30)
+    then = time.time() - 30 * 86400
+    os.utime(training.folder, (then, then))
+    assert cds.driver_archive([], "", root=tmp_path) is not None
+    assert time.time() - training.folder.stat().st_mtime < 3600
 
 
 @pytest.mark.parametrize("variable", ["THREES_CACHE_DIR", "XDG_CACHE_HOME"])
