@@ -26,10 +26,11 @@ How an archive comes to exist (no command to run):
 
 The archives live under ``$THREES_CACHE_DIR`` (default ``~/.cache/threes``)
 ``/jvm/<key>/``, 140-190 MB each; an installation no driver used for a week
-loses its archive when another one trains. The
-JVM's own ``cds`` log lines are switched off (``-Xlog:cds*=off``): a training
-run would print hundreds of "skipping class" warnings. The executors' JVMs are
-not changed (they are launched by the cluster's workers, on other hosts).
+loses its archive when another one trains. The JVM's own ``cds`` log lines are
+switched off (``-Xlog:cds*=off``): a training run would print hundreds of
+"skipping class" warnings. An archive trained with one heap size is mapped with
+another (checked: 1, 2 and 4 GB). The executors' JVMs are not changed (they
+are launched by the cluster's workers, on other hosts).
 """
 
 from __future__ import annotations
@@ -238,7 +239,8 @@ def driver_archive(
         root: the cache folder (default :func:`cache_dir`).
 
     Returns:
-        ``None`` when no ``java`` is found or the cache folder cannot be written.
+        ``None`` (no archive, no training) when no ``java`` is found, the cache folder cannot be
+        written, or another process is training this installation's archive.
     """
     java = _java_binary()
     if java is None:

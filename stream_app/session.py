@@ -7,7 +7,8 @@ master keeps Spark's own networking. The Kafka and Avro connectors come either
 as jar files resolved beforehand (``jars``, offline) or as Maven coordinates
 resolved by Spark's Ivy at start-up (``spark.jars.packages``). On a cluster
 the project's own Python code is shipped to the executors as a zip
-(:mod:`stream_app.pyfiles`).
+(:mod:`stream_app.pyfiles`). The driver's JVM maps Spark's classes from a class
+data sharing archive of an earlier run (:mod:`stream_app.class_data_sharing`).
 """
 
 from __future__ import annotations
@@ -118,6 +119,10 @@ def spark_session(
         os.environ["SPARK_DIST_CLASSPATH"] = ":".join(filter(None, [saved, *entries]))
     try:
         spark = builder.getOrCreate()
+    except BaseException:
+        if archive is not None:
+            archive.abandon()  # no JVM of this process trains: let another one
+        raise
     finally:
         if saved is None:
             os.environ.pop("SPARK_DIST_CLASSPATH", None)
