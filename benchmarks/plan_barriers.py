@@ -62,6 +62,18 @@ def _best(builds: dict[str, Any]) -> dict[str, float]:
     return best
 
 
+def _side_by_side(measure: str, with_filter: Any, with_rows_where: Any, counted: str, count: Any) -> dict[str, Any]:
+    """Best times of both builds, their ratio and ``count`` of each one's plan, as ``<measure>_...`` figures."""
+    builds = {"filter": with_filter, "rows_where": with_rows_where}
+    best = _best(builds)
+    return {
+        f"{measure}_filter_s": best["filter"],
+        f"{measure}_rows_where_s": best["rows_where"],
+        f"ratio_{measure}_filter_vs_rows_where": best["filter"] / best["rows_where"],
+        **{f"{measure}_{name}_{counted}": count(build()) for name, build in builds.items()},
+    }
+
+
 def decode_and_drop(spark: Any) -> dict[str, Any]:
     from pyspark.sql import functions as f
 
@@ -84,17 +96,10 @@ def decode_and_drop(spark: Any) -> dict[str, Any]:
     def with_rows_where() -> Any:
         return aggregation_input(records, {fp: js}, js, "source")
 
-    best = _best({"filter": with_filter, "rows_where": with_rows_where})
-    plans = {n: b()._jdf.queryExecution().optimizedPlan().toString().count("from_avro(") for n, b in
-             (("filter", with_filter), ("rows_where", with_rows_where))}
+    figures = _side_by_side("decode", with_filter, with_rows_where, "from_avro_calls",
+                            lambda df: df._jdf.queryExecution().optimizedPlan().toString().count("from_avro("))
     records.unpersist()
-    return {
-        "decode_filter_s": best["filter"],
-        "decode_rows_where_s": best["rows_where"],
-        "ratio_decode_filter_vs_rows_where": best["filter"] / best["rows_where"],
-        "decode_filter_from_avro_calls": plans["filter"],
-        "decode_rows_where_from_avro_calls": plans["rows_where"],
-    }
+    return figures
 
 
 def inner_lookup(spark: Any) -> dict[str, Any]:
@@ -125,17 +130,10 @@ def inner_lookup(spark: Any) -> dict[str, Any]:
     def with_rows_where() -> Any:
         return lookup("inner")
 
-    best = _best({"filter": with_filter, "rows_where": with_rows_where})
-    plans = {n: b()._jdf.queryExecution().executedPlan().toString().count("ArrowEvalPython") for n, b in
-             (("filter", with_filter), ("rows_where", with_rows_where))}
+    figures = _side_by_side("inner", with_filter, with_rows_where, "python_evaluations",
+                            lambda df: df._jdf.queryExecution().executedPlan().toString().count("ArrowEvalPython"))
     events.unpersist()
-    return {
-        "inner_filter_s": best["filter"],
-        "inner_rows_where_s": best["rows_where"],
-        "ratio_inner_filter_vs_rows_where": best["filter"] / best["rows_where"],
-        "inner_filter_python_evaluations": plans["filter"],
-        "inner_rows_where_python_evaluations": plans["rows_where"],
-    }
+    return figures
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 ARCHIVE = "driver.jsa"
 LOCK = "training.lock"
 UNUSED_DAYS = 7
-_STALE_PART_S = 3600.0
+_STALE_S = 3600.0
 QUIET = "-Xlog:cds*=off"
 
 
@@ -145,8 +145,9 @@ class DriverArchive:
         if self.part is None:
             return False
         try:
-            return self._finish(proc, timeout_s)
+            return _install(proc, self.part, self.archive, timeout_s)
         finally:
+            self.part.unlink(missing_ok=True)  # what an incomplete training left (gone once installed)
             self.lock.unlink(missing_ok=True)
 
     def abandon(self) -> None:
@@ -155,32 +156,29 @@ class DriverArchive:
             self.part.unlink(missing_ok=True)
             self.lock.unlink(missing_ok=True)
 
-    def _finish(self, proc: Any, timeout_s: float) -> bool:
-        if self.part is None:
-            return False
+
+def _install(proc: Any, part: Path, archive: Path, timeout_s: float) -> bool:
+    """Wait for the training JVM to exit; rename its archive into place after a clean exit."""
+    try:
+        if proc.poll() is None and proc.stdin is not None:
+            proc.stdin.close()  # PySpark's gateway exits (System.exit) when its stdin closes
+        code = proc.wait(timeout_s)
+    except Exception as exc:  # noqa: BLE001 - a timeout or a closed pipe: no archive this time
+        log.debug("class data sharing: training JVM did not exit: %s", exc)
         try:
-            if proc.poll() is None and proc.stdin is not None:
-                proc.stdin.close()  # PySpark's gateway exits (System.exit) when its stdin closes
-            code = proc.wait(timeout_s)
-        except Exception as exc:  # noqa: BLE001 - a timeout or a closed pipe: no archive this time
-            log.debug("class data sharing: training JVM did not exit: %s", exc)
-            try:
-                proc.kill()
-            except Exception:  # noqa: BLE001
-                pass
-            self.part.unlink(missing_ok=True)
-            return False
-        if code != 0 or not self.part.exists():
-            self.part.unlink(missing_ok=True)
-            return False
-        try:
-            os.replace(self.part, self.archive)  # atomic: a reader sees no file or a complete one
-        except OSError as exc:
-            log.debug("class data sharing: archive not installed: %s", exc)
-            self.part.unlink(missing_ok=True)
-            return False
-        log.debug("class data sharing: archive written %s", self.archive)
-        return True
+            proc.kill()
+        except Exception:  # noqa: BLE001
+            pass
+        return False
+    if code != 0 or not part.exists():
+        return False
+    try:
+        os.replace(part, archive)  # atomic: a reader sees no file or a complete one
+    except OSError as exc:
+        log.debug("class data sharing: archive not installed: %s", exc)
+        return False
+    log.debug("class data sharing: archive written %s", archive)
+    return True
 
 
 def _take_lock(lock: Path) -> bool:
@@ -192,7 +190,7 @@ def _take_lock(lock: Path) -> bool:
             try:
                 owner = int(lock.read_text().strip() or "0")
                 os.kill(owner, 0)  # raises when that process is gone
-                if time.time() - lock.stat().st_mtime < _STALE_PART_S:
+                if time.time() - lock.stat().st_mtime < _STALE_S:
                     return False
             except (OSError, ValueError):
                 pass
@@ -222,7 +220,7 @@ def _prune(root: Path, keep: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
     for part in keep.glob("*.part"):
         try:
-            if now - part.stat().st_mtime > _STALE_PART_S:
+            if now - part.stat().st_mtime > _STALE_S:
                 part.unlink()
         except OSError:
             continue
@@ -255,14 +253,11 @@ def driver_archive(
         return DriverArchive(folder, (f"-XX:SharedArchiveFile={folder / ARCHIVE}", QUIET), None)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
     except OSError as exc:
-        log.debug("class data sharing off: %s not writable: %s", folder, exc)
+        log.debug("class data sharing off: %s: %s", folder, exc)
         return None
     if not _take_lock(folder / LOCK):
-        return None  # another process trains this installation's archive: run without one meanwhile
+        return None  # another process trains this installation's archive (or the folder is read-only)
     _prune(jvm_root, folder)
     part = folder / f"driver-{os.getpid()}.jsa.part"
     return DriverArchive(folder, (f"-XX:ArchiveClassesAtExit={part}", QUIET), part)

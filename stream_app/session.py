@@ -18,9 +18,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connectors.config.stream import SparkSettings
+
+if TYPE_CHECKING:
+    from stream_app.class_data_sharing import DriverArchive
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +143,7 @@ def spark_session(
 
 def _driver_archive(
     settings: SparkSettings, jars: Sequence[Path | str] | None, local_jars: Sequence[Path | str] | None
-) -> Any:
+) -> DriverArchive | None:
     """The class data sharing archive for the driver's JVM, when this process is about to start one.
 
     ``None`` when a JVM already runs (a second session of this process, or a driver launched by
@@ -157,7 +160,7 @@ def _driver_archive(
     return driver_archive(extra, settings.conf.get("spark.driver.extraJavaOptions", ""))
 
 
-def _finish_at_exit(archive: Any) -> None:
+def _finish_at_exit(archive: DriverArchive) -> None:
     """Have this process's exit let the training JVM write its archive (or drop the training)."""
     import atexit
 
