@@ -83,8 +83,8 @@ def records(schema: dict) -> list[bytes]:
 def main() -> None:
     from pyspark.sql import functions as f
 
-    from connectors.local import LocalStack
     from stream_app.session import spark_session
+    from threes.local import LocalStack
 
     spark = spark_session(
         SparkSettings(master="local[1]", app_name="threes-bench-agg-decode", driver_memory="2g"),

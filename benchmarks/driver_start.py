@@ -41,8 +41,8 @@ def child(sharing: bool) -> dict[str, Any]:
     from pyspark import SparkContext
 
     from connectors.config.stream import SparkSettings
-    from connectors.local import LocalStack
     from stream_app.session import spark_session
+    from threes.local import LocalStack
 
     spark = spark_session(
         SparkSettings(master="local[2]", app_name="threes-bench-driver-start", class_data_sharing=sharing),

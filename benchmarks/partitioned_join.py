@@ -74,8 +74,8 @@ log = logging.getLogger("partitioned_join")
 
 def session() -> Any:
     from connectors.config.stream import SparkSettings
-    from connectors.local import LocalStack
     from stream_app.session import spark_session
+    from threes.local import LocalStack
 
     stack = LocalStack()
     stack.up(["spark"] if MASTER.startswith("spark://") else [])

@@ -138,8 +138,8 @@ def inner_lookup(spark: Any) -> dict[str, Any]:
 
 def main() -> None:
     from connectors.config.stream import SparkSettings
-    from connectors.local import LocalStack
     from stream_app.session import spark_session
+    from threes.local import LocalStack
 
     spark = spark_session(
         SparkSettings(master="local[2]", app_name="threes-bench-plan-barriers", driver_memory="2g"),

@@ -66,8 +66,8 @@ def child(mode: str) -> dict[str, Any]:
     from pyspark.sql import functions as f
 
     from connectors.config.stream import SparkSettings
-    from connectors.local import LocalStack
     from stream_app.session import spark_session
+    from threes.local import LocalStack
 
     spark = spark_session(
         SparkSettings(master=MASTER, app_name=f"threes-bench-python-worker-{mode}", driver_memory="1g"),

@@ -49,13 +49,13 @@ from sqlalchemy.engine import make_url
 from connectors import clients
 from connectors.config import pipeline_from_dict
 from connectors.config.models import KafkaConfig, RdsConnection
-from connectors.local.stack import Endpoints
 from connectors.rds.cdc import default_name
 from connectors.runtime.process import tune_gc
 from connectors.runtime.standalone import SourceWorker, task_specs
 from connectors.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
+from threes.local.stack import Endpoints
 
 DB = "threes_bench"
 ROWS = 10_000

@@ -54,12 +54,12 @@ from sqlalchemy.engine import make_url
 from connectors import clients
 from connectors.config import pipeline_from_dict
 from connectors.config.models import KafkaConfig, RdsConnection
-from connectors.local.stack import Endpoints
 from connectors.runtime.process import tune_gc
 from connectors.runtime.standalone import SourceWorker, task_specs
 from connectors.topics import end_offsets, ensure_compacted_topic
 from schemas.serde import AvroSerializer
 from schemas.store import SchemaStore
+from threes.local.stack import Endpoints
 
 DB = "threes_bench"
 PAGE = 10_000

@@ -77,8 +77,8 @@ log = logging.getLogger("snapshot_scale")
 
 def _session(master: str) -> Any:
     from connectors.config.stream import SparkSettings
-    from connectors.local import LocalStack
     from stream_app.session import spark_session
+    from threes.local import LocalStack
 
     return spark_session(
         SparkSettings(master=master, app_name="threes-bench-scale", driver_memory="1g"), LocalStack().spark_jars()
@@ -291,7 +291,7 @@ def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, 
 
 
 def main() -> None:
-    from connectors.local import LocalStack
+    from threes.local import LocalStack
 
     stack = LocalStack()
     stack.up(["kafka", "spark"])

@@ -284,8 +284,8 @@ def write_events_topic(
 
 class Bench:
     def __init__(self) -> None:
-        from connectors.local import LocalStack
         from stream_app.session import spark_session
+        from threes.local import LocalStack
 
         stack = LocalStack()
         stack.up(["kafka", "spark"])

@@ -132,10 +132,10 @@ from schemas.serde import fingerprint  # noqa: E402
 
 if TYPE_CHECKING:
     from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection, S3Connection
-    from connectors.local import Endpoints
     from connectors.runtime.sink import SinkBatch, SinkRecord
     from sync_service.batching import Job
     from sync_service.writer import BatchWriter
+    from threes.local import Endpoints
 
 SCHEMA = {
     "type": "record", "name": "Flight", "namespace": "bench",
@@ -1186,7 +1186,7 @@ def main() -> None:
         rss_child(b, topic, int(bound), float(rate), float(seconds))
         return
     from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection
-    from connectors.local import Endpoints
+    from threes.local import Endpoints
 
     ep = Endpoints.from_env()
     kafka = KafkaConfig(bootstrap_servers=ep.kafka_bootstrap)

@@ -19,7 +19,7 @@ ConfigArg = Annotated[Path, typer.Argument(help="connector config YAML", show_de
 
 
 def _stream(config: Path):  # noqa: ANN202 - the pipeline model is built at runtime
-    from connectors.cli import fail, load
+    from threes.cli import fail, load
 
     pipeline = load(config)
     if pipeline.stream is None:
@@ -29,7 +29,7 @@ def _stream(config: Path):  # noqa: ANN202 - the pipeline model is built at runt
 
 def _jars() -> list[Path] | None:
     """The connector jars of the local stack when resolved (offline); else Spark resolves them through Ivy."""
-    from connectors.local import LocalStack
+    from threes.local import LocalStack
 
     stack = LocalStack()
     return stack.spark_jars() if (stack.home / "spark-jars").is_dir() else None
@@ -45,7 +45,7 @@ def _s3a_jars(checkpoint_location: str) -> list[Path] | None:
     """
     if not checkpoint_location.startswith("s3a://"):
         return None
-    from connectors.local import LocalStack
+    from threes.local import LocalStack
 
     stack = LocalStack()
     return stack.spark_s3a_jars() if (stack.home / "spark-s3a-jars").is_dir() else None
@@ -63,9 +63,9 @@ def run(
     ] = None,
 ) -> None:
     """Run the stream job until stopped (Ctrl-C / SIGTERM stop it after the running micro-batch)."""
-    from connectors.cli import fail
     from stream_app.job import StreamJob
     from stream_app.session import spark_session
+    from threes.cli import fail
 
     pipeline = _stream(config)
     if metrics_port:  # `threes run` gives one when the config has none: its readiness signal
@@ -94,8 +94,8 @@ def run(
 @stream_app.command()
 def schemas(config: ConfigArg) -> None:
     """Print the Avro schemas the job writes (enriched events, update keys and values) as JSON."""
-    from connectors.cli import fail
     from stream_app.plan import build_plan
+    from threes.cli import fail
 
     pipeline = _stream(config)
     try:

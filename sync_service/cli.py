@@ -42,9 +42,9 @@ def run(
     from connectors.runtime.process import keep_pandas_out
 
     keep_pandas_out()  # pyarrow would load it for nothing: 44 MB of every sync process (process.py)
-    from connectors.cli import fail, load
     from connectors.exceptions import ThreesError
     from sync_service.supervisor import ServiceSupervisor
+    from threes.cli import fail, load
 
     pipeline = load(config)
     chosen = [s for s in pipeline.sync if service is None or s.name == service]

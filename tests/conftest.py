@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def stack() -> Any:
     """The running local stack (started if needed); its endpoints via ``.endpoints()``."""
-    from connectors.local import LocalStack
+    from threes.local import LocalStack
 
     local = LocalStack()
     local.up(["kafka", "postgres", "elasticsearch", "s3", "mysql"])

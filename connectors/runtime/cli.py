@@ -51,9 +51,9 @@ def run(
     ] = None,
 ) -> None:
     """Run every source of CONFIG (or those named) until SIGTERM/SIGINT, which flush and store positions."""
-    from connectors.cli import fail, load, out
     from connectors.exceptions import ThreesError
     from connectors.runtime.standalone import SourceWorker, select_sources, task_specs
+    from threes.cli import fail, load, out
 
     pipeline = load(config)
     try:
@@ -105,7 +105,7 @@ def _progress(worker: Any, stop: threading.Event) -> None:
     """A rich progress display per task: rows read, records acknowledged, rate."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from connectors.cli import console
+    from threes.cli import console
 
     with Progress(
         SpinnerColumn(),
@@ -154,8 +154,8 @@ def _offset_rows(pipeline: Any, connector: list[str] | None, offsets_topic: str)
 def list_offsets(config: ConfigArg, connector: ConnectorOpt = None, offsets_topic: OffsetsTopicOpt = "_threes_offsets",
                  as_json: Annotated[bool, typer.Option("--json", help="print JSON lines")] = False) -> None:
     """Show the stored position of every source of CONFIG (or of those named)."""
-    from connectors.cli import fail, load, out
     from connectors.exceptions import ThreesError
+    from threes.cli import fail, load, out
 
     pipeline = load(config)
     try:
@@ -185,8 +185,8 @@ def reset_offsets(
 ) -> None:
     """Forget stored positions: the next run of those sources re-snapshots. Stop the sources first."""
     from connectors import clients
-    from connectors.cli import fail, load, out
     from connectors.exceptions import ThreesError
+    from threes.cli import fail, load, out
 
     pipeline = load(config)
     try:

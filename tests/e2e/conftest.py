@@ -11,7 +11,7 @@ import pytest
 
 from connectors import clients
 from connectors.config import load_pipeline
-from connectors.demo.isolate import free_port, write_isolated
+from threes.demo.isolate import free_port, write_isolated
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "nycflights13" / "pipeline.yaml"
@@ -53,7 +53,7 @@ def cleanup(pipeline: Any, offsets_topic: str) -> None:
     from elasticsearch import NotFoundError
     from sqlalchemy.schema import DropSchema
 
-    from connectors.demo.reset import clear_sinks, delete_groups, delete_topics, pipeline_topics
+    from threes.demo.reset import clear_sinks, delete_groups, delete_topics, pipeline_topics
 
     try:
         delete_topics(pipeline, [*pipeline_topics(pipeline), offsets_topic])

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from connectors.demo.oracle import enriched_flights, match_counts, read_frame, select_days
-from connectors.demo.run import DemoOptions, DemoRun
+from threes.demo.oracle import enriched_flights, match_counts, read_frame, select_days
+from threes.demo.run import DemoOptions, DemoRun
 
 DAYS = [(2013, 1, 1), (2013, 3, 10), (2013, 7, 4), (2013, 11, 3), (2013, 12, 31)]
 FLIGHTS_ON_DAYS = 4_165

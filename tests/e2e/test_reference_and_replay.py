@@ -8,15 +8,15 @@ from confluent_kafka import TopicPartition
 from sqlalchemy import select, text
 
 from connectors import clients
-from connectors.cli import app
 from connectors.config.models import KafkaConfig
-from connectors.demo.data import FLIGHT_KEY, read_frame, read_table
-from connectors.demo.reference import load_reference, sql_table
-from connectors.demo.replay import partition_for
-from connectors.demo.rows import filter_table
-from connectors.demo.sinks import read_index
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
+from threes.cli import app
+from threes.demo.data import FLIGHT_KEY, read_frame, read_table
+from threes.demo.reference import load_reference, sql_table
+from threes.demo.replay import partition_for
+from threes.demo.rows import filter_table
+from threes.demo.sinks import read_index
 
 
 def test_reference_load_is_idempotent_and_applies_exactly_a_change(isolated: Any) -> None:

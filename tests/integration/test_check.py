@@ -6,7 +6,7 @@ import textwrap
 
 from typer.testing import CliRunner
 
-from connectors.cli import app
+from threes.cli import app
 
 
 def pipeline_yaml(tmp_path, endpoints, *, kafka=None, pg_port=None, bucket="missing-bucket"):

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from connectors.cli import app
+from threes.cli import app
 
 
 def _base() -> dict[str, Any]:

@@ -26,16 +26,16 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from connectors import clients
-from connectors.cli import app
 from connectors.config import pipeline_from_dict
 from connectors.config.models import KafkaConfig, RdsConnection
 from connectors.exceptions import SetupError
-from connectors.local.kafka import upsert_scram_user
 from connectors.topics import cluster_metadata
 from sync_service.service import SyncService
 from tests.integration.sources.contract import run_once
 from tests.integration.stream.conftest import Env, flight
 from tests.integration.sync.helpers import run_in_thread, wait_until
+from threes.cli import app
+from threes.local.kafka import upsert_scram_user
 
 PASSWORD = "p\"w\\d'x ü"  # a double quote, a backslash, a single quote, a space, non-ASCII
 
@@ -232,7 +232,7 @@ def other_name_server(stack: Any, tmp_path: Path) -> Iterator[int]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    from connectors.local.tls import issue, private_pem, tls_dir
+    from threes.local.tls import issue, private_pem, tls_dir
 
     folder = tls_dir(stack.layout)
     ca = x509.load_pem_x509_certificate((folder / "ca.pem").read_bytes())
@@ -307,7 +307,7 @@ def test_postgres_refuses_a_certificate_it_cannot_verify(endpoints: Any, pg: Rds
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    from connectors.local.tls import make_ca
+    from threes.local.tls import make_ca
 
     other_ca = tmp_path / "other-ca.pem"
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)

@@ -21,8 +21,8 @@ import typer
 import typer.main
 import yaml
 
-from connectors.cli import app
 from connectors.config import load_pipeline
+from threes.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -170,7 +170,7 @@ def test_endpoints_of_the_yaml_are_compose_services_with_matching_ports_and_cred
 
 
 def test_host_ports_are_unique_and_match_the_native_local_stack(services: dict[str, Any]) -> None:
-    from connectors.local import Endpoints
+    from threes.local import Endpoints
 
     hosts = [h for svc in services.values() for h in _published(svc).values()]
     assert len(hosts) == len(set(hosts)), f"a host port is published twice: {sorted(hosts)}"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from connectors.cli import app
 from connectors.config import load_pipeline, pipeline_from_dict
 from connectors.config.models import RdsConnection
 from connectors.exceptions import ConfigError
+from threes.cli import app
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "pipeline.yaml"
 

@@ -9,7 +9,7 @@ from connectors import registry
 from connectors.config.models import KafkaConfig
 from connectors.config.stream import StreamJobConfig
 from connectors.config.sync import SyncServiceBase
-from connectors.demo.config_docs import render, sections
+from threes.demo.config_docs import render, sections
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = ROOT / "docs" / "config-reference.md"

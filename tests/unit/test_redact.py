@@ -50,7 +50,7 @@ def test_dead_letter_messages_are_masked() -> None:
 
 
 def test_unexpected_tracebacks_are_masked(capsys) -> None:  # noqa: ANN001
-    from connectors.cli import _redacted_traceback
+    from threes.cli import _redacted_traceback
 
     try:
         raise ValueError("boom at postgresql://u:TbSecret77@h/db")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from connectors.status.cli import tables
 from connectors.status.page import render_page
+from threes.status import tables
 
 DOC = {
     "generated_at": "2026-11-23T21:00:00Z",

@@ -20,7 +20,7 @@ def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found:
         return found
-    from connectors.local.system import apt_install
+    from threes.local.system import apt_install
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     apt_install("chromium", title="Chromium (status page tests)", missing="chromium not found",

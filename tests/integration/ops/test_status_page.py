@@ -127,7 +127,7 @@ def test_status_pages_render_the_facts_in_headless_chromium(
             assert cells[3] == cells[4] and cells[5] == "0" and cells[6] == "no"
 
         aggregated = subprocess.Popen(
-            [sys.executable, "-m", "connectors.cli", "status", str(config), "--serve", str(page_port)],
+            [sys.executable, "-m", "threes.cli", "status", str(config), "--serve", str(page_port)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         wait_until(lambda: _answers(f"http://127.0.0.1:{page_port}/status.json"), 60, "threes status --serve")

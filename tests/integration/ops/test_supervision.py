@@ -139,7 +139,7 @@ def test_tolerance_none_restarts_with_backoff_and_never_commits_past_the_batch(
         # threes status --json gathers the same facts from Kafka and the service's endpoint
         config = tmp_path / "pipeline.yaml"
         config.write_text(yaml.safe_dump(doc))
-        from connectors.cli import app
+        from threes.cli import app
 
         result = CliRunner().invoke(app, ["status", str(config), "--json"])
         assert result.exit_code == 0, result.output

@@ -60,7 +60,7 @@ def test_two_workers_share_and_take_over_tasks(tmp_path: Path, pg_engine: Any, p
     cfg.write_text(f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\nconnections:\n  pg:\n    type: rds\n"
                    f"    url: {pg.url}\n    password: ${{env:PGPASS}}\nsources:\n{sources}")
     env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
-    cmd = [sys.executable, "-m", "connectors.cli", "-v", "source", "run", str(cfg), "--group", f"g{unique}"]
+    cmd = [sys.executable, "-m", "threes.cli", "-v", "source", "run", str(cfg), "--group", f"g{unique}"]
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
 
     def rows_in(i: int) -> int:

@@ -60,7 +60,7 @@ def test_kill9_with_exactly_once_neither_loses_nor_duplicates(tmp_path: Any, pg_
         f"    poll_interval_s: 0.1\n    batch_records: {CHUNK}\n    reconcile_interval_s: null\n"
         f"    exactly_once: true\n",
     )
-    cmd = [sys.executable, "-m", "connectors.cli", "source", "run", str(cfg)]
+    cmd = [sys.executable, "-m", "threes.cli", "source", "run", str(cfg)]
 
     def insert(n: int) -> None:
         with pg_engine.begin() as c:

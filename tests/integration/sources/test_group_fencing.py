@@ -92,7 +92,7 @@ def test_paused_worker_past_session_timeout_writes_no_stale_value(tmp_path: Any,
         "    incrementing_column: id\n    commit_delay_s: 0\n    poll_interval_s: 0.05\n"
         "    batch_records: 50\n    reconcile_interval_s: null\n",
     )
-    cmd = [sys.executable, "-m", "connectors.cli", "-v", "source", "run", str(cfg), "--group", f"g{unique}"]
+    cmd = [sys.executable, "-m", "threes.cli", "-v", "source", "run", str(cfg), "--group", f"g{unique}"]
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
 
     updating = threading.Event()

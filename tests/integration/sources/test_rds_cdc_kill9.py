@@ -51,7 +51,7 @@ def test_kill9_during_a_change_load_loses_and_duplicates_nothing(
         "    mode: cdc\n    exactly_once: true\n    batch_records: 500\n"
         "    topic_spec:\n      partitions: 1\n",
     )
-    cmd = [sys.executable, "-m", "connectors.cli", "source", "run", str(cfg)]
+    cmd = [sys.executable, "-m", "threes.cli", "source", "run", str(cfg)]
     stop = threading.Event()
     transactions = Counter()
 

@@ -68,7 +68,7 @@ def test_kill9_during_load_loses_no_row(tmp_path: Any, pg_engine: Any, pg: Any, 
         f"    incrementing_column: id\n    commit_delay_s: 0\n    poll_interval_s: 0.2\n"
         f"    batch_records: {CHUNK}\n    reconcile_interval_s: null\n",
     )
-    cmd = [sys.executable, "-m", "connectors.cli", "source", "run", str(cfg)]
+    cmd = [sys.executable, "-m", "threes.cli", "source", "run", str(cfg)]
 
     def insert(n: int) -> None:
         # one transaction per chunk: all its rows share now(), and commit while the source reads

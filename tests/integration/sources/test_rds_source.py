@@ -518,7 +518,7 @@ def test_cli_once_offsets_list_and_reset(
     name = f"cli-{unique}"
     cfg = _pipeline_yaml(tmp_path / "pipeline.yaml", kafka, pg, name=name, topic=f"state.{unique}", table=table)
     env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
-    threes = [sys.executable, "-m", "connectors.cli"]
+    threes = [sys.executable, "-m", "threes.cli"]
     done = subprocess.run(
         [*threes, "source", "run", str(cfg), "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
@@ -568,7 +568,7 @@ def test_sigterm_flushes_and_stores_the_position(
     )
     env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "connectors.cli", "--debug", "source", "run", str(cfg)],
+        [sys.executable, "-m", "threes.cli", "--debug", "source", "run", str(cfg)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

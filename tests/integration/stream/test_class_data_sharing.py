@@ -17,7 +17,7 @@ _DRIVER = textwrap.dedent("""
     import json
     from pyspark import SparkContext
     from connectors.config.stream import SparkSettings
-    from connectors.local import LocalStack
+    from threes.local import LocalStack
     from stream_app.session import spark_session
 
     spark = spark_session(SparkSettings(master="local[1]", app_name="cds-test"), LocalStack().spark_jars())

@@ -84,7 +84,7 @@ def test_a_worker_killed_mid_run_leaves_the_update_topics_as_a_failure_free_run(
     import os
     import signal
 
-    from connectors.local.process import PidRecord, is_alive
+    from threes.local.process import PidRecord, is_alive
 
     from .conftest import flight
 

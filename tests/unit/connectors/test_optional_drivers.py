@@ -13,8 +13,8 @@ from connectors import clients
 from connectors.config import load_pipeline
 from connectors.config.models import RdsConnection
 from connectors.exceptions import SetupError
-from connectors.local.mysql import MySQL, greet_probe
-from connectors.local.needs import services_for_pipeline
+from threes.local.mysql import MySQL, greet_probe
+from threes.local.needs import services_for_pipeline
 
 ROOT = Path(__file__).parents[3]
 
@@ -64,7 +64,7 @@ def test_mariadb_health_check_without_pymysql(monkeypatch: pytest.MonkeyPatch, t
 
     port, thread = _serve_once(b"\x0a10.11.6-MariaDB\0" + b"\0" * 40)
     Endpoints.mysql_url = f"mysql+pymysql://u:p@127.0.0.1:{port}/db"
-    from connectors.local.common import Layout
+    from threes.local.common import Layout
 
     MySQL(Layout(tmp_path)).probe(Endpoints())  # no PyMySQL: the greeting is enough
     thread.join(5)

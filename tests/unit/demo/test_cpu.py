@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from connectors.demo.cpu import (
+from threes.demo.cpu import (
     CpuMeter,
     ProcTable,
     cpu_between,
@@ -19,7 +19,7 @@ from connectors.demo.cpu import (
     read_proc,
     tree,
 )
-from connectors.demo.view import summary_table
+from threes.demo.view import summary_table
 
 
 def stat_line(
@@ -202,8 +202,8 @@ def test_summary_table_shows_cpu_per_component_and_per_flight() -> None:
 def test_stack_pids_reads_the_stack_s_records_of_live_processes_only(tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
-    from connectors.demo.cpu import stack_pids
-    from connectors.local.process import PidRecord
+    from threes.demo.cpu import stack_pids
+    from threes.local.process import PidRecord
 
     marker = f"{tmp_path}/kafka/"
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])

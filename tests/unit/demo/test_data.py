@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from connectors.demo import data
 from connectors.exceptions import ConfigError
 from schemas import load_schema
+from threes.demo import data
 
 
 def test_every_table_reads_with_its_shipped_schema_and_row_count() -> None:

@@ -12,21 +12,21 @@ import yaml
 
 from connectors.config import load_pipeline
 from connectors.config.loader import _Yaml12BoolLoader
-from connectors.demo.changes import ReferenceChange, check_boundary
-from connectors.demo.data import FLIGHT_KEY
-from connectors.demo.isolate import isolate, write_isolated
-from connectors.demo.monitor import LatencySampler, Progress, Targets, doc_id, key_id
-from connectors.demo.processes import PipelineProcesses
-from connectors.demo.replay import partition_for
-from connectors.demo.reset import pipeline_topics
-from connectors.demo.run import LiveState
-from connectors.demo.view import live, summary_table
 from connectors.elasticsearch.sink import doc_id as es_sink_doc_id
 from connectors.exceptions import FatalError
 from connectors.runtime.sink import SinkRecord
 from schemas import load_schema
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import InMemorySchemaStore
+from threes.demo.changes import ReferenceChange, check_boundary
+from threes.demo.data import FLIGHT_KEY
+from threes.demo.isolate import isolate, write_isolated
+from threes.demo.monitor import LatencySampler, Progress, Targets, doc_id, key_id
+from threes.demo.processes import PipelineProcesses
+from threes.demo.replay import partition_for
+from threes.demo.reset import pipeline_topics
+from threes.demo.run import LiveState
+from threes.demo.view import live, summary_table
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "nycflights13" / "pipeline.yaml"
@@ -153,7 +153,7 @@ def test_targets_find_the_three_sinks_of_the_example() -> None:
 def test_replay_pauses_at_a_change_point_until_the_change_is_in_its_state_topic() -> None:
     import threading
 
-    from connectors.demo.changes import ChangeDriver
+    from threes.demo.changes import ChangeDriver
 
     change = ReferenceChange("rename UA", "airlines", {"carrier": "UA"}, "name", "New", "carrier", "airline_name",
                              0.5)
@@ -194,7 +194,7 @@ def test_replay_pauses_at_a_change_point_until_the_change_is_in_its_state_topic(
 def test_without_exact_the_change_is_made_at_once_and_the_replay_waits_only_for_the_state_topic() -> None:
     import threading
 
-    from connectors.demo.changes import ChangeDriver
+    from threes.demo.changes import ChangeDriver
 
     change = ReferenceChange("rename ORD", "airports", {"faa": "ORD"}, "name", "New", "dest", "dest_name", 0.2)
     driver = ChangeDriver(pipeline=None, probe=type("P", (), {"es_count": lambda self, q: 0})(), changes=[change],

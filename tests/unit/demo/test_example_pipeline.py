@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from connectors.config import load_pipeline
-from connectors.demo import oracle
 from schemas import load_schema
 from stream_app.plan import build_plan
+from threes.demo import oracle
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "nycflights13" / "pipeline.yaml"

@@ -10,8 +10,8 @@ from statistics import mean
 import pandas as pd
 import pytest
 
-from connectors.demo import oracle
-from connectors.demo.data import FLIGHT_KEY, TABLES, csv_path
+from threes.demo import oracle
+from threes.demo.data import FLIGHT_KEY, TABLES, csv_path
 
 
 @pytest.fixture(scope="module")

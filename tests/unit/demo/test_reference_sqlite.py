@@ -8,8 +8,8 @@ from sqlalchemy import select
 
 from connectors import clients
 from connectors.config.models import RdsConnection
-from connectors.demo.data import read_frame
-from connectors.demo.reference import load_sql, sql_table
+from threes.demo.data import read_frame
+from threes.demo.reference import load_sql, sql_table
 
 
 def test_load_is_a_diff_second_load_changes_nothing(tmp_path: Path) -> None:

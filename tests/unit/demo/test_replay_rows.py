@@ -7,12 +7,12 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 
-from connectors.demo import data
-from connectors.demo.replay import arrow_rows, filter_table, key_schema_for, table_source
 from connectors.exceptions import ConfigError
 from schemas import load_schema
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import InMemorySchemaStore
+from threes.demo import data
+from threes.demo.replay import arrow_rows, filter_table, key_schema_for, table_source
 
 
 def test_rows_are_plain_python_values_with_nulls_and_epoch_timestamps() -> None:
@@ -71,7 +71,7 @@ def test_every_flight_row_encodes_and_decodes_to_the_same_values() -> None:
 
 
 def test_flights_csv_is_not_in_time_order_and_sorting_makes_it_so() -> None:
-    from connectors.demo.rows import sort_table
+    from threes.demo.rows import sort_table
 
     flights = data.read_table("flights")
     months = flights.column("month").to_pylist()
@@ -91,7 +91,7 @@ def test_flights_csv_is_not_in_time_order_and_sorting_makes_it_so() -> None:
 def test_csv_dates_and_local_timestamps_read_into_timestamp_and_date_fields(tmp_path):
     import datetime as dt
 
-    from connectors.demo.data import read_csv
+    from threes.demo.data import read_csv
 
     schema = {"type": "record", "name": "Order", "fields": [
         {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},

@@ -8,8 +8,8 @@ import pytest
 
 from connectors.config import load_pipeline
 from connectors.exceptions import ConfigError
-from connectors.pipeline.plan import COMPONENTS, parse_only, plan_run
-from connectors.pipeline.probes import pipeline_topics, source_cycles, sources_ready
+from threes.pipeline.plan import COMPONENTS, parse_only, plan_run
+from threes.pipeline.probes import pipeline_topics, source_cycles, sources_ready
 
 YAML = """
 kafka: {bootstrap_servers: 127.0.0.1:1}

@@ -15,8 +15,8 @@ import pytest
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     from connectors.config.stream import SparkSettings
-    from connectors.local import LocalStack
     from stream_app.session import spark_session
+    from threes.local import LocalStack
 
     session = spark_session(
         SparkSettings(master="local[2]", app_name="threes-tests", driver_memory="2g"),

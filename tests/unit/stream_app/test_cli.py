@@ -7,7 +7,7 @@ import textwrap
 
 from typer.testing import CliRunner
 
-from connectors.cli import app
+from threes.cli import app
 
 from .test_plan import FLIGHT
 

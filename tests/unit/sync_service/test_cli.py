@@ -4,7 +4,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from connectors.cli import app
+from threes.cli import app
 
 CONFIG = """
 kafka: {bootstrap_servers: "127.0.0.1:1"}

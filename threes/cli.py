@@ -1,0 +1,194 @@
+"""The ``threes`` command line (typer + rich).
+
+Commands of every part hang off one app: ``validate``, ``check``, ``schema``,
+``local`` (the native local stack); the sources, the stream job and the sync
+service add their own groups. Errors of threes print as one red line that says
+what is wrong and what to do, never a stack trace (``--debug`` shows one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from connectors.exceptions import ConfigError, ThreesError
+
+app = typer.Typer(
+    name="threes",
+    help="Source, Stream, Sink: connectors, a PySpark stream job and a sync service around Kafka.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,  # --debug tracebacks: locals would show secrets
+)
+console = Console(stderr=True)
+out = Console()
+
+ConfigArg = Annotated[Path, typer.Argument(help="connector config YAML", show_default=False)]
+
+
+def fail(exc: BaseException, code: int = 1) -> typer.Exit:
+    """Print an error of threes for a person and return the ``Exit`` to raise."""
+    if isinstance(exc, ConfigError):
+        for problem in exc.problems:
+            console.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
+        console.print(f"[red]{len(exc.problems)} problem(s)[/red]", highlight=False)
+    else:
+        console.print(f"[red]error[/red] {exc}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+SERVICES = frozenset({"source", "stream", "sync"})
+"""Command groups of long-running parts: they log what they do at INFO by default (snapshot done, ready, ...)."""
+
+OWN_LOGGERS = ("connectors", "stream_app", "sync_service", "schemas")
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log at INFO")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="log at DEBUG and show tracebacks")] = False,
+) -> None:
+    """Set up logging for every command."""
+    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    from connectors.redact import install_log_redaction
+
+    install_log_redaction()  # every line, ours and the libraries', with URL passwords and config secrets masked
+    sys.excepthook = _redacted_traceback  # an unexpected error's traceback (--debug) masks them too
+    if level == logging.WARNING and ctx.invoked_subcommand in SERVICES:
+        # a service says what it did (as Kafka Connect does): threes' own lines at INFO, libraries' at WARNING
+        for name in OWN_LOGGERS:
+            logging.getLogger(name).setLevel(logging.INFO)
+    if ctx.invoked_subcommand in SERVICES:
+        from connectors.runtime.process import tune_gc
+
+        try:
+            tune_gc()  # a data-path process: collections rarer (connectors/runtime/process.py)
+        except ValueError as exc:
+            raise fail(ThreesError(str(exc))) from None
+    if debug:
+        app.pretty_exceptions_enable = True
+
+
+def _redacted_traceback(kind: type[BaseException], value: BaseException, tb: object) -> None:
+    """Print a traceback as Python would, without locals, secrets masked (``connectors.redact``)."""
+    import traceback
+
+    from connectors.redact import redact
+
+    sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))
+
+
+def load(config: Path):  # noqa: ANN201 - returns the dynamic pipeline model
+    """Load a pipeline for a command, turning config errors into a clean exit."""
+    from connectors.config import load_pipeline
+
+    try:
+        return load_pipeline(config)
+    except ConfigError as exc:
+        raise fail(exc) from None
+
+
+@app.command()
+def validate(config: ConfigArg) -> None:
+    """Validate a config file and its schemas without connecting to anything (exit 1 on errors)."""
+    from connectors.config.schemas_check import schema_problems
+
+    pipeline = load(config)
+    problems = schema_problems(pipeline, config)
+    if problems:
+        raise fail(ConfigError(problems))
+    n_sinks = sum(len(s.sinks) for s in pipeline.sync)
+    out.print(
+        f"[green]ok[/green] {config}: {len(pipeline.sources)} source(s), "
+        f"{'a' if pipeline.stream else 'no'} stream job, {len(pipeline.sync)} sync service(s) "
+        f"with {n_sinks} sink(s)",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command()
+def check(config: ConfigArg) -> None:
+    """Connect to every system the config names, read-only, and say what fails and what to do."""
+    from threes.check import run_checks
+
+    pipeline = load(config)
+
+    def show(r) -> None:  # noqa: ANN001 - one line per system, as it is known
+        status = "[green]ok[/green]    " if r.ok else "[red]FAILED[/red]"
+        hint = f" → {r.hint}" if not r.ok and r.hint else ""
+        out.print(f"{status} {r.system} {r.target}: {r.detail}{hint}", highlight=False, soft_wrap=True,
+                  markup=True)
+
+    try:
+        results = run_checks(pipeline, show)
+    except ThreesError as exc:
+        raise fail(exc) from None
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise fail(ThreesError(f"{len(failed)} of {len(results)} check(s) failed"))
+
+
+@app.command()
+def schema(
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file")] = None,
+) -> None:
+    """Print the JSON Schema of connector config YAML (for editors: yaml-language-server)."""
+    from connectors.config import pipeline_model
+
+    text = json.dumps(pipeline_model().model_json_schema(), indent=2)
+    if output:
+        output.write_text(text + "\n")
+        console.print(f"wrote {output}")
+    else:
+        print(text)
+
+
+def _mount_subcommands() -> None:
+    # Each part owns its command group; the modules import their heavy
+    # libraries (pyspark, clients) inside the commands, so `threes --help` stays fast.
+    from connectors.runtime.cli import offsets_app, source_app
+    from stream_app.cli import stream_app
+    from sync_service.cli import sync_app
+    from threes.local.cli import local_app
+
+    app.add_typer(local_app, name="local", help="Install, start and stop the native local stack.")
+    app.add_typer(source_app, name="source")
+    app.add_typer(offsets_app, name="offsets")
+    app.add_typer(stream_app, name="stream")
+    app.add_typer(sync_app, name="sync")
+    __import__("threes.status", fromlist=["register"]).register(app)  # status
+    __import__("threes.demo.cli", fromlist=["register"]).register(app)  # replay, demo, docs
+    __import__("threes.pipeline.cli", fromlist=["register"]).register(app)  # run
+
+
+_mount_subcommands()
+
+
+def run() -> None:
+    """Console-script entry point: any error of threes ends as one clear red line, exit 1.
+
+    Commands raise :class:`~connectors.exceptions.ThreesError` subclasses freely;
+    this is the one place they become output (``--debug`` shows the traceback).
+    """
+    try:
+        app()
+    except ThreesError as exc:
+        if "--debug" in sys.argv:
+            raise
+        raise SystemExit(fail(exc).exit_code) from None
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]")
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

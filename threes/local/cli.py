@@ -1,0 +1,119 @@
+"""``threes local``: start, stop and inspect the project-local services."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from .common import LocalStackError
+from .stack import SERVICES, LocalStack
+
+local_app = typer.Typer(
+    help="Run Kafka, PostgreSQL, Elasticsearch, S3 and MariaDB locally (no Docker), "
+    "with everything under ./.threes (or $THREES_HOME).",
+    no_args_is_help=True,
+)
+
+_console = Console()
+_errors = Console(stderr=True)
+
+
+def _setup_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = RichHandler(console=_errors, show_path=False, show_time=True)
+        logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[handler])
+    logging.getLogger("threes.local").setLevel(logging.INFO)
+    for noisy in ("elastic_transport", "botocore", "urllib3", "boto3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fail(exc: LocalStackError) -> typer.Exit:
+    _errors.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
+    return typer.Exit(code=1)
+
+
+@local_app.command()
+def up(
+    service: Annotated[
+        list[str] | None,
+        typer.Option("--service", "-s", help=f"Only these services ({', '.join(SERVICES)})."),
+    ] = None,
+) -> None:
+    """Install what is missing, start what is down and wait until healthy."""
+    _setup_logging()
+    stack = LocalStack()
+    try:
+        stack.up(service or None)
+    except LocalStackError as exc:
+        raise _fail(exc) from None
+    _print_status(stack)
+
+
+@local_app.command()
+def down(
+    service: Annotated[
+        list[str] | None,
+        typer.Option("--service", "-s", help=f"Only these services ({', '.join(SERVICES)})."),
+    ] = None,
+) -> None:
+    """Stop the services this project started."""
+    _setup_logging()
+    try:
+        LocalStack().down(service or None)
+    except LocalStackError as exc:
+        raise _fail(exc) from None
+
+
+@local_app.command()
+def status() -> None:
+    """Show each service: running, address, pid, since and log."""
+    try:
+        _print_status(LocalStack())
+    except LocalStackError as exc:
+        raise _fail(exc) from None
+
+
+@local_app.command()
+def env() -> None:
+    """Print export THREES_...=... lines for the endpoints (use with eval)."""
+    for var, value in LocalStack().endpoints().as_env().items():
+        typer.echo(f"export {var}={shlex.quote(value)}")
+
+
+def _print_status(stack: LocalStack) -> None:
+    table = Table(title=f"local stack ({stack.home})")
+    for column in ("service", "running", "address", "pid", "since", "log"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("service", "pid", "since"))
+    for st in stack.status():
+        running = "[green]yes[/green]" if st.running else "[red]no[/red]"
+        if st.external:
+            running += " (external)"
+        since = st.since.astimezone().strftime("%Y-%m-%d %H:%M:%S") if st.since else "-"
+        table.add_row(
+            st.name,
+            running,
+            st.address,
+            str(st.pid or "-"),
+            since,
+            _short_path(st.log_path) if st.log_path else "-",
+        )
+    _console.print(table)
+
+
+def _short_path(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+if __name__ == "__main__":
+    local_app()

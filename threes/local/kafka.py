@@ -1,0 +1,352 @@
+"""A single-node KRaft Kafka broker (4.3.1) on 127.0.0.1: PLAINTEXT 19092, SASL_SSL 19094.
+
+Jars come from Maven (``kafka-pom.xml``) into ``.threes/kafka/lib``; the
+storage is formatted once (``.threes/kafka/.formatted`` marks a completed
+format, so a half-formatted log dir is wiped and formatted again).
+
+Two client listeners: ``PLAINTEXT://127.0.0.1:19092`` (tests, demo, inter-broker)
+and ``SASL_SSL://127.0.0.1:19094`` with SCRAM-SHA-512 and a server certificate
+for 127.0.0.1 / localhost signed by the stack's CA (:mod:`.tls`; clients trust
+``.threes/tls/ca.pem`` and verify the host name). The SCRAM user
+:data:`SASL_USERNAME` is upserted through the PLAINTEXT listener on every
+``up`` (``AdminClient.alter_user_scram_credentials``, KIP-554), so an existing
+data dir needs no re-format.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+import shutil
+import uuid
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .common import HOST, LocalStackError, wait_until
+from .maven import copy_dependencies
+from .process import run
+from .service import Service
+from .system import find_java
+from .tls import Certificates, ensure_certificates
+
+if TYPE_CHECKING:
+    from .stack import Endpoints
+
+logger = logging.getLogger(__name__)
+
+KAFKA_PORT = 19092
+CONTROLLER_PORT = 19093
+SASL_SSL_PORT = 19094
+SASL_MECHANISM = "SCRAM-SHA-512"
+SASL_USERNAME = "threes"
+SASL_PASSWORD = "threes-scram-secret"  # noqa: S105 - the local stack's well-known test credential
+SCRAM_ITERATIONS = 8192
+JAVA_17 = "/usr/lib/jvm/java-17-openjdk-amd64"
+HEAP = ("-Xms256m", "-Xmx768m")
+
+
+def _cluster_id() -> str:
+    """Return a random Kafka cluster id: 16 bytes, URL-safe base64 without padding."""
+    while True:
+        value = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not value.startswith("-"):
+            return value
+
+
+def server_properties(data_dir: Path, keystore: Path | None = None, keystore_password: str | None = None) -> str:
+    """Return ``server.properties`` for one combined broker+controller node.
+
+    Args:
+        data_dir: Absolute folder for the log segments and KRaft metadata.
+        keystore: PKCS#12 key store of the SASL_SSL listener (server key and
+            certificate chain); None leaves that listener out.
+        keystore_password: Password of ``keystore`` (and of the key in it).
+    """
+    listeners = f"PLAINTEXT://{HOST}:{KAFKA_PORT},CONTROLLER://{HOST}:{CONTROLLER_PORT}"
+    advertised = f"PLAINTEXT://{HOST}:{KAFKA_PORT}"
+    protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    tls: dict[str, str] = {}
+    if keystore is not None:
+        listeners += f",SASL_SSL://{HOST}:{SASL_SSL_PORT}"
+        advertised += f",SASL_SSL://{HOST}:{SASL_SSL_PORT}"
+        protocols += ",SASL_SSL:SASL_SSL"
+        prefix = "listener.name.sasl_ssl."
+        tls = {
+            "sasl.enabled.mechanisms": SASL_MECHANISM,
+            f"{prefix}sasl.enabled.mechanisms": SASL_MECHANISM,
+            f"{prefix}{SASL_MECHANISM.lower()}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            f"{prefix}ssl.keystore.type": "PKCS12",
+            f"{prefix}ssl.keystore.location": str(keystore),
+            f"{prefix}ssl.keystore.password": keystore_password or "",
+            f"{prefix}ssl.key.password": keystore_password or "",
+            f"{prefix}ssl.client.auth": "none",
+        }
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{HOST}:{CONTROLLER_PORT}",
+        "listeners": listeners,
+        "advertised.listeners": advertised,
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": protocols,
+        **tls,
+        "log.dirs": str(data_dir),
+        "num.partitions": "1",
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "10",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "10",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "true",
+        "log.cleaner.dedupe.buffer.size": str(32 * 1024 * 1024),
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+    }
+    lines = ["# Written by threes.local.kafka; regenerated on every start."]
+    lines += [f"{key}={value}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+class Kafka(Service):
+    """Kafka broker + KRaft controller in one JVM (Java 17)."""
+
+    name = "kafka"
+    title = "Kafka"
+    env_var = "THREES_KAFKA_BOOTSTRAP"
+    ports = (KAFKA_PORT, CONTROLLER_PORT, SASL_SSL_PORT)
+    health_timeout = 90.0
+    stop_timeout = 30.0
+
+    @property
+    def lib(self) -> Path:
+        """Folder of the broker's jars."""
+        return self.dir / "lib"
+
+    @property
+    def data(self) -> Path:
+        """KRaft metadata and log segments."""
+        return self.dir / "data"
+
+    @property
+    def properties(self) -> Path:
+        """The broker's ``server.properties``."""
+        return self.dir / "server.properties"
+
+    @property
+    def keystore(self) -> Path:
+        """PKCS#12 key store of the SASL_SSL listener (made from the stack's certificates)."""
+        return self.dir / "keystore.p12"
+
+    def _java(self) -> str:
+        return str(find_java(17, prefer=(JAVA_17,)) / "bin" / "java")
+
+    def _write_keystore(self, certs: Certificates) -> str:
+        """Write :attr:`keystore` from the PEM files; return its password (random, kept in a 0600 file)."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.serialization import pkcs12
+
+        password_file = self.dir / "keystore.password"
+        if not password_file.exists():
+            password_file.touch(mode=0o600)
+            password_file.write_text(secrets.token_urlsafe(24))
+        password = password_file.read_text().strip()
+        key = serialization.load_pem_private_key(certs.key.read_bytes(), password=None)
+        blob = pkcs12.serialize_key_and_certificates(
+            b"threes",
+            key,  # type: ignore[arg-type]
+            x509.load_pem_x509_certificate(certs.cert.read_bytes()),
+            [x509.load_pem_x509_certificate(certs.ca.read_bytes())],
+            serialization.BestAvailableEncryption(password.encode()),
+        )
+        self.keystore.touch(mode=0o600)
+        self.keystore.write_bytes(blob)
+        return password
+
+    def install(self) -> None:
+        """Resolve the broker's jars with Maven (skipped when present)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        copy_dependencies(self.layout, "kafka-pom.xml", self.lib, log_name="kafka")
+
+    def prepare(self) -> None:
+        """Write the configs and format the storage once.
+
+        Raises:
+            LocalStackError: If formatting fails.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        password = self._write_keystore(ensure_certificates(self.layout))
+        # the file holds the key store's password: readable by us only
+        self.properties.touch(mode=0o600)
+        self.properties.chmod(0o600)
+        self.properties.write_text(server_properties(self.data, self.keystore, password))
+        log4j = resources.files(__package__).joinpath("kafka-log4j2.xml").read_text()
+        (self.dir / "log4j2.xml").write_text(log4j)
+        formatted = self.dir / ".formatted"
+        if formatted.exists() and (self.data / "meta.properties").exists():
+            return
+        logger.info("kafka: formatting KRaft storage in %s", self.data)
+        shutil.rmtree(self.data, ignore_errors=True)
+        formatted.unlink(missing_ok=True)
+        id_file = self.dir / "cluster.id"
+        if not id_file.exists():
+            id_file.write_text(_cluster_id())
+        run(
+            [
+                self._java(),
+                *self._jvm_flags(),
+                "-cp",
+                f"{self.lib}/*",
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                id_file.read_text().strip(),
+                "-c",
+                str(self.properties),
+            ],
+            what="format Kafka's KRaft storage",
+            log=self.log,
+            cwd=self.dir,
+            timeout=120,
+        )
+        formatted.touch()
+
+    def _jvm_flags(self) -> list[str]:
+        return [
+            f"-Dlog4j2.configurationFile={self.dir / 'log4j2.xml'}",
+            f"-Dthrees.log={self.log}",
+            "-Djava.awt.headless=true",
+        ]
+
+    def command(self) -> tuple[list[str], dict[str, str], Path]:
+        """Return the broker's command line (``kafka.Kafka server.properties``)."""
+        cmd = [
+            self._java(),
+            *HEAP,
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:+ExitOnOutOfMemoryError",
+            *self._jvm_flags(),
+            "-cp",
+            f"{self.lib}/*",
+            "kafka.Kafka",
+            str(self.properties),
+        ]
+        return cmd, {}, self.dir
+
+    def bootstrap(self) -> None:
+        """Upsert the SCRAM-SHA-512 credential of :data:`SASL_USERNAME` once the broker answers.
+
+        Goes through the PLAINTEXT listener (no authentication there), so it
+        works on a data dir formatted before the SASL_SSL listener existed.
+
+        Raises:
+            LocalStackError: If the broker does not answer or refuses the credential, or
+                runs with a configuration written before the SASL_SSL listener existed.
+        """
+        if self.properties.exists() and "SASL_SSL://" not in self.properties.read_text():
+            raise LocalStackError(
+                "the running Kafka was started without the SASL_SSL listener (by an older threes); restart it: "
+                "threes local down --service kafka && threes local up --service kafka"
+            )
+        wait_until(
+            lambda: upsert_scram_user(f"{HOST}:{KAFKA_PORT}", SASL_USERNAME, SASL_PASSWORD),
+            timeout=self.health_timeout,
+            what=f"{self.title} (SCRAM user {SASL_USERNAME})",
+            log=self.log,
+        )
+
+    def probe(self, endpoints: Endpoints) -> None:
+        """Ask the broker for its metadata and its group coordinator (raises while either is not answering).
+
+        When the stack's own broker is used, the SASL_SSL listener must answer
+        too, with the SCRAM user and the stack's CA (host name verified).
+        """
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(
+            {"bootstrap.servers": endpoints.kafka_bootstrap, "log_level": 0, "socket.connection.setup.timeout.ms": 3000}
+        )
+        admin.list_topics(timeout=5)
+        if endpoints.kafka_sasl_bootstrap and endpoints.tls_ca_location:
+            secure = AdminClient(
+                {
+                    "bootstrap.servers": endpoints.kafka_sasl_bootstrap,
+                    "security.protocol": "SASL_SSL",
+                    "sasl.mechanism": SASL_MECHANISM,
+                    "sasl.username": endpoints.kafka_sasl_username,
+                    "sasl.password": endpoints.kafka_sasl_password,
+                    "ssl.ca.location": endpoints.tls_ca_location,
+                    "log_level": 0,
+                    "socket.connection.setup.timeout.ms": 3000,
+                }
+            )
+            secure.list_topics(timeout=5)
+        # A fresh broker answers metadata before its group coordinator has
+        # loaded __consumer_offsets: until then group requests fail with
+        # COORDINATOR_LOAD_IN_PROGRESS / COORDINATOR_NOT_AVAILABLE. Ready means
+        # the coordinator answers too (an unknown group is a fine answer).
+        future = admin.describe_consumer_groups(["_threes_probe"], request_timeout=5)["_threes_probe"]
+        try:
+            future.result()
+        except Exception as exc:
+            if "GROUP_ID_NOT_FOUND" not in str(exc):
+                raise
+
+    def address(self, endpoints: Endpoints) -> str:
+        """The bootstrap servers, and the SASL_SSL listener's when there is one."""
+        if endpoints.kafka_sasl_bootstrap:
+            return f"{endpoints.kafka_bootstrap} (SASL_SSL {endpoints.kafka_sasl_bootstrap})"
+        return endpoints.kafka_bootstrap
+
+
+def upsert_scram_user(
+    bootstrap: str,
+    username: str,
+    password: str,
+    mechanism: str = SASL_MECHANISM,
+    *,
+    conf: dict[str, str] | None = None,
+) -> None:
+    """Create or replace a SCRAM credential on the broker (``alter_user_scram_credentials``, KIP-554).
+
+    Args:
+        bootstrap: ``host:port`` of a listener the caller may alter credentials through.
+        username: The SASL user name.
+        password: Its password (any characters; SCRAM stores only a salted hash).
+        mechanism: ``SCRAM-SHA-256`` or ``SCRAM-SHA-512``.
+        conf: Extra librdkafka properties (security settings of that listener).
+
+    Raises:
+        LocalStackError: If the broker refuses the credential.
+        confluent_kafka.KafkaException: While the broker is not answering yet.
+    """
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "log_level": 0, "socket.connection.setup.timeout.ms": 3000, **(conf or {})}
+    )
+    kind = ScramMechanism.SCRAM_SHA_512 if mechanism == "SCRAM-SHA-512" else ScramMechanism.SCRAM_SHA_256
+    upsert = UserScramCredentialUpsertion(username, ScramCredentialInfo(kind, SCRAM_ITERATIONS), password.encode())
+    futures = admin.alter_user_scram_credentials([upsert], request_timeout=5)
+    try:
+        futures[username].result()
+    except Exception as exc:
+        if "UNSUPPORTED_SASL_MECHANISM" in str(exc) or "ILLEGAL_SASL_PROFILE" in str(exc):
+            raise LocalStackError(f"Kafka refused the SCRAM credential of {username}: {exc}") from exc
+        raise

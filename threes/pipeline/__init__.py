@@ -1,0 +1,17 @@
+"""``threes run``: the whole pipeline of one YAML as supervised processes.
+
+* :mod:`threes.pipeline.plan` - what runs (sources, stream job, sync services)
+  and what each waits for before it starts, derived from the config alone;
+* :mod:`threes.pipeline.processes` - child processes of the real ``threes``
+  commands, each in its own process group, logging to a file;
+* :mod:`threes.pipeline.probes` - readiness and progress read from Kafka and
+  the children's metrics endpoints;
+* :mod:`threes.pipeline.supervisor` - starts them in order, restarts a child
+  that dies with backoff, stops them in reverse order;
+* :mod:`threes.pipeline.view` - the rich live view;
+* :mod:`threes.pipeline.cli` - the ``threes run`` command.
+
+Supervision *inside* a process (a failed source task or sink restarted with
+backoff) belongs to the source runtime and the sync service; this package works
+one level up, like systemd or a Kubernetes controller over the three commands.
+"""

@@ -1,0 +1,97 @@
+"""``threes run CONFIG``: sources, stream job and sync services of one YAML, supervised, with a live view."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+log = logging.getLogger(__name__)
+
+
+def run(
+    config: Annotated[Path, typer.Argument(help="connector config YAML", show_default=False)],
+    only: Annotated[
+        list[str] | None,
+        typer.Option("--only", help="run only these parts: sources, stream, sync (repeatable or comma list); "
+                                    "each still waits in Kafka for what it needs"),
+    ] = None,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option("--log-dir", help="each part's log goes here as <part>.log "
+                                       "(default .threes/run/<config name>-<time>)"),
+    ] = None,
+    offsets_topic: Annotated[str, typer.Option("--offsets-topic", help="compacted topic of the sources' positions")]
+    = "_threes_offsets",
+    start_timeout: Annotated[
+        float, typer.Option("--start-timeout", help="seconds a part may wait to start or to be ready (0: forever)")
+    ] = 600.0,
+    no_restart: Annotated[
+        bool, typer.Option("--no-restart", help="stop the run when a part exits, instead of restarting it")
+    ] = False,
+) -> None:
+    """Run the whole pipeline of CONFIG: sources, then the stream job, then the sync services.
+
+    Each part is a child process (`threes source run`, `threes stream run`, `threes sync run`) started once
+    what it needs is there: the stream job once every source finished its first snapshot (and the events
+    topic exists: created from stream.events.topic_spec when missing), the sync services once their topics
+    exist. A part that exits is restarted with backoff. Ctrl-C or SIGTERM stops them in reverse order, each
+    flushing and committing; a second Ctrl-C kills them.
+    """
+    from rich.live import Live
+    from rich.table import Table
+
+    from connectors.exceptions import ThreesError
+    from threes.cli import console, fail, load, out
+    from threes.pipeline.plan import parse_only
+    from threes.pipeline.supervisor import RunOptions, Supervisor
+    from threes.pipeline.view import line_printer, live
+
+    stop, force = threading.Event(), threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            force.set()
+            return
+        log.info("run: %s received, stopping the pipeline", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    pipeline = load(config)
+    try:
+        options = RunOptions(
+            config=config,
+            only=parse_only(only),
+            offsets_topic=offsets_topic,
+            log_dir=log_dir or Path(".threes") / "run" / f"{config.stem}-{time.strftime('%Y%m%d-%H%M%S')}",
+            start_timeout_s=start_timeout,
+            restart=not no_restart,
+        )
+        if console.is_terminal:
+            with Live(console=console, refresh_per_second=2, transient=False) as view:
+                supervisor = Supervisor(pipeline, options, on_update=lambda s: view.update(live(s)))
+                code = supervisor.run(stop, force)
+        else:  # a log file or a pipe: a line per change instead of redrawing
+            printer = line_printer(lambda text: console.print(text, highlight=False, soft_wrap=True, markup=False))
+            supervisor = Supervisor(pipeline, options, on_update=printer)
+            code = supervisor.run(stop, force)
+    except ThreesError as exc:
+        raise fail(exc) from None
+    table = Table("part", "status", "restarts", "log", title="threes run: stopped")
+    for state in supervisor.parts:
+        table.add_row(state.name, state.detail or state.status, str(state.restarts),
+                      str(options.log_dir / f"{state.name}.log"))
+    out.print(table)
+    if code:
+        raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Mount ``threes run`` on the ``threes`` app."""
+    app.command("run")(run)
