@@ -12,9 +12,14 @@ import logging
 import uuid
 from datetime import date, datetime
 from decimal import Decimal
+from operator import attrgetter
 from typing import Any
 
 from connectors.runtime.sink import SinkRecord
+
+# a record's envelope fields, gathered into columns by one map each
+_IS_DELETE, _ROW, _KEY = attrgetter("is_delete"), attrgetter("row"), attrgetter("key")
+_OFFSET, _TIMESTAMP, _VERSION = attrgetter("offset"), attrgetter("timestamp_ms"), attrgetter("version")
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +112,11 @@ def jsonl_from_columns(records: list[SinkRecord], values: Any) -> bytes:
     if not records:
         return b""
     n, first = len(records), records[0]
-    deleted = pl.Series("deleted", [r.is_delete for r in records], pl.Boolean)
-    rows = pl.Series("row", [r.row for r in records], pl.Int64).set(deleted, None)
+    deleted = pl.Series("deleted", list(map(_IS_DELETE, records)), pl.Boolean)
+    rows = pl.Series("row", list(map(_ROW, records)), pl.Int64).set(deleted, None)
     if (rows < 0).any():
         raise ValueError("an upsert has no row in the columnar values")
-    keys = [r.key for r in records]
+    keys = list(map(_KEY, records))
     if set(map(type, keys)) == {int}:
         key = pl.Series("key", keys, pl.Int64).cast(pl.String)
     else:
@@ -120,10 +125,10 @@ def jsonl_from_columns(records: list[SinkRecord], values: Any) -> bytes:
         [
             pl.repeat(first.topic, n, dtype=pl.String, eager=True).alias("topic"),
             pl.repeat(first.partition, n, dtype=pl.Int32, eager=True).alias("partition"),
-            pl.Series("offset", [r.offset for r in records], pl.Int64),
-            pl.Series("timestamp_ms", [r.timestamp_ms for r in records], pl.Int64),
+            pl.Series("offset", list(map(_OFFSET, records)), pl.Int64),
+            pl.Series("timestamp_ms", list(map(_TIMESTAMP, records)), pl.Int64),
             key,
-            pl.Series("version", [r.version for r in records], pl.Int64),
+            pl.Series("version", list(map(_VERSION, records)), pl.Int64),
             deleted,
             values.gather(rows).alias("value"),
         ]

@@ -6,6 +6,7 @@ import io
 import logging
 import threading
 from datetime import UTC, date, datetime, timedelta
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from s3transfer.subscribers import BaseSubscriber
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 EXTENSIONS = {"jsonl": "jsonl", "parquet": "parquet", "avro": "avro"}
 _BUSY_CODES = {"SlowDown", "503", "RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequests"}
 _FATAL_CODES = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled"}
+_ROW = attrgetter("row")
+_FINGERPRINT = attrgetter("value_fingerprint")
 
 
 def object_key(prefix: str, topic: str, partition: int, first_offset: int, fmt: str, dt: str | None = None) -> str:
@@ -263,14 +266,18 @@ class S3Sink(Sink):
         current: bytes | None = next((r.value_fingerprint for r in batch.records if r.value_fingerprint), None)
         if current is not None:
             schemas[current] = next(r.value_schema for r in batch.records if r.value_fingerprint == current)
-        for record in batch.records:
-            fp = None
-            if by_schema:
-                if record.value_fingerprint is not None:
-                    current = record.value_fingerprint
-                    schemas[current] = record.value_schema
-                fp = current
-            groups.setdefault((self._dt(record, dt_columns), fp), []).append(record)
+        if not by_schema and self.config.partition_by is None:
+            if batch.records:  # JSON Lines in no folders: the whole batch is one object
+                groups[(None, None)] = list(batch.records)
+        else:
+            for record in batch.records:
+                fp = None
+                if by_schema:
+                    if record.value_fingerprint is not None:
+                        current = record.value_fingerprint
+                        schemas[current] = record.value_schema
+                    fp = current
+                groups.setdefault((self._dt(record, dt_columns), fp), []).append(record)
         out = []
         structs: dict[bytes, Any] = {}  # the batch's values of a writer schema as one struct column
         json_values: dict[bytes, Any] = {}  # the batch's values of a writer schema, JSON-ready, as one struct
@@ -300,8 +307,11 @@ class S3Sink(Sink):
         """
         from schemas.documents import json_frame
 
-        fps = {r.value_fingerprint for r in records if not r.is_delete}
-        if len(fps) != 1 or any(r.row < 0 for r in records if not r.is_delete):
+        upserts = [r for r in records if not r.is_delete]
+        if not upserts or min(map(_ROW, upserts)) < 0:
+            return None
+        fps = set(map(_FINGERPRINT, upserts))
+        if len(fps) != 1:
             return None
         fp = fps.pop()
         if fp not in cache:
