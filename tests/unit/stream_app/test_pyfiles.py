@@ -34,3 +34,31 @@ def test_a_temporary_zip_folder_is_removed_when_the_process_exits():
     zipped = Path(out.strip().splitlines()[-1])
     assert zipped.name.startswith("threes-code-")
     assert not zipped.parent.exists()  # one folder per driver start would pile up in /tmp otherwise
+
+
+def test_the_executors_modules_import_from_the_zip_alone(tmp_path):
+    """What the UDFs import on an executor comes from the zip, and never needs the ``threes`` tool package.
+
+    The child has no repository on its path and no editable install (``-S``: site's ``.pth`` files are not
+    read), only the zip and the third-party libraries; a ``threes`` import raises there.
+    """
+    import sysconfig
+
+    zipped = build_code_zip(tmp_path)
+    code = "\n".join([
+        "import sys",
+        f"sys.path[:] = [{str(zipped)!r}, *[p for p in sys.path if 'site-packages' not in p], "
+        f"{sysconfig.get_paths()['purelib']!r}, {sysconfig.get_paths()['platlib']!r}]",
+        "import importlib.abc",
+        "class NoTool(importlib.abc.MetaPathFinder):",
+        "    def find_spec(self, name, path=None, target=None):",
+        "        if name == 'threes' or name.startswith('threes.'):",
+        "            raise ModuleNotFoundError(name)",
+        "sys.meta_path.insert(0, NoTool())",
+        "import stream_app.python_worker, stream_app.snapshot.mapped, stream_app.snapshot.indexed",
+        "import stream_app.enrich, stream_app.records",
+        "print(stream_app.snapshot.mapped.__file__)",
+    ])
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith(str(zipped))
