@@ -40,12 +40,16 @@ def _fail(exc: LocalStackError) -> typer.Exit:
     return typer.Exit(code=1)
 
 
+ServiceOption = Annotated[
+    list[str] | None,
+    typer.Option("--service", "-s", help=f"Only these services ({', '.join(SERVICES)})."),
+]
+"""``--service``/``-s``, repeatable: the services a command acts on (all when absent)."""
+
+
 @local_app.command()
 def up(
-    service: Annotated[
-        list[str] | None,
-        typer.Option("--service", "-s", help=f"Only these services ({', '.join(SERVICES)})."),
-    ] = None,
+    service: ServiceOption = None,
 ) -> None:
     """Install what is missing, start what is down and wait until healthy."""
     _setup_logging()
@@ -59,10 +63,7 @@ def up(
 
 @local_app.command()
 def down(
-    service: Annotated[
-        list[str] | None,
-        typer.Option("--service", "-s", help=f"Only these services ({', '.join(SERVICES)})."),
-    ] = None,
+    service: ServiceOption = None,
 ) -> None:
     """Stop the services this project started."""
     _setup_logging()
