@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from connectors.exceptions import ConfigError, ThreesError
+from threes.console import ConfigArg, console, fail, load, out
 
 app = typer.Typer(
     name="threes",
@@ -26,27 +26,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,  # --debug tracebacks: locals would show secrets
 )
-console = Console(stderr=True)
-out = Console()
-
-ConfigArg = Annotated[Path, typer.Argument(help="connector config YAML", show_default=False)]
-
-
-def fail(exc: BaseException, code: int = 1) -> typer.Exit:
-    """Print an error of threes for a person and return the ``Exit`` to raise."""
-    if isinstance(exc, ConfigError):
-        for problem in exc.problems:
-            console.print(f"[red]error[/red] {problem}", highlight=False, soft_wrap=True)
-        console.print(f"[red]{len(exc.problems)} problem(s)[/red]", highlight=False)
-    else:
-        console.print(f"[red]error[/red] {exc}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
-
-
 SERVICES = frozenset({"source", "stream", "sync"})
 """Command groups of long-running parts: they log what they do at INFO by default (snapshot done, ready, ...)."""
 
-OWN_LOGGERS = ("connectors", "stream_app", "sync_service", "schemas")
+OWN_LOGGERS = ("connectors", "stream_app", "sync_service", "schemas", "threes")
 
 
 @app.callback()
@@ -86,20 +69,10 @@ def _redacted_traceback(kind: type[BaseException], value: BaseException, tb: obj
     sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))
 
 
-def load(config: Path):  # noqa: ANN201 - returns the dynamic pipeline model
-    """Load a pipeline for a command, turning config errors into a clean exit."""
-    from connectors.config import load_pipeline
-
-    try:
-        return load_pipeline(config)
-    except ConfigError as exc:
-        raise fail(exc) from None
-
-
 @app.command()
 def validate(config: ConfigArg) -> None:
     """Validate a config file and its schemas without connecting to anything (exit 1 on errors)."""
-    from connectors.config.schemas_check import schema_problems
+    from threes.schemas_check import schema_problems
 
     pipeline = load(config)
     problems = schema_problems(pipeline, config)
@@ -155,15 +128,15 @@ def schema(
 def _mount_subcommands() -> None:
     # Each part owns its command group; the modules import their heavy
     # libraries (pyspark, clients) inside the commands, so `threes --help` stays fast.
-    from connectors.runtime.cli import offsets_app, source_app
-    from stream_app.cli import stream_app
-    from sync_service.cli import sync_app
     from threes.local.cli import local_app
+    from threes.source import offsets_app, source_app
+    from threes.stream import stream_cli
+    from threes.sync import sync_app
 
     app.add_typer(local_app, name="local", help="Install, start and stop the native local stack.")
     app.add_typer(source_app, name="source")
     app.add_typer(offsets_app, name="offsets")
-    app.add_typer(stream_app, name="stream")
+    app.add_typer(stream_cli, name="stream")
     app.add_typer(sync_app, name="sync")
     __import__("threes.status", fromlist=["register"]).register(app)  # status
     __import__("threes.demo.cli", fromlist=["register"]).register(app)  # replay, demo, docs

@@ -50,7 +50,7 @@ def status(
     """
     from connectors.exceptions import ThreesError
     from connectors.status.document import Gatherer
-    from threes.cli import fail, load, out
+    from threes.console import fail, load, out
 
     pipeline = load(config)
     gatherer = Gatherer(pipeline, offsets_topic=offsets_topic, host=host, endpoints=endpoint or ())

@@ -21,7 +21,7 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 def _kafka_and_pipeline(config: Path | None, bootstrap: str | None) -> tuple[Any, Any]:
     """The Kafka config (from ``--bootstrap``, the config file, ``THREES_KAFKA_BOOTSTRAP`` or the local stack)."""
     from connectors.config.models import KafkaConfig
-    from threes.cli import load
+    from threes.console import load
 
     pipeline = load(config) if config else None
     if bootstrap:
@@ -96,7 +96,7 @@ def replay(
 
     from connectors.exceptions import ConfigError, ThreesError
     from schemas import load_schema
-    from threes.cli import console, fail, out
+    from threes.console import console, fail, out
     from threes.demo.data import TABLES, csv_path
     from threes.demo.replay import Replayer, ReplayStats, csv_source, sql_source
 
@@ -168,7 +168,7 @@ def load_reference(
     from rich.table import Table
 
     from connectors.exceptions import ThreesError
-    from threes.cli import fail, load, out
+    from threes.console import fail, load, out
     from threes.demo.reference import REFERENCE_TABLES
     from threes.demo.reference import load_reference as load_tables
 
@@ -191,7 +191,7 @@ def docs(
     check: Annotated[bool, typer.Option("--check", help="exit 1 when --output differs from the models")] = False,
 ) -> None:
     """Generate the config reference (Markdown) from the config models and the installed connectors."""
-    from threes.cli import console
+    from threes.console import console
     from threes.demo.config_docs import render
 
     text = render()
@@ -260,7 +260,7 @@ def demo(
     from rich.live import Live
 
     from connectors.exceptions import ThreesError
-    from threes.cli import console, fail, out
+    from threes.console import console, fail, out
     from threes.demo.run import DemoOptions, DemoRun
     from threes.demo.view import live, summary_table
 

@@ -47,7 +47,7 @@ def run(
     from rich.table import Table
 
     from connectors.exceptions import ThreesError
-    from threes.cli import console, fail, load, out
+    from threes.console import console, fail, load, out
     from threes.pipeline.plan import parse_only
     from threes.pipeline.supervisor import RunOptions, Supervisor
     from threes.pipeline.view import line_printer, live

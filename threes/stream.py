@@ -13,13 +13,13 @@ from connectors.exceptions import ConfigError, ThreesError
 
 log = logging.getLogger(__name__)
 
-stream_app = typer.Typer(help="Run the PySpark stream job (enrich events against snapshots).", no_args_is_help=True)
+stream_cli = typer.Typer(help="Run the PySpark stream job (enrich events against snapshots).", no_args_is_help=True)
 
 ConfigArg = Annotated[Path, typer.Argument(help="connector config YAML", show_default=False)]
 
 
 def _stream(config: Path):  # noqa: ANN202 - the pipeline model is built at runtime
-    from threes.cli import fail, load
+    from threes.console import fail, load
 
     pipeline = load(config)
     if pipeline.stream is None:
@@ -51,7 +51,7 @@ def _s3a_jars(checkpoint_location: str) -> list[Path] | None:
     return stack.spark_s3a_jars() if (stack.home / "spark-s3a-jars").is_dir() else None
 
 
-@stream_app.command()
+@stream_cli.command()
 def run(
     config: ConfigArg,
     available_now: Annotated[
@@ -65,7 +65,7 @@ def run(
     """Run the stream job until stopped (Ctrl-C / SIGTERM stop it after the running micro-batch)."""
     from stream_app.job import StreamJob
     from stream_app.session import spark_session
-    from threes.cli import fail
+    from threes.console import fail
 
     pipeline = _stream(config)
     if metrics_port:  # `threes run` gives one when the config has none: its readiness signal
@@ -91,11 +91,11 @@ def run(
         raise fail(exc) from None
 
 
-@stream_app.command()
+@stream_cli.command()
 def schemas(config: ConfigArg) -> None:
     """Print the Avro schemas the job writes (enriched events, update keys and values) as JSON."""
     from stream_app.plan import build_plan
-    from threes.cli import fail
+    from threes.console import fail
 
     pipeline = _stream(config)
     try:

@@ -53,7 +53,7 @@ def run(
     """Run every source of CONFIG (or those named) until SIGTERM/SIGINT, which flush and store positions."""
     from connectors.exceptions import ThreesError
     from connectors.runtime.standalone import SourceWorker, select_sources, task_specs
-    from threes.cli import fail, load, out
+    from threes.console import fail, load, out
 
     pipeline = load(config)
     try:
@@ -105,7 +105,7 @@ def _progress(worker: Any, stop: threading.Event) -> None:
     """A rich progress display per task: rows read, records acknowledged, rate."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from threes.cli import console
+    from threes.console import console
 
     with Progress(
         SpinnerColumn(),
@@ -155,7 +155,7 @@ def list_offsets(config: ConfigArg, connector: ConnectorOpt = None, offsets_topi
                  as_json: Annotated[bool, typer.Option("--json", help="print JSON lines")] = False) -> None:
     """Show the stored position of every source of CONFIG (or of those named)."""
     from connectors.exceptions import ThreesError
-    from threes.cli import fail, load, out
+    from threes.console import fail, load, out
 
     pipeline = load(config)
     try:
@@ -186,7 +186,7 @@ def reset_offsets(
     """Forget stored positions: the next run of those sources re-snapshots. Stop the sources first."""
     from connectors import clients
     from connectors.exceptions import ThreesError
-    from threes.cli import fail, load, out
+    from threes.console import fail, load, out
 
     pipeline = load(config)
     try:

@@ -44,7 +44,7 @@ def run(
     keep_pandas_out()  # pyarrow would load it for nothing: 44 MB of every sync process (process.py)
     from connectors.exceptions import ThreesError
     from sync_service.supervisor import ServiceSupervisor
-    from threes.cli import fail, load
+    from threes.console import fail, load
 
     pipeline = load(config)
     chosen = [s for s in pipeline.sync if service is None or s.name == service]
