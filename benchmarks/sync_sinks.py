@@ -1,7 +1,7 @@
 """Sync sinks against raw client baselines and quixstreams' sinks, side by side in one run, on the same data.
 
     python benchmarks/sync_sinks.py [--records 50000] [--quix-records 300000] [--rounds 3]
-        [--only es|pg|s3|s3pq|quix|rss ...]
+        [--only es|pg|s3|s3pq|quix|fetch|rss ...]
 
 **Inputs come from the wire.** The sinks' input is update records as the stream
 job writes them: keys and values single-object Avro (the project's serde,
@@ -91,6 +91,13 @@ docs or bytes and pay no decode at all, so a sink's ratio to them is conservativ
     (``.threes/bench-venv``, once, from that extra) and runs the quixstreams side
     there (``--quix-python`` points at another interpreter). A run that fails
     (a quixstreams error, a timeout) is reported with its reason, never as a figure.
+* Fetching (``--only fetch``): seconds to drain a backlog of ``--quix-records`` update records (4
+  partitions) with a bare ``confluent_kafka.Consumer`` (``consume(1000)`` in a loop, headers
+  read), once with librdkafka's own ``fetch.queue.backoff.ms`` (1000 ms) and once with threes'
+  consumer defaults (``connectors.clients.CONSUMER_DEFAULTS``), alternating, each with a new
+  group; ``fetch_ratio_default_vs_threes`` = default seconds / threes seconds (> 1: threes
+  drains faster). With the default, a consumer whose prefetch queue filled waited ~1 s
+  before fetching that partition again.
 * Memory: peak RSS of a sync service process (real consumer, batching,
   backpressure) whose sink is throttled to a tenth of the input rate, vs its
   configured ``buffer_max_bytes``.
@@ -1116,6 +1123,40 @@ def bench_rss(kafka: KafkaConfig, bound: int, input_rate: float, seconds: float)
             "rss_paused_partitions_max": result["paused_partitions_max"], "rss_applied": result["applied"]}
 
 
+def bench_fetch(kafka: KafkaConfig, n: int, rounds: int) -> dict[str, float]:
+    """Drain the same backlog with librdkafka's fetch backoff and with threes' consumer defaults, alternating."""
+    from confluent_kafka import Consumer
+
+    from connectors.clients import CONSUMER_DEFAULTS
+
+    topic = f"bench.fetch.{uuid.uuid4().hex[:8]}"
+    highs = produce_updates(kafka, topic, n)
+    conf = {**kafka.librdkafka_config(), "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "queued.max.messages.kbytes": 8192}  # as a sync service of the default bound gets per partition
+    times: dict[str, list[float]] = {"default": [], "threes": []}
+    for _ in range(rounds):
+        for label, extra in (("default", {}), ("threes", CONSUMER_DEFAULTS)):
+            consumer = Consumer({**conf, **extra, "group.id": f"bench-fetch-{uuid.uuid4().hex[:8]}"})
+            consumer.subscribe([topic])
+            got, started = 0, None
+            while got < n:
+                msgs = consumer.consume(1000, 1.0)
+                if msgs and started is None:
+                    started = time.monotonic()  # from the first record: the group join is left out
+                for m in msgs:
+                    m.headers()
+                got += len(msgs)
+            times[label].append(time.monotonic() - started)
+            consumer.close()
+    assert sum(highs.values()) == n
+    from confluent_kafka.admin import AdminClient
+
+    AdminClient(kafka.librdkafka_config()).delete_topics([topic])
+    default_s, threes_s = statistics.median(times["default"]), statistics.median(times["threes"])
+    return {"fetch_records": n, "fetch_default_s": default_s, "fetch_threes_s": threes_s,
+            "fetch_ratio_default_vs_threes": default_s / threes_s}
+
+
 def s3_connection(ep: Endpoints) -> S3Connection:
     from connectors.config.models import S3Connection
 
@@ -1153,6 +1194,10 @@ def print_table(figures: dict[str, Any]) -> None:
         for system in ("threes", "quix"):
             if f"{target}_{system}_error" in figures:
                 print(f"  {system} failed: {figures[f'{target}_{system}_error']}")
+    if "fetch_ratio_default_vs_threes" in figures:
+        print(f"{'backlog drain s':<28}{figures['fetch_default_s']:>14,.2f}{figures['fetch_threes_s']:>14,.2f}"
+              f"{figures['fetch_ratio_default_vs_threes']:>9.2f}  librdkafka's fetch backoff vs threes' consumer "
+              f"({figures['fetch_records']:,} records)")
     if "rss_peak_mb" in figures:
         print(f"{'peak RSS MB (throttled)':<28}{figures['rss_bound_mb'] + 150:>14,.1f}{figures['rss_peak_mb']:>14,.1f}"
               f"{'':>9}  <= bound + 150 MB (bound {figures['rss_bound_mb']:.0f} MB, "
@@ -1169,7 +1214,7 @@ def main() -> None:
     parser.add_argument("--bound-mb", type=int, default=64)
     parser.add_argument("--input-rate", type=float, default=20_000, help="records/s produced during the RSS run")
     parser.add_argument("--rss-seconds", type=float, default=30)
-    parser.add_argument("--only", choices=["es", "pg", "s3", "s3pq", "quix", "rss"], action="append")
+    parser.add_argument("--only", choices=["es", "pg", "s3", "s3pq", "quix", "fetch", "rss"], action="append")
     parser.add_argument("--quix-targets", default="es,pg,s3", help="targets of --only quix, comma-separated")
     parser.add_argument("--quix-python", help="interpreter with quixstreams (default: .threes/bench-venv, made once)")
     parser.add_argument("--rss-child", nargs=5, help=argparse.SUPPRESS)
@@ -1191,7 +1236,7 @@ def main() -> None:
     ep = Endpoints.from_env()
     kafka = KafkaConfig(bootstrap_servers=ep.kafka_bootstrap)
     atexit.register(BenchTopics(kafka.librdkafka_config()).drop)  # this run's bench.* topics
-    only = set(args.only or ["es", "pg", "s3", "s3pq", "quix", "rss"])
+    only = set(args.only or ["es", "pg", "s3", "s3pq", "quix", "fetch", "rss"])
     quix_targets = [t for t in args.quix_targets.split(",") if t]
     if unknown := set(quix_targets) - set(QUIX_TARGETS):
         parser.error(f"--quix-targets: unknown {sorted(unknown)}; choose from {sorted(QUIX_TARGETS)}")
@@ -1210,6 +1255,8 @@ def main() -> None:
         figures |= bench_s3_parquet(s3_connection(ep), args.records, args.rounds)
     if "quix" in only:
         figures |= bench_quix(ep, kafka, args.quix_records, args.rounds, quix_targets, args.quix_python)
+    if "fetch" in only:
+        figures |= bench_fetch(kafka, args.quix_records, args.rounds)
     if "rss" in only:
         figures |= bench_rss(kafka, args.bound_mb * 1024 * 1024, args.input_rate, args.rss_seconds)
         figures["rss_headroom_mb"] = figures["rss_bound_mb"] + 150 - figures["rss_peak_mb"]

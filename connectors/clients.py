@@ -18,6 +18,22 @@ from connectors.config.models import (
 )
 from connectors.exceptions import SetupError
 
+FETCH_QUEUE_BACKOFF_MS = 50
+"""librdkafka's ``fetch.queue.backoff.ms`` for threes' consumers (librdkafka's own default: 1000).
+
+When a partition's prefetch queue passes ``queued.min.messages`` or ``queued.max.messages.kbytes``,
+librdkafka waits this long before it fetches that partition again, however soon the application
+drains the queue: with the default, a consumer working through a backlog stood still for about a
+second each time its queue filled. Measured on the local broker (300k update records of ~100 bytes
+in 4 partitions, one consumer draining as fast as it could): 1.28-1.30 s with 1000 ms (no record
+for 0.95 s after the first 150k), 0.28-0.31 s with 10 or 50 ms. The queue's bounds, and so the
+memory it holds, stay as they are: the fetcher only looks again sooner. ``kafka.client_config``
+sets another value.
+"""
+
+CONSUMER_DEFAULTS: dict[str, Any] = {"fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS}
+"""librdkafka properties of every consumer that reads records, under the pipeline's own ``kafka`` settings."""
+
 
 def kafka_producer(kafka: KafkaConfig, **overrides: Any) -> Any:
     """An idempotent producer (``acks=all``, ``enable.idempotence``, lz4).
@@ -46,6 +62,8 @@ def kafka_producer(kafka: KafkaConfig, **overrides: Any) -> Any:
 def kafka_consumer(kafka: KafkaConfig, group_id: str, **overrides: Any) -> Any:
     """A consumer with manual commits (offsets are committed by the caller, after durable work).
 
+    Its fetcher looks again 50 ms after its prefetch queue was full (:data:`FETCH_QUEUE_BACKOFF_MS`).
+
     Args:
         kafka: the pipeline's Kafka config.
         group_id: the consumer group.
@@ -57,6 +75,7 @@ def kafka_consumer(kafka: KafkaConfig, group_id: str, **overrides: Any) -> Any:
     from confluent_kafka import Consumer
 
     conf = {
+        **CONSUMER_DEFAULTS,
         **kafka.librdkafka_config(),
         "group.id": group_id,
         "enable.auto.commit": False,

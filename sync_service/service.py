@@ -258,8 +258,8 @@ class SyncService:
         consumer_conf["logger"] = logging.getLogger("sync_service.rdkafka")
         consumer_conf["on_commit"] = self._on_commit  # refused asynchronous commits are made again
         try:
-            self.consumer = Consumer({**kconf, "group.id": cfg.consumer_group(), "enable.auto.commit": False,
-                                      "auto.offset.reset": "earliest", **consumer_conf})
+            self.consumer = Consumer({**clients.CONSUMER_DEFAULTS, **kconf, "group.id": cfg.consumer_group(),
+                                      "enable.auto.commit": False, "auto.offset.reset": "earliest", **consumer_conf})
         except KafkaException as exc:
             raise SetupError(f"sync service {cfg.name!r}: cannot create the Kafka consumer: {exc}") from exc
         self.consumer.subscribe(sorted(self._by_topic), on_assign=self._on_assign, on_revoke=self._on_revoke,

@@ -42,7 +42,7 @@ KAFKA_ALLOWED: frozenset[str] = frozenset({
     "broker.address.ttl", "api.version.request.timeout.ms", "statistics.interval.ms", "log.connection.close",
     "log_level", "fetch.min.bytes", "fetch.max.bytes", "fetch.wait.max.ms", "fetch.message.max.bytes",
     "max.partition.fetch.bytes", "max.poll.interval.ms", "session.timeout.ms", "heartbeat.interval.ms",
-    "queued.min.messages", "queued.max.messages.kbytes", "partition.assignment.strategy",
+    "queued.min.messages", "queued.max.messages.kbytes", "fetch.queue.backoff.ms", "partition.assignment.strategy",
     "receive.message.max.bytes", "max.in.flight.requests.per.connection", "max.in.flight",
     "sticky.partitioning.linger.ms", "partitioner", "transaction.timeout.ms",
     # value-checked below

@@ -25,6 +25,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from connectors.clients import CONSUMER_DEFAULTS
 from connectors.exceptions import RetriableError, SetupError
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ def read_committed(
         return
     consumer = Consumer(
         {
+            **CONSUMER_DEFAULTS,
             **kafka_config,
             **READ_COMMITTED,
             "group.id": f"threes-read-{uuid.uuid4().hex}",
