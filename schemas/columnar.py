@@ -117,8 +117,33 @@ def _numpy_exact(arrow_type: Any) -> bool:
     ) or t.is_large_string(arrow_type)
 
 
-def _row_bytes(i: int) -> bytes:
-    return _ROW_BYTES[i] if i < 16384 else _zigzag(i)
+def _row_numbers(n: int) -> list[bytes]:
+    """The Avro ``long`` encodings of ``0 .. n-1`` (each row's ``__row`` field), as ``bytes`` each.
+
+    The first 16,384 come from a table made once; the rest are computed with numpy, a run of
+    equal encoded length at a time (a long ``i >= 0`` zig-zags to ``2 * i``, written 7 bits
+    a byte, low bits first, the high bit set on every byte but the last), then cut from one
+    buffer. One :func:`_zigzag` call per row cost ~0.35 µs a row beyond the table (a 75k-row
+    block of the S3 sink: 27 ms, twice, for its keys and its values).
+    """
+    if n <= len(_ROW_BYTES):
+        return _ROW_BYTES
+    import numpy as np
+
+    out = list(_ROW_BYTES)
+    start = len(_ROW_BYTES)
+    while start < n:
+        width = ((2 * start).bit_length() + 6) // 7  # bytes of the encoding of 2 * start
+        stop = min(n, 1 << (7 * width - 1))  # first i whose 2 * i needs one more byte
+        doubled = np.arange(start, stop, dtype=np.uint64) * np.uint64(2)
+        encoded = np.empty((stop - start, width), dtype=np.uint8)
+        for k in range(width):
+            encoded[:, k] = (doubled >> np.uint64(7 * k)) & np.uint64(0x7F)
+        encoded[:, : width - 1] |= 0x80
+        flat = encoded.tobytes()
+        out += [flat[i : i + width] for i in range(0, len(flat), width)]
+        start = stop
+    return out
 
 
 def conform(array: Any, target: Any) -> Any:
@@ -390,7 +415,7 @@ class ColumnarDecoder:
         header, schema = plan
         if not bodies:
             return schema.empty_table()
-        rows = _ROW_BYTES if len(bodies) <= len(_ROW_BYTES) else map(_row_bytes, range(len(bodies)))
+        rows = _row_numbers(len(bodies))
         # each body, then its row number (the row list may be longer than the bodies)
         data = b"".join(itertools.chain.from_iterable(zip(bodies, rows, strict=False)))
         block = b"".join((header, _zigzag(len(bodies)), _zigzag(len(data)), data, _SYNC))

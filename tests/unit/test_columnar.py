@@ -217,3 +217,22 @@ def test_python_objects_of_scalar_and_record_columns_equal_to_pylist() -> None:
         assert [type(v) for v in got] == [type(v) for v in want]
         if want and isinstance(want[0], dict):
             assert [[type(v) for v in d.values()] for d in got] == [[type(v) for v in d.values()] for d in want]
+
+
+def test_row_numbers_past_the_table_are_avro_longs() -> None:
+    from schemas.columnar import _row_numbers, _zigzag
+
+    n = (1 << 20) + 3  # 1, 2, 3 and 4 encoded bytes
+    rows = _row_numbers(n)
+    assert len(rows) == n
+    edges = [0, 63, 64, 8191, 8192, 16383, 16384, 16385, (1 << 20) - 1, 1 << 20, (1 << 20) + 2]
+    for i in [*edges, *range(16380, 16400), *range(n - 10, n), *range(16384, n, 997)]:
+        assert rows[i] == _zigzag(i), i
+
+
+def test_a_block_of_more_rows_than_the_table_decodes_in_order() -> None:
+    schema = {"type": "record", "name": "L", "fields": [{"name": "a", "type": "long"}]}
+    n = 40_000  # row numbers past the precomputed 16,384 take the numpy path
+    store, fp, messages = encode(schema, [{"a": -i} for i in range(n)])
+    table = ColumnarDecoder(store).decode(fp, [split(m)[1] for m in messages])
+    assert table.column("a").to_pylist() == [-i for i in range(n)]
