@@ -128,7 +128,10 @@ def schema(
 def _mount_subcommands() -> None:
     # Each part owns its command group; the modules import their heavy
     # libraries (pyspark, clients) inside the commands, so `threes --help` stays fast.
+    from threes import status
+    from threes.demo import cli as demo
     from threes.local.cli import local_app
+    from threes.pipeline import cli as pipeline
     from threes.source import offsets_app, source_app
     from threes.stream import stream_cli
     from threes.sync import sync_app
@@ -138,9 +141,9 @@ def _mount_subcommands() -> None:
     app.add_typer(offsets_app, name="offsets")
     app.add_typer(stream_cli, name="stream")
     app.add_typer(sync_app, name="sync")
-    __import__("threes.status", fromlist=["register"]).register(app)  # status
-    __import__("threes.demo.cli", fromlist=["register"]).register(app)  # replay, demo, docs
-    __import__("threes.pipeline.cli", fromlist=["register"]).register(app)  # run
+    status.register(app)  # status
+    demo.register(app)  # replay, demo, docs
+    pipeline.register(app)  # run
 
 
 _mount_subcommands()
