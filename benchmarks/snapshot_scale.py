@@ -26,7 +26,13 @@ One run, side by side, on the same events (``THREES_BENCH_SCALE_EVENTS``,
 4. a large delta (``THREES_BENCH_SCALE_DELTA``, 100k updates, more than
    ``overlay_max_rows``): merged by the executors into a new version at start;
 5. ``driver_peak_rss_mb_10m``: the largest driver tree RSS of the 10M runs
-   (target <= 1536 MB).
+   (target <= 1536 MB);
+6. where the 10M bootstrap's time goes: the run writes Spark's event log, and
+   ``bootstrap_10m_jobs`` lists each Spark job before the first micro-batch
+   (what it did, wall seconds, the executors' task CPU seconds: JVM threads
+   only, not the Python workers' or the JIT compilers'), with
+   ``bootstrap_10m_executor_cpu_us_per_key`` their task CPU per key: the figure
+   that divides by the executors' cores to size a bootstrap.
 
 Prints a table and one JSON line.
 """
@@ -194,10 +200,22 @@ def _tree_rss_bytes(pid: int) -> int:
     return total
 
 
-def run_child(args: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """Run :func:`child` in a new process; returns its result and the peak RSS of its tree, MB."""
+def run_child(args: dict[str, Any], event_log: Path | None = None) -> tuple[dict[str, Any], float]:
+    """Run :func:`child` in a new process; returns its result and the peak RSS of its tree, MB.
+
+    ``event_log``: a folder where the child's Spark driver writes its event log (uncompressed).
+    """
+    env = dict(os.environ)
+    if event_log is not None:
+        event_log.mkdir(parents=True, exist_ok=True)
+        conf = {
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": event_log.as_uri(),
+            "spark.eventLog.compress": "false",
+        }
+        env["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {k}={v}" for k, v in conf.items()) + " pyspark-shell"
     proc = subprocess.Popen(
-        [sys.executable, __file__, "child", json.dumps(args)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+        [sys.executable, __file__, "child", json.dumps(args)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
     )
     peak = 0
     while proc.poll() is None:
@@ -208,6 +226,55 @@ def run_child(args: dict[str, Any]) -> tuple[dict[str, Any], float]:
         raise RuntimeError(f"child {args['action']} failed with exit code {proc.returncode}")
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     return (json.loads(lines[-1]) if lines else {}), peak / 2**20
+
+
+def bootstrap_jobs(event_log: Path) -> list[dict[str, Any]]:
+    """The Spark jobs of a run's event log before its first micro-batch: what, wall s, executors' task CPU s.
+
+    A job is named by its description (``threes snapshot <name>: ...``, set by the snapshot), else by the
+    call site of its stage; micro-batch jobs carry the query's ``-enrich-`` job description.
+    """
+    events = []
+    for path in sorted(event_log.rglob("*")):
+        if path.is_file() and path.name.startswith(("events_", "app-", "local-")):
+            events += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    stage_job: dict[int, int] = {}
+    jobs: dict[int, dict[str, Any]] = {}
+    for e in events:
+        kind = e["Event"]
+        if kind == "SparkListenerJobStart":
+            description = (e.get("Properties") or {}).get("spark.job.description") or ""
+            jobs[e["Job ID"]] = {
+                "start": e["Submission Time"],
+                "batch": "-enrich-" in description,
+                "cpu_s": 0.0,
+                "stage": description.removeprefix("threes snapshot "),
+            }
+            stage_job.update({sid: e["Job ID"] for sid in e["Stage IDs"]})
+        elif kind == "SparkListenerJobEnd" and e["Job ID"] in jobs:
+            jobs[e["Job ID"]]["end"] = e["Completion Time"]
+        elif kind == "SparkListenerStageCompleted":
+            info = e["Stage Info"]
+            job = jobs.get(stage_job.get(info["Stage ID"], -1))
+            if job is not None and not job["stage"]:  # no description: the call site
+                job["stage"] = info["Stage Name"].split(" at ")[-1].rsplit("/", 1)[-1]
+        elif kind == "SparkListenerTaskEnd" and e["Stage ID"] in stage_job:
+            metrics = e.get("Task Metrics") or {}
+            jobs[stage_job[e["Stage ID"]]]["cpu_s"] += metrics.get("Executor CPU Time", 0) / 1e9
+    out = []
+    for job_id in sorted(jobs):
+        job = jobs[job_id]
+        if job["batch"]:
+            break
+        out.append(
+            {
+                "job": job_id,
+                "at": job["stage"],
+                "wall_s": (job.get("end", job["start"]) - job["start"]) / 1000,
+                "task_cpu_s": job["cpu_s"],
+            }
+        )
+    return out
 
 
 def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
@@ -229,7 +296,8 @@ def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, 
         job = {**base, "action": "job", "events": events}
         r10k, rss10k = run_child({**job, "snapshot": small, "checkpoint": str(tmp / "cp10k" / "checkpoint")})
         cp = str(tmp / "cp10m" / "checkpoint")
-        r10m, rss_boot = run_child({**job, "snapshot": big, "checkpoint": cp})
+        r10m, rss_boot = run_child({**job, "snapshot": big, "checkpoint": cp}, event_log=tmp / "eventlog")
+        boot_jobs = bootstrap_jobs(tmp / "eventlog")
         updates = [{"topic": big, "keys": UPDATES, "start": 0, "name": "renamed %d", "stride": STRIDE}]
         run_child({**base, "action": "write", "snapshots": updates})
         restart, rss_restart = run_child({**job, "snapshot": big, "checkpoint": cp})
@@ -252,6 +320,8 @@ def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, 
             "ratio_restart_vs_bootstrap_10m": restart["to_first_batch_s"] / r10m["to_first_batch_s"],
             "large_delta_10m_merge_s": merged["readiness"]["elapsed_s"],
             "driver_peak_rss_mb_10k": rss10k,
+            "bootstrap_10m_jobs": boot_jobs,
+            "bootstrap_10m_executor_cpu_us_per_key": sum(j["task_cpu_s"] for j in boot_jobs) / boot["keys"] * 1e6,
             "driver_peak_rss_mb_10m": max(rss_boot, rss_restart, rss_merge),
         }
     )
@@ -269,6 +339,11 @@ def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, 
             f"{r['bootstrap_10m_keys_per_s']:,.0f}",
             f"{boot['keys']:,} keys in {boot['elapsed_s']:.1f} s (target >= 500,000/s); "
             f"first batch done {r10m['to_first_batch_s']:.1f} s after start",
+        ),
+        (
+            "bootstrap 10M executors' task CPU",
+            f"{r['bootstrap_10m_executor_cpu_us_per_key']:.2f} us/key",
+            "; ".join(f"{j['at']} {j['wall_s']:.1f} s wall, {j['task_cpu_s']:.1f} s CPU" for j in boot_jobs),
         ),
         (
             "restart 10M to first batch",

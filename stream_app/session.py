@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,26 @@ SPARK_PACKAGES = (
     f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
     f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
 )
+
+
+@contextmanager
+def job_description(spark: Any, text: str) -> Iterator[None]:
+    """Name the Spark jobs this thread starts inside the block (Spark's ``spark.job.description``).
+
+    The Spark UI, the history server and the event log show ``text`` on each job
+    instead of a call site; the thread's previous description comes back after.
+
+    Args:
+        spark: the SparkSession.
+        text: e.g. ``threes snapshot airports: bootstrap``.
+    """
+    context = spark.sparkContext
+    previous = context.getLocalProperty("spark.job.description")
+    context.setJobDescription(text)
+    try:
+        yield
+    finally:
+        context.setLocalProperty("spark.job.description", previous)  # None removes it
 
 
 def is_local(master: str) -> bool:

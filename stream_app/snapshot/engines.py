@@ -33,6 +33,7 @@ from connectors.config.models import KafkaConfig
 from connectors.config.stream import SnapshotConfig
 from connectors.dlq import DeadLetter
 from connectors.exceptions import RetriableError
+from stream_app.session import job_description
 from stream_app.snapshot.data import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC, apply_changes, ipc_bytes
 from stream_app.snapshot.indexed import ArrowLookup, warm_udf_function
 from stream_app.snapshot.mapped import MappedLookup
@@ -248,7 +249,8 @@ class SnapshotBase:
         def run() -> None:
             started = time.monotonic()
             try:
-                rows = self.spark.range(cores, numPartitions=cores).select(loader(f.col("id"))).collect()
+                with job_description(self.spark, f"threes snapshot {name}: warm the Python workers"):
+                    rows = self.spark.range(cores, numPartitions=cores).select(loader(f.col("id"))).collect()
                 log.debug(
                     "snapshot=%s base loaded by workers %s in %.2f s",
                     name,

@@ -63,6 +63,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from stream_app.checkpoint import default_fs, is_local_path
+from stream_app.session import job_description
 from stream_app.snapshot.data import DELETED, LK
 from stream_app.snapshot.mapped import LOOKUP_FOLDER, is_complete, write_lookup_files
 
@@ -158,15 +159,16 @@ class PartitionedStore:
             path = self.versions.version_path(version)
             table = _table_name(self.name, version)
             written = Observation(f"version-{self.name}-{version}")
-            (
-                df.observe(written, f.count(f.lit(1)).alias("rows"))
-                .write.mode("overwrite")
-                .bucketBy(self.partitions, LK)
-                .sortBy(LK)
-                .format("parquet")
-                .option("path", path)
-                .saveAsTable(table)
-            )
+            with job_description(self.spark, f"threes snapshot {self.name}: write version {version}"):
+                (
+                    df.observe(written, f.count(f.lit(1)).alias("rows"))
+                    .write.mode("overwrite")
+                    .bucketBy(self.partitions, LK)
+                    .sortBy(LK)
+                    .format("parquet")
+                    .option("path", path)
+                    .saveAsTable(table)
+                )
             base = self._read_version(table, path)
             if self.cached:
                 base.count()  # fill the cache now, not in the first micro-batch
@@ -207,7 +209,8 @@ class PartitionedStore:
             folder = os.path.join(self.versions.folder, version, LOOKUP_FOLDER)
             started = time.monotonic()
             data = os.path.join(self.versions.folder, version, "data")
-            written = write_lookup_files(self.spark, data, folder, self.partitions, base.schema)
+            with job_description(self.spark, f"threes snapshot {self.name}: lookup files of {version}"):
+                written = write_lookup_files(self.spark, data, folder, self.partitions, base.schema)
             if written != rows:
                 raise RuntimeError(f"snapshot {self.name} {version}: lookup files hold {written} keys, not {rows}")
             log.info(

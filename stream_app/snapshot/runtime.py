@@ -48,6 +48,7 @@ from stream_app.checkpoint import SnapshotCheckpoint
 from stream_app.columns import rows_where
 from stream_app.kafka_io import Offsets, RangeReader, TopicWatermarks, count_between, offsets_json, read_range
 from stream_app.plan import SnapshotPlan, writers_for
+from stream_app.session import job_description
 from stream_app.snapshot.data import (
     DELETED,
     ERROR,
@@ -287,6 +288,10 @@ class Snapshot:
         Raises:
             SetupError: a topic is missing or Kafka does not answer.
         """
+        with job_description(self.spark, f"threes snapshot {self.name}: bootstrap"):
+            return self._bootstrap()
+
+    def _bootstrap(self) -> dict[str, Any]:
         started, now = time.monotonic(), time.time()
         ends = self.watermarks.end_offsets(self.cfg.topics)
         loaded = self._usable_checkpoint(ends)
@@ -410,6 +415,10 @@ class Snapshot:
         Returns:
             How many offsets were read (records, at most).
         """
+        with job_description(self.spark, f"threes snapshot {self.name}: refresh"):
+            return self._catch_up(ends, at, merge)
+
+    def _catch_up(self, ends: Offsets | None, at: float | None, merge: bool) -> int:
         at = time.time() if at is None else at
         ends = ends or self.watermarks.end_offsets(self.cfg.topics)
         pending = count_between(self.offsets, ends)
