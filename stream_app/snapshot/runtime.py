@@ -415,17 +415,17 @@ class Snapshot:
         Returns:
             How many offsets were read (records, at most).
         """
-        with job_description(self.spark, f"threes snapshot {self.name}: refresh"):
-            return self._catch_up(ends, at, merge)
-
-    def _catch_up(self, ends: Offsets | None, at: float | None, merge: bool) -> int:
         at = time.time() if at is None else at
         ends = ends or self.watermarks.end_offsets(self.cfg.topics)
         pending = count_between(self.offsets, ends)
-        if pending == 0:
+        if pending == 0:  # most micro-batches: no Spark job, nothing to name
             self.caught_up_at = at
             self._update_metrics()
             return 0
+        with job_description(self.spark, f"threes snapshot {self.name}: refresh"):
+            return self._read_pending(ends, at, merge, pending)
+
+    def _read_pending(self, ends: Offsets, at: float, merge: bool, pending: int) -> int:
         started = time.monotonic()
         if pending > self.cfg.overlay_max_rows and self.mode == "partitioned":
             self._merge_large_delta(ends)
