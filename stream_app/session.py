@@ -132,6 +132,9 @@ def spark_session(
     for key, value in settings.conf.items():
         if not (local_jars and key == "spark.executorEnv.SPARK_DIST_CLASSPATH"):
             builder = builder.config(key, value)
+    if not local and (executor_options := settings.executor_java_options()):
+        # the executors' collector (``executor_gc``); in local mode the tasks run in the driver's JVM
+        builder = builder.config("spark.executor.extraJavaOptions", executor_options)
     archive = _driver_archive(settings, jars, local_jars) if settings.class_data_sharing else None
     if archive is not None:
         options = [settings.conf.get("spark.driver.extraJavaOptions", ""), *archive.java_options]

@@ -42,7 +42,10 @@ def test_executors_import_the_project_from_the_shipped_zip(cluster_spark):
         # the executor keeps Spark's logging (the bundle's slf4j 1.x first would make it a no-op)
         stderr = (executor_dir / "stderr").read_text()
         assert "bundle-2.24.6.jar" not in " ".join(p.name for p in executor_dir.iterdir())  # not copied
-        assert "/spark-s3a-jars/bundle-2.24.6.jar" in stderr.splitlines()[0]  # the launch command's class path
+        launch = stderr.splitlines()[0]  # the worker's "Spark Executor Command: ..." line
+        assert "/spark-s3a-jars/bundle-2.24.6.jar" in launch  # its class path
+        # stream.spark.executor_gc's default collector reached the executor's JVM
+        assert '"-XX:+UseParallelGC"' in launch and "UseG1GC" not in launch, launch
         assert "INFO Executor" in stderr, stderr[-2000:]
     assert cluster_spark.sparkContext.master.startswith("spark://127.0.0.1:")
 
