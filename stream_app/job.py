@@ -314,7 +314,8 @@ class StreamJob:
         batch.sparkSession.conf.set("spark.sql.sources.useV1SourceList", V1_SOURCES)
         gate = time.monotonic()
         self._ready.wait()  # the readiness gate
-        self.gate_wait_s += time.monotonic() - gate
+        ready = time.monotonic()
+        self.gate_wait_s += ready - gate
         if self._bootstrap_error is not None:
             raise FatalError(f"the snapshots did not load: {self._bootstrap_error}") from self._bootstrap_error
         views, replay = self._views(batch_id)
@@ -354,7 +355,7 @@ class StreamJob:
         metrics.BATCH_SECONDS.labels(cfg.name).observe(written - started)
         # Spark delivers observed metrics through its asynchronous listener bus, seconds late on a busy
         # driver: the batch does not wait for them, a reporter thread logs them when they arrive.
-        timings = (refreshed - started, planned - refreshed, written - planned, written - started)
+        timings = (ready - gate, refreshed - ready, planned - refreshed, written - planned, written - started)
         self._reporter.submit(self._report, batch_id, replay, views, seen_in, seen_out, timings)
 
     def _report(
@@ -382,7 +383,7 @@ class StreamJob:
         self.counts[batch_id] = counts
         log.info(
             "job=%s batch=%d events=%d enriched=%d dead_letters=%d updates=%d replay=%s snapshots=%s "
-            "refresh_s=%.2f plan_s=%.2f write_s=%.2f elapsed_s=%.2f",
+            "gate_s=%.2f refresh_s=%.2f plan_s=%.2f write_s=%.2f elapsed_s=%.2f",
             cfg.name,
             batch_id,
             counts["events"],
