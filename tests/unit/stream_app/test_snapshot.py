@@ -104,3 +104,34 @@ def test_below_keeps_log_rows_before_recorded_offsets():
     )
     kept = below(log, {"t": {0: 11, 1: 4}})
     assert kept.column("__offset").to_pylist() == [10]
+
+
+def test_latest_per_key_decodes_once_and_drops_errors_after_choosing(spark):
+    """Without ``observe()`` before it, a filter on ``__error`` ahead of the window was pushed below the decode."""
+    from schemas.serde import AvroSerializer, fingerprint, schema_json
+    from stream_app.plan import Schema, spark_type
+    from stream_app.snapshot.data import ERROR, LK, record_decoder
+
+    key = {"type": "record", "name": "K", "namespace": "t", "fields": [{"name": "id", "type": "string"}]}
+    value = {"type": "record", "name": "V", "namespace": "t", "fields": [{"name": "name", "type": "string"}]}
+    k, v = AvroSerializer(key), AvroSerializer(value)
+    bad = b"\xc3\x01" + fingerprint(value) + b"\xff"  # a body that does not decode
+    rows = [
+        (k({"id": "A"}), v({"name": "a1"}), "t", 0, 0),
+        (k({"id": "A"}), bad, "t", 0, 1),  # A's newest record is bad: a1 stays
+        (k({"id": "B"}), bad, "t", 0, 2),  # B has nothing valid: no row
+        (k({"id": "C"}), v({"name": "c1"}), "t", 0, 3),
+        (None, v({"name": "x"}), "t", 0, 4),  # no key
+    ]
+    raw = spark.createDataFrame(rows, "key binary, value binary, topic string, partition int, offset long")
+    writers = {fingerprint(s): schema_json(s) for s in (key, value)}
+    key_type = spark_type(spark, Schema(key, schema_json(key), fingerprint(key)))
+    decoded = record_decoder(writers, schema_json(key), schema_json(value), key_type, {"t": 0})(raw)
+
+    latest = latest_per_key(decoded, partitions=2)
+    assert sorted((r[LK], r["name"]) for r in latest.collect()) == [("A", "a1"), ("C", "c1")]
+
+    def decodes(df):
+        return df._jdf.queryExecution().optimizedPlan().toString().count("from_avro(")
+
+    assert decodes(latest) == decodes(decoded.select(LK, ERROR, "__v"))  # each decode once, as in the decode
