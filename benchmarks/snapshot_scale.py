@@ -81,14 +81,13 @@ log = logging.getLogger("snapshot_scale")
 # -- children: one Spark driver each ---------------------------------------------------------------
 
 
-def _session(master: str) -> Any:
+def _session(master: str, executor_gc: str = "auto") -> Any:
     from connectors.config.stream import SparkSettings
     from stream_app.session import spark_session
     from threes.local import LocalStack
 
-    return spark_session(
-        SparkSettings(master=master, app_name="threes-bench-scale", driver_memory="1g"), LocalStack().spark_jars()
-    )
+    settings = SparkSettings(master=master, app_name="threes-bench-scale", driver_memory="1g", executor_gc=executor_gc)
+    return spark_session(settings, LocalStack().spark_jars())
 
 
 def _job_config(args: dict[str, Any], folder: Path) -> Any:
@@ -155,7 +154,7 @@ def _run_job(spark: Any, kafka: KafkaConfig, args: dict[str, Any]) -> dict[str, 
 def child(args: dict[str, Any]) -> dict[str, Any]:
     """One measurement in this process: ``write`` topics, or run the ``job`` once."""
     kafka = KafkaConfig(bootstrap_servers=args["bootstrap"])
-    spark = _session(args["master"])
+    spark = _session(args["master"], args.get("executor_gc", "auto"))
     try:
         if args["action"] == "write":
             from schemas.store import SchemaStore
