@@ -35,7 +35,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import snapshot_scale as scale  # noqa: E402
-from bench_topics import BenchTopics  # noqa: E402
 
 from connectors.config.models import KafkaConfig  # noqa: E402
 
@@ -74,16 +73,7 @@ def run_pairs(kafka: KafkaConfig) -> dict[str, Any]:
 
 
 def main() -> None:
-    from threes.local import LocalStack
-
-    stack = LocalStack()
-    stack.up(["kafka", "spark"])
-    kafka = KafkaConfig(bootstrap_servers=stack.endpoints().kafka_bootstrap)
-    topics = BenchTopics(kafka.librdkafka_config())
-    try:
-        f = run_pairs(kafka)
-    finally:
-        topics.drop()
+    f = scale.on_local_cluster(run_pairs)
     print(f"\nexecutor_gc benchmark: {scale.MASTER}, {f['keys']:,} keys, {f['events']:,} events, {PAIRS} pairs")
     print(f"  {'collector':<10}{'bootstrap s (runs)':>34}{'events/s (runs)':>34}")
     for c in COLLECTORS:

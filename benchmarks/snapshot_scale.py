@@ -364,7 +364,9 @@ def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, 
     return results, rows
 
 
-def main() -> None:
+def on_local_cluster(run: Any) -> Any:
+    """``run(kafka)`` against the local stack's Kafka and Spark cluster (started if needed); the ``bench.``
+    topics it created are deleted after."""
     from threes.local import LocalStack
 
     stack = LocalStack()
@@ -372,9 +374,13 @@ def main() -> None:
     kafka = KafkaConfig(bootstrap_servers=stack.endpoints().kafka_bootstrap)
     topics = BenchTopics(kafka.librdkafka_config())
     try:
-        results, rows = run_scale(kafka)
+        return run(kafka)
     finally:
         topics.drop()
+
+
+def main() -> None:
+    results, rows = on_local_cluster(run_scale)
     width = max(len(r[0]) for r in rows)
     print(f"\nsnapshot_scale benchmark: {MASTER}, {SCALE_EVENTS:,} events in micro-batches of {BATCH:,}")
     for name, value, note in rows:
