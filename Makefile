@@ -21,8 +21,13 @@ $(VENV)/.installed: pyproject.toml
 stack: venv
 	$(BIN)/threes local up
 
+# Two pytest-xdist workers (a module's tests stay together; tests/conftest.py), then the tests that stop
+# shared services (marked serial) alone.
+TEST_WORKERS ?= 2
+
 test: stack
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
+	$(BIN)/pytest -m serial
 
 # The failure drills at the sizes their issues name (make test runs them shorter): 90 s outages of
 # PostgreSQL and Elasticsearch, 10 kill -9 of a polling, a CDC and an exactly-once source, 20 kills of

@@ -16,6 +16,7 @@ long-lived local stack would otherwise gain ~100 topics per run (a broker of
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,14 +38,56 @@ def sql_engine(conn: RdsConnection) -> Iterator[Any]:
     engine.dispose()
 
 
+# Tests that use these fixtures share one Spark standalone cluster (two 1-core workers: one application
+# at a time) or compare outputs across masters within one process: under pytest-xdist they run in one
+# worker, one after another.
+CLUSTER_FIXTURES = frozenset({"spark_cluster_master", "cluster_spark", "outputs_by_master"})
+CLUSTER_GROUP = "spark-cluster"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests by folder: integration/ and e2e/ need the stack."""
+    """Mark tests by folder (integration/ and e2e/ need the stack) and group them for pytest-xdist.
+
+    ``make test`` runs the suite in two pytest-xdist workers with ``--dist loadgroup``: a
+    module's tests stay in one worker (its module-scoped fixtures, such as a whole pipeline
+    run, are built once), and the tests of the Spark cluster form one group (see
+    ``CLUSTER_FIXTURES``). Tests marked ``serial`` stop shared services; they run after the
+    others, alone (``pytest -m serial``).
+    """
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT / "tests").parts
         if parts[0] in ("integration", "e2e"):
             item.add_marker(pytest.mark.integration)
         if parts[0] == "e2e":
             item.add_marker(pytest.mark.e2e)
+        if not any(item.iter_markers("xdist_group")):
+            cluster = CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ()))
+            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP if cluster else item.nodeid.split("::")[0]))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Refuse what parallel workers would break: a ``serial`` test, or a test pytest-xdist did not group.
+
+    A ``serial`` test stops services other tests are using. A test without its group
+    suffix (``nodeid@group``) under ``--dist loadgroup`` would share the Spark cluster or a
+    module's fixtures with another worker: pytest-xdist drops the groups silently when
+    pytest's node ids change under it (pytest-dev/pytest-xdist#1386).
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    if item.get_closest_marker("serial"):
+        pytest.fail(
+            "this test stops shared services of the local stack: run it alone, `pytest -m serial` without -n "
+            "(make test runs the others in parallel first, then these)",
+            pytrace=False,
+        )
+    if item.config.getvalue("loadgroup") and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+        pytest.fail(
+            "pytest-xdist did not group this test (--dist loadgroup): this pytest and pytest-xdist do not work "
+            "together (pytest-dev/pytest-xdist#1386); install the versions pyproject.toml pins",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -135,7 +178,12 @@ def unique() -> str:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Delete the Kafka topics whose names carry a suffix this session's tests drew (see the module docstring)."""
+    """Stop the SparkSession; delete the Kafka topics whose names carry a suffix this session's tests drew.
+
+    (A run of unit tests alone has no ``spark_sessions`` fixture to stop the session; see the
+    module docstring for the topics.)
+    """
+    SPARK_SESSIONS.close()
     conf, tokens = _SESSION.get("kafka_conf"), _SESSION["tokens"]
     if not conf or not tokens:
         return
@@ -159,14 +207,16 @@ class SparkSessions:
     """The test process's one SparkSession (Spark allows one per process): local[2], or on a cluster.
 
     Tests ask for a master; a session on another master is stopped first. The
-    first session starts the JVM, so it carries the driver's class path for
-    ``s3a://`` (hadoop-aws and the AWS SDK bundle) whichever master comes first.
+    first session starts the JVM, so every session carries the driver's class path
+    for ``s3a://`` (hadoop-aws and the AWS SDK bundle) and the Kafka and Avro
+    connectors, whichever test and master come first: unit and integration tests
+    share this one object (``SPARK_SESSIONS``), in whatever order a pytest-xdist
+    worker runs them.
     """
 
     LOCAL = "local[2]"
 
-    def __init__(self, stack: Any) -> None:
-        self.stack = stack
+    def __init__(self) -> None:
         self.session: Any = None
         self.master: str | None = None
 
@@ -174,14 +224,16 @@ class SparkSessions:
         """The running session on ``master``, started (and any other stopped) when needed."""
         from connectors.config.stream import SparkSettings
         from stream_app.session import spark_session
+        from threes.local import LocalStack
 
         if self.session is not None and self.master == master and self.session.sparkContext._jsc is not None:
             return self.session
         self.close()
+        jars = LocalStack()  # the jars only: resolving them starts no service
         self.session = spark_session(
             SparkSettings(master=master, app_name="threes-tests", driver_memory="2g"),
-            jars=self.stack.spark_jars(),
-            local_jars=self.stack.spark_s3a_jars(),
+            jars=jars.spark_jars(),
+            local_jars=jars.spark_s3a_jars(),
         )
         self.master = master
         return self.session
@@ -193,12 +245,14 @@ class SparkSessions:
         self.session, self.master = None, None
 
 
+SPARK_SESSIONS = SparkSessions()
+
+
 @pytest.fixture(scope="session")
 def spark_sessions(stack: Any) -> Iterator[SparkSessions]:
     """The process's SparkSession, switched between local[2] and the standalone cluster on demand."""
-    sessions = SparkSessions(stack)
-    yield sessions
-    sessions.close()
+    yield SPARK_SESSIONS
+    SPARK_SESSIONS.close()
 
 
 @pytest.fixture

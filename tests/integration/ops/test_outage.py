@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
 from connectors.config import pipeline_from_dict
@@ -36,6 +37,9 @@ from tests.conftest import ROOT
 from tests.integration.ops.helpers import free_port, get_json, rows
 from tests.integration.sources.contract import topic_state
 from tests.integration.sync.helpers import UpdateProducer, create_topic, group_lag, wait_until
+
+# the drill stops PostgreSQL and Elasticsearch, which every other test uses: it runs alone
+pytestmark = pytest.mark.serial
 
 OUTAGE_S = float(os.environ.get("THREES_OUTAGE_S", "20"))
 ERRORS = {"retry_timeout_s": 3, "restart_backoff_s": 1, "restart_max_backoff_s": 4}
