@@ -50,6 +50,9 @@ side by side on the same events:
       (count - 1) / (last - first append time) on the job's output topic, with
       the same checks (values decoded through threes' schema topic). Spark's own
       progress figure (gate left out, as in part 1) is printed beside it.
+      Its snapshot engine is the config's default (broadcast below 100k keys);
+      ``THREES_BENCH_KS_BROADCAST_MAX_ROWS=0`` makes it partitioned at every size,
+      ``THREES_BENCH_KS_INDEX_MIN_ROWS`` the opt-in indexed engine.
 
    Loading is excluded on both sides: the topics are written before either
    starts, and each side's figure starts at its first output record, so the
@@ -119,6 +122,8 @@ KS_KEYS = [int(n) for n in os.environ.get("THREES_BENCH_KS_KEYS", "10000,1000000
 KS_HEAP = os.environ.get("THREES_BENCH_KS_HEAP", "-Xms2g -Xmx2g").split()
 # the job's snapshot engine in the side by side: unset = the config's default (broadcast below 100k keys)
 KS_INDEX_MIN_ROWS = os.environ.get("THREES_BENCH_KS_INDEX_MIN_ROWS")
+# or the snapshot's broadcast_max_rows (0: the partitioned engine at every size)
+KS_BROADCAST_MAX_ROWS = os.environ.get("THREES_BENCH_KS_BROADCAST_MAX_ROWS")
 KS_WARM = os.environ.get("THREES_BENCH_KS_WARM", "1") != "0"
 KS_ANCHOR = Path(os.environ.get("THREES_KSTREAMS_REF", str(ROOT.parent / "shared" / "anchors" / "kstreams-ref")))
 KS_DIR = ROOT / ".threes" / "kstreams-ref"
@@ -875,6 +880,8 @@ class Bench:
                         **(
                             {"index_min_rows": int(KS_INDEX_MIN_ROWS), "broadcast_max_rows": 2_000_000}
                             if KS_INDEX_MIN_ROWS
+                            else {"broadcast_max_rows": int(KS_BROADCAST_MAX_ROWS)}
+                            if KS_BROADCAST_MAX_ROWS
                             else {}
                         ),
                     }
