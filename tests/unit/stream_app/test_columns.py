@@ -8,13 +8,24 @@ from stream_app.columns import ColumnCache
 
 
 def _round_trips(spark: Any, fn: Any) -> tuple[Any, int]:
+    """``fn()`` and the py4j commands it sent.
+
+    Only this thread's commands count, and no "delete object" command: py4j's finalizer
+    thread sends those for Python proxies collected meanwhile, whichever code made them.
+    """
+    import threading
+
+    from py4j.protocol import MEMORY_COMMAND_NAME, MEMORY_DEL_SUBCOMMAND_NAME
+
     client = spark.sparkContext._gateway._gateway_client
     calls = [0]
     send = client.send_command
+    me, delete = threading.get_ident(), MEMORY_COMMAND_NAME + MEMORY_DEL_SUBCOMMAND_NAME
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return send(*args, **kwargs)
+    def counting(command: str, *args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == me and not command.startswith(delete):
+            calls[0] += 1
+        return send(command, *args, **kwargs)
 
     client.send_command = counting
     try:
