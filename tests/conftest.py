@@ -249,10 +249,12 @@ SPARK_SESSIONS = SparkSessions()
 
 
 @pytest.fixture(scope="session")
-def spark_sessions(stack: Any) -> Iterator[SparkSessions]:
-    """The process's SparkSession, switched between local[2] and the standalone cluster on demand."""
-    yield SPARK_SESSIONS
-    SPARK_SESSIONS.close()
+def spark_sessions(stack: Any) -> SparkSessions:
+    """The process's SparkSession, switched between local[2] and the standalone cluster on demand.
+
+    ``pytest_sessionfinish`` stops it, for unit tests too.
+    """
+    return SPARK_SESSIONS
 
 
 @pytest.fixture
