@@ -132,9 +132,13 @@ def spark_session(
     for key, value in settings.conf.items():
         if not (local_jars and key == "spark.executorEnv.SPARK_DIST_CLASSPATH"):
             builder = builder.config(key, value)
-    if not local and (executor_options := settings.executor_java_options()):
-        # the executors' collector (``executor_gc``); in local mode the tasks run in the driver's JVM
-        builder = builder.config("spark.executor.extraJavaOptions", executor_options)
+    if not local:  # in local mode the tasks run in the driver's JVM
+        # the executors' collector (``executor_gc``), and their class data sharing archive when they run here
+        executor_options = settings.executor_java_options()
+        if settings.class_data_sharing and _loopback_master(settings.master):
+            executor_options = " ".join(filter(None, [executor_options, *_executor_archive_options(executor_options)]))
+        if executor_options:
+            builder = builder.config("spark.executor.extraJavaOptions", executor_options)
     archive = _driver_archive(settings, jars, local_jars) if settings.class_data_sharing else None
     if archive is not None:
         options = [settings.conf.get("spark.driver.extraJavaOptions", ""), *archive.java_options]
@@ -182,6 +186,20 @@ def _driver_archive(
     extra = [str(j) for j in [*(jars or []), *(local_jars or [])]]
     extra += [e for e in os.environ.get("SPARK_DIST_CLASSPATH", "").split(":") if e]
     return driver_archive(extra, settings.conf.get("spark.driver.extraJavaOptions", ""))
+
+
+def _executor_archive_options(executor_options: str) -> tuple[str, ...]:
+    """JVM options that give the executors of a standalone cluster on this host Spark's classes from an archive.
+
+    Measured on the local stack's cluster (two 1-core executors, 1M-key snapshot, one run each): a
+    restart to its first micro-batch 20.9 s -> 14.5 s, a bootstrap to its first micro-batch 40.1 s ->
+    33.2 s. The first application of an installation records the classes its executors load; its
+    process's exit dumps them into the archive in the background (:mod:`stream_app.class_data_sharing`).
+    """
+    from stream_app.class_data_sharing import executor_archive
+
+    shared = executor_archive(executor_options)
+    return shared.java_options if shared is not None else ()
 
 
 def _finish_at_exit(archive: DriverArchive) -> None:

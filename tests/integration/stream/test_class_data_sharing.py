@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,59 @@ def test_a_driver_maps_the_archive_its_predecessor_wrote(stack, tmp_path: Path) 
     mapped, output = _driver(env, tmp_path)
     assert mapped
     assert "[cds" not in output
+
+
+_CLUSTER_DRIVER = textwrap.dedent("""
+    import json, os, sys
+    from connectors.config.stream import SparkSettings
+    from threes.local import LocalStack
+    from stream_app.session import spark_session
+
+    def executor_maps(_):
+        # a Python worker's parent is PySpark's daemon, whose parent is the executor's JVM
+        daemon = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[1])
+        jvm = int(open(f"/proc/{daemon}/stat").read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{jvm}/maps") as maps:
+            yield (jvm, "executor.jsa" in maps.read())
+
+    spark = spark_session(SparkSettings(master=sys.argv[1], app_name="cds-executors-test"), LocalStack().spark_jars())
+    seen = dict(spark.sparkContext.parallelize(range(8), 8).mapPartitions(executor_maps).collect())
+    spark.stop()
+    print(json.dumps({"executors": len(seen), "mapped": sorted(set(seen.values()))}))
+""")
+
+
+def test_executors_on_this_host_map_the_archive_their_first_application_recorded(
+    stack, spark_cluster_master: str, tmp_path: Path
+) -> None:
+    root = Path(__file__).resolve().parents[3]
+    cache = tmp_path / "cache"
+    env = {**os.environ, "THREES_CACHE_DIR": str(cache), "THREES_HOME": str(stack.home)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+
+    def run() -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", _CLUSTER_DRIVER, spark_cluster_master],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "[cds" not in done.stdout + done.stderr
+        return json.loads([ln for ln in done.stdout.splitlines() if ln.startswith("{")][-1])
+
+    first = run()
+    assert first["mapped"] == [False]  # no archive yet: the executors record the classes they load
+    folders = [f for f in (cache / "jvm").iterdir() if (f / "executor-training.lock").exists()]
+    assert len(folders) == 1  # the dump runs in the background after the first driver exited
+    folder = folders[0]
+    deadline = time.monotonic() + 240
+    while (folder / "executor-training.lock").exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert (folder / "executor.jsa").stat().st_size > 10_000_000
+    assert not list(folder.glob("executor-*")), "class lists and partial files are removed"
+
+    second = run()
+    assert second["executors"] >= 1 and second["mapped"] == [True]

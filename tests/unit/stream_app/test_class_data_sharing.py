@@ -119,3 +119,84 @@ def test_the_cache_folder_comes_from_the_environment(variable: str, monkeypatch:
     monkeypatch.setenv(variable, "/somewhere")
     expected = Path("/somewhere") if variable == "THREES_CACHE_DIR" else Path("/somewhere/threes")
     assert cds.cache_dir() == expected
+
+
+@pytest.fixture
+def no_exit_dump(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Training registrations are collected here instead of dumping at the test process's exit."""
+    registered: list = []
+    monkeypatch.setattr(cds.atexit, "register", registered.append)
+    monkeypatch.setattr(cds, "_training_here", set())
+    return registered
+
+
+def test_executors_train_once_per_process_and_map_the_archive_after(tmp_path: Path, no_exit_dump: list) -> None:
+    first = cds.executor_archive("-XX:+UseParallelGC", root=tmp_path)
+    assert first is not None and first.training
+    (option,) = first.java_options
+    assert option.startswith("-XX:DumpLoadedClassList=") and "{{APP_ID}}-{{EXECUTOR_ID}}" in option
+    assert (first.folder / cds.EXECUTOR_LOCK).read_text() == str(os.getpid())
+    again = cds.executor_archive("-XX:+UseParallelGC", root=tmp_path)  # a second application of this process
+    assert again is not None and again.training and again.folder == first.folder
+    assert cds.executor_archive("", root=tmp_path) is not None  # other JVM options: another installation
+    (first.folder / cds.EXECUTOR_ARCHIVE).write_bytes(b"archive")
+    mapped = cds.executor_archive("-XX:+UseParallelGC", root=tmp_path)
+    assert mapped is not None and not mapped.training
+    assert mapped.java_options == (f"-XX:SharedArchiveFile={first.folder / cds.EXECUTOR_ARCHIVE}", cds.QUIET)
+    assert len(no_exit_dump) == 2  # one dump at exit per installation trained, not one per application
+
+
+def test_another_process_training_the_executors_leaves_them_as_they_are(tmp_path: Path, no_exit_dump: list) -> None:
+    first = cds.executor_archive("", root=tmp_path)
+    assert first is not None
+    cds._training_here.clear()  # as if another process held the lock
+    assert cds.executor_archive("", root=tmp_path) is None
+
+
+def test_the_merged_class_list_drops_a_line_cut_by_a_killed_executor(tmp_path: Path) -> None:
+    (tmp_path / "executor-app-1-0.classlist").write_text("# header\njava/lang/Object\norg/apache/spark/A\n")
+    (tmp_path / "executor-app-1-1.classlist").write_text("java/lang/Object\norg/apache/spark/B\norg/apa")
+    out = tmp_path / "merged"
+    assert cds._merged_classlist(tmp_path, out) == 3
+    assert out.read_text() == "java/lang/Object\norg/apache/spark/A\norg/apache/spark/B\n"
+
+
+def _fake_java(tmp_path: Path, status: int) -> str:
+    """A ``java`` that writes the file named by ``-XX:SharedArchiveFile=`` and exits with ``status``."""
+    java = tmp_path / f"java-{status}"
+    java.write_text(
+        f"#!{sys.executable}\nimport sys\n"
+        "out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('-XX:SharedArchiveFile=')][0]\n"
+        f"open(out, 'wb').write(b'dumped')\nsys.exit({status})\n"
+    )
+    java.chmod(0o755)
+    return str(java)
+
+
+def test_a_dump_installs_the_archive_and_cleans_up(tmp_path: Path) -> None:
+    folder = tmp_path / "key"
+    folder.mkdir()
+    (folder / cds.EXECUTOR_LOCK).write_text("1")
+    (folder / "executor-app-1-0.classlist").write_text("java/lang/Object\n")
+    assert cds.dump_executor_archive(folder, java=_fake_java(tmp_path, 0), classpath="cp", quiet_s=0)
+    assert (folder / cds.EXECUTOR_ARCHIVE).read_bytes() == b"dumped"
+    assert sorted(p.name for p in folder.iterdir()) == [cds.EXECUTOR_ARCHIVE]  # lists, part and lock gone
+
+
+def test_a_failed_dump_installs_nothing_and_stops_training_for_a_day(tmp_path: Path) -> None:
+    folder = tmp_path / "jvm" / "key"
+    folder.mkdir(parents=True)
+    (folder / "executor-app-1-0.classlist").write_text("java/lang/Object\n")
+    assert not cds.dump_executor_archive(folder, java=_fake_java(tmp_path, 1), classpath="cp", quiet_s=0)
+    assert not (folder / cds.EXECUTOR_ARCHIVE).exists()
+    assert sorted(p.name for p in folder.iterdir()) == [cds.EXECUTOR_FAILED]
+    assert not cds.dump_executor_archive(folder, java=_fake_java(tmp_path, 0), classpath="cp", quiet_s=0)  # no lists
+
+
+def test_the_executors_class_path_is_the_one_a_worker_gives_them(tmp_path: Path) -> None:
+    jars = tmp_path / "pyspark" / "jars"
+    jars.mkdir(parents=True)
+    (jars / "slf4j-api-2.0.16.jar").write_bytes(b"")
+    (jars / "spark-core_2.13-4.0.0.jar").write_bytes(b"")
+    home = jars.parent.resolve()
+    assert cds.executor_classpath(jars) == f"{home}/conf:{home}/jars/slf4j-api-2.0.16.jar:{home}/jars/*"
