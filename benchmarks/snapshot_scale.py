@@ -7,7 +7,10 @@ Starts Kafka and the local Spark standalone cluster (a master and two workers,
 its own with ``spark.driver.memory=1g`` and ``spark.driver.maxResultSize`` left
 at its default; this process samples the resident memory of each child's
 process tree (the Python driver and its JVM; the executors are the workers'
-children, not counted) every 0.5 s.
+children, not counted) every 0.5 s. The executors map the installation's class data
+sharing archive (:mod:`stream_app.class_data_sharing`): on a new installation the first
+child (writing the topics) records their classes and the measurements wait for its
+background dump (``executor_class_data_sharing`` in the JSON line says whether they had one).
 
 One run, side by side, on the same events (``THREES_BENCH_SCALE_EVENTS``,
 500k, in micro-batches of ``THREES_BENCH_BATCH``) referencing 10k keys:
@@ -276,6 +279,18 @@ def bootstrap_jobs(event_log: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _executor_archive_ready(timeout_s: float = 300.0) -> bool:
+    """Wait for a background dump of the executors' class data sharing archive (trained by an earlier
+    child of a new installation) so that it does not run during a measurement; whether one exists."""
+    from stream_app.class_data_sharing import EXECUTOR_ARCHIVE, EXECUTOR_LOCK, cache_dir
+
+    jvm = cache_dir() / "jvm"
+    deadline = time.monotonic() + timeout_s
+    while any(jvm.glob(f"*/{EXECUTOR_LOCK}")) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return any(jvm.glob(f"*/{EXECUTOR_ARCHIVE}"))
+
+
 def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
     """The whole scale measurement; returns the figures and table rows."""
     run_id = uuid.uuid4().hex[:8]
@@ -292,6 +307,7 @@ def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, 
         ]
         run_child({**base, "action": "write", "snapshots": snapshots, "events": events, "n": SCALE_EVENTS})
         log.info("scale: topics written in %.1f s", time.monotonic() - started)
+        results["executor_class_data_sharing"] = _executor_archive_ready()
         job = {**base, "action": "job", "events": events}
         r10k, rss10k = run_child({**job, "snapshot": small, "checkpoint": str(tmp / "cp10k" / "checkpoint")})
         cp = str(tmp / "cp10m" / "checkpoint")
