@@ -8,9 +8,9 @@ its own with ``spark.driver.memory=1g`` and ``spark.driver.maxResultSize`` left
 at its default; this process samples the resident memory of each child's
 process tree (the Python driver and its JVM; the executors are the workers'
 children, not counted) every 0.5 s. The executors map the installation's class data
-sharing archive (:mod:`stream_app.class_data_sharing`): on a new installation the first
-child (writing the topics) records their classes and the measurements wait for its
-background dump (``executor_class_data_sharing`` in the JSON line says whether they had one).
+sharing archive (:mod:`stream_app.class_data_sharing`); a child's exit may dump it again
+with classes it lacked, in the background: each child starts after that dump ended
+(``executor_class_data_sharing`` in the JSON line says whether the measured ones had one).
 
 One run, side by side, on the same events (``THREES_BENCH_SCALE_EVENTS``,
 500k, in micro-batches of ``THREES_BENCH_BATCH``) referencing 10k keys:
@@ -216,6 +216,7 @@ def run_child(args: dict[str, Any], event_log: Path | None = None) -> tuple[dict
             "spark.eventLog.compress": "false",
         }
         env["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {k}={v}" for k, v in conf.items()) + " pyspark-shell"
+    _executor_archive_ready()  # no background dump of the executors' classes during a measurement
     proc = subprocess.Popen(
         [sys.executable, __file__, "child", json.dumps(args)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
     )
@@ -280,8 +281,7 @@ def bootstrap_jobs(event_log: Path) -> list[dict[str, Any]]:
 
 
 def _executor_archive_ready(timeout_s: float = 300.0) -> bool:
-    """Wait for a background dump of the executors' class data sharing archive (trained by an earlier
-    child of a new installation) so that it does not run during a measurement; whether one exists."""
+    """Wait for a background dump of the executors' class data sharing archive; whether one exists."""
     from stream_app.class_data_sharing import EXECUTOR_ARCHIVE, EXECUTOR_LOCK, cache_dir
 
     jvm = cache_dir() / "jvm"

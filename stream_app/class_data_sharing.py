@@ -41,7 +41,10 @@ per application and executor: a killed executor leaves a usable list); at that
 process's exit a background process waits until the lists stop changing, merges
 them and runs ``java -Xshare:dump`` with the executors' class path into a
 ``.part`` file, renamed to ``executor.jsa`` when ``java`` exits with status 0
-(~30 s of one core, once). Later applications' executors map it. Measured on the
+(~30 s of one core). Later applications' executors map it, and go on recording
+(one process at a time): a list with classes the archive lacks (a first
+application that only wrote topics; a later one that reads them and joins) is
+dumped again with them, so the archive converges on what the applications load. Measured on the
 local stack's cluster (two 1-core executors, 1M-key snapshot, one run each): an
 executor registers ~2 s sooner, a restart reaches its first micro-batch in
 14.5 s instead of 20.9 s. A failed dump is not retried for a day.
@@ -286,6 +289,9 @@ def driver_archive(
 EXECUTOR_ARCHIVE = "executor.jsa"
 EXECUTOR_LOCK = "executor-training.lock"
 EXECUTOR_FAILED = "executor-dump.failed"
+EXECUTOR_CLASSES = "executor.classes"
+MIN_NEW_CLASSES = 200
+"""A dump needs at least this many classes (or 2%) that the current archive lacks."""
 _CLASSLIST_GLOB = "executor-*.classlist"
 _RETRY_FAILED_S = 86400.0
 # what Spark 4 adds to every executor's command; the archive is dumped with the same module options
@@ -313,11 +319,12 @@ class ExecutorArchive:
     Attributes:
         folder: ``<cache>/jvm/<key>`` (the key covers ``java``, Spark's jars and the executors'
             JVM options).
-        java_options: options to add to ``spark.executor.extraJavaOptions``: map the archive, or
-            record the classes the executors load (``-XX:DumpLoadedClassList``, one file per
-            application and executor).
-        training: whether this process records the class lists; at its exit a background process
-            dumps them into the archive (:func:`dump_executor_archive`, ~30 s of one core, once).
+        java_options: options to add to ``spark.executor.extraJavaOptions``: map the archive (when
+            one exists), and record the classes the executors load (``-XX:DumpLoadedClassList``,
+            one file per application and executor) when this process records.
+        training: whether this process records (one process at a time); at its exit a background
+            process dumps the lists into a new archive if they hold classes the archive lacks
+            (:func:`dump_executor_archive`, ~30 s of one core).
     """
 
     folder: Path
@@ -373,12 +380,13 @@ def executor_archive(executor_options: str, root: Path | None = None) -> Executo
     jvm_root = (root or cache_dir()) / "jvm"
     folder = jvm_root / archive_key(java, _spark_jars_dir(), [], f"executor {executor_options}")
     archive = folder / EXECUTOR_ARCHIVE
+    mapped: tuple[str, ...] = ()
     if archive.is_file():
+        mapped = (f"-XX:SharedArchiveFile={archive}", QUIET)
         try:
-            os.utime(folder)
+            os.utime(folder)  # used: kept by the pruning of unused installations
         except OSError:
             pass
-        return ExecutorArchive(folder, (f"-XX:SharedArchiveFile={archive}", QUIET), False)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         failed_at = (folder / EXECUTOR_FAILED).stat().st_mtime
@@ -386,23 +394,26 @@ def executor_archive(executor_options: str, root: Path | None = None) -> Executo
         failed_at = 0.0
     except OSError as exc:
         log.debug("class data sharing off for executors: %s: %s", folder, exc)
-        return None
+        return ExecutorArchive(folder, mapped, False) if mapped else None
     if time.time() - failed_at < _RETRY_FAILED_S:
-        return None
+        return ExecutorArchive(folder, mapped, False) if mapped else None
     classlist = folder / "executor-{{APP_ID}}-{{EXECUTOR_ID}}.classlist"  # Spark fills the placeholders
-    training = ExecutorArchive(folder, (f"-XX:DumpLoadedClassList={classlist}",), True, executor_options)
-    if folder not in _training_here:  # this process's first application here: take the training
+    recording = ExecutorArchive(folder, (*mapped, f"-XX:DumpLoadedClassList={classlist}"), True, executor_options)
+    if folder not in _training_here:  # this process's first application here: take the recording
         if not _take_lock(folder / EXECUTOR_LOCK):
-            return None
+            return ExecutorArchive(folder, mapped, False) if mapped else None  # another process records
         _training_here.add(folder)
         _prune(jvm_root, folder)
-        atexit.register(training.finish)
-    return training
+        atexit.register(recording.finish)
+    return recording
 
 
-def _merged_classlist(folder: Path, out: Path) -> int:
-    """Merge the recorded class lists into ``out`` (a line cut by a killed executor is dropped); lines."""
-    seen: dict[str, None] = {}
+def _merged_classlist(folder: Path, out: Path, previous: Sequence[str] = ()) -> int:
+    """Merge ``previous`` and the recorded class lists into ``out``; returns the lines written.
+
+    A line cut by a killed executor (no newline at the end of its file) is dropped.
+    """
+    seen: dict[str, None] = dict.fromkeys(previous)
     for path in sorted(folder.glob(_CLASSLIST_GLOB)):
         text = path.read_text(errors="replace")
         lines = text.split("\n")
@@ -430,11 +441,16 @@ def dump_executor_archive(
     quiet_s: float = 5.0,
     timeout_s: float = 600.0,
 ) -> bool:
-    """Dump the executors' recorded class lists into ``executor.jsa`` (JDK static class data sharing).
+    """Dump the executors' classes into ``executor.jsa`` when their lists hold classes it lacks.
 
-    Runs ``java -Xshare:dump`` with the executors' class path (:func:`executor_classpath`) into
-    a ``.part`` file, renamed into place only when ``java`` exits with status 0. The class lists
-    are removed either way; a failure leaves ``executor-dump.failed`` (no new training for a day).
+    The classes of the current archive (``executor.classes``) and the recorded lists are merged;
+    when the merge adds at least ``max(MIN_NEW_CLASSES, 2%)`` classes (or no archive exists yet),
+    ``java -Xshare:dump`` runs with the executors' class path (:func:`executor_classpath`) into a
+    ``.part`` file, renamed into place only when ``java`` exits with status 0, and the merge
+    becomes ``executor.classes``. So an installation's archive grows to what its applications load
+    (a first application that only wrote topics, later ones that read them and join), and stops
+    being dumped when nothing new is loaded. The recorded lists are removed either way; a failed
+    dump leaves ``executor-dump.failed`` (no recording for a day).
 
     Args:
         folder: the installation's folder (:attr:`ExecutorArchive.folder`).
@@ -445,17 +461,22 @@ def dump_executor_archive(
         timeout_s: at most this long for the dump.
 
     Returns:
-        Whether the archive was installed (never raises).
+        Whether a new archive was installed (never raises).
     """
     lock = folder / EXECUTOR_LOCK
     merged = folder / f"executor-{os.getpid()}.classes"
     part = folder / f"executor-{os.getpid()}.jsa.part"
+    dumped = folder / EXECUTOR_CLASSES
     installed, attempted = False, False
     try:
         _wait_quiet(folder, quiet_s, 120.0)
         java = java or _java_binary()
-        if java is None or _merged_classlist(folder, merged) == 0:
-            return False  # nothing recorded (no executor ran): a later process trains
+        previous = dumped.read_text().splitlines() if dumped.is_file() else []
+        if not (folder / EXECUTOR_ARCHIVE).is_file():
+            previous = []
+        total = _merged_classlist(folder, merged, previous)
+        if java is None or total - len(previous) < max(MIN_NEW_CLASSES, len(previous) // 50):
+            return False  # nothing (new enough) recorded: the archive stays as it is
         attempted = True
         command = [
             java,
@@ -471,17 +492,21 @@ def dump_executor_archive(
         done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s)
         if done.returncode == 0 and part.is_file():
             os.replace(part, folder / EXECUTOR_ARCHIVE)  # atomic: an executor maps no file or a complete one
+            os.replace(merged, dumped)
             installed = True
         else:
             log.debug("class data sharing: executors' dump failed: %s", done.stderr[-2000:])
     except Exception as exc:  # noqa: BLE001 - a failed dump only costs the executors' speed-up
         log.debug("class data sharing: executors' dump failed: %s", exc)
     finally:
-        if attempted and not installed:
-            (folder / EXECUTOR_FAILED).write_text(str(time.time()))
-        for path in [merged, part, *folder.glob(_CLASSLIST_GLOB)]:
-            path.unlink(missing_ok=True)
-        lock.unlink(missing_ok=True)
+        try:
+            if attempted and not installed:
+                (folder / EXECUTOR_FAILED).write_text(str(time.time()))
+            for path in [merged, part, *folder.glob(_CLASSLIST_GLOB)]:
+                path.unlink(missing_ok=True)
+            lock.unlink(missing_ok=True)
+        except OSError:  # the folder was removed meanwhile
+            pass
     return installed
 
 

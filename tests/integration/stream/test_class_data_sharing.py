@@ -108,6 +108,14 @@ def test_executors_on_this_host_map_the_archive_their_first_application_recorded
         time.sleep(1)
     assert (folder / "executor.jsa").stat().st_size > 10_000_000
     assert not list(folder.glob("executor-*")), "class lists and partial files are removed"
+    assert (folder / "executor.classes").stat().st_size > 100_000  # the classes the archive holds
 
     second = run()
     assert second["executors"] >= 1 and second["mapped"] == [True]
+    # it recorded too (the archive grows when an application loads classes it lacks): its dump check
+    # ends with no class list left behind
+    deadline = time.monotonic() + 240
+    while (folder / "executor-training.lock").exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert (folder / "executor.jsa").is_file() and (folder / "executor.classes").is_file()
+    assert not list(folder.glob("executor-*"))

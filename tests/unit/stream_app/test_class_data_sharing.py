@@ -130,7 +130,7 @@ def no_exit_dump(monkeypatch: pytest.MonkeyPatch) -> list:
     return registered
 
 
-def test_executors_train_once_per_process_and_map_the_archive_after(tmp_path: Path, no_exit_dump: list) -> None:
+def test_executors_record_once_per_process_and_map_the_archive_after(tmp_path: Path, no_exit_dump: list) -> None:
     first = cds.executor_archive("-XX:+UseParallelGC", root=tmp_path)
     assert first is not None and first.training
     (option,) = first.java_options
@@ -141,16 +141,20 @@ def test_executors_train_once_per_process_and_map_the_archive_after(tmp_path: Pa
     assert cds.executor_archive("", root=tmp_path) is not None  # other JVM options: another installation
     (first.folder / cds.EXECUTOR_ARCHIVE).write_bytes(b"archive")
     mapped = cds.executor_archive("-XX:+UseParallelGC", root=tmp_path)
-    assert mapped is not None and not mapped.training
-    assert mapped.java_options == (f"-XX:SharedArchiveFile={first.folder / cds.EXECUTOR_ARCHIVE}", cds.QUIET)
-    assert len(no_exit_dump) == 2  # one dump at exit per installation trained, not one per application
+    assert mapped is not None and mapped.training  # maps the archive and goes on recording
+    assert mapped.java_options == (f"-XX:SharedArchiveFile={first.folder / cds.EXECUTOR_ARCHIVE}", cds.QUIET, option)
+    assert len(no_exit_dump) == 2  # one dump at exit per installation recorded, not one per application
 
 
-def test_another_process_training_the_executors_leaves_them_as_they_are(tmp_path: Path, no_exit_dump: list) -> None:
+def test_while_another_process_records_the_executors_only_map_the_archive(tmp_path: Path, no_exit_dump: list) -> None:
     first = cds.executor_archive("", root=tmp_path)
     assert first is not None
     cds._training_here.clear()  # as if another process held the lock
-    assert cds.executor_archive("", root=tmp_path) is None
+    assert cds.executor_archive("", root=tmp_path) is None  # no archive yet: nothing to add
+    (first.folder / cds.EXECUTOR_ARCHIVE).write_bytes(b"archive")
+    mapped = cds.executor_archive("", root=tmp_path)
+    assert mapped is not None and not mapped.training
+    assert mapped.java_options == (f"-XX:SharedArchiveFile={first.folder / cds.EXECUTOR_ARCHIVE}", cds.QUIET)
 
 
 def test_the_merged_class_list_drops_a_line_cut_by_a_killed_executor(tmp_path: Path) -> None:
@@ -173,20 +177,37 @@ def _fake_java(tmp_path: Path, status: int) -> str:
     return str(java)
 
 
-def test_a_dump_installs_the_archive_and_cleans_up(tmp_path: Path) -> None:
+def _classes(folder: Path, name: str, first: int, count: int) -> None:
+    (folder / name).write_text("".join(f"org/example/C{i}\n" for i in range(first, first + count)))
+
+
+def test_a_dump_installs_the_archive_and_redumps_only_for_new_classes(tmp_path: Path) -> None:
     folder = tmp_path / "key"
     folder.mkdir()
+    java = _fake_java(tmp_path, 0)
     (folder / cds.EXECUTOR_LOCK).write_text("1")
-    (folder / "executor-app-1-0.classlist").write_text("java/lang/Object\n")
-    assert cds.dump_executor_archive(folder, java=_fake_java(tmp_path, 0), classpath="cp", quiet_s=0)
+    _classes(folder, "executor-app-1-0.classlist", 0, 300)
+    assert cds.dump_executor_archive(folder, java=java, classpath="cp", quiet_s=0)
     assert (folder / cds.EXECUTOR_ARCHIVE).read_bytes() == b"dumped"
-    assert sorted(p.name for p in folder.iterdir()) == [cds.EXECUTOR_ARCHIVE]  # lists, part and lock gone
+    assert len((folder / cds.EXECUTOR_CLASSES).read_text().splitlines()) == 300
+    assert sorted(p.name for p in folder.iterdir()) == sorted([cds.EXECUTOR_ARCHIVE, cds.EXECUTOR_CLASSES])
+
+    (folder / cds.EXECUTOR_ARCHIVE).write_bytes(b"first")
+    _classes(folder, "executor-app-2-0.classlist", 100, 250)  # 50 classes the archive lacks: too few
+    assert not cds.dump_executor_archive(folder, java=java, classpath="cp", quiet_s=0)
+    assert (folder / cds.EXECUTOR_ARCHIVE).read_bytes() == b"first"
+    assert sorted(p.name for p in folder.iterdir()) == sorted([cds.EXECUTOR_ARCHIVE, cds.EXECUTOR_CLASSES])
+
+    _classes(folder, "executor-app-3-1.classlist", 200, 400)  # 300 new ones: dumped with the old ones
+    assert cds.dump_executor_archive(folder, java=java, classpath="cp", quiet_s=0)
+    assert (folder / cds.EXECUTOR_ARCHIVE).read_bytes() == b"dumped"
+    assert len((folder / cds.EXECUTOR_CLASSES).read_text().splitlines()) == 600
 
 
-def test_a_failed_dump_installs_nothing_and_stops_training_for_a_day(tmp_path: Path) -> None:
-    folder = tmp_path / "jvm" / "key"
-    folder.mkdir(parents=True)
-    (folder / "executor-app-1-0.classlist").write_text("java/lang/Object\n")
+def test_a_failed_dump_installs_nothing_and_stops_recording_for_a_day(tmp_path: Path, no_exit_dump: list) -> None:
+    folder = tmp_path / "key"
+    folder.mkdir()
+    _classes(folder, "executor-app-1-0.classlist", 0, 300)
     assert not cds.dump_executor_archive(folder, java=_fake_java(tmp_path, 1), classpath="cp", quiet_s=0)
     assert not (folder / cds.EXECUTOR_ARCHIVE).exists()
     assert sorted(p.name for p in folder.iterdir()) == [cds.EXECUTOR_FAILED]
