@@ -30,13 +30,19 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
-def _driver(env: dict[str, str], cwd: Path) -> tuple[bool, str]:
+def _run(script: str, env: dict[str, str], cwd: Path, *args: str) -> tuple[dict, str]:
+    """Run a driver script in a process of its own; its last JSON line and its whole output."""
     done = subprocess.run(
-        [sys.executable, "-c", _DRIVER], capture_output=True, text=True, timeout=300, env=env, cwd=cwd
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300, env=env, cwd=cwd
     )
     assert done.returncode == 0, done.stderr[-3000:]
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("{")][-1]
-    return json.loads(line)["mapped"], done.stdout + done.stderr
+    return json.loads(line), done.stdout + done.stderr
+
+
+def _driver(env: dict[str, str], cwd: Path) -> tuple[bool, str]:
+    result, output = _run(_DRIVER, env, cwd)
+    return result["mapped"], output
 
 
 def test_a_driver_maps_the_archive_its_predecessor_wrote(stack, tmp_path: Path) -> None:
@@ -86,17 +92,9 @@ def test_executors_on_this_host_map_the_archive_their_first_application_recorded
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
 
     def run() -> dict:
-        done = subprocess.run(
-            [sys.executable, "-c", _CLUSTER_DRIVER, spark_cluster_master],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-            cwd=tmp_path,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "[cds" not in done.stdout + done.stderr
-        return json.loads([ln for ln in done.stdout.splitlines() if ln.startswith("{")][-1])
+        result, output = _run(_CLUSTER_DRIVER, env, tmp_path, spark_cluster_master)
+        assert "[cds" not in output
+        return result
 
     first = run()
     assert first["mapped"] == [False]  # no archive yet: the executors record the classes they load

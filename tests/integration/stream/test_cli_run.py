@@ -51,7 +51,8 @@ def test_cli_runs_the_job_from_yaml(env, kafka, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "snapshot=airports ready keys=1" in done.stderr
-    assert sum(end_offsets(env.conf, env.enriched).values()) == 1  # flight 2's origin is unknown: inner join
+    # flight 2's origin is unknown: inner join
+    assert sum(end_offsets(env.conf, env.enriched).values()) == 1, done.stderr[-6000:]
     got = env.consume(env.enriched, lambda rs: len(rs) >= 1)
     assert [(r["value"]["flight_id"], r["value"]["origin_name"]) for r in got] == [(1, "Newark Liberty Intl")]
 
