@@ -372,8 +372,9 @@ def executor_archive(executor_options: str, root: Path | None = None) -> Executo
         root: the cache folder (default :func:`cache_dir`).
 
     Returns:
-        ``None`` (no archive, no training) when no ``java`` is found, the cache folder cannot be
-        written, another process trains, or a dump failed within the last day.
+        The archive to map and, for one process at a time, the recording; without recording (another
+        process records, the cache folder cannot be written, or a dump failed within the last day)
+        only the archive, or ``None`` when there is none yet (or no ``java`` is found).
     """
     java = _java_binary()
     if java is None:
@@ -388,21 +389,22 @@ def executor_archive(executor_options: str, root: Path | None = None) -> Executo
             os.utime(folder)  # used: kept by the pruning of unused installations
         except OSError:
             pass
+    mapped_only = ExecutorArchive(folder, mapped, False) if mapped else None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         failed_at = (folder / EXECUTOR_FAILED).stat().st_mtime
     except FileNotFoundError:
         failed_at = 0.0
     except OSError as exc:
-        log.debug("class data sharing off for executors: %s: %s", folder, exc)
-        return ExecutorArchive(folder, mapped, False) if mapped else None
+        log.debug("class data sharing: executors do not record: %s: %s", folder, exc)
+        return mapped_only
     if time.time() - failed_at < _RETRY_FAILED_S:
-        return ExecutorArchive(folder, mapped, False) if mapped else None
+        return mapped_only
     classlist = folder / "executor-{{APP_ID}}-{{EXECUTOR_ID}}.classlist"  # Spark fills the placeholders
     recording = ExecutorArchive(folder, (*mapped, f"-XX:DumpLoadedClassList={classlist}"), True, executor_options)
     if folder not in _training_here:  # this process's first application here: take the recording
         if not _take_lock(folder / EXECUTOR_LOCK):
-            return ExecutorArchive(folder, mapped, False) if mapped else None  # another process records
+            return mapped_only  # another process records
         _training_here.add(folder)
         _prune(jvm_root, folder)
         atexit.register(recording.finish)
@@ -472,9 +474,8 @@ def dump_executor_archive(
     try:
         _wait_quiet(folder, quiet_s, 120.0)
         java = java or _java_binary()
-        previous = dumped.read_text().splitlines() if dumped.is_file() else []
-        if not (folder / EXECUTOR_ARCHIVE).is_file():
-            previous = []
+        has_archive = (folder / EXECUTOR_ARCHIVE).is_file()
+        previous = dumped.read_text().splitlines() if has_archive and dumped.is_file() else []
         total = _merged_classlist(folder, merged, previous)
         if java is None or total - len(previous) < max(MIN_NEW_CLASSES, len(previous) // 50):
             return False  # nothing (new enough) recorded: the archive stays as it is
