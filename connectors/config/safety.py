@@ -172,11 +172,14 @@ _S3A_PROVIDERS = frozenset({
     "software.amazon.awssdk.auth.credentials.WebIdentityTokenFileCredentialsProvider",
 })
 _SPARK_CODECS = frozenset({"lz4", "lzf", "snappy", "zstd"})
-# JVM flags a job may need (GC, stack, time zone, encoding); everything else (an agent,
+# JVM flags a job may need (GC, stack, JIT compiler, time zone, encoding); everything else (an agent,
 # -XX:OnOutOfMemoryError running a command, a boot class path, a system property naming a
-# class or a trust store) is refused.
+# class or a trust store) is refused. The JIT flags only change when and how much is compiled
+# (see docs/operations.md, "The executors' JIT compilers").
 _JVM_FLAG = re.compile(
     r"^(-XX:\+Use(G1|Parallel|Z|Shenandoah|Serial)GC|-XX:MaxGCPauseMillis=\d+|-XX:\+ExitOnOutOfMemoryError|"
+    r"-XX:CompileThresholdScaling=\d+(\.\d+)?|-XX:TieredStopAtLevel=[0-4]|-XX:[+-]TieredCompilation|"
+    r"-XX:CICompilerCount=\d+|-XX:ReservedCodeCacheSize=\d+[kmgKMG]?|"
     r"-XX:\+CrashOnOutOfMemoryError|-XX:MaxDirectMemorySize=\d+[kmgKMG]?|-XX:MaxMetaspaceSize=\d+[kmgKMG]?|"
     r"-XX:[+-]UseCompressedOops|-XX:[+-]UseStringDeduplication|-Xss\d+[kmgKMG]?|-Duser\.timezone=[\w/+-]+|"
     r"-Dfile\.encoding=[\w-]+|-Dio\.netty\.tryReflectionSetAccessible=(true|false)|-verbose:gc|-Xlog:gc)$"
@@ -205,7 +208,7 @@ def spark_conf_problems(conf: Mapping[str, Any], acknowledged: frozenset[str] | 
             if bad:
                 problems.append((key, f"JVM flag(s) {bad} are not on the allow-list (an agent, a class path, "
                                       "a command run on error or a system property can load code or turn "
-                                      "verification off); allowed: GC, stack, time zone, encoding flags"))
+                                      "verification off); allowed: GC, stack, JIT compiler, time zone, encoding flags"))
         elif key == "spark.hadoop.fs.s3a.aws.credentials.provider":
             bad = [c.strip() for c in text.split(",") if c.strip() not in _S3A_PROVIDERS]
             if bad:

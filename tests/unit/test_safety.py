@@ -63,6 +63,12 @@ def test_spark_conf_allow_list_acknowledgement_and_masking() -> None:
                        ("spark.executor.extraJavaOptions", "-XX:OnOutOfMemoryError=/tmp/x.sh")]:
         with pytest.raises(ValidationError, match=f"conf '{key}' refused"):
             SparkSettings(conf={key: value})
+    jit = "-XX:CompileThresholdScaling=0.5 -XX:TieredStopAtLevel=1 -XX:-TieredCompilation -XX:CICompilerCount=2 " \
+          "-XX:ReservedCodeCacheSize=256m"  # when and how much the JIT compiles: no code, no files
+    assert SparkSettings(conf={"spark.executor.extraJavaOptions": jit}).conf["spark.executor.extraJavaOptions"] == jit
+    for flag in ("-XX:CompileThresholdScaling=x", "-XX:TieredStopAtLevel=5", "-XX:CompileCommandFile=/tmp/c"):
+        with pytest.raises(ValidationError, match="not on the allow-list"):
+            SparkSettings(conf={"spark.executor.extraJavaOptions": flag})
     acknowledged = SparkSettings(conf={"spark.archives": "hdfs:///venv.tgz#env"},
                                  acknowledge_code_loading=["spark.archives"])
     assert acknowledged.conf["spark.archives"] == "hdfs:///venv.tgz#env"
