@@ -116,6 +116,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("THREES_BENCH_LOG", "INFO"), format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    scale.setup_logging()
     main()

@@ -397,6 +397,12 @@ def on_local_cluster(run: Any) -> Any:
         topics.drop()
 
 
+def setup_logging() -> None:
+    """The benchmarks' log lines: ``THREES_BENCH_LOG`` sets the level (INFO by default); py4j's left out."""
+    logging.basicConfig(level=os.environ.get("THREES_BENCH_LOG", "INFO"), format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
 def main() -> None:
     results, rows = on_local_cluster(run_scale)
     width = max(len(r[0]) for r in rows)
@@ -407,8 +413,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("THREES_BENCH_LOG", "INFO"), format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    setup_logging()
     if len(sys.argv) > 2 and sys.argv[1] == "child":
         print(json.dumps(child(json.loads(sys.argv[2])), default=float))
     else:
