@@ -227,25 +227,39 @@ def _take_lock(lock: Path) -> bool:
 
 
 def _prune(root: Path, keep: Path) -> None:
-    """Drop the archives of installations no driver used for ``UNUSED_DAYS``; drop stale training files."""
+    """Drop the archives of installations no driver used for ``UNUSED_DAYS``; drop stale training files.
+
+    A training file (``*.part``) not written for ``_STALE_S`` is what a killed or cut-off training
+    left (an archive is written in well under a minute), in any installation's folder: one left in
+    another installation's folder would otherwise hold its hundreds of MB until that folder's week
+    of disuse. Removing it keeps the folder's modification time, which records its last use.
+    """
     now = time.time()
     try:
         folders = [p for p in root.iterdir() if p.is_dir() and p != keep]
     except OSError:
         return
-    for folder in folders:
+    for folder in [keep, *folders]:
         try:
-            unused = now - folder.stat().st_mtime > UNUSED_DAYS * 86400
+            stat = folder.stat()
         except OSError:
             continue
-        if unused:
+        if folder != keep and now - stat.st_mtime > UNUSED_DAYS * 86400:
             shutil.rmtree(folder, ignore_errors=True)
-    for part in keep.glob("*.part"):
-        try:
-            if now - part.stat().st_mtime > _STALE_S:
-                part.unlink()
-        except OSError:
             continue
+        removed = False
+        for part in folder.glob("*.part"):
+            try:
+                if now - part.stat().st_mtime > _STALE_S:
+                    part.unlink()
+                    removed = True
+            except OSError:
+                continue
+        if removed and folder != keep:
+            try:
+                os.utime(folder, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+            except OSError:
+                pass
 
 
 def driver_archive(

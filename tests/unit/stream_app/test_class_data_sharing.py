@@ -102,6 +102,23 @@ def test_installations_unused_for_a_week_lose_their_archive(tmp_path: Path) -> N
     training.abandon()
 
 
+def test_stale_training_files_go_from_every_installation_and_their_use_is_kept(tmp_path: Path) -> None:
+    other = tmp_path / "jvm" / "other"  # another installation, used two days ago
+    other.mkdir(parents=True)
+    (other / cds.ARCHIVE).write_bytes(b"x")
+    cut_off, writing = other / "driver-1.jsa.part", other / "executor-2.jsa.part"
+    for part, age in ((cut_off, 2 * cds._STALE_S), (writing, 10)):
+        part.write_bytes(b"part")
+        os.utime(part, (time.time() - age, time.time() - age))
+    used = time.time() - 2 * 86400
+    os.utime(other, (used, used))
+    training = cds.driver_archive([], "", root=tmp_path)
+    assert training is not None
+    assert not cut_off.exists() and writing.exists() and (other / cds.ARCHIVE).exists()
+    assert abs(other.stat().st_mtime - used) < 1  # still "used two days ago": pruned on time
+    training.abandon()
+
+
 def test_mapping_an_archive_marks_its_installation_used(tmp_path: Path) -> None:
     training = cds.driver_archive([], "", root=tmp_path)
     assert training is not None and training.part is not None
