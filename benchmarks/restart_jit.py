@@ -18,7 +18,8 @@ after three times as many calls and loops) and ``c1_only``
 (``-XX:TieredStopAtLevel=1``: the quick compiler alone). Each variant first runs one
 restart that is not counted (its executors record the classes of its own class
 data sharing archive, whose key covers the options; the next child waits for the
-dump), then ``THREES_BENCH_JIT_ROUNDS`` (2) rounds alternate the variants' order.
+dump), then ``THREES_BENCH_JIT_ROUNDS`` (2) rounds alternate the variants' order. The
+archives the other variants recorded (~130 MB each) are removed at the end.
 
 Figures per variant, each run's and the median: restart to the end of the first
 micro-batch (s), the readiness gate's share of it (s), the first micro-batch
@@ -48,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import snapshot_scale as scale  # noqa: E402
 
 from connectors.config.models import KafkaConfig  # noqa: E402
+from stream_app.class_data_sharing import cache_dir  # noqa: E402
 
 KEYS = int(os.environ.get("THREES_BENCH_JIT_KEYS", "1000000"))
 ROUNDS = int(os.environ.get("THREES_BENCH_JIT_ROUNDS", "2"))
@@ -70,11 +72,15 @@ def run_restarts(kafka: KafkaConfig) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="threes-jit-"))
     job = {**base, "action": "job", "snapshot": snapshot, "events": events, "checkpoint": str(tmp / "checkpoint")}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
+    jvm = cache_dir() / "jvm"
+    kept: set[Path] | None = None
     try:
         boot, _ = scale.run_child(job)
         log.info("bootstrap of %d keys to the first micro-batch: %.1f s", KEYS, boot["to_first_batch_s"])
         tail = [{"topic": snapshot, "keys": scale.UPDATES, "start": 0, "name": "renamed %d", "stride": scale.STRIDE}]
         scale.run_child({**base, "action": "write", "snapshots": tail})
+        scale._executor_archive_ready()
+        kept = set(jvm.glob("*"))  # the job's own archives; the variants' (other options) are removed after
         names = list(VARIANTS)
         for round_ in range(-1, ROUNDS):  # round -1: each variant's archive is recorded, not counted
             for name in names if round_ % 2 == 0 else reversed(names):
@@ -88,6 +94,10 @@ def run_restarts(kafka: KafkaConfig) -> dict[str, Any]:
                 log.info("variant=%s round=%d %s", name, round_, runs[name][-1])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if kept is not None:
+            scale._executor_archive_ready()
+            for folder in set(jvm.glob("*")) - kept:
+                shutil.rmtree(folder, ignore_errors=True)
     figures: dict[str, Any] = {"keys": KEYS, "events": scale.SCALE_EVENTS, "rounds": ROUNDS,
                                "bootstrap_to_first_batch_s": boot["to_first_batch_s"],
                                "variants": VARIANTS, "runs": runs}
