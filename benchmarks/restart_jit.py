@@ -79,7 +79,7 @@ def run_restarts(kafka: KafkaConfig) -> dict[str, Any]:
         log.info("bootstrap of %d keys to the first micro-batch: %.1f s", KEYS, boot["to_first_batch_s"])
         tail = [{"topic": snapshot, "keys": scale.UPDATES, "start": 0, "name": "renamed %d", "stride": scale.STRIDE}]
         scale.run_child({**base, "action": "write", "snapshots": tail})
-        scale._executor_archive_ready()
+        scale.executor_archive_ready()
         kept = set(jvm.glob("*"))  # the job's own archives; the variants' (other options) are removed after
         names = list(VARIANTS)
         for round_ in range(-1, ROUNDS):  # round -1: each variant's archive is recorded, not counted
@@ -95,7 +95,7 @@ def run_restarts(kafka: KafkaConfig) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if kept is not None:
-            scale._executor_archive_ready()
+            scale.executor_archive_ready()
             for folder in set(jvm.glob("*")) - kept:
                 shutil.rmtree(folder, ignore_errors=True)
     figures: dict[str, Any] = {"keys": KEYS, "events": scale.SCALE_EVENTS, "rounds": ROUNDS,

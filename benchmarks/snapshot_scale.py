@@ -218,7 +218,7 @@ def run_child(args: dict[str, Any], event_log: Path | None = None) -> tuple[dict
             "spark.eventLog.compress": "false",
         }
         env["PYSPARK_SUBMIT_ARGS"] = " ".join(f"--conf {k}={v}" for k, v in conf.items()) + " pyspark-shell"
-    _executor_archive_ready()  # no background dump of the executors' classes during a measurement
+    executor_archive_ready()  # no background dump of the executors' classes during a measurement
     proc = subprocess.Popen(
         [sys.executable, __file__, "child", json.dumps(args)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env
     )
@@ -282,7 +282,7 @@ def bootstrap_jobs(event_log: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _executor_archive_ready(timeout_s: float = 300.0) -> bool:
+def executor_archive_ready(timeout_s: float = 300.0) -> bool:
     """Wait for a background dump of the executors' class data sharing archive; whether one exists."""
     from stream_app.class_data_sharing import EXECUTOR_ARCHIVE, EXECUTOR_LOCK, cache_dir
 
@@ -309,7 +309,7 @@ def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, 
         ]
         run_child({**base, "action": "write", "snapshots": snapshots, "events": events, "n": SCALE_EVENTS})
         log.info("scale: topics written in %.1f s", time.monotonic() - started)
-        results["executor_class_data_sharing"] = _executor_archive_ready()
+        results["executor_class_data_sharing"] = executor_archive_ready()
         job = {**base, "action": "job", "events": events}
         r10k, rss10k = run_child({**job, "snapshot": small, "checkpoint": str(tmp / "cp10k" / "checkpoint")})
         cp = str(tmp / "cp10m" / "checkpoint")
