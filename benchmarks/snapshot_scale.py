@@ -84,12 +84,16 @@ log = logging.getLogger("snapshot_scale")
 # -- children: one Spark driver each ---------------------------------------------------------------
 
 
-def _session(master: str, executor_gc: str = "auto", executor_java_options: str = "") -> Any:
+def _session(
+    master: str, executor_gc: str = "auto", executor_java_options: str = "", spark_conf: dict[str, str] | None = None
+) -> Any:
     from connectors.config.stream import SparkSettings
     from stream_app.session import spark_session
     from threes.local import LocalStack
 
-    conf = {"spark.executor.extraJavaOptions": executor_java_options} if executor_java_options else {}
+    conf = dict(spark_conf or {})
+    if executor_java_options:
+        conf["spark.executor.extraJavaOptions"] = executor_java_options
     settings = SparkSettings(master=master, app_name="threes-bench-scale", driver_memory="1g", executor_gc=executor_gc,
                              conf=conf)
     return spark_session(settings, LocalStack().spark_jars())
@@ -159,7 +163,9 @@ def _run_job(spark: Any, kafka: KafkaConfig, args: dict[str, Any]) -> dict[str, 
 def child(args: dict[str, Any]) -> dict[str, Any]:
     """One measurement in this process: ``write`` topics, or run the ``job`` once."""
     kafka = KafkaConfig(bootstrap_servers=args["bootstrap"])
-    spark = _session(args["master"], args.get("executor_gc", "auto"), args.get("executor_java_options", ""))
+    spark = _session(
+        args["master"], args.get("executor_gc", "auto"), args.get("executor_java_options", ""), args.get("spark_conf")
+    )
     try:
         if args["action"] == "write":
             from schemas.store import SchemaStore

@@ -34,6 +34,13 @@ SPARK_PACKAGES = (
     f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
 )
 
+ONE_HOST_SHUFFLE = {"spark.shuffle.compress": "false", "spark.shuffle.spill.compress": "false"}
+"""Shuffle settings of a job whose executors all run on the driver's host (``local[*]``, or a standalone
+master at 127.0.0.1/localhost): shuffle blocks are written to and read from this host's disks (its page
+cache), never sent over a network, so LZ4 compressing and decompressing them is CPU spent for nothing.
+Measured on the local standalone cluster (2M-key snapshot bootstrap, two alternating pairs): 0.89x the
+bootstrap's time and 0.87x its executors' task CPU. ``stream.spark.conf`` overrides them."""
+
 
 @contextmanager
 def job_description(spark: Any, text: str) -> Iterator[None]:
@@ -121,6 +128,9 @@ def spark_session(
     )
     if local or _loopback_master(settings.master):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        # shuffle files that never leave this host: compressing them only costs CPU (`conf` can set them)
+        for key, value in ONE_HOST_SHUFFLE.items():
+            builder = builder.config(key, value)
     if local_jars:
         entries = [str(Path(j).resolve()) for j in local_jars]
         key = "spark.executorEnv.SPARK_DIST_CLASSPATH"

@@ -258,7 +258,9 @@ class SparkSettings(StrictModel):
     conf: dict[str, str] = Field(
         default_factory=dict,
         description="spark.* settings from an allow-list (tuning, spark.sql.*, S3A endpoint and keys); others need "
-        "acknowledge_code_loading",
+        "acknowledge_code_loading. With every executor on the driver's host (local[*], or a standalone master at "
+        "127.0.0.1/localhost) spark.shuffle.compress and spark.shuffle.spill.compress default to false (shuffle "
+        "files never cross a network there); set them here to override",
     )
     acknowledge_code_loading: list[str] = Field(
         default_factory=list,

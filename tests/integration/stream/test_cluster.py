@@ -48,6 +48,8 @@ def test_executors_import_the_project_from_the_shipped_zip(cluster_spark):
         assert '"-XX:+UseParallelGC"' in launch and "UseG1GC" not in launch, launch
         assert "INFO Executor" in stderr, stderr[-2000:]
     assert cluster_spark.sparkContext.master.startswith("spark://127.0.0.1:")
+    # every executor runs on this host: shuffle files are not compressed (stream_app.session.ONE_HOST_SHUFFLE)
+    assert cluster_spark.sparkContext.getConf().get("spark.shuffle.compress") == "false"
 
 
 # The semantics tests that matter, on the cluster: the same scenario bodies as on local[2], whose
