@@ -150,8 +150,9 @@ def spark_session(
         if executor_options:
             builder = builder.config("spark.executor.extraJavaOptions", executor_options)
     archive = _driver_archive(settings, jars, local_jars) if settings.class_data_sharing else None
-    if archive is not None:
-        options = [settings.conf.get("spark.driver.extraJavaOptions", ""), *archive.java_options]
+    # the driver's JIT inlining (``jit_inlining``) and its class data sharing archive
+    options = [settings.driver_java_options(), *(archive.java_options if archive is not None else ())]
+    if any(options):
         builder = builder.config("spark.driver.extraJavaOptions", " ".join(filter(None, options)))
     # the driver's JVM (started by the first getOrCreate of this process) reads it from our environment;
     # restored afterwards so that child processes do not inherit it
@@ -195,7 +196,7 @@ def _driver_archive(
         return None
     extra = [str(j) for j in [*(jars or []), *(local_jars or [])]]
     extra += [e for e in os.environ.get("SPARK_DIST_CLASSPATH", "").split(":") if e]
-    return driver_archive(extra, settings.conf.get("spark.driver.extraJavaOptions", ""))
+    return driver_archive(extra, settings.driver_java_options())
 
 
 def _executor_archive_options(executor_options: str) -> tuple[str, ...]:

@@ -64,9 +64,11 @@ def test_spark_conf_allow_list_acknowledgement_and_masking() -> None:
         with pytest.raises(ValidationError, match=f"conf '{key}' refused"):
             SparkSettings(conf={key: value})
     jit = "-XX:CompileThresholdScaling=0.5 -XX:TieredStopAtLevel=1 -XX:-TieredCompilation -XX:CICompilerCount=2 " \
-          "-XX:ReservedCodeCacheSize=256m"  # when and how much the JIT compiles: no code, no files
+          "-XX:ReservedCodeCacheSize=256m -XX:MaxInlineLevel=6 -XX:MaxInlineSize=20 -XX:FreqInlineSize=200 " \
+          "-XX:InlineSmallCode=1000"  # when and how much the JIT compiles and inlines: no code, no files
     assert SparkSettings(conf={"spark.executor.extraJavaOptions": jit}).conf["spark.executor.extraJavaOptions"] == jit
-    for flag in ("-XX:CompileThresholdScaling=x", "-XX:TieredStopAtLevel=5", "-XX:CompileCommandFile=/tmp/c"):
+    for flag in ("-XX:CompileThresholdScaling=x", "-XX:TieredStopAtLevel=5", "-XX:CompileCommandFile=/tmp/c",
+                 "-XX:MaxInlineLevel=-1", "-XX:InlineSmallCode=1k"):
         with pytest.raises(ValidationError, match="not on the allow-list"):
             SparkSettings(conf={"spark.executor.extraJavaOptions": flag})
     acknowledged = SparkSettings(conf={"spark.archives": "hdfs:///venv.tgz#env"},

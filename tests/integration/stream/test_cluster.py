@@ -46,6 +46,7 @@ def test_executors_import_the_project_from_the_shipped_zip(cluster_spark):
         assert "/spark-s3a-jars/bundle-2.24.6.jar" in launch  # its class path
         # stream.spark.executor_gc's default collector reached the executor's JVM
         assert '"-XX:+UseParallelGC"' in launch and "UseG1GC" not in launch, launch
+        assert '"-XX:MaxInlineLevel=6"' in launch, launch  # stream.spark.jit_inlining's default, too
         assert "INFO Executor" in stderr, stderr[-2000:]
     assert cluster_spark.sparkContext.master.startswith("spark://127.0.0.1:")
     # every executor runs on this host: shuffle files are not compressed (stream_app.session.ONE_HOST_SHUFFLE)
