@@ -1,6 +1,6 @@
 """A restart's cold executors: their JIT compilers' options side by side.
 
-Run: ``python benchmarks/restart_jit.py`` (about 8 min at the default 1M keys).
+Run: ``python benchmarks/restart_jit.py`` (about 10 min at the default 1M keys).
 
 On the local Spark standalone cluster (two workers, 1 core and 1 GB each), with
 the children of :mod:`snapshot_scale` (one Spark driver per process, 1 GB): a
@@ -12,9 +12,12 @@ again (events re-read from the start, the snapshot from its version plus the
 1k-record tail), each restart a new application whose executors are new JVMs.
 
 Variants (``THREES_BENCH_JIT_VARIANTS``, a JSON object of name ->
-``spark.executor.extraJavaOptions``): ``default`` (none: the JVM's tiered
-compilation), ``threshold_x3`` (``-XX:CompileThresholdScaling=3``: methods compile
-after three times as many calls and loops) and ``c1_only``
+``spark.executor.extraJavaOptions``): ``default`` (none: the job's defaults, the
+JVM's tiered compilation with ``stream.spark.jit_inlining: lean``),
+``jvm_inlining`` (``-XX:MaxInlineLevel=15``: an inlining flag of one's own
+replaces the lean set, so HotSpot's inlining limits), ``threshold_x3``
+(``-XX:CompileThresholdScaling=3``: methods compile after three times as many
+calls and loops) and ``c1_only``
 (``-XX:TieredStopAtLevel=1``: the quick compiler alone). Each variant first runs one
 restart that is not counted (its executors record the classes of its own class
 data sharing archive, whose key covers the options; the next child waits for the
@@ -49,12 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import snapshot_scale as scale  # noqa: E402
 
 from connectors.config.models import KafkaConfig  # noqa: E402
-from stream_app.class_data_sharing import cache_dir  # noqa: E402
 
 KEYS = int(os.environ.get("THREES_BENCH_JIT_KEYS", "1000000"))
 ROUNDS = int(os.environ.get("THREES_BENCH_JIT_ROUNDS", "2"))
 VARIANTS: dict[str, str] = json.loads(os.environ.get("THREES_BENCH_JIT_VARIANTS", "null")) or {
     "default": "",
+    "jvm_inlining": "-XX:MaxInlineLevel=15",
     "threshold_x3": "-XX:CompileThresholdScaling=3",
     "c1_only": "-XX:TieredStopAtLevel=1",
 }
@@ -72,32 +75,25 @@ def run_restarts(kafka: KafkaConfig) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="threes-jit-"))
     job = {**base, "action": "job", "snapshot": snapshot, "events": events, "checkpoint": str(tmp / "checkpoint")}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in VARIANTS}
-    jvm = cache_dir() / "jvm"
-    kept: set[Path] | None = None
     try:
         boot, _ = scale.run_child(job)
         log.info("bootstrap of %d keys to the first micro-batch: %.1f s", KEYS, boot["to_first_batch_s"])
         tail = [{"topic": snapshot, "keys": scale.UPDATES, "start": 0, "name": "renamed %d", "stride": scale.STRIDE}]
         scale.run_child({**base, "action": "write", "snapshots": tail})
-        scale.executor_archive_ready()
-        kept = set(jvm.glob("*"))  # the job's own archives; the variants' (other options) are removed after
         names = list(VARIANTS)
-        for round_ in range(-1, ROUNDS):  # round -1: each variant's archive is recorded, not counted
-            for name in names if round_ % 2 == 0 else reversed(names):
-                result, _ = scale.run_child({**job, "executor_java_options": VARIANTS[name]})
-                if round_ < 0:
-                    continue
-                runs[name].append({"restart_s": result["to_first_batch_s"],
-                                   "gate_s": result["readiness"]["elapsed_s"],
-                                   "first_batch_s": result["first_batch_s"],
-                                   "events_per_s": result["steady_events_per_s"]})
-                log.info("variant=%s round=%d %s", name, round_, runs[name][-1])
+        with scale.variant_archives_removed():  # the job's own archives stay, the variants' go
+            for round_ in range(-1, ROUNDS):  # round -1: each variant's archive is recorded, not counted
+                for name in names if round_ % 2 == 0 else reversed(names):
+                    result, _ = scale.run_child({**job, "executor_java_options": VARIANTS[name]})
+                    if round_ < 0:
+                        continue
+                    runs[name].append({"restart_s": result["to_first_batch_s"],
+                                       "gate_s": result["readiness"]["elapsed_s"],
+                                       "first_batch_s": result["first_batch_s"],
+                                       "events_per_s": result["steady_events_per_s"]})
+                    log.info("variant=%s round=%d %s", name, round_, runs[name][-1])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        if kept is not None:
-            scale.executor_archive_ready()
-            for folder in set(jvm.glob("*")) - kept:
-                shutil.rmtree(folder, ignore_errors=True)
     figures: dict[str, Any] = {"keys": KEYS, "events": scale.SCALE_EVENTS, "rounds": ROUNDS,
                                "bootstrap_to_first_batch_s": boot["to_first_batch_s"],
                                "variants": VARIANTS, "runs": runs}

@@ -42,6 +42,7 @@ Prints a table and one JSON line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -51,6 +52,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +299,26 @@ def executor_archive_ready(timeout_s: float = 300.0) -> bool:
     while any(jvm.glob(f"*/{EXECUTOR_LOCK}")) and time.monotonic() < deadline:
         time.sleep(1.0)
     return any(jvm.glob(f"*/{EXECUTOR_ARCHIVE}"))
+
+
+@contextlib.contextmanager
+def variant_archives_removed() -> Iterator[None]:
+    """Remove, on leaving, the class data sharing archives recorded inside the block.
+
+    Every set of JVM options is its own archive key (~130 MB each): benchmarks that try options
+    other than the job's keep the archives that existed before (the job's own) and nothing else.
+    """
+    from stream_app.class_data_sharing import cache_dir
+
+    jvm = cache_dir() / "jvm"
+    executor_archive_ready()
+    kept = set(jvm.glob("*"))
+    try:
+        yield
+    finally:
+        executor_archive_ready()
+        for folder in set(jvm.glob("*")) - kept:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
