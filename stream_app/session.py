@@ -143,7 +143,8 @@ def spark_session(
         if not (local_jars and key == "spark.executorEnv.SPARK_DIST_CLASSPATH"):
             builder = builder.config(key, value)
     if not local:  # in local mode the tasks run in the driver's JVM
-        # the executors' collector (``executor_gc``), and their class data sharing archive when they run here
+        # the executors' collector (``executor_gc``) and JIT inlining (``jit_inlining``), and their class data
+        # sharing archive when they run here
         executor_options = settings.executor_java_options()
         if settings.class_data_sharing and _loopback_master(settings.master):
             executor_options = " ".join(filter(None, [executor_options, *_executor_archive_options(executor_options)]))
