@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import uuid
@@ -89,12 +88,7 @@ def run_bootstraps(kafka: KafkaConfig) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     figures: dict[str, Any] = {"keys": KEYS, "events": EVENTS, "rounds": ROUNDS, "variants": VARIANTS, "runs": runs}
-    for name in names:
-        for what in FIGURES:
-            figures[f"{name}_{what}"] = statistics.median(r[what] for r in runs[name])
-    for name in names[1:]:
-        figures[f"bootstrap_ratio_{name}"] = figures[f"{name}_bootstrap_s"] / figures[f"{names[0]}_bootstrap_s"]
-        figures[f"cpu_ratio_{name}"] = figures[f"{name}_cpu_us_per_key"] / figures[f"{names[0]}_cpu_us_per_key"]
+    figures |= scale.variant_medians(runs, FIGURES, {"bootstrap_ratio": "bootstrap_s", "cpu_ratio": "cpu_us_per_key"})
     return figures
 
 

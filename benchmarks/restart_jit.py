@@ -40,7 +40,6 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import uuid
@@ -97,12 +96,7 @@ def run_restarts(kafka: KafkaConfig) -> dict[str, Any]:
     figures: dict[str, Any] = {"keys": KEYS, "events": scale.SCALE_EVENTS, "rounds": ROUNDS,
                                "bootstrap_to_first_batch_s": boot["to_first_batch_s"],
                                "variants": VARIANTS, "runs": runs}
-    for name in VARIANTS:
-        for what in FIGURES:
-            figures[f"{name}_{what}"] = statistics.median(r[what] for r in runs[name])
-    for name in names[1:]:
-        figures[f"restart_ratio_{name}"] = figures[f"{name}_restart_s"] / figures[f"{names[0]}_restart_s"]
-        figures[f"events_ratio_{name}"] = figures[f"{name}_events_per_s"] / figures[f"{names[0]}_events_per_s"]
+    figures |= scale.variant_medians(runs, FIGURES, {"restart_ratio": "restart_s", "events_ratio": "events_per_s"})
     return figures
 
 

@@ -47,12 +47,13 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +320,24 @@ def variant_archives_removed() -> Iterator[None]:
         executor_archive_ready()
         for folder in set(jvm.glob("*")) - kept:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def variant_medians(
+    runs: dict[str, list[dict[str, float]]], figures: Sequence[str], ratios: dict[str, str]
+) -> dict[str, float]:
+    """Medians per variant and ratios against the first variant, for benchmarks that alternate variants.
+
+    Args:
+        runs: variant name (the baseline first) -> one dict of figures per run.
+        figures: the figures to take medians of: ``<variant>_<figure>``.
+        ratios: ratio name -> figure: ``<ratio>_<variant>`` = the variant's median / the baseline's.
+    """
+    names = list(runs)
+    out = {f"{name}_{what}": statistics.median(r[what] for r in runs[name]) for name in names for what in figures}
+    for name in names[1:]:
+        for ratio, what in ratios.items():
+            out[f"{ratio}_{name}"] = out[f"{name}_{what}"] / out[f"{names[0]}_{what}"]
+    return out
 
 
 def run_scale(kafka: KafkaConfig) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
