@@ -89,3 +89,22 @@ def test_replay_cli_produces_keyed_avro_events_that_decode_to_the_rows(isolated:
         consumer.close()
     assert got.keys() == expected.keys()
     assert all(got[k] == expected[k] for k in expected)  # every field, time_hour as an aware datetime
+
+
+def test_replay_names_the_row_the_columnar_encoder_could_not_write(kafka: KafkaConfig, unique: str) -> None:
+    import pyarrow as pa
+    import pytest
+
+    from connectors.exceptions import ConfigError
+    from schemas import load_schema
+    from threes.demo.replay import COLUMNAR_ROWS, Replayer, table_source
+
+    table = read_table("flights").slice(0, COLUMNAR_ROWS + 5)
+    carrier = table.column("carrier").to_pylist()
+    carrier[COLUMNAR_ROWS + 2] = None  # a null in a non-null key field, in the second batch of columns
+    table = table.set_column(table.schema.get_field_index("carrier"), pa.field("carrier", pa.string()),
+                             pa.array(carrier, pa.string()))
+    replayer = Replayer(kafka, f"replay.bad.{unique}", load_schema("nycflights13/flight"), list(FLIGHT_KEY),
+                        key_schema=load_schema("nycflights13/flight_key"), partitions=1)
+    with pytest.raises(ConfigError, match=rf"flights: row {COLUMNAR_ROWS + 3} does not match the schema"):
+        replayer.run(table_source(table, "flights"))

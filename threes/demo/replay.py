@@ -10,7 +10,10 @@ paced in small steps so a burst never runs ahead of the schedule by more than
 about 10 ms). The Kafka record timestamp is the produce time, which is what
 event -> sink latencies are measured from. A record's partition is the CRC-32
 of its key bytes modulo the partition count (:func:`partition_for`), so equal
-keys share a partition and anyone holding a key knows where it went.
+keys share a partition and anyone holding a key knows where it went. Rows that
+come from an Arrow table (a CSV file, a dataset) are encoded a thousand at a
+time by :class:`connectors.runtime.columnar.ColumnarEncoder`, the same bytes as
+``fastavro``'s at about a fifth of its CPU; other rows one at a time.
 
 Delivery: ``acks=all`` with an idempotent producer (:func:`connectors.clients.kafka_producer`),
 so a record acknowledged is in the log once; :meth:`Replayer.run` returns only after
@@ -23,13 +26,14 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from connectors import clients
 from connectors.config.models import KafkaConfig
 from connectors.exceptions import ConfigError, RetriableError, SetupError
+from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 from connectors.updates import with_source_ts
 from threes.demo.rows import (
     Row,
@@ -43,6 +47,10 @@ from threes.demo.rows import (
 )
 
 log = logging.getLogger(__name__)
+
+COLUMNAR_ROWS = 1_000
+"""Rows of an Arrow table encoded per columnar call (measured on the 336,776 flights: 1.4 CPU s in all,
+against 7.1 s for ``fastavro`` one row at a time; the same bytes)."""
 
 __all__ = [
     "ReplayStats", "Replayer", "Row", "RowSource", "arrow_rows", "csv_source", "ensure_event_topic", "filter_table",
@@ -225,6 +233,37 @@ class Replayer:
         store = store if store is not None else SchemaStore(kafka.librdkafka_config(), kafka.schema_topic)
         self.value_serializer = AvroSerializer(value_schema, store)
         self.key_serializer = AvroSerializer(key_schema, store)
+        try:  # rows of an Arrow table: keys and values encoded a batch of columns at a time, the same bytes
+            self.columnar: ColumnarEncoder | None = ColumnarEncoder(
+                value_schema, self.value_serializer.header, key_schema, self.key_serializer.header
+            )
+        except ColumnarUnsupported as exc:
+            self.columnar = None
+            log.debug("replay topic=%s: rows are encoded one at a time: %s", topic, exc)
+
+    def _encoded(self, source: RowSource) -> Iterator[tuple[Row, bytes | None, bytes | None]]:
+        """``(row, key, value)`` in row order; key and value are ``None`` when the row is left to the per-row encoder.
+
+        Rows of an Arrow table are encoded :data:`COLUMNAR_ROWS` at a time by the
+        columnar encoder (the same bytes as ``fastavro``'s); a batch it cannot
+        write (a null in a non-null field...) and rows of other sources go one
+        at a time, which names the row that does not match the schema.
+        """
+        table = source.table
+        if table is None or self.columnar is None:
+            for row in source.rows:
+                yield row, None, None
+            return
+        for first in range(0, table.num_rows, COLUMNAR_ROWS):
+            chunk = table.slice(first, COLUMNAR_ROWS)
+            try:
+                keys, values = self.columnar.encode(chunk)
+            except (ValueError, TypeError, ArithmeticError, KeyError) as exc:  # pyarrow's are ValueError/TypeError
+                log.debug("replay topic=%s rows %d+: encoded one at a time: %s", self.topic, first + 1, exc)
+                for row in arrow_rows(chunk):
+                    yield row, None, None
+                continue
+            yield from zip(arrow_rows(chunk), keys, values, strict=True)
 
     def run(
         self,
@@ -273,14 +312,17 @@ class Replayer:
         began = time.monotonic()
         stats.started = time.time()
         index = -1
-        for index, row in enumerate(source.rows):
+        for index, (row, key, value) in enumerate(self._encoded(source)):
             if stop is not None and stop.is_set():
                 break
-            try:
-                key = self.key_serializer({k: row[k] for k in self.key})
-                value = self.value_serializer(row)
-            except (SerdeError, KeyError) as exc:
-                raise ConfigError(f"{source.description}: row {index + 1} does not match the schema: {exc}") from exc
+            if key is None or value is None:
+                try:
+                    key = self.key_serializer({k: row[k] for k in self.key})
+                    value = self.value_serializer(row)
+                except (SerdeError, KeyError) as exc:
+                    raise ConfigError(
+                        f"{source.description}: row {index + 1} does not match the schema: {exc}"
+                    ) from exc
             while True:
                 try:
                     # threes.source_ts: the event enters the system now (freshness is measured from it)

@@ -120,11 +120,14 @@ class RowSource:
         rows: the rows, as dicts of the value schema's fields.
         total: how many rows ``rows`` yields, or ``None`` when unknown.
         description: what they are, for logs and the progress bar.
+        table: the same rows as a ``pyarrow.Table``, when they come from one (``None`` otherwise):
+            the replayer then encodes them a batch of columns at a time.
     """
 
     rows: Iterable[Row]
     total: int | None
     description: str
+    table: Any = None
 
 
 def csv_source(
@@ -157,14 +160,14 @@ def csv_source(
     table = read_csv(path, value_schema, null_values=null_values, timezone=timezone)
     table = sort_table(filter_table(table, match), order_by)
     table = filter_table(table, None, limit)
-    return RowSource(arrow_rows(table), table.num_rows, str(path))
+    return RowSource(arrow_rows(table), table.num_rows, str(path), table)
 
 
 def table_source(table: Any, description: str, *, match: Mapping[str, Sequence[str]] | None = None,
                  limit: int | None = None) -> RowSource:
     """The rows of an Arrow table already in memory (e.g. a dataset table read once)."""
     table = filter_table(table, match, limit)
-    return RowSource(arrow_rows(table), table.num_rows, description)
+    return RowSource(arrow_rows(table), table.num_rows, description, table)
 
 
 def sql_source(

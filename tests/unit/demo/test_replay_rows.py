@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -105,3 +106,46 @@ def test_csv_dates_and_local_timestamps_read_into_timestamp_and_date_fields(tmp_
     assert utc["day"] == [dt.date(1996, 3, 13), dt.date(1996, 3, 14), dt.date(1996, 3, 15)]
     oslo = read_csv(tmp_path / "o.csv", schema, timezone="Europe/Oslo").to_pydict()["at"]
     assert [t.astimezone(dt.UTC).hour for t in oslo] == [23, 9, 8]  # local times in Oslo (UTC+1); the offset wins
+
+
+def _replayer(store: InMemorySchemaStore) -> Any:
+    from connectors.config.models import KafkaConfig
+    from threes.demo.replay import Replayer
+
+    # the constructor contacts no broker: the schemas go to the in-memory store
+    return Replayer(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "flights", load_schema("nycflights13/flight"),
+                    list(data.FLIGHT_KEY), key_schema=load_schema("nycflights13/flight_key"), store=store)
+
+
+def test_rows_of_a_table_are_encoded_column_wise_into_fastavros_bytes() -> None:
+    from threes.demo.replay import COLUMNAR_ROWS
+
+    store = InMemorySchemaStore()
+    replayer = _replayer(store)
+    assert replayer.columnar is not None
+    source = table_source(data.read_table("flights"), "flights", limit=2 * COLUMNAR_ROWS + 17)
+    encoded = list(replayer._encoded(source))
+    assert len(encoded) == source.total
+    assert all(key is not None and value is not None for _row, key, value in encoded)
+    key_ser = AvroSerializer(load_schema("nycflights13/flight_key"), store)
+    value_ser = AvroSerializer(load_schema("nycflights13/flight"), store)
+    for (row, key, value), expected in zip(encoded, table_source(source.table, "again").rows, strict=True):
+        assert row == expected
+        assert key == key_ser({k: row[k] for k in data.FLIGHT_KEY})
+        assert value == value_ser(row)
+
+
+def test_a_batch_the_columnar_encoder_cannot_write_is_left_to_the_per_row_path_which_names_the_row() -> None:
+    from threes.demo.replay import COLUMNAR_ROWS, RowSource
+
+    store = InMemorySchemaStore()
+    replayer = _replayer(store)
+    table = data.read_table("flights").slice(0, COLUMNAR_ROWS + 5)
+    carrier = table.column("carrier").to_pylist()
+    carrier[COLUMNAR_ROWS + 2] = None  # a null in a non-null field, in the second batch
+    table = table.set_column(table.schema.get_field_index("carrier"), pa.field("carrier", pa.string()),
+                             pa.array(carrier, pa.string()))
+    encoded = list(replayer._encoded(RowSource(arrow_rows(table), table.num_rows, "flights.csv", table)))
+    assert all(k is not None for _r, k, _v in encoded[:COLUMNAR_ROWS])  # the first batch: column-wise
+    assert all(k is None and v is None for _r, k, v in encoded[COLUMNAR_ROWS:])  # the second: one row at a time
+    assert encoded[COLUMNAR_ROWS + 2][0]["carrier"] is None  # the row the per-row path names (tests/e2e)
