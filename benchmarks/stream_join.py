@@ -74,7 +74,8 @@ side by side on the same events:
 Sizes: ``THREES_BENCH_KEYS`` (default 1000000), ``THREES_BENCH_EVENTS`` (500000,
 in micro-batches of ``THREES_BENCH_BATCH`` = 50000), ``THREES_BENCH_RATE``
 (events/s for the latency run, 2000) and ``THREES_BENCH_LATENCY_S`` (30);
-``THREES_BENCH_PARTS`` picks parts (default: all of
+``THREES_BENCH_DRIVER_JAVA_OPTIONS`` gives the driver's JVM flags
+(``spark.driver.extraJavaOptions``; none by default). ``THREES_BENCH_PARTS`` picks parts (default: all of
 ``throughput,bootstrap,restart,latency,latency20k,kstreams,scale``, so one run prints every key
 the issues name; ``latency20k`` is the 20k events/s latency run; ``scale`` the 10M-key run of
 ``benchmarks/snapshot_scale.py`` on the standalone cluster: ``ratio_10m_vs_10k``,
@@ -125,6 +126,8 @@ KS_INDEX_MIN_ROWS = os.environ.get("THREES_BENCH_KS_INDEX_MIN_ROWS")
 # or the snapshot's broadcast_max_rows (0: the partitioned engine at every size)
 KS_BROADCAST_MAX_ROWS = os.environ.get("THREES_BENCH_KS_BROADCAST_MAX_ROWS")
 KS_WARM = os.environ.get("THREES_BENCH_KS_WARM", "1") != "0"
+# the driver's own JVM flags (spark.driver.extraJavaOptions), for side-by-side runs of JVM settings
+DRIVER_JAVA_OPTIONS = os.environ.get("THREES_BENCH_DRIVER_JAVA_OPTIONS", "")
 KS_ANCHOR = Path(os.environ.get("THREES_KSTREAMS_REF", str(ROOT.parent / "shared" / "anchors" / "kstreams-ref")))
 KS_DIR = ROOT / ".threes" / "kstreams-ref"
 LATENCY_20K = 20_000
@@ -298,7 +301,13 @@ class Bench:
         self.conf = self.kafka.librdkafka_config()
         self.topics = BenchTopics(self.conf)
         self.spark = spark_session(
-            SparkSettings(master="local[2]", app_name="threes-bench", driver_memory="4g"), stack.spark_jars()
+            SparkSettings(
+                master="local[2]",
+                app_name="threes-bench",
+                driver_memory="4g",
+                conf={"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS} if DRIVER_JAVA_OPTIONS else {},
+            ),
+            stack.spark_jars(),
         )
         self.run_id = uuid.uuid4().hex[:8]
         self.tmp = Path(tempfile.mkdtemp(prefix="threes-bench-"))
