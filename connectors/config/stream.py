@@ -119,7 +119,8 @@ class SnapshotConfig(StrictModel):
     overlay_max_rows: int = Field(
         50_000,
         ge=1,
-        description="changes kept beside the broadcast base before they are merged into a new base (records)",
+        description="changes kept beside the broadcast base before they are merged into a new base (records); "
+        "topics holding at most this many records are also bootstrapped that way, read and decoded on the driver",
     )
     checkpoint_interval_s: float = Field(
         300.0, gt=0, description="the snapshot (data + offsets) is checkpointed at most this often, seconds"

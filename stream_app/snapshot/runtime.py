@@ -18,7 +18,9 @@ ranges ``[offsets, end offsets)`` from Kafka into the overlay (a few records:
 one long-lived consumer on the driver, decoded there by fastavro,
 :mod:`stream_app.snapshot.delta`; many: Spark's Kafka source, decoded in the
 JVM), so a refresh costs what was written since the last one, not the
-snapshot's size. When the overlay passes ``overlay_max_rows`` it is merged
+snapshot's size. A bootstrap of a topic holding at most ``overlay_max_rows``
+records is read the same way (no Spark job in a JVM that has not run one yet).
+When the overlay passes ``overlay_max_rows`` it is merged
 into a new base (a new driver table, or a new version written by the
 executors); a larger delta of a partitioned snapshot is read, decoded and
 merged by the executors without reaching the driver. This is the base + delta
@@ -118,7 +120,8 @@ class Snapshot:
         self._decoder: tuple[frozenset[bytes], Callable[[Any], Any]] | None = None
         self._driver: tuple[frozenset[bytes], DriverDecoder] | None = None
         self._log_schema: pa.Schema | None = None
-        self.decoded_by = ""  # who decoded the last refresh: "driver" (fastavro) or "spark" (the JVM)
+        # who decoded the last read (a refresh, or a bootstrap from the topics): "driver" (fastavro) or "spark"
+        self.decoded_by = ""
         self._metrics = metrics.snapshot_metrics(job, self.name, lambda: time.time() - self.caught_up_at)
 
     # -- reading Kafka ------------------------------------------------------------------------
@@ -307,8 +310,12 @@ class Snapshot:
             source = "checkpoint"
         else:
             records = count_between({}, ends)
-            raw = read_range(self.spark, self.kafka, None, ends)
-            if raw is None:
+            if 0 < records <= self.cfg.overlay_max_rows:
+                # a topic no bigger than a refresh: read and decoded the way a refresh is (on the driver, no
+                # Spark job when fastavro decodes it), not by a Spark read, decode and window
+                changes = dedupe_last(self._read_changes({}, ends, records))
+                self._install(apply_changes(self._empty_base(), changes), offsets=ends)  # partitioned: its manifest
+            elif (raw := read_range(self.spark, self.kafka, None, ends)) is None:
                 self._install(self._empty_base())
             else:
                 self._load_all(raw, records, ends)
@@ -343,6 +350,7 @@ class Snapshot:
         from pyspark.sql import Observation
         from pyspark.sql import functions as f
 
+        self.decoded_by = "spark"
         decoded = self._decode(raw)
         seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
         # partitioned like the base's buckets: the version is written without another shuffle or sort

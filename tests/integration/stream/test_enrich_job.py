@@ -28,6 +28,8 @@ def test_enriches_events_with_two_lookups_of_one_snapshot(spark, env):
     # the snapshot offsets the batch joined against travel in a header
     assert sum(offsets_header(got[1])[env.airports].values()) == 3
     assert job.snapshots["airports"].base_rows == 3
+    # three records: loaded the way a refresh reads, by the driver's consumer and fastavro (no Spark job)
+    assert job.snapshots["airports"].decoded_by == "driver"
 
 
 class Flow:
@@ -134,7 +136,8 @@ def test_deleted_reference_gives_nulls_and_a_reinsert_brings_it_back(spark, env,
     same_on_every_master(outputs_by_master, f"tombstones-{join}", spark, {i: r["value"] for i, r in got.items()})
 
 
-def test_undecodable_records_go_to_the_dead_letter_topic_and_the_job_goes_on(spark, env):
+@pytest.mark.parametrize("bootstrap", ["small", "spark"])
+def test_undecodable_records_go_to_the_dead_letter_topic_and_the_job_goes_on(spark, env, bootstrap):
     from schemas.serde import MARKER, fingerprint
 
     from .conftest import FLIGHT
@@ -144,7 +147,11 @@ def test_undecodable_records_go_to_the_dead_letter_topic_and_the_job_goes_on(spa
     bad_snapshot = env.producer.produce  # a snapshot record that does not decode
     bad_snapshot(env.airports, key=env.key_ser({"faa": "BAD"}), value=b"\xc3\x01" + b"\x00" * 8 + b"junk")
     env.producer.flush(10)
-    job = env.start(spark)
+    # "small": the topic is no bigger than overlay_max_rows and is read like a refresh; "spark": a bigger
+    # topic's path (a Spark read, decode and window), forced by overlay_max_rows 1
+    snapshots = [{**env.config().model_dump()["snapshots"][0], **({"overlay_max_rows": 1} if bootstrap == "spark" else {})}]
+    job = env.start(spark, env.config(snapshots=snapshots))
+    assert job.snapshots["airports"].decoded_by == "spark"  # the bad record: decoded by the JVM, which names it
     env.put_flights([flight(1)])
     bad = {
         "not avro": env.put_raw_event(b"k1", b"plain text"),
