@@ -176,11 +176,14 @@ _SPARK_CODECS = frozenset({"lz4", "lzf", "snappy", "zstd"})
 # -XX:OnOutOfMemoryError running a command, a boot class path, a system property naming a
 # class or a trust store) is refused. The JIT flags only change when and how much is compiled and inlined
 # (see docs/operations.md, "The executors' JIT compilers").
+JIT_INLINE_FLAGS = "MaxInlineLevel|MaxInlineSize|FreqInlineSize|InlineSmallCode"
+"""The HotSpot inlining limits (``-XX:<name>=<n>``): allowed, and one of the user's own replaces
+``stream.spark.jit_inlining``'s set (:mod:`connectors.config.stream`)."""
 _JVM_FLAG = re.compile(
     r"^(-XX:\+Use(G1|Parallel|Z|Shenandoah|Serial)GC|-XX:MaxGCPauseMillis=\d+|-XX:\+ExitOnOutOfMemoryError|"
     r"-XX:CompileThresholdScaling=\d+(\.\d+)?|-XX:TieredStopAtLevel=[0-4]|-XX:[+-]TieredCompilation|"
     r"-XX:CICompilerCount=\d+|-XX:ReservedCodeCacheSize=\d+[kmgKMG]?|"
-    r"-XX:(MaxInlineLevel|MaxInlineSize|FreqInlineSize|InlineSmallCode)=\d+|"
+    rf"-XX:({JIT_INLINE_FLAGS})=\d+|"
     r"-XX:\+CrashOnOutOfMemoryError|-XX:MaxDirectMemorySize=\d+[kmgKMG]?|-XX:MaxMetaspaceSize=\d+[kmgKMG]?|"
     r"-XX:[+-]UseCompressedOops|-XX:[+-]UseStringDeduplication|-Xss\d+[kmgKMG]?|-Duser\.timezone=[\w/+-]+|"
     r"-Dfile\.encoding=[\w-]+|-Dio\.netty\.tryReflectionSetAccessible=(true|false)|-verbose:gc|-Xlog:gc)$"

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from connectors.config.models import Name, SchemaRef, StrictModel, TopicName
+from connectors.config.safety import JIT_INLINE_FLAGS
 
 AGGREGATION = re.compile(r"^(?:count|(?P<fn>mean|sum|min|max)\((?P<field>[A-Za-z_][A-Za-z0-9_]*)\))$")
 """An aggregation: ``count`` or ``mean(field)`` / ``sum(field)`` / ``min(field)`` / ``max(field)``."""
@@ -228,7 +229,7 @@ LEAN_INLINING = "-XX:MaxInlineLevel=6 -XX:InlineSmallCode=1000 -XX:MaxInlineSize
 """``stream.spark.jit_inlining: lean``: the C2 compiler inlines less deep and smaller methods than HotSpot 17's
 defaults (``MaxInlineLevel`` 15, ``InlineSmallCode`` 2500, ``MaxInlineSize`` 35, ``FreqInlineSize`` 325), so it
 spends less CPU compiling Spark's generated code: see docs/operations.md, "The JIT compilers' inlining"."""
-INLINE_FLAG = re.compile(r"-XX:(MaxInlineLevel|MaxInlineSize|FreqInlineSize|InlineSmallCode)=")
+INLINE_FLAG = re.compile(rf"-XX:({JIT_INLINE_FLAGS})=")
 AUTO_PARALLEL_MAX_MIB = 8 * 1024
 """``executor_gc: auto`` picks the parallel collector for executors of at most this heap (MiB), else the JVM's."""
 _SIZE = re.compile(r"^\s*(\d+)\s*(b|k|kb|m|mb|g|gb|t|tb|p|pb)?\s*$", re.IGNORECASE)
