@@ -23,7 +23,9 @@ side by side on the same events:
    (the labels say so);
 6. **Kafka Streams side by side** (part ``kstreams``), on the SAME topics, at 10k and
    1M keys (``THREES_BENCH_KS_KEYS``, default ``10000,1000000``) with
-   ``THREES_BENCH_KS_EVENTS`` events (default 500000). The Kafka Streams GlobalKTable
+   ``THREES_BENCH_KS_EVENTS`` events (default 2,000,000: the E of the reference's own
+   figures, ``RESULTS.md``; a longer run also weighs each side's JIT warm-up as a job
+   that runs for hours does, and was 500,000 before session 24). The Kafka Streams GlobalKTable
    reference application (``../shared/anchors/kstreams-ref``, built when its jar is
    missing into ``.threes/kstreams-ref`` with its own Maven command; never copied
    here) loads its topics with its own loader (``ref.Main load``: a compacted
@@ -42,13 +44,18 @@ side by side on the same events:
       run.sh). Measured the anchor's way: its ``ref.Main measure`` on its output
       topic (created by the loader with ``message.timestamp.type=LogAppendTime``):
       (count - 1) / (last - first broker append time), with its correctness
-      checks (distinct eids, dups, misses, wrong joins);
+      checks (distinct eids, dups, misses, wrong joins). It runs
+      ``THREES_BENCH_KS_ROUNDS`` times (default 2), alternating with the job's runs
+      (a: Kafka Streams, b: the job cold, a again, c: the job warm), each with a new
+      application id and output topic; its figure is the **median** of its runs (all
+      printed), since one run of either side varies by tens of percent here;
    b. the threes job (local[2], micro-batches of ``THREES_BENCH_BATCH``,
       ``availableNow``) writing its own enriched topic, created beforehand with
       LogAppendTime and 2 partitions. Measured the same way, by this script
       (the anchor's ``measure`` decodes only its own ``bench.Enriched`` schema):
       (count - 1) / (last - first append time) on the job's output topic, with
-      the same checks (values decoded through threes' schema topic). Spark's own
+      the same checks (values decoded through threes' schema topic, a consumed chunk
+      of one writer schema in columns by ``schemas.columnar``). Spark's own
       progress figure (gate left out, as in part 1) is printed beside it.
       Its snapshot engine is the config's default (broadcast below 100k keys);
       ``THREES_BENCH_KS_BROADCAST_MAX_ROWS=0`` makes it partitioned at every size,
@@ -97,6 +104,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +126,7 @@ RATE = int(os.environ.get("THREES_BENCH_RATE", "2000"))
 LATENCY_S = float(os.environ.get("THREES_BENCH_LATENCY_S", "30"))
 ROUNDS = int(os.environ.get("THREES_BENCH_ROUNDS", "2"))
 SMALL, MEDIUM = 10_000, 100_000
-KS_EVENTS = int(os.environ.get("THREES_BENCH_KS_EVENTS", "500000"))
+KS_EVENTS = int(os.environ.get("THREES_BENCH_KS_EVENTS", "2000000"))  # the anchor's E (its RESULTS.md)
 KS_KEYS = [int(n) for n in os.environ.get("THREES_BENCH_KS_KEYS", "10000,1000000").split(",")]
 KS_HEAP = os.environ.get("THREES_BENCH_KS_HEAP", "-Xms2g -Xmx2g").split()
 # the job's snapshot engine in the side by side: unset = the config's default (broadcast below 100k keys)
@@ -126,6 +134,7 @@ KS_INDEX_MIN_ROWS = os.environ.get("THREES_BENCH_KS_INDEX_MIN_ROWS")
 # or the snapshot's broadcast_max_rows (0: the partitioned engine at every size)
 KS_BROADCAST_MAX_ROWS = os.environ.get("THREES_BENCH_KS_BROADCAST_MAX_ROWS")
 KS_WARM = os.environ.get("THREES_BENCH_KS_WARM", "1") != "0"
+KS_ROUNDS = max(1, int(os.environ.get("THREES_BENCH_KS_ROUNDS", "2")))
 # the driver's own JVM flags (spark.driver.extraJavaOptions), for side-by-side runs of JVM settings
 DRIVER_JAVA_OPTIONS = os.environ.get("THREES_BENCH_DRIVER_JAVA_OPTIONS", "")
 KS_ANCHOR = Path(os.environ.get("THREES_KSTREAMS_REF", str(ROOT.parent / "shared" / "anchors" / "kstreams-ref")))
@@ -801,9 +810,10 @@ class Bench:
         """
         from confluent_kafka import Consumer, TopicPartition
 
+        from schemas.columnar import ColumnarDecoder
         from schemas.serde import AvroDeserializer
 
-        des = AvroDeserializer(self.store)
+        des, columnar = AvroDeserializer(self.store), ColumnarDecoder(self.store)
         consumer = Consumer({**self.conf, "group.id": uuid.uuid4().hex, "enable.auto.commit": False})
         parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
@@ -813,8 +823,29 @@ class Bench:
         seen: set[int] = set()
         dups = misses = wrong = 0
         positions = dict.fromkeys(parts, 0)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600
+
+        def rows(values: list[bytes]) -> Iterator[tuple[int, str, Any, Any, Any]]:
+            """(eid, fk, ref_name, ref_category, ref_score) of each value: a chunk of one writer schema in
+            columns (the 2M records of a run decode in seconds), record by record otherwise."""
+            by_schema: dict[bytes, list[bytes]] = {}
+            for v in values:
+                by_schema.setdefault(v[2:10], []).append(v)
+            for fp, group in by_schema.items():
+                if columnar.supports(fp):
+                    t = columnar.decode(fp, [v[10:] for v in group])
+                    cols = [
+                        t.column(n).to_pylist() if n in t.column_names else [None] * t.num_rows
+                        for n in ("eid", "fk", "ref_name", "ref_category", "ref_score")
+                    ]
+                    yield from zip(*cols, strict=True)
+                else:
+                    for v in group:
+                        d = des(v)
+                        yield d["eid"], d["fk"], d.get("ref_name"), d.get("ref_category"), d.get("ref_score")
+
         while any(positions[p] < ends[p] for p in parts) and time.monotonic() < deadline:
+            values: list[bytes] = []
             for msg in consumer.consume(10000, 1.0):
                 if msg.error():
                     continue
@@ -822,17 +853,17 @@ class Bench:
                 ts_type, ts = msg.timestamp()
                 ts_types.add(ts_type)
                 stamps.append(ts)
-                v = des(msg.value())
-                if v["eid"] in seen:
+                values.append(msg.value())
+            for eid, fk, name, category, score in rows(values):
+                if eid in seen:
                     dups += 1
-                seen.add(v["eid"])
-                name = v.get("ref_name")
+                seen.add(eid)
                 misses += name is None
-                idx = int(v["fk"][1:])
+                idx = int(fk[1:])
                 ok = (
-                    name == ks_ref_name(idx) and v.get("ref_category") == ks_ref_category(idx)
+                    name == ks_ref_name(idx) and category == ks_ref_category(idx)
                     if idx < keys
-                    else name is None and v.get("ref_score") is None
+                    else name is None and score is None
                 )
                 wrong += not ok
         consumer.close()
@@ -858,15 +889,20 @@ class Bench:
             "p10_p90_rate_eps": mid,
         }
 
-    def ks_threes_job(self, ref_topic: str, events_topic: str, keys: int, run: str = "") -> dict[str, Any]:
-        """The threes job on the reference's topics (string-key snapshot), measured on its own output topic."""
+    def ks_output_topic(self, what: str) -> str:
+        """A new output topic as the reference's loader makes its own: 2 partitions, broker append time."""
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        out = self.topic(f"ks.threes.enriched.{keys}{run}")
+        out = self.topic(what)
         admin = AdminClient(self.conf)
         new = NewTopic(out, num_partitions=2, config={"message.timestamp.type": "LogAppendTime"})
         for fut in admin.create_topics([new]).values():
             fut.result(30)
+        return out
+
+    def ks_threes_job(self, ref_topic: str, events_topic: str, keys: int, run: str = "") -> dict[str, Any]:
+        """The threes job on the reference's topics (string-key snapshot), measured on its own output topic."""
+        out = self.ks_output_topic(f"ks.threes.enriched.{keys}{run}")
         (self.tmp / "ks_ref.avsc").write_text(json.dumps(KS_REF))
         (self.tmp / "ks_event.avsc").write_text(json.dumps(KS_EVENT))
         config = StreamJobConfig.model_validate(
@@ -912,6 +948,25 @@ class Bench:
         job.stop(checkpoint=False)
         return {"spark": stats, "measure": self.measure_output(out, keys)}
 
+    def ks_app_run(
+        self, label: str, i: int, ref_topic: str, events_topic: str, out: str, keys: int
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run ``i`` of the reference app (a new application id) into ``out``: its app and measure RESULTs."""
+        app = self.ks_run(
+            f"app-{label}-r{i}",
+            "app",
+            f"--app-id=threes-bench-{self.run_id}-{label}-r{i}",
+            f"--state-dir={self.tmp / f'ks-state-{i}'}",
+            f"--expect={KS_EVENTS}",
+            f"--ref-topic={ref_topic}",
+            f"--events-topic={events_topic}",
+            f"--out-topic={out}",
+        )
+        measured = self.ks_run(
+            f"measure-{label}-r{i}", "measure", f"--topic={out}", f"--n={keys}", "--isolation=read_uncommitted"
+        )["measure"]
+        return app, measured
+
     def kafka_streams(self) -> None:
         """Kafka Streams and the job side by side on the same topics (see the module docstring, part 6)."""
         for schema in (KS_REF, KS_EVENT):
@@ -924,25 +979,44 @@ class Bench:
             loaded = self.ks_run(f"load-{label}", "load", f"--n={keys}", f"--e={KS_EVENTS}", *topics)["load"]
             self.ks_check_fingerprints(ref_topic, events_topic)
             time.sleep(5)  # let the broker settle after the bulk load (as the reference's run.sh does)
-            app = self.ks_run(
-                f"app-{label}",
-                "app",
-                f"--app-id=threes-bench-{self.run_id}-{label}",
-                f"--state-dir={self.tmp / 'ks-state'}",
-                f"--expect={KS_EVENTS}",
-                *topics,
-            )
-            ks = self.ks_run(
-                f"measure-{label}", "measure", f"--topic={ks_out}", f"--n={keys}", "--isolation=read_uncommitted"
-            )["measure"]
+            # Kafka Streams runs KS_ROUNDS times (a new application id and output topic each), alternating
+            # with the job's runs: its rate is the median of its runs, so one slow or fast run of either
+            # side on this shared machine does not make the ratio
+            # Kafka Streams runs KS_ROUNDS times, alternating with the job's runs (a new application id and
+            # output topic each); its figure is the median of its runs, so one slow or fast run on this shared
+            # machine does not make the ratio
+            ks_runs = [self.ks_app_run(label, 0, ref_topic, events_topic, ks_out, keys)]
             threes = self.ks_threes_job(ref_topic, events_topic, keys)
+            warm = None
+            for i in range(1, KS_ROUNDS):
+                out = self.ks_output_topic(f"ks.enriched.{label}.r{i}")
+                ks_runs.append(self.ks_app_run(label, i, ref_topic, events_topic, out, keys))
+                if KS_WARM and warm is None:
+                    warm = self.ks_threes_job(ref_topic, events_topic, keys, run=".warm")
+            if KS_WARM and warm is None:
+                warm = self.ks_threes_job(ref_topic, events_topic, keys, run=".warm")
+            app = ks_runs[0][0]
+            ks = {
+                "rate_eps": statistics.median(m["rate_eps"] for _a, m in ks_runs),
+                "p10_p90_rate_eps": statistics.median(m["p10_p90_rate_eps"] for _a, m in ks_runs),
+                "count": min(m["count"] for _a, m in ks_runs),
+                "wrong_joins": max(m["wrong_joins"] for _a, m in ks_runs),
+                "dups": max(m["dups"] for _a, m in ks_runs),
+                "runs": [m for _a, m in ks_runs],
+                "runs_rate_eps": [m["rate_eps"] for _a, m in ks_runs],
+            }
             job, spark = threes["measure"], threes["spark"]
             ratio = job["rate_eps"] / ks["rate_eps"]
             self.results[f"kafka_streams_{label}"] = {
                 "keys": keys,
                 "events": KS_EVENTS,
                 "expected_misses": loaded.get("expected_misses"),
-                "kafka_streams": {"measure": ks, "startup": app.get("startup"), "throughput": app.get("throughput")},
+                "kafka_streams": {
+                    "measure": ks,
+                    "startup": app.get("startup"),
+                    "throughput": app.get("throughput"),
+                    "runs_startup": [a.get("startup") for a, _m in ks_runs],
+                },
                 "job": threes,
             }
             self.results[f"ratio_vs_kafka_streams_{label}"] = ratio
@@ -952,7 +1026,9 @@ class Bench:
                 (
                     f"Kafka Streams {label} keys, events/s",
                     f"{ks['rate_eps']:,.0f}",
-                    f"first->last append, {ks['count']:,.0f} out, p10-p90 {ks['p10_p90_rate_eps']:,.0f}/s, "
+                    f"median of {len(ks_runs)} runs ("
+                    + ", ".join(f"{r:,.0f}" for r in ks["runs_rate_eps"])
+                    + f"), first->last append, {ks['count']:,.0f} out, p10-p90 {ks['p10_p90_rate_eps']:,.0f}/s, "
                     f"wrong {ks['wrong_joins']:.0f}, dups {ks['dups']:.0f}; global restore "
                     f"{startup.get('restore_s', 0):.1f} s, start->RUNNING {startup.get('start_to_running_s', 0):.1f} s",
                 )
@@ -974,8 +1050,7 @@ class Bench:
                     f"target >= {target}; p10-p90 rates {self.results[f'ratio_vs_kafka_streams_{label}_p10_p90']:.2f}x",
                 )
             )
-            if KS_WARM:
-                warm = self.ks_threes_job(ref_topic, events_topic, keys, run=".warm")
+            if warm is not None:
                 job_warm = warm["measure"]
                 self.results[f"kafka_streams_{label}"]["job_warm"] = warm
                 self.results[f"ratio_vs_kafka_streams_{label}_warm"] = job_warm["rate_eps"] / ks["rate_eps"]
@@ -983,7 +1058,7 @@ class Bench:
                     (
                         f"job {label} keys, second run (warm JVM), events/s",
                         f"{job_warm['rate_eps']:,.0f}",
-                        f"{job_warm['rate_eps'] / ks['rate_eps']:.2f}x Kafka Streams' first run; p10-p90 "
+                        f"{job_warm['rate_eps'] / ks['rate_eps']:.2f}x Kafka Streams' median; p10-p90 "
                         f"{job_warm['p10_p90_rate_eps']:,.0f}/s, wrong {job_warm['wrong_joins']}, "
                         f"dups {job_warm['dups']}, {job_warm['count']:,} out",
                     )
@@ -1061,8 +1136,6 @@ if __name__ == "__main__":
         logging.getLogger(noisy).setLevel(logging.WARNING)
     bench = Bench()
     try:
-        bench.main(
-            set(os.environ.get("THREES_BENCH_PARTS", DEFAULT_PARTS).split(","))
-        )
+        bench.main(set(os.environ.get("THREES_BENCH_PARTS", DEFAULT_PARTS).split(",")))
     finally:
         bench.close()
