@@ -164,15 +164,24 @@ class KafkaProbe:
         return True
 
     def records(self, topic: str) -> int | None:
-        """Records in ``topic`` (high minus low watermark over its partitions); ``None`` when it is missing."""
-        from confluent_kafka import TopicPartition
+        """Records in ``topic`` (high minus low watermark over its partitions).
+
+        Returns ``None`` when the topic is missing or a partition's watermarks cannot be read right
+        now (a broker answers ``NOT_LEADER_FOR_PARTITION`` for a while after a topic is created or a
+        leader moves): one unknown reading, never an error that stops the supervisor.
+        """
+        from confluent_kafka import KafkaException, TopicPartition
 
         meta = self.topics().get(topic)
         if meta is None:
             return None
         total = 0
         for p in meta.partitions:
-            low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+            try:
+                low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+            except KafkaException as exc:
+                log.info("run: watermarks of %s[%d] not readable yet: %s", topic, p, exc)
+                return None
             total += max(0, high - low)
         return total
 
@@ -191,7 +200,11 @@ class KafkaProbe:
             if meta is None:
                 continue
             for p in meta.partitions:
-                low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+                try:
+                    low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+                except KafkaException as exc:  # a partition between leaders: left out of this reading
+                    log.info("run: watermarks of %s[%d] not readable yet: %s", topic, p, exc)
+                    continue
                 at = done.get((topic, p), low)
                 committed += max(0, at - low)
                 lag += max(0, high - max(at, low))

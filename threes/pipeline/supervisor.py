@@ -245,9 +245,11 @@ class Supervisor:
             self.phase = "recovering"  # a part is being restarted
         if now - self._flow_at >= self.options.flow_every_s:
             self._flow_at = now
+            from confluent_kafka import KafkaException
+
             try:
                 self.flow = self._probe_().flow(self.pipeline)
-            except ThreesError as exc:
+            except (ThreesError, KafkaException) as exc:  # the view waits; the parts run on
                 log.warning("run: cannot read the pipeline's topics: %s", exc)
 
     def shutdown(self, force: threading.Event | None = None) -> bool:
