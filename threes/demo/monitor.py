@@ -124,6 +124,7 @@ class ProgressProbe:
         self.targets = targets
         self.list_every_s = list_every_s
         self._listing: tuple[float, list[str]] | None = None
+        self._ends: dict[tuple[str, int], int] = {}  # the last high watermark read of each partition
         self._table: Any = None
         kafka = targets.pipeline.kafka
         self._consumer = clients.kafka_consumer(kafka, f"threes-demo-probe-{uuid.uuid4().hex[:8]}")
@@ -133,14 +134,28 @@ class ProgressProbe:
         self._s3 = clients.s3_client(targets.s3[0])
 
     def end_offsets(self, topic: str) -> dict[int, int]:
-        """High watermark per partition (empty when the topic does not exist yet)."""
-        from confluent_kafka import TopicPartition
+        """High watermark per partition (empty when the topic does not exist yet).
+
+        A partition whose watermarks cannot be read right now (``NOT_LEADER_FOR_PARTITION`` for a
+        while after the topic was created, a broker restarting) keeps its last reading (0 before
+        any): a reading is never an error and never goes backwards; the demo's deadline ends a
+        Kafka that stays away.
+        """
+        from confluent_kafka import KafkaException, TopicPartition
 
         meta = self._consumer.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None:
             return {}
-        return {p: self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in meta.partitions}
+        out = {}
+        for p in meta.partitions:
+            try:
+                out[p] = self._ends[(topic, p)] = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, p), timeout=10
+                )[1]
+            except KafkaException as exc:
+                log.debug("demo: end offset of %s[%d] not readable now: %s", topic, p, exc)
+                out[p] = self._ends.get((topic, p), 0)
+        return out
 
     def committed(self, group: str) -> dict[tuple[str, int], int]:
         """Committed offsets of a consumer group."""

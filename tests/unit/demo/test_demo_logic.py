@@ -209,3 +209,33 @@ def test_without_exact_the_change_is_made_at_once_and_the_replay_waits_only_for_
     thread.join(10)
     assert not thread.is_alive() and change.applied_at is not None and change.state_at is not None
     assert driver.pending()  # not yet seen in Elasticsearch
+
+
+def test_progress_keeps_a_partitions_last_end_offset_while_its_leader_moves() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    from threes.demo.monitor import ProgressProbe
+
+    class Meta:
+        topics = {"enriched": type("T", (), {"error": None, "partitions": {0: None, 1: None}})()}
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.ends = {0: 10, 1: 20}
+            self.leaderless: set[int] = set()
+
+        def list_topics(self, topic, timeout=None):
+            return Meta()
+
+        def get_watermark_offsets(self, tp, timeout=None):
+            if tp.partition in self.leaderless:
+                raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, "Not leader for partition"))
+            return 0, self.ends[tp.partition]
+
+    probe = object.__new__(ProgressProbe)
+    probe._consumer, probe._ends = Consumer(), {}
+    assert probe.end_offsets("enriched") == {0: 10, 1: 20}
+    probe._consumer.ends, probe._consumer.leaderless = {0: 15, 1: 30}, {1}
+    assert probe.end_offsets("enriched") == {0: 15, 1: 20}  # the last reading, not an error, not 0
+    probe._consumer.leaderless = set()
+    assert probe.end_offsets("enriched") == {0: 15, 1: 30}
