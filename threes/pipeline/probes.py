@@ -18,11 +18,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors import clients
+from connectors.exceptions import SetupError
 
 log = logging.getLogger(__name__)
 
 CYCLES_METRIC = "threes_source_cycle_seconds"
 """The source runtime's histogram of completed polling cycles, labelled by connector."""
+
+
+class KafkaOutage(SetupError):
+    """Kafka stopped answering after it had answered in this run (a broker restart, a network cut).
+
+    The supervisor waits for it (up to its start timeout) instead of stopping the pipeline; a
+    Kafka that never answered is a :class:`SetupError` at once (a wrong address, refused login).
+    """
 
 
 def scrape(port: int, timeout_s: float = 2.0) -> str | None:
@@ -102,6 +111,8 @@ class KafkaProbe:
         self._consumer = clients.kafka_consumer(kafka, f"threes-run-probe-{uuid.uuid4().hex[:8]}")
         self._admin = clients.kafka_admin(kafka)
         self._topics: tuple[float, dict[str, Any]] | None = None
+        self.answered = False
+        """Whether Kafka answered a metadata request of this probe once (later failures are outages)."""
 
     def topics(self, max_age_s: float = 1.0) -> dict[str, Any]:
         """Topic name -> metadata of every topic, listed at most ``max_age_s`` ago.
@@ -113,7 +124,13 @@ class KafkaProbe:
 
         now = time.monotonic()
         if self._topics is None or now - self._topics[0] >= max_age_s:
-            meta = cluster_metadata(self.kafka.librdkafka_config(), self.kafka.request_timeout_s)
+            try:
+                meta = cluster_metadata(self.kafka.librdkafka_config(), self.kafka.request_timeout_s)
+            except SetupError as exc:
+                if self.answered:  # it answered earlier in this run: an outage, not a wrong address
+                    raise KafkaOutage(str(exc)) from exc
+                raise
+            self.answered = True
             self._topics = (now, {t: m for t, m in meta.topics.items() if m.error is None and m.partitions})
         return self._topics[1]
 

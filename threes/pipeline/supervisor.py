@@ -9,7 +9,9 @@ The supervisor ticks about twice a second. Each tick it
 2. checks whether a starting child became ready (:mod:`threes.pipeline.probes`);
 3. starts the next waiting part once every earlier part was started and what it
    waits for holds (:mod:`threes.pipeline.plan`), creating the events topic
-   first when the stream job is about to start;
+   first when the stream job is about to start; a Kafka that stops answering
+   after it answered once (:class:`~threes.pipeline.probes.KafkaOutage`) is
+   waited for, up to the start timeout;
 4. reads the pipeline's flow from Kafka for the live view (every ``flow_every_s``).
 
 A stop (Ctrl-C / SIGTERM, or a failure) stops the started children in reverse
@@ -32,7 +34,7 @@ from typing import Any
 
 from connectors.exceptions import FatalError, SetupError, ThreesError
 from threes.pipeline.plan import COMPONENTS, Part, plan_run
-from threes.pipeline.probes import Flow, KafkaProbe, scrape, source_cycles, sources_ready
+from threes.pipeline.probes import Flow, KafkaOutage, KafkaProbe, scrape, source_cycles, sources_ready
 from threes.pipeline.processes import Child, signal_group, spawn
 
 log = logging.getLogger(__name__)
@@ -169,7 +171,8 @@ class Supervisor:
         Raises:
             FatalError: a part failed to start (its exit code and the end of its log), or exited
                 while ``restart`` is off.
-            SetupError: Kafka cannot be reached, or a part waited longer than ``start_timeout_s``.
+            SetupError: Kafka cannot be reached (before it answered once in this run; later, a part
+                waits for it), or a part waited longer than ``start_timeout_s``.
         """
         force = force or threading.Event()
         self._note(f"logs in {self.options.log_dir}")
@@ -226,12 +229,17 @@ class Supervisor:
         for i, state in enumerate(self.parts):
             if state.status != "waiting":
                 continue
-            if all(p.child is not None for p in self.parts[:i]) and self._needs_met(state):
-                if state.part.create_events is not None:
-                    topic, spec = state.part.create_events
-                    if self._probe_().ensure_topic(topic, spec):
-                        self._note(f"created the events topic {topic} ({spec.partitions} partitions)")
-                self._spawn(state)
+            try:
+                if all(p.child is not None for p in self.parts[:i]) and self._needs_met(state):
+                    if state.part.create_events is not None:
+                        topic, spec = state.part.create_events
+                        if self._probe_().ensure_topic(topic, spec):
+                            self._note(f"created the events topic {topic} ({spec.partitions} partitions)")
+                    self._spawn(state)
+            except KafkaOutage as exc:  # it answered before: wait for it, up to the start timeout
+                if not state.detail.startswith("waiting for Kafka"):
+                    self._note(f"{state.name} waits for Kafka, which stopped answering: {exc}")
+                state.detail = f"waiting for Kafka ({exc})"
             self._check_timeout(state, "to start")
             break  # one part at a time, in order
         for state in self.parts:

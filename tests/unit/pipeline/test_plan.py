@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from connectors.config import load_pipeline
-from connectors.exceptions import ConfigError
+from connectors.exceptions import ConfigError, SetupError
 from threes.pipeline.plan import COMPONENTS, parse_only, plan_run
 from threes.pipeline.probes import pipeline_topics, source_cycles, sources_ready
 
@@ -161,3 +161,60 @@ def test_a_partition_between_leaders_leaves_its_topic_unknown_and_the_reading_go
     assert flow.topics["orders.enriched"] is None  # unknown this time, not an error
     assert flow.topics["state.fx"] is None  # missing
     assert flow.committed["search"] == 10 and flow.lag["search"] == 20
+
+
+def test_kafka_is_an_error_until_it_answered_once_then_an_outage_to_wait_for(monkeypatch) -> None:
+    import connectors.topics
+    from connectors.config.models import KafkaConfig
+    from threes.pipeline.probes import KafkaOutage, KafkaProbe
+
+    answers: list[object] = [SetupError("Kafka at 127.0.0.1:1 did not answer within 10 s")]
+
+    def metadata(config, timeout_s):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(connectors.topics, "cluster_metadata", metadata)
+    probe = object.__new__(KafkaProbe)
+    probe.kafka, probe._topics, probe.answered = KafkaConfig(bootstrap_servers="127.0.0.1:1"), None, False
+    with pytest.raises(SetupError) as never:
+        probe.topics()
+    assert not isinstance(never.value, KafkaOutage)  # a wrong address fails at once
+    answers += [type("M", (), {"topics": {}})(), SetupError("Kafka at 127.0.0.1:1 did not answer within 10 s")]
+    assert probe.topics() == {} and probe.answered
+    with pytest.raises(KafkaOutage):
+        probe.topics(max_age_s=0)
+
+
+def test_a_part_waiting_to_start_waits_out_a_kafka_outage(pipeline, tmp_path: Path) -> None:
+    from threes.pipeline.probes import KafkaOutage
+    from threes.pipeline.supervisor import RunOptions, Supervisor
+
+    pl, path = pipeline
+
+    class Outage:
+        error: type[SetupError] = KafkaOutage
+
+        def missing(self, topics):
+            raise self.error("Kafka at 127.0.0.1:1 did not answer within 10 s")
+
+        def stored_positions(self):
+            return set()
+
+        def flow(self, pipeline):
+            raise self.error("Kafka at 127.0.0.1:1 did not answer within 10 s")
+
+    supervisor = Supervisor(pl, RunOptions(config=path, only=("stream",), log_dir=tmp_path))
+    supervisor._probe = Outage()  # type: ignore[assignment]
+    supervisor.tick()
+    supervisor.tick()
+    stream = supervisor.part("stream")
+    assert stream is not None and stream.status == "waiting" and stream.child is None
+    assert stream.detail.startswith("waiting for Kafka")
+    assert [m for _, m in supervisor.events if "waits for Kafka" in m] != []
+    assert len([m for _, m in supervisor.events if "waits for Kafka" in m]) == 1  # noted once, not every tick
+    Outage.error = SetupError  # a Kafka that never answered: the run stops at once
+    with pytest.raises(SetupError):
+        supervisor.tick()
