@@ -230,21 +230,42 @@ def ensure_compacted_topic(
     return True
 
 
+def watermark_offsets(consumer: Any, topic: str, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
+    """``(low, high)`` watermarks of one partition, waiting out a partition without a leader for a moment.
+
+    Right after a topic is created, or while a broker restarts, the broker answers
+    ``NOT_LEADER_FOR_PARTITION`` (or ``LEADER_NOT_AVAILABLE``) for a while: asked again every
+    0.1 s, up to ``timeout_s`` in all.
+
+    Raises:
+        SetupError: no answer within ``timeout_s`` (it names the partition and the last error).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=max(0.1, deadline - time.monotonic())
+            )
+            return int(low), int(high)
+        except KafkaException as exc:
+            if time.monotonic() >= deadline:
+                raise SetupError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
+            time.sleep(0.1)
+
+
 def end_offsets(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 10.0) -> dict[int, int]:
     """Return the high watermark (next offset to be written) of every partition.
 
     Raises:
-        SetupError: the topic does not exist or Kafka did not answer.
+        SetupError: the topic does not exist, or Kafka did not answer within ``timeout_s``
+            (a partition without a leader is asked again until then: :func:`watermark_offsets`).
     """
     consumer = Consumer({**kafka_config, "group.id": f"threes-meta-{uuid.uuid4().hex}"})
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is None or meta.error is not None:
             raise SetupError(f"topic {topic!r} does not exist")
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-            for p in meta.partitions
-        }
+        return {p: watermark_offsets(consumer, topic, p, timeout_s)[1] for p in meta.partitions}
     finally:
         consumer.close()
 
@@ -397,6 +418,9 @@ def recent_keys(
 
     Returns:
         Keys, in no particular order; empty when the topic is missing or empty.
+
+    Raises:
+        SetupError: a partition's offsets could not be read within ``timeout_s``.
     """
     consumer = Consumer({**kafka_config, "group.id": f"threes-peek-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
@@ -408,7 +432,7 @@ def recent_keys(
         ends: dict[int, int] = {}
         starts = []
         for p in meta.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            low, high = watermark_offsets(consumer, topic, p, timeout_s)
             if high > low:
                 ends[p] = high
                 starts.append(TopicPartition(topic, p, max(low, high - per_partition)))

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 
 from connectors import clients
 from connectors.config.stream import StreamJobConfig
-from connectors.topics import ensure_compacted_topic
+from connectors.topics import ensure_compacted_topic, watermark_offsets
 from schemas import load_schema
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import SchemaStore
@@ -211,7 +211,7 @@ def end_offsets(kafka_conf, topic: str) -> dict[int, int]:
     consumer = Consumer({**kafka_conf, "group.id": "x"})
     try:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in meta.partitions}
+        return {p: watermark_offsets(consumer, topic, p)[1] for p in meta.partitions}
     finally:
         consumer.close()
 

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from connectors import clients
 from connectors.config import pipeline_from_dict
 from connectors.config.models import KafkaConfig
+from connectors.topics import watermark_offsets
 from connectors.updates import encode_version
 from schemas.serde import AvroSerializer
 from schemas.store import SchemaStore
@@ -112,7 +113,7 @@ def group_lag(kafka_conf: dict[str, Any], group: str, topic: str) -> int:
         committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10)}
         lag = 0
         for p in parts:
-            high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            high = watermark_offsets(consumer, topic, p)[1]  # waits out a leader that moves
             lag += high - max(0, committed[p])
         return lag
     finally:
