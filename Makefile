@@ -30,14 +30,14 @@ test: stack
 	$(BIN)/pytest -m serial
 
 # The failure drills at the sizes their issues name (make test runs them shorter): 90 s outages of
-# PostgreSQL and Elasticsearch, 10 kill -9 of a polling, a CDC and an exactly-once source, 20 kills of
-# a sync service over 50,000 updates.
+# PostgreSQL, Elasticsearch and the Kafka broker, 10 kill -9 of a polling, a CDC and an exactly-once
+# source, 20 kills of a sync service over 50,000 updates.
 drills: stack
-	THREES_OUTAGE_S=90 THREES_KILL9_KILLS=10 THREES_CDC_KILLS=10 THREES_EOS_KILLS=10 \
+	THREES_OUTAGE_S=90 THREES_KAFKA_OUTAGE_S=90 THREES_KILL9_KILLS=10 THREES_CDC_KILLS=10 THREES_EOS_KILLS=10 \
 	THREES_SOAK_UPDATES=50000 THREES_SOAK_KILLS=20 \
 	$(BIN)/pytest tests/integration/ops/test_outage.py tests/integration/sources/test_rds_kill9.py \
 	  tests/integration/sources/test_rds_cdc_kill9.py tests/integration/sources/test_exactly_once.py \
-	  tests/integration/sync/test_kill9.py
+	  tests/integration/sync/test_kill9.py tests/e2e/test_kafka_restart.py
 
 demo: stack
 	$(BIN)/threes demo
