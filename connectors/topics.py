@@ -238,19 +238,24 @@ def watermark_offsets(consumer: Any, topic: str, partition: int, timeout_s: floa
     0.1 s, up to ``timeout_s`` in all.
 
     Raises:
-        SetupError: no answer within ``timeout_s`` (it names the partition and the last error).
+        SetupError: no watermarks within ``timeout_s`` (it names the partition, and the last error
+            when the broker answered one).
     """
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=max(0.1, deadline - time.monotonic())
+            marks = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=max(0.1, deadline - time.monotonic()), cached=False
             )
-            return int(low), int(high)
         except KafkaException as exc:
             if time.monotonic() >= deadline:
                 raise SetupError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
             time.sleep(0.1)
+            continue
+        if marks is not None:
+            return int(marks[0]), int(marks[1])
+        if time.monotonic() >= deadline:
+            raise SetupError(f"no answer for the offsets of {topic}[{partition}] within {timeout_s} s")
 
 
 def end_offsets(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 10.0) -> dict[int, int]:

@@ -248,7 +248,14 @@ class SchemaStore(InMemorySchemaStore):
 
         Returns:
             How many schemas are known afterwards.
+
+        Raises:
+            SetupError: the topic's offsets could not be read within ``timeout_s`` (a partition
+                without a leader for a moment, just after the topic was created, is asked again
+                until then: :func:`connectors.topics.watermark_offsets`).
         """
+        from connectors.topics import watermark_offsets
+
         consumer = Consumer(
             {
                 **self.kafka_config,
@@ -258,8 +265,7 @@ class SchemaStore(InMemorySchemaStore):
             }
         )
         try:
-            tp = TopicPartition(self.topic, 0)
-            low, high = consumer.get_watermark_offsets(tp, timeout=self.timeout_s)
+            low, high = watermark_offsets(consumer, self.topic, 0, self.timeout_s)
             if high <= low:
                 return len(self._schemas)
             consumer.assign([TopicPartition(self.topic, 0, low)])

@@ -285,21 +285,13 @@ class TopicWatermarks:
         return known[1]
 
     def _marks(self, topics: Iterable[str], which: int) -> Offsets:
-        from confluent_kafka import KafkaException, TopicPartition
+        from connectors.topics import watermark_offsets
 
         out: Offsets = {}
         for topic in topics:
             out[topic] = {}
-            for partition in self.partitions(topic):
-                try:
-                    marks = self._consumer.get_watermark_offsets(
-                        TopicPartition(topic, partition), timeout=self.timeout_s, cached=False
-                    )
-                except KafkaException as exc:
-                    raise SetupError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
-                if marks is None:
-                    raise SetupError(f"no answer for the offsets of {topic}[{partition}] within {self.timeout_s} s")
-                out[topic][partition] = marks[which]
+            for partition in self.partitions(topic):  # a leader moving is waited out up to the timeout
+                out[topic][partition] = watermark_offsets(self._consumer, topic, partition, self.timeout_s)[which]
         return out
 
     def end_offsets(self, topics: Iterable[str]) -> Offsets:

@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from connectors.clients import CONSUMER_DEFAULTS
 from connectors.exceptions import RetriableError, SetupError
+from connectors.topics import watermark_offsets
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,8 @@ def high_watermarks(kafka_config: Mapping[str, Any], topic: str, timeout_s: floa
         if meta is None or meta.error is not None:
             raise SetupError(f"topic {topic!r} does not exist")
         out: dict[int, int] = {}
-        for p in meta.partitions:
-            try:
-                out[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)[1]
-            except KafkaException as exc:
-                raise SetupError(f"cannot read the offsets of {topic}[{p}]: {exc}") from exc
+        for p in meta.partitions:  # a leader moving is waited out up to the timeout
+            out[p] = watermark_offsets(consumer, topic, p, timeout_s)[1]
         return out
     finally:
         consumer.close()
