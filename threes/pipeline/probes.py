@@ -180,31 +180,57 @@ class KafkaProbe:
                  spec.replication_factor)
         return True
 
-    def records(self, topic: str) -> int | None:
-        """Records in ``topic`` (high minus low watermark over its partitions).
+    def watermarks(
+        self, topic: str, partition: int, seen: dict[tuple[str, int], tuple[int, int] | None] | None = None
+    ) -> tuple[int, int] | None:
+        """``(low, high)`` of one partition; ``None`` when they cannot be read right now.
 
-        Returns ``None`` when the topic is missing or a partition's watermarks cannot be read right
-        now (a broker answers ``NOT_LEADER_FOR_PARTITION`` for a while after a topic is created or a
-        leader moves): one unknown reading, never an error that stops the supervisor.
+        A broker answers ``NOT_LEADER_FOR_PARTITION`` for a while after a topic is created or a
+        leader moves: one unknown reading, never an error that stops the supervisor. ``seen``
+        (one reading's answers so far) is asked first and filled, so a reading asks Kafka once
+        per partition.
         """
         from confluent_kafka import KafkaException, TopicPartition
 
+        if seen is not None and (topic, partition) in seen:
+            return seen[(topic, partition)]
+        try:
+            marks = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)
+        except KafkaException as exc:
+            log.info("run: watermarks of %s[%d] not readable yet: %s", topic, partition, exc)
+            marks = None
+        if seen is not None:
+            seen[(topic, partition)] = marks
+        return marks
+
+    def records(
+        self, topic: str, seen: dict[tuple[str, int], tuple[int, int] | None] | None = None
+    ) -> int | None:
+        """Records in ``topic`` (high minus low watermark over its partitions).
+
+        Returns ``None`` when the topic is missing or a partition's watermarks cannot be read right
+        now (:meth:`watermarks`; ``seen`` as there).
+        """
         meta = self.topics().get(topic)
         if meta is None:
             return None
         total = 0
         for p in meta.partitions:
-            try:
-                low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
-            except KafkaException as exc:
-                log.info("run: watermarks of %s[%d] not readable yet: %s", topic, p, exc)
+            marks = self.watermarks(topic, p, seen)
+            if marks is None:
                 return None
-            total += max(0, high - low)
+            total += max(0, marks[1] - marks[0])
         return total
 
-    def group_progress(self, group: str, topics: Iterable[str]) -> tuple[int, int]:
-        """``(committed, lag)`` of a consumer group over ``topics``, in records."""
-        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+    def group_progress(
+        self, group: str, topics: Iterable[str], seen: dict[tuple[str, int], tuple[int, int] | None] | None = None
+    ) -> tuple[int, int]:
+        """``(committed, lag)`` of a consumer group over ``topics``, in records.
+
+        A partition whose watermarks cannot be read right now is left out of this reading
+        (:meth:`watermarks`; ``seen`` as there).
+        """
+        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
 
         try:
             result = self._admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
@@ -217,11 +243,10 @@ class KafkaProbe:
             if meta is None:
                 continue
             for p in meta.partitions:
-                try:
-                    low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
-                except KafkaException as exc:  # a partition between leaders: left out of this reading
-                    log.info("run: watermarks of %s[%d] not readable yet: %s", topic, p, exc)
+                marks = self.watermarks(topic, p, seen)
+                if marks is None:
                     continue
+                low, high = marks
                 at = done.get((topic, p), low)
                 committed += max(0, at - low)
                 lag += max(0, high - max(at, low))
@@ -230,11 +255,14 @@ class KafkaProbe:
     def flow(self, pipeline: Any) -> Flow:
         """One reading of every topic of the pipeline and every sync service's progress."""
         reading = Flow(at=time.time())
+        seen: dict[tuple[str, int], tuple[int, int] | None] = {}  # the sync services' topics were read above
         for topic in pipeline_topics(pipeline):
-            reading.topics[topic] = self.records(topic)
+            reading.topics[topic] = self.records(topic, seen)
         for svc in getattr(pipeline, "sync", []):
             topics = sorted({t for s in svc.sinks for t in s.topics})
-            reading.committed[svc.name], reading.lag[svc.name] = self.group_progress(svc.consumer_group(), topics)
+            reading.committed[svc.name], reading.lag[svc.name] = self.group_progress(
+                svc.consumer_group(), topics, seen
+            )
         return reading
 
     def close(self) -> None:
