@@ -12,7 +12,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -256,6 +256,36 @@ def watermark_offsets(consumer: Any, topic: str, partition: int, timeout_s: floa
             return int(marks[0]), int(marks[1])
         if time.monotonic() >= deadline:
             raise SetupError(f"no answer for the offsets of {topic}[{partition}] within {timeout_s} s")
+
+
+def committed_offsets(
+    consumer: Any, partitions: Iterable[tuple[str, int]], timeout_s: float = 10.0
+) -> dict[tuple[str, int], int | None]:
+    """Committed offset of each of ``partitions`` for the group of ``consumer``.
+
+    ``consumer`` is a :class:`confluent_kafka.Consumer` whose ``group.id`` is the group to read and
+    which never subscribes (it does not join the group, so reading never moves its partitions).
+    The admin client's ``list_consumer_group_offsets`` is not used on purpose: with librdkafka
+    2.16 a request that outlives a broker outage aborts the whole process
+    (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0' failed``), which is what
+    stopped ``threes run`` in a broker restart drill. The consumer's ``committed`` call times out
+    with an error instead.
+
+    Returns:
+        ``(topic, partition)`` -> the next offset the group will read, ``None`` when the group has
+        committed nothing there.
+
+    Raises:
+        SetupError: no answer within ``timeout_s`` seconds (Kafka or the group coordinator is away).
+    """
+    wanted = [TopicPartition(t, p) for t, p in sorted(set(partitions))]
+    if not wanted:
+        return {}
+    try:
+        answer = consumer.committed(wanted, timeout=timeout_s)
+    except KafkaException as exc:
+        raise SetupError(f"cannot read the committed offsets: {exc}") from exc
+    return {(tp.topic, tp.partition): (int(tp.offset) if tp.offset >= 0 else None) for tp in answer}
 
 
 def end_offsets(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 10.0) -> dict[int, int]:

@@ -214,17 +214,14 @@ class Gatherer:
         return highs
 
     def _committed(self, group: str, tps: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
-        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-
         from connectors import clients
+        from connectors.topics import committed_offsets
 
-        admin = clients.kafka_admin(self.pipeline.kafka)
-        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in sorted(tps)])
-        result = admin.list_consumer_group_offsets([request], request_timeout=self.timeout_s)
-        answer = result[group].result(self.timeout_s)
-        return {
-            (tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in answer.topic_partitions
-        }
+        consumer = clients.kafka_consumer(self.pipeline.kafka, group)  # never subscribes: does not join
+        try:
+            return committed_offsets(consumer, tps, self.timeout_s)
+        finally:
+            consumer.close()
 
     # -- gather -----------------------------------------------------------------------------------
 

@@ -10,6 +10,14 @@ restarted by its supervisor, and in the end every sink equals the oracle (each
 order enriched once under its key, the per-category aggregates exact: no
 event counted twice or lost). A Ctrl-C then stops it with exit code 0.
 
+Beside it, a reader takes the readings ``threes run``'s supervisor takes (every
+topic's watermarks, every sync group's committed offsets: ``KafkaProbe.flow``)
+every 0.2 s through the outage, so a request that is in flight when the broker
+goes away happens many times, not once per two seconds: it must still be
+running, and reading, afterwards. (librdkafka 2.16's admin
+``list_consumer_group_offsets`` aborted the process in that window: a CI run
+lost ``threes run`` to it.)
+
 It stops the broker every other test uses: it runs alone, after them (``serial``).
 """
 
@@ -34,6 +42,25 @@ pytestmark = pytest.mark.serial
 shop = first.shop  # the first pipeline's fixture: this module gets its own shop (module scope)
 
 OUTAGE_S = float(os.environ.get("THREES_KAFKA_OUTAGE_S", "20"))
+
+# The supervisor's readings (threes run's live view), taken every 0.2 s; one line per reading.
+READER = """
+import sys, time
+from confluent_kafka import KafkaException
+from connectors.config import load_pipeline
+from connectors.exceptions import ThreesError
+from threes.pipeline.probes import KafkaProbe
+
+pipeline = load_pipeline(sys.argv[1])
+probe = KafkaProbe(pipeline.kafka)
+while True:
+    try:
+        flow = probe.flow(pipeline)
+        print("reading", sum(flow.committed.values()), flush=True)
+    except (ThreesError, KafkaException) as exc:
+        print("no answer", type(exc).__name__, flush=True)
+    time.sleep(0.2)
+"""
 
 
 def _local(*args: str) -> None:
@@ -79,13 +106,19 @@ def test_a_broker_restart_under_threes_run_loses_and_doubles_nothing(
         cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     output = Output(process)
-    kafka_down = False
+    kafka_down, reader = False, None
     try:
         wait_for("ready pipeline", lambda: any(line.startswith("[run] running:") for line in output.lines), 240,
                  process, output)
         _replay(folder, names, env, "orders_a.csv")
         wait_for("the first half in Elasticsearch", lambda: sinks.es_count() == half, 240, process, output)
 
+        reader = subprocess.Popen(  # noqa: S603 - our own interpreter
+            [str(ROOT / ".venv" / "bin" / "python"), "-c", READER, "pipeline.yaml"], cwd=folder, env=env,
+            stdout=(folder / "reader.out").open("w"), stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        wait_for("the reader's first reading", lambda: "reading" in (folder / "reader.out").read_text(), 60,
+                 process, output)
         _log_restart("threes local down --service kafka, then up")
         _local("down", "--service", "kafka")
         kafka_down = True
@@ -95,13 +128,19 @@ def test_a_broker_restart_under_threes_run_loses_and_doubles_nothing(
             time.sleep(1.0)
         _local("up", "--service", "kafka")
         kafka_down = False
+        outage_lines = len((folder / "reader.out").read_text().splitlines())
 
         _replay(folder, names, env, "orders_b.csv")
         wait_for("complete Elasticsearch index", lambda: sinks.es_count() == N_ORDERS, 420, process, output)
         wait_for("complete sales table", lambda: sinks.sales() == per_category, 420, process, output)
         wait_for("complete archive", lambda: len(sinks.archive()) == N_ORDERS, 420, process, output)
         docs, archive = sinks.es_docs(), sinks.archive()
+        read = (folder / "reader.out").read_text().splitlines()
+        assert reader.poll() is None, f"the reader of threes run's readings died ({reader.returncode}): {read[-5:]}"
+        assert any(line.startswith("reading") for line in read[outage_lines:]), read[-5:]
     finally:
+        if reader is not None:
+            reader.kill()
         if kafka_down:
             _local("up", "--service", "kafka")
         process.send_signal(signal.SIGINT)  # Ctrl-C

@@ -61,3 +61,32 @@ def test_produce_fails_clearly_when_kafka_is_unreachable():
     with pytest.raises(SetupError, match=r"Kafka at 127.0.0.1:1 did not answer.*threes local up"):
         ensure_compacted_topic(dead, "never", timeout_s=2)
     Producer(dead)  # constructing a client alone does not connect: no error until used
+
+
+def test_committed_offsets_read_a_live_group_without_joining_it(kafka, topic):
+    from confluent_kafka import TopicPartition
+
+    from connectors.topics import committed_offsets
+
+    admin = clients.kafka_admin(kafka)  # kept: its futures need the client alive
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
+    producer = clients.kafka_producer(kafka)
+    for i in range(10):
+        producer.produce(topic, key=str(i).encode(), value=b"v", partition=0)
+    assert producer.flush(30) == 0
+    member = clients.kafka_consumer(kafka, f"{topic}.group")
+    member.assign([TopicPartition(topic, 0, 0)])
+    seen = 0
+    while seen < 10:
+        msg = member.poll(5)
+        assert msg is not None and msg.error() is None
+        seen += 1
+    member.commit(offsets=[TopicPartition(topic, 0, 7)], asynchronous=False)
+
+    reader = clients.kafka_consumer(kafka, f"{topic}.group")  # the same group, never subscribing
+    try:
+        assert committed_offsets(reader, [(topic, 0), (topic, 1)], 10) == {(topic, 0): 7, (topic, 1): None}
+    finally:
+        reader.close()
+    member.commit(offsets=[TopicPartition(topic, 0, 10)], asynchronous=False)  # the member was not moved out
+    member.close()

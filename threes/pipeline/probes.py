@@ -110,6 +110,7 @@ class KafkaProbe:
         self.offsets_topic = offsets_topic
         self._consumer = clients.kafka_consumer(kafka, f"threes-run-probe-{uuid.uuid4().hex[:8]}")
         self._admin = clients.kafka_admin(kafka)
+        self._groups: dict[str, Any] = {}  # group -> a consumer of that group that never subscribes
         self._topics: tuple[float, dict[str, Any]] | None = None
         self.answered = False
         """Whether Kafka answered a metadata request of this probe once (later failures are outages)."""
@@ -230,12 +231,16 @@ class KafkaProbe:
         A partition whose watermarks cannot be read right now is left out of this reading
         (:meth:`watermarks`; ``seen`` as there).
         """
-        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
+        from connectors.topics import committed_offsets
 
+        topics = list(topics)
+        partitions = [(t, p) for t in topics if (meta := self.topics().get(t)) is not None for p in meta.partitions]
+        if group not in self._groups:  # never subscribes: reading does not join the group
+            self._groups[group] = clients.kafka_consumer(self.kafka, group)
         try:
-            result = self._admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
-            done = {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
-        except KafkaException:
+            done = {tp: o for tp, o in committed_offsets(self._groups[group], partitions, 5).items() if o is not None}
+        except SetupError as exc:
+            log.info("run: committed offsets of %s not readable now: %s", group, exc)
             done = {}
         committed = lag = 0
         for topic in topics:
@@ -268,6 +273,9 @@ class KafkaProbe:
     def close(self) -> None:
         """Close the clients."""
         self._consumer.close()
+        for consumer in self._groups.values():
+            consumer.close()
+        self._groups.clear()
 
 
 def pipeline_topics(pipeline: Any) -> list[str]:

@@ -133,15 +133,19 @@ class _Consumer:
         return 10, 25
 
 
-class _Admin:
-    def list_consumer_group_offsets(self, requests):
-        from concurrent.futures import Future
+class _GroupConsumer:
+    """A consumer of a sync service's group that never subscribes: it reads committed offsets."""
 
-        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    def __init__(self, away: bool = False) -> None:
+        self.away = away
 
-        done: Future = Future()
-        done.set_result(ConsumerGroupTopicPartitions(requests[0].group_id, [TopicPartition("updates.orders", 0, 20)]))
-        return {requests[0].group_id: done}
+    def committed(self, partitions, timeout=None):
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        if self.away:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Local: Timed out"))
+        return [TopicPartition(tp.topic, tp.partition, 20 if (tp.topic, tp.partition) == ("updates.orders", 0)
+                               else -1001) for tp in partitions]
 
 
 def test_a_partition_between_leaders_leaves_its_topic_unknown_and_the_reading_goes_on(pipeline) -> None:
@@ -153,14 +157,29 @@ def test_a_partition_between_leaders_leaves_its_topic_unknown_and_the_reading_go
 
     pl, _ = pipeline
     probe = object.__new__(KafkaProbe)
-    probe._consumer, probe._admin = _Consumer(), _Admin()
+    probe._consumer = _Consumer()
+    probe._groups = {svc.consumer_group(): _GroupConsumer() for svc in pl.sync}
     probe._topics = (time.monotonic() + 3600, {t: _Meta(2) for t in ["state.customers", "orders", "orders.enriched",
                                                                       "updates.orders"]})
     flow = probe.flow(pl)
     assert flow.topics["state.customers"] == 30 and flow.topics["orders"] == 30
     assert flow.topics["orders.enriched"] is None  # unknown this time, not an error
     assert flow.topics["state.fx"] is None  # missing
-    assert flow.committed["search"] == 10 and flow.lag["search"] == 20
+    assert flow.committed["search"] == 10 and flow.lag["search"] == 20  # partition 1: nothing committed
+
+
+def test_a_group_coordinator_that_does_not_answer_leaves_the_commits_unknown_and_the_reading_goes_on(pipeline) -> None:
+    import time
+
+    from threes.pipeline.probes import KafkaProbe
+
+    pl, _ = pipeline
+    probe = object.__new__(KafkaProbe)
+    probe._consumer = _Consumer()
+    probe._groups = {svc.consumer_group(): _GroupConsumer(away=True) for svc in pl.sync}
+    probe._topics = (time.monotonic() + 3600, {t: _Meta(2) for t in ["updates.orders"]})
+    flow = probe.flow(pl)
+    assert flow.committed["search"] == 0 and flow.lag["search"] == 30
 
 
 def test_kafka_is_an_error_until_it_answered_once_then_an_outage_to_wait_for(monkeypatch) -> None:
