@@ -154,7 +154,13 @@ def run() -> None:
 
     Commands raise :class:`~connectors.exceptions.ThreesError` subclasses freely;
     this is the one place they become output (``--debug`` shows the traceback).
+    A crash inside a native library (librdkafka, the JVM bridge) prints every thread's Python
+    stack to stderr (a part's log under ``threes run``) before the process ends, not a bare
+    exit code (:mod:`faulthandler`).
     """
+    import faulthandler
+
+    faulthandler.enable()
     try:
         app()
     except ThreesError as exc:

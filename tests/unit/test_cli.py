@@ -36,3 +36,13 @@ def test_bad_gc_threshold_of_a_service_is_one_line():
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "THREES_GC_THRESHOLD_0='lots': expected a non-negative integer" in result.stderr
+
+
+def test_a_native_crash_leaves_every_threads_python_stack_in_the_log() -> None:
+    # librdkafka aborted threes run once in CI with nothing but an exit code; the entry point
+    # turns faulthandler on, so such a crash prints where each thread was.
+    crash = ("import sys; sys.argv = ['threes', 'version']; import threes.cli as c; "
+             "c.app = lambda: __import__('ctypes').string_at(0); c.run()")
+    done = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=60)
+    assert done.returncode < 0
+    assert "Fatal Python error: Segmentation fault" in done.stderr and "in run" in done.stderr
