@@ -13,7 +13,7 @@ import logging
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,6 +276,65 @@ class KafkaProbe:
         for consumer in self._groups.values():
             consumer.close()
         self._groups.clear()
+
+
+class FlowReader:
+    """Takes :meth:`KafkaProbe.flow` readings every ``every_s`` in a thread of its own.
+
+    Supervision never waits on Kafka for the live view: while the broker is away one reading can
+    take the clients' timeouts (seconds per partition, minutes for a large pipeline), and a tick
+    that waited for it would notice neither an exited part nor Ctrl-C meanwhile. The thread owns
+    its probe (its own clients) and closes it when it ends.
+
+    Args:
+        pipeline: the pipeline whose flow is read.
+        make_probe: builds the probe (a :class:`KafkaProbe`), called in the thread.
+        every_s: seconds between the end of one reading and the start of the next.
+    """
+
+    def __init__(self, pipeline: Any, make_probe: Callable[[], Any], every_s: float):
+        import threading
+
+        self.pipeline = pipeline
+        self.make_probe = make_probe
+        self.every_s = every_s
+        self.latest: Flow | None = None
+        """The newest reading (``None`` before the first one answered)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="threes-run-flow", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        from confluent_kafka import KafkaException
+
+        from connectors.exceptions import ThreesError
+
+        probe = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    if probe is None:
+                        probe = self.make_probe()
+                    self.latest = probe.flow(self.pipeline)
+                except (ThreesError, KafkaException) as exc:  # the view waits; the parts run on
+                    log.warning("run: cannot read the pipeline's topics: %s", exc)
+                self._stop.wait(self.every_s)
+        finally:
+            if probe is not None:
+                probe.close()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the thread to end and wait up to ``timeout_s`` for it.
+
+        A reading in flight finishes first; the thread is a daemon, so one stuck in a client call
+        never holds the process.
+        """
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
 
 def pipeline_topics(pipeline: Any) -> list[str]:

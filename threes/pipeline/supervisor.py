@@ -12,7 +12,9 @@ The supervisor ticks about twice a second. Each tick it
    first when the stream job is about to start; a Kafka that stops answering
    after it answered once (:class:`~threes.pipeline.probes.KafkaOutage`) is
    waited for, up to the start timeout;
-4. reads the pipeline's flow from Kafka for the live view (every ``flow_every_s``).
+4. shows the newest reading of the pipeline's flow, which a thread of its own takes from Kafka
+   every ``flow_every_s`` (:class:`~threes.pipeline.probes.FlowReader`), so a tick never waits on
+   Kafka for the live view.
 
 A stop (Ctrl-C / SIGTERM, or a failure) stops the started children in reverse
 start order (sync, stream, sources), each with SIGTERM and its own clean-stop
@@ -32,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.exceptions import FatalError, SetupError, ThreesError
+from connectors.exceptions import FatalError, SetupError
 from threes.pipeline.plan import COMPONENTS, Part, plan_run
-from threes.pipeline.probes import Flow, KafkaOutage, KafkaProbe, scrape, source_cycles, sources_ready
+from threes.pipeline.probes import Flow, FlowReader, KafkaOutage, KafkaProbe, scrape, source_cycles, sources_ready
 from threes.pipeline.processes import Child, signal_group, spawn
 
 log = logging.getLogger(__name__)
@@ -148,7 +150,8 @@ class Supervisor:
         self.events_total = 0  # messages noted so far (``events`` keeps the last 50)
         self.phase = "starting"
         self._probe: KafkaProbe | None = None
-        self._flow_at = 0.0
+        self._reader: FlowReader | None = None
+        self._flow_probe: Callable[[], Any] = lambda: KafkaProbe(self.pipeline.kafka, self.options.offsets_topic)
         self._positions_at = 0.0
         self._positions: set[str] = set()
 
@@ -210,6 +213,9 @@ class Supervisor:
 
     def close(self) -> None:
         """Close the Kafka clients (after :meth:`shutdown`)."""
+        if self._reader is not None:
+            self._reader.stop()
+            self._reader = None
         if self._probe is not None:
             self._probe.close()
             self._probe = None
@@ -251,14 +257,11 @@ class Supervisor:
             self.phase = "running"
         elif self.phase in ("running", "recovering"):
             self.phase = "recovering"  # a part is being restarted
-        if now - self._flow_at >= self.options.flow_every_s:
-            self._flow_at = now
-            from confluent_kafka import KafkaException
-
-            try:
-                self.flow = self._probe_().flow(self.pipeline)
-            except (ThreesError, KafkaException) as exc:  # the view waits; the parts run on
-                log.warning("run: cannot read the pipeline's topics: %s", exc)
+        if self._reader is None and self.options.flow_every_s != float("inf"):
+            self._reader = FlowReader(self.pipeline, self._flow_probe, self.options.flow_every_s)
+            self._reader.start()
+        if self._reader is not None and self._reader.latest is not None:
+            self.flow = self._reader.latest
 
     def shutdown(self, force: threading.Event | None = None) -> bool:
         """Stop every started child in reverse start order; returns whether all stopped cleanly."""

@@ -225,8 +225,12 @@ def test_a_part_waiting_to_start_waits_out_a_kafka_outage(pipeline, tmp_path: Pa
         def flow(self, pipeline):
             raise self.error("Kafka at 127.0.0.1:1 did not answer within 10 s")
 
+        def close(self):
+            pass
+
     supervisor = Supervisor(pl, RunOptions(config=path, only=("stream",), log_dir=tmp_path))
     supervisor._probe = Outage()  # type: ignore[assignment]
+    supervisor._flow_probe = Outage
     supervisor.tick()
     supervisor.tick()
     stream = supervisor.part("stream")
@@ -237,3 +241,50 @@ def test_a_part_waiting_to_start_waits_out_a_kafka_outage(pipeline, tmp_path: Pa
     Outage.error = SetupError  # a Kafka that never answered: the run stops at once
     with pytest.raises(SetupError):
         supervisor.tick()
+    supervisor.close()
+
+
+def test_a_tick_never_waits_for_a_flow_reading_that_kafka_holds_up(pipeline, tmp_path: Path) -> None:
+    # While the broker is away one reading can take the clients' timeouts (seconds per partition);
+    # the supervisor must still notice exits and Ctrl-C meanwhile, so the reading runs in a thread.
+    import threading
+    import time
+
+    from threes.pipeline.probes import Flow
+    from threes.pipeline.supervisor import RunOptions, Supervisor
+
+    pl, path = pipeline
+    answer = threading.Event()
+
+    class HeldUp:
+        def missing(self, topics):
+            return list(topics)  # the part keeps waiting
+
+        def stored_positions(self):
+            return set()
+
+        def flow(self, pipeline):
+            answer.wait(30)  # Kafka does not answer until the test says so
+            return Flow(at=time.time(), topics={"orders": 7})
+
+        def close(self):
+            pass
+
+    supervisor = Supervisor(pl, RunOptions(config=path, only=("stream",), log_dir=tmp_path, flow_every_s=0.05))
+    supervisor._probe = HeldUp()  # type: ignore[assignment]
+    supervisor._flow_probe = HeldUp
+    try:
+        started = time.monotonic()
+        for _ in range(3):
+            supervisor.tick()
+        assert time.monotonic() - started < 1.0  # not held up by the reading in flight
+        assert supervisor.flow is None
+        answer.set()
+        deadline = time.monotonic() + 10
+        while supervisor.flow is None and time.monotonic() < deadline:
+            supervisor.tick()
+            time.sleep(0.05)
+        assert supervisor.flow is not None and supervisor.flow.topics == {"orders": 7}
+    finally:
+        answer.set()
+        supervisor.close()
