@@ -97,6 +97,10 @@ class Flow:
     lag: dict[str, int] = field(default_factory=dict)
 
 
+RENEW_AFTER_S = 5.0
+"""Seconds of failing watermark reads after which :class:`KafkaProbe` renews its consumer."""
+
+
 class KafkaProbe:
     """Reads topics, stored positions and consumer groups (clients kept open between readings).
 
@@ -109,6 +113,8 @@ class KafkaProbe:
         self.kafka = kafka
         self.offsets_topic = offsets_topic
         self._consumer = clients.kafka_consumer(kafka, f"threes-run-probe-{uuid.uuid4().hex[:8]}")
+        self._suspect_since: float | None = None  # when a watermark read failed, until one succeeds
+        self._renewed_at = time.monotonic()
         self._admin = clients.kafka_admin(kafka)
         self._groups: dict[str, Any] = {}  # group -> a consumer of that group that never subscribes
         self._topics: tuple[float, dict[str, Any]] | None = None
@@ -195,14 +201,34 @@ class KafkaProbe:
 
         if seen is not None and (topic, partition) in seen:
             return seen[(topic, partition)]
+        if self._suspect_since is not None and time.monotonic() - self._renewed_at >= RENEW_AFTER_S:
+            self._renew_consumer()
         try:
             marks = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)
         except KafkaException as exc:
             log.info("run: watermarks of %s[%d] not readable yet: %s", topic, partition, exc)
             marks = None
+            if self._suspect_since is None:
+                self._suspect_since = time.monotonic()
+        else:
+            self._suspect_since = None
         if seen is not None:
             seen[(topic, partition)] = marks
         return marks
+
+    def _renew_consumer(self) -> None:
+        """Replace the watermark consumer (its reads have failed for ``RENEW_AFTER_S``).
+
+        A consumer that is not assigned the partitions it asks about keeps its own view of the
+        cluster; after a broker restart one was seen answering "unknown partition" for good
+        while a new client read the same partition at once.
+        """
+        old = self._consumer
+        self._consumer = clients.kafka_consumer(self.kafka, f"threes-run-probe-{uuid.uuid4().hex[:8]}")
+        self._renewed_at = time.monotonic()
+        log.info("run: watermark reads failing since %.0f s ago; the probe's consumer was renewed",
+                 self._renewed_at - (self._suspect_since or self._renewed_at))
+        old.close()
 
     def records(
         self, topic: str, seen: dict[tuple[str, int], tuple[int, int] | None] | None = None

@@ -157,7 +157,7 @@ def test_a_partition_between_leaders_leaves_its_topic_unknown_and_the_reading_go
 
     pl, _ = pipeline
     probe = object.__new__(KafkaProbe)
-    probe._consumer = _Consumer()
+    probe._consumer, probe._suspect_since, probe._renewed_at = _Consumer(), None, time.monotonic()
     probe._groups = {svc.consumer_group(): _GroupConsumer() for svc in pl.sync}
     probe._topics = (time.monotonic() + 3600, {t: _Meta(2) for t in ["state.customers", "orders", "orders.enriched",
                                                                       "updates.orders"]})
@@ -175,7 +175,7 @@ def test_a_group_coordinator_that_does_not_answer_leaves_the_commits_unknown_and
 
     pl, _ = pipeline
     probe = object.__new__(KafkaProbe)
-    probe._consumer = _Consumer()
+    probe._consumer, probe._suspect_since, probe._renewed_at = _Consumer(), None, time.monotonic()
     probe._groups = {svc.consumer_group(): _GroupConsumer(away=True) for svc in pl.sync}
     probe._topics = (time.monotonic() + 3600, {t: _Meta(2) for t in ["updates.orders"]})
     flow = probe.flow(pl)
@@ -288,3 +288,33 @@ def test_a_tick_never_waits_for_a_flow_reading_that_kafka_holds_up(pipeline, tmp
     finally:
         answer.set()
         supervisor.close()
+
+
+def test_a_watermark_consumer_that_keeps_failing_is_renewed_and_the_next_one_reads(monkeypatch) -> None:
+    # After a broker restart a long-lived probe was seen reading "unknown partition" for good
+    # while a new client read the same partition at once: the probe renews its consumer.
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    import threes.pipeline.probes as probes
+    from threes.pipeline.probes import KafkaProbe
+
+    class Stuck:
+        closed = False
+
+        def get_watermark_offsets(self, tp, timeout=None):
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION, "Local: Unknown partition"))
+
+        def close(self):
+            self.closed = True
+
+    stuck = Stuck()
+    monkeypatch.setattr(probes.clients, "kafka_consumer", lambda kafka, group: _Consumer())
+    monkeypatch.setattr(probes, "RENEW_AFTER_S", 0.0)
+    probe = object.__new__(KafkaProbe)
+    probe.kafka, probe._consumer = None, stuck
+    probe._suspect_since, probe._renewed_at = None, time.monotonic()
+    assert probe.watermarks("orders", 0) is None  # the failing consumer: unknown this time
+    assert probe.watermarks("orders", 0) == (10, 25)  # renewed: the new consumer answers
+    assert stuck.closed and probe._suspect_since is None
