@@ -288,6 +288,42 @@ def committed_offsets(
     return {(tp.topic, tp.partition): (int(tp.offset) if tp.offset >= 0 else None) for tp in answer}
 
 
+class GroupOffsets:
+    """Committed offsets of consumer groups, read with one kept-open consumer per group.
+
+    Each consumer has the group's ``group.id`` and never subscribes (:func:`committed_offsets`).
+
+    Args:
+        kafka: the pipeline's ``KafkaConfig``.
+    """
+
+    def __init__(self, kafka: Any):
+        self.kafka = kafka
+        self.consumers: dict[str, Any] = {}
+        """Group -> its reading consumer, made on the group's first read."""
+
+    def read(
+        self, group: str, partitions: Iterable[tuple[str, int]], timeout_s: float = 10.0
+    ) -> dict[tuple[str, int], int]:
+        """``(topic, partition)`` -> committed offset of ``group``, for those of ``partitions`` it committed.
+
+        Raises:
+            SetupError: no answer within ``timeout_s`` seconds (as :func:`committed_offsets`).
+        """
+        from connectors import clients
+
+        if group not in self.consumers:
+            self.consumers[group] = clients.kafka_consumer(self.kafka, group)
+        answer = committed_offsets(self.consumers[group], partitions, timeout_s)
+        return {tp: offset for tp, offset in answer.items() if offset is not None}
+
+    def close(self) -> None:
+        """Close the consumers."""
+        for consumer in self.consumers.values():
+            consumer.close()
+        self.consumers.clear()
+
+
 def end_offsets(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 10.0) -> dict[int, int]:
     """Return the high watermark (next offset to be written) of every partition.
 

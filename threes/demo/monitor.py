@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +121,8 @@ class ProgressProbe:
     """
 
     def __init__(self, targets: Targets, list_every_s: float = 10.0):
+        from connectors.topics import GroupOffsets
+
         self.targets = targets
         self.list_every_s = list_every_s
         self._listing: tuple[float, list[str]] | None = None
@@ -128,7 +130,7 @@ class ProgressProbe:
         self._table: Any = None
         kafka = targets.pipeline.kafka
         self._consumer = clients.kafka_consumer(kafka, f"threes-demo-probe-{uuid.uuid4().hex[:8]}")
-        self._groups: dict[str, Any] = {}  # group -> a consumer of that group that never subscribes
+        self._groups = GroupOffsets(kafka)  # one consumer per sync group, never subscribing
         self._es = clients.elasticsearch_client(targets.es[0])
         self._engine = clients.sql_engine(targets.pg[0], pool_size=1)
         self._s3 = clients.s3_client(targets.s3[0])
@@ -157,20 +159,15 @@ class ProgressProbe:
                 out[p] = self._ends.get((topic, p), 0)
         return out
 
-    def committed(self, group: str, topics: list[str]) -> dict[tuple[str, int], int]:
-        """Committed offsets of a consumer group over ``topics`` (empty while Kafka does not answer)."""
+    def committed(self, group: str, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Committed offsets of a consumer group over ``partitions`` (empty while Kafka does not answer)."""
         from connectors.exceptions import SetupError
-        from connectors.topics import committed_offsets
 
-        if group not in self._groups:  # never subscribes: reading does not join the group
-            self._groups[group] = clients.kafka_consumer(self.targets.pipeline.kafka, group)
-        partitions = [(t, p) for t in topics for p in self.end_offsets(t)]
         try:
-            answer = committed_offsets(self._groups[group], partitions, 10)
+            return self._groups.read(group, partitions, 10)
         except SetupError as exc:
             log.debug("demo: committed offsets of %s not readable now: %s", group, exc)
             return {}
-        return {tp: o for tp, o in answer.items() if o is not None}
 
     def es_count(self, query: dict[str, Any] | None = None) -> int:
         """Documents of the flights index matching ``query`` (all when ``None``); 0 before it exists."""
@@ -228,8 +225,8 @@ class ProgressProbe:
         p.pg_rows, p.pg_flights = self.pg_totals()
         p.s3_objects = len(self.s3_keys(fresh))
         for name, (group, topics) in self.targets.groups.items():
-            done = self.committed(group, topics)
             ends = {(t, part): o for t in topics for part, o in self.end_offsets(t).items()}
+            done = self.committed(group, ends)
             p.committed[name] = sum(done.values())
             p.lag[name] = sum(max(0, end - done.get(tp, 0)) for tp, end in ends.items())
         return p
@@ -237,8 +234,7 @@ class ProgressProbe:
     def close(self) -> None:
         """Close the clients."""
         self._consumer.close()
-        for consumer in self._groups.values():
-            consumer.close()
+        self._groups.close()
         self._es.close()
         self._engine.dispose()
 

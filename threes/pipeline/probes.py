@@ -110,13 +110,15 @@ class KafkaProbe:
     """
 
     def __init__(self, kafka: Any, offsets_topic: str = "_threes_offsets"):
+        from connectors.topics import GroupOffsets
+
         self.kafka = kafka
         self.offsets_topic = offsets_topic
         self._consumer = clients.kafka_consumer(kafka, f"threes-run-probe-{uuid.uuid4().hex[:8]}")
         self._suspect_since: float | None = None  # when a watermark read failed, until one succeeds
         self._renewed_at = time.monotonic()
         self._admin = clients.kafka_admin(kafka)
-        self._groups: dict[str, Any] = {}  # group -> a consumer of that group that never subscribes
+        self._groups = GroupOffsets(kafka)
         self._topics: tuple[float, dict[str, Any]] | None = None
         self.answered = False
         """Whether Kafka answered a metadata request of this probe once (later failures are outages)."""
@@ -257,23 +259,15 @@ class KafkaProbe:
         A partition whose watermarks cannot be read right now is left out of this reading
         (:meth:`watermarks`; ``seen`` as there).
         """
-        from connectors.topics import committed_offsets
-
-        topics = list(topics)
-        partitions = [(t, p) for t in topics if (meta := self.topics().get(t)) is not None for p in meta.partitions]
-        if group not in self._groups:  # never subscribes: reading does not join the group
-            self._groups[group] = clients.kafka_consumer(self.kafka, group)
+        partitions = {t: meta.partitions for t in topics if (meta := self.topics().get(t)) is not None}
         try:
-            done = {tp: o for tp, o in committed_offsets(self._groups[group], partitions, 5).items() if o is not None}
+            done = self._groups.read(group, [(t, p) for t, ps in partitions.items() for p in ps], 5)
         except SetupError as exc:
             log.info("run: committed offsets of %s not readable now: %s", group, exc)
             done = {}
         committed = lag = 0
-        for topic in topics:
-            meta = self.topics().get(topic)
-            if meta is None:
-                continue
-            for p in meta.partitions:
+        for topic, parts in partitions.items():
+            for p in parts:
                 marks = self.watermarks(topic, p, seen)
                 if marks is None:
                     continue
@@ -299,9 +293,7 @@ class KafkaProbe:
     def close(self) -> None:
         """Close the clients."""
         self._consumer.close()
-        for consumer in self._groups.values():
-            consumer.close()
-        self._groups.clear()
+        self._groups.close()
 
 
 class FlowReader:

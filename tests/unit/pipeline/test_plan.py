@@ -153,12 +153,14 @@ def test_a_partition_between_leaders_leaves_its_topic_unknown_and_the_reading_go
     # the supervisor's view of the pipeline must not stop on it (seen on a loaded CI run).
     import time
 
+    from connectors.topics import GroupOffsets
     from threes.pipeline.probes import KafkaProbe
 
     pl, _ = pipeline
     probe = object.__new__(KafkaProbe)
     probe._consumer, probe._suspect_since, probe._renewed_at = _Consumer(), None, time.monotonic()
-    probe._groups = {svc.consumer_group(): _GroupConsumer() for svc in pl.sync}
+    probe._groups = GroupOffsets(None)
+    probe._groups.consumers.update({svc.consumer_group(): _GroupConsumer() for svc in pl.sync})
     probe._topics = (time.monotonic() + 3600, {t: _Meta(2) for t in ["state.customers", "orders", "orders.enriched",
                                                                       "updates.orders"]})
     flow = probe.flow(pl)
@@ -171,12 +173,14 @@ def test_a_partition_between_leaders_leaves_its_topic_unknown_and_the_reading_go
 def test_a_group_coordinator_that_does_not_answer_leaves_the_commits_unknown_and_the_reading_goes_on(pipeline) -> None:
     import time
 
+    from connectors.topics import GroupOffsets
     from threes.pipeline.probes import KafkaProbe
 
     pl, _ = pipeline
     probe = object.__new__(KafkaProbe)
     probe._consumer, probe._suspect_since, probe._renewed_at = _Consumer(), None, time.monotonic()
-    probe._groups = {svc.consumer_group(): _GroupConsumer(away=True) for svc in pl.sync}
+    probe._groups = GroupOffsets(None)
+    probe._groups.consumers.update({svc.consumer_group(): _GroupConsumer(away=True) for svc in pl.sync})
     probe._topics = (time.monotonic() + 3600, {t: _Meta(2) for t in ["updates.orders"]})
     flow = probe.flow(pl)
     assert flow.committed["search"] == 0 and flow.lag["search"] == 30
