@@ -97,6 +97,28 @@ class Flow:
     lag: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class FlowPlan:
+    """What a flow reading reads: plain names only, so it crosses to a reading child process.
+
+    Attributes:
+        topics: the pipeline's topics in flow order (:func:`pipeline_topics`).
+        groups: ``(sync service, its consumer group, its topics sorted)`` per sync service.
+    """
+
+    topics: tuple[str, ...]
+    groups: tuple[tuple[str, str, tuple[str, ...]], ...]
+
+    @classmethod
+    def of(cls, pipeline: Any) -> FlowPlan:
+        """The plan of a pipeline config."""
+        groups = tuple(
+            (svc.name, svc.consumer_group(), tuple(sorted({t for s in svc.sinks for t in s.topics})))
+            for svc in getattr(pipeline, "sync", [])
+        )
+        return cls(tuple(pipeline_topics(pipeline)), groups)
+
+
 RENEW_AFTER_S = 5.0
 """Seconds of failing watermark reads after which :class:`KafkaProbe` renews its consumer."""
 
@@ -278,16 +300,18 @@ class KafkaProbe:
         return committed, lag
 
     def flow(self, pipeline: Any) -> Flow:
-        """One reading of every topic of the pipeline and every sync service's progress."""
+        """One reading of every topic of the pipeline and every sync service's progress.
+
+        Args:
+            pipeline: the pipeline, or its :class:`FlowPlan`.
+        """
+        plan = pipeline if isinstance(pipeline, FlowPlan) else FlowPlan.of(pipeline)
         reading = Flow(at=time.time())
         seen: dict[tuple[str, int], tuple[int, int] | None] = {}  # the sync services' topics were read above
-        for topic in pipeline_topics(pipeline):
+        for topic in plan.topics:
             reading.topics[topic] = self.records(topic, seen)
-        for svc in getattr(pipeline, "sync", []):
-            topics = sorted({t for s in svc.sinks for t in s.topics})
-            reading.committed[svc.name], reading.lag[svc.name] = self.group_progress(
-                svc.consumer_group(), topics, seen
-            )
+        for name, group, topics in plan.groups:
+            reading.committed[name], reading.lag[name] = self.group_progress(group, list(topics), seen)
         return reading
 
     def close(self) -> None:
@@ -297,32 +321,59 @@ class KafkaProbe:
 
 
 class FlowReader:
-    """Takes :meth:`KafkaProbe.flow` readings every ``every_s`` in a thread of its own.
+    """Takes :meth:`KafkaProbe.flow` readings every ``every_s``, away from the supervision loop.
 
     Supervision never waits on Kafka for the live view: while the broker is away one reading can
     take the clients' timeouts (seconds per partition, minutes for a large pipeline), and a tick
-    that waited for it would notice neither an exited part nor Ctrl-C meanwhile. The thread owns
-    its probe (its own clients) and closes it when it ends.
+    that waited for it would notice neither an exited part nor Ctrl-C meanwhile.
+
+    **Isolated** (``isolated=True``, what ``threes run`` uses): the readings are taken in a child
+    process of their own (``multiprocessing``'s *spawn*: a fresh interpreter, its own Kafka
+    clients) and sent back over a pipe. A native crash in a Kafka client (librdkafka has aborted
+    on an assertion while a broker went away mid-request: ``docs/operations.md``) then ends that
+    child, never the supervisor: a new child starts after a backoff (1 s, doubling up to
+    ``max_backoff_s``; back to 1 s once a child lived a minute), and the view shows the last
+    reading meanwhile. The child gets the pipeline's :class:`FlowPlan` and ``make_probe``, which
+    must be picklable (a ``functools.partial`` of :class:`KafkaProbe` and a ``KafkaConfig``).
+    Not isolated: the readings run in a thread of this process (tests with in-process fakes).
+
+    Either way the reader owns its probe (its own clients) and closes it when it ends.
 
     Args:
         pipeline: the pipeline whose flow is read.
-        make_probe: builds the probe (a :class:`KafkaProbe`), called in the thread.
+        make_probe: builds the probe (a :class:`KafkaProbe`), called where the readings run.
         every_s: seconds between the end of one reading and the start of the next.
+        isolated: read in a child process (see above).
+        max_backoff_s: longest wait before a new child, seconds.
     """
 
-    def __init__(self, pipeline: Any, make_probe: Callable[[], Any], every_s: float):
+    def __init__(
+        self,
+        pipeline: Any,
+        make_probe: Callable[[], Any],
+        every_s: float,
+        isolated: bool = False,
+        max_backoff_s: float = 30.0,
+    ):
         import threading
 
         self.pipeline = pipeline
         self.make_probe = make_probe
         self.every_s = every_s
+        self.isolated = isolated
+        self.max_backoff_s = max_backoff_s
         self.latest: Flow | None = None
         """The newest reading (``None`` before the first one answered)."""
+        self.pid: int | None = None
+        """The current reading child's process id (isolated; ``None`` between children)."""
+        self.restarts = 0
+        """Children that ended without being asked to (isolated)."""
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="threes-run-flow", daemon=True)
+        target = self._run_isolated if isolated else self._run
+        self._thread = threading.Thread(target=target, name="threes-run-flow", daemon=True)
 
     def start(self) -> None:
-        """Start the thread."""
+        """Start reading."""
         self._thread.start()
 
     def _run(self) -> None:
@@ -344,15 +395,113 @@ class FlowReader:
             if probe is not None:
                 probe.close()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Ask the thread to end and wait up to ``timeout_s`` for it.
+    def _run_isolated(self) -> None:
+        """Keep a reading child running and take its readings (in this object's thread)."""
+        import multiprocessing
 
-        A reading in flight finishes first; the thread is a daemon, so one stuck in a client call
-        never holds the process.
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of this process's clients
+        backoff = 1.0
+        while not self._stop.is_set():
+            ours, theirs = ctx.Pipe(duplex=True)
+            child = ctx.Process(
+                target=read_flow_forever,
+                args=(theirs, FlowPlan.of(self.pipeline), self.make_probe, self.every_s),
+                name="threes-run-flow",
+                daemon=True,  # never outlives this process
+            )
+            started = time.monotonic()
+            try:
+                child.start()
+            except Exception as exc:  # noqa: BLE001 - no reader now; the parts run on, a new one is tried
+                log.warning("run: cannot start the flow reader: %s", exc)
+                ours.close()
+                theirs.close()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self.max_backoff_s)
+                continue
+            theirs.close()
+            self.pid = child.pid
+            try:
+                while not self._stop.is_set():
+                    if ours.poll(0.5):
+                        message = ours.recv()
+                        if isinstance(message, Flow):
+                            self.latest = message
+                        else:  # the view waits; the parts run on
+                            log.warning("run: cannot read the pipeline's topics: %s", message)
+                    elif not child.is_alive():
+                        break
+            except (EOFError, OSError):  # the child ended mid-message
+                pass
+            if self._stop.is_set():
+                try:
+                    ours.send(None)  # stop after the reading in flight
+                except OSError:
+                    pass
+                child.join(2.0)
+                if child.is_alive():  # held in a client call: it holds nothing worth waiting for
+                    child.kill()
+                    child.join(2.0)
+                ours.close()
+                self.pid = None
+                return
+            child.join(2.0)
+            code = child.exitcode
+            ours.close()
+            self.pid = None
+            self.restarts += 1
+            if time.monotonic() - started >= 60:
+                backoff = 1.0
+            how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            log.warning("run: the flow reader (pid %s) ended with %s; a new one starts in %.0f s", child.pid, how,
+                        backoff)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, self.max_backoff_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop reading and wait up to ``timeout_s``.
+
+        A reading in flight finishes first (isolated: the child gets 2 s, then SIGKILL); the
+        thread is a daemon, so one stuck in a client call never holds the process.
         """
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+
+
+def read_flow_forever(conn: Any, plan: FlowPlan, make_probe: Callable[[], Any], every_s: float) -> None:
+    """The reading child of an isolated :class:`FlowReader`: one reading per ``every_s`` into ``conn``.
+
+    Sends a :class:`Flow` per reading, or the error's text when Kafka did not answer. Ends when
+    the parent sends anything, or closes its end (the parent is gone). Ctrl-C is left to the
+    parent, which stops the child; a native crash prints every thread's Python stack
+    (``faulthandler``) before the child ends.
+    """
+    import faulthandler
+    import signal
+
+    from confluent_kafka import KafkaException
+
+    from connectors.exceptions import ThreesError
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable()
+    probe = None
+    try:
+        while True:
+            try:
+                if probe is None:
+                    probe = make_probe()
+                conn.send(probe.flow(plan))
+            except (ThreesError, KafkaException) as exc:
+                conn.send(str(exc))
+            if conn.poll(every_s):  # a message, or the parent's end closed
+                return
+    except (EOFError, OSError):  # the parent is gone
+        return
+    finally:
+        if probe is not None:
+            probe.close()
 
 
 def pipeline_topics(pipeline: Any) -> list[str]:

@@ -12,9 +12,10 @@ The supervisor ticks about twice a second. Each tick it
    first when the stream job is about to start; a Kafka that stops answering
    after it answered once (:class:`~threes.pipeline.probes.KafkaOutage`) is
    waited for, up to the start timeout;
-4. shows the newest reading of the pipeline's flow, which a thread of its own takes from Kafka
-   every ``flow_every_s`` (:class:`~threes.pipeline.probes.FlowReader`), so a tick never waits on
-   Kafka for the live view.
+4. shows the newest reading of the pipeline's flow, which a child process of its own takes from
+   Kafka every ``flow_every_s`` (:class:`~threes.pipeline.probes.FlowReader`), so a tick never
+   waits on Kafka for the live view and a native crash of a Kafka client there ends only that
+   child (a new one starts).
 
 A stop (Ctrl-C / SIGTERM, or a failure) stops the started children in reverse
 start order (sync, stream, sources), each with SIGTERM and its own clean-stop
@@ -23,6 +24,7 @@ time, then SIGKILL of its process group; a second Ctrl-C kills at once.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -151,7 +153,10 @@ class Supervisor:
         self.phase = "starting"
         self._probe: KafkaProbe | None = None
         self._reader: FlowReader | None = None
-        self._flow_probe: Callable[[], Any] = lambda: KafkaProbe(self.pipeline.kafka, self.options.offsets_topic)
+        # the live view's readings run in a child process (picklable: a partial of KafkaProbe); tests that
+        # put in-process fakes here set ``_flow_isolated = False``
+        self._flow_probe: Callable[[], Any] = functools.partial(KafkaProbe, pipeline.kafka, options.offsets_topic)
+        self._flow_isolated = True
         self._positions_at = 0.0
         self._positions: set[str] = set()
 
@@ -258,7 +263,9 @@ class Supervisor:
         elif self.phase in ("running", "recovering"):
             self.phase = "recovering"  # a part is being restarted
         if self._reader is None and self.options.flow_every_s != float("inf"):
-            self._reader = FlowReader(self.pipeline, self._flow_probe, self.options.flow_every_s)
+            self._reader = FlowReader(
+                self.pipeline, self._flow_probe, self.options.flow_every_s, isolated=self._flow_isolated
+            )
             self._reader.start()
         if self._reader is not None and self._reader.latest is not None:
             self.flow = self._reader.latest

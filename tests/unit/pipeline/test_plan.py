@@ -235,6 +235,7 @@ def test_a_part_waiting_to_start_waits_out_a_kafka_outage(pipeline, tmp_path: Pa
     supervisor = Supervisor(pl, RunOptions(config=path, only=("stream",), log_dir=tmp_path))
     supervisor._probe = Outage()  # type: ignore[assignment]
     supervisor._flow_probe = Outage
+    supervisor._flow_isolated = False  # an in-process fake
     supervisor.tick()
     supervisor.tick()
     stream = supervisor.part("stream")
@@ -277,6 +278,7 @@ def test_a_tick_never_waits_for_a_flow_reading_that_kafka_holds_up(pipeline, tmp
     supervisor = Supervisor(pl, RunOptions(config=path, only=("stream",), log_dir=tmp_path, flow_every_s=0.05))
     supervisor._probe = HeldUp()  # type: ignore[assignment]
     supervisor._flow_probe = HeldUp
+    supervisor._flow_isolated = False  # an in-process fake
     try:
         started = time.monotonic()
         for _ in range(3):
