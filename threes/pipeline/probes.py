@@ -473,9 +473,10 @@ def read_flow_forever(conn: Any, plan: FlowPlan, make_probe: Callable[[], Any], 
     """The reading child of an isolated :class:`FlowReader`: one reading per ``every_s`` into ``conn``.
 
     Sends a :class:`Flow` per reading, or the error's text when Kafka did not answer. Ends when
-    the parent sends anything, or closes its end (the parent is gone). Ctrl-C is left to the
-    parent, which stops the child; a native crash prints every thread's Python stack
-    (``faulthandler``) before the child ends.
+    the parent sends anything, or closes its end (the parent is gone). Ctrl-C and SIGTERM sent
+    to the whole process group are left to the parent, which stops the child after its parts
+    (a child ended by them would be reported as a crash and started again); a native crash
+    prints every thread's Python stack (``faulthandler``) before the child ends.
     """
     import faulthandler
     import signal
@@ -485,6 +486,7 @@ def read_flow_forever(conn: Any, plan: FlowPlan, make_probe: Callable[[], Any], 
     from connectors.exceptions import ThreesError
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     faulthandler.enable()
     probe = None
     try:
