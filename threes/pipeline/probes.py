@@ -357,7 +357,8 @@ class FlowReader:
     ):
         import threading
 
-        self.pipeline = pipeline
+        self.plan = FlowPlan.of(pipeline)
+        """What each reading reads (crosses to the reading child)."""
         self.make_probe = make_probe
         self.every_s = every_s
         self.isolated = isolated
@@ -377,23 +378,14 @@ class FlowReader:
         self._thread.start()
 
     def _run(self) -> None:
-        from confluent_kafka import KafkaException
+        take_readings(self.plan, self.make_probe, self.every_s, self._receive, self._stop.wait)
 
-        from connectors.exceptions import ThreesError
-
-        probe = None
-        try:
-            while not self._stop.is_set():
-                try:
-                    if probe is None:
-                        probe = self.make_probe()
-                    self.latest = probe.flow(self.pipeline)
-                except (ThreesError, KafkaException) as exc:  # the view waits; the parts run on
-                    log.warning("run: cannot read the pipeline's topics: %s", exc)
-                self._stop.wait(self.every_s)
-        finally:
-            if probe is not None:
-                probe.close()
+    def _receive(self, message: Flow | str) -> None:
+        """A reading, or why none was taken (the view waits; the parts run on)."""
+        if isinstance(message, Flow):
+            self.latest = message
+        else:
+            log.warning("run: cannot read the pipeline's topics: %s", message)
 
     def _run_isolated(self) -> None:
         """Keep a reading child running and take its readings (in this object's thread)."""
@@ -405,7 +397,7 @@ class FlowReader:
             ours, theirs = ctx.Pipe(duplex=True)
             child = ctx.Process(
                 target=read_flow_forever,
-                args=(theirs, FlowPlan.of(self.pipeline), self.make_probe, self.every_s),
+                args=(theirs, self.plan, self.make_probe, self.every_s),
                 name="threes-run-flow",
                 daemon=True,  # never outlives this process
             )
@@ -424,31 +416,26 @@ class FlowReader:
             try:
                 while not self._stop.is_set():
                     if ours.poll(0.5):
-                        message = ours.recv()
-                        if isinstance(message, Flow):
-                            self.latest = message
-                        else:  # the view waits; the parts run on
-                            log.warning("run: cannot read the pipeline's topics: %s", message)
+                        self._receive(ours.recv())
                     elif not child.is_alive():
                         break
             except (EOFError, OSError):  # the child ended mid-message
                 pass
-            if self._stop.is_set():
+            stopping = self._stop.is_set()
+            if stopping:
                 try:
                     ours.send(None)  # stop after the reading in flight
                 except OSError:
                     pass
-                child.join(2.0)
-                if child.is_alive():  # held in a client call: it holds nothing worth waiting for
-                    child.kill()
-                    child.join(2.0)
-                ours.close()
-                self.pid = None
-                return
             child.join(2.0)
-            code = child.exitcode
+            if child.is_alive():  # held in a client call: it holds nothing worth waiting for
+                child.kill()
+                child.join(2.0)
             ours.close()
             self.pid = None
+            if stopping:
+                return
+            code = child.exitcode
             self.restarts += 1
             if time.monotonic() - started >= 60:
                 backoff = 1.0
@@ -481,26 +468,42 @@ def read_flow_forever(conn: Any, plan: FlowPlan, make_probe: Callable[[], Any], 
     import faulthandler
     import signal
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    faulthandler.enable()
+    try:
+        take_readings(plan, make_probe, every_s, conn.send, conn.poll)  # poll: a message, or the parent's end closed
+    except (EOFError, OSError):  # the parent is gone
+        return
+
+
+def take_readings(
+    plan: FlowPlan,
+    make_probe: Callable[[], Any],
+    every_s: float,
+    deliver: Callable[[Flow | str], None],
+    wait: Callable[[float], bool],
+) -> None:
+    """Take a reading, ``deliver`` it (or the error's text when Kafka did not answer), ``wait``; again.
+
+    Ends when ``wait(every_s)`` returns true. The probe is made at the first reading (again after a
+    failure to make it) and closed at the end.
+    """
     from confluent_kafka import KafkaException
 
     from connectors.exceptions import ThreesError
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    faulthandler.enable()
     probe = None
     try:
         while True:
             try:
                 if probe is None:
                     probe = make_probe()
-                conn.send(probe.flow(plan))
+                deliver(probe.flow(plan))
             except (ThreesError, KafkaException) as exc:
-                conn.send(str(exc))
-            if conn.poll(every_s):  # a message, or the parent's end closed
+                deliver(str(exc))
+            if wait(every_s):
                 return
-    except (EOFError, OSError):  # the parent is gone
-        return
     finally:
         if probe is not None:
             probe.close()
