@@ -25,7 +25,8 @@ stack: venv
 # shared services (marked serial) alone.
 TEST_WORKERS ?= 2
 
-test: stack
+# Static checks first (ruff; the layering contracts of pyproject.toml's [tool.importlinter]), then the tests.
+test: lint stack
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
 	$(BIN)/pytest -m serial
 
@@ -50,6 +51,7 @@ docs: venv
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean: down
 	rm -rf $(VENV) .threes

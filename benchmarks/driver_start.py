@@ -40,7 +40,7 @@ def child(sharing: bool) -> dict[str, Any]:
     started = time.monotonic()
     from pyspark import SparkContext
 
-    from connectors.config.stream import SparkSettings
+    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
     from threes.local import LocalStack
 

@@ -73,7 +73,7 @@ log = logging.getLogger("partitioned_join")
 
 
 def session() -> Any:
-    from connectors.config.stream import SparkSettings
+    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
     from threes.local import LocalStack
 
@@ -257,7 +257,7 @@ def strategies(base: Any, raw: Any, ipc: Path) -> dict[str, Any]:
         keyed = ev.select("event_id", "origin", f.xxhash64("origin").alias("__lh0"))
         return keyed.mapInArrow(lookup, out_schema)
 
-    from connectors.config.stream import LookupConfig
+    from stream_app.config import LookupConfig
     from stream_app.enrich import BoundLookup, enrich
     from stream_app.snapshot.data import SnapshotView
     from stream_app.snapshot.mapped import write_lookup_files

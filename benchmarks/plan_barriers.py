@@ -105,7 +105,7 @@ def decode_and_drop(spark: Any) -> dict[str, Any]:
 def inner_lookup(spark: Any) -> dict[str, Any]:
     from pyspark.sql import functions as f
 
-    from connectors.config.stream import LookupConfig
+    from stream_app.config import LookupConfig
     from stream_app.enrich import BoundLookup, enrich
     from stream_app.snapshot.data import SnapshotView
 
@@ -137,7 +137,7 @@ def inner_lookup(spark: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    from connectors.config.stream import SparkSettings
+    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
     from threes.local import LocalStack
 

@@ -65,7 +65,7 @@ def child(mode: str) -> dict[str, Any]:
     """One application: the median and fastest of ``JOBS`` timed jobs, seconds."""
     from pyspark.sql import functions as f
 
-    from connectors.config.stream import SparkSettings
+    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
     from threes.local import LocalStack
 

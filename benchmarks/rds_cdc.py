@@ -46,15 +46,15 @@ from rich.table import Table
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from connectors import clients
-from connectors.config import pipeline_from_dict
-from connectors.config.models import KafkaConfig, RdsConnection
+from connectors.config.models import KafkaConfig
 from connectors.rds.cdc import default_name
+from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.runtime.process import tune_gc
 from connectors.runtime.standalone import SourceWorker, task_specs
 from connectors.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
+from threes.config import pipeline_from_dict
 from threes.local.stack import Endpoints
 
 DB = "threes_bench"
@@ -62,7 +62,7 @@ ROWS = 10_000
 
 
 def database(admin_url: str) -> RdsConnection:
-    admin = clients.sql_engine(RdsConnection(type="rds", url=admin_url), isolation_level="AUTOCOMMIT")
+    admin = sql_engine(RdsConnection(type="rds", url=admin_url), isolation_level="AUTOCOMMIT")
     with admin.connect() as c:
         if not c.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": DB}).first():
             c.execute(text(f'CREATE DATABASE "{DB}"'))
@@ -128,7 +128,7 @@ def backlog(engine: Any, table: str, n: int) -> int:
 
 
 def measure(kafka: Any, conn: RdsConnection, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    engine = clients.sql_engine(conn)
+    engine = sql_engine(conn)
     u = uuid.uuid4().hex[:8]
     table, name, topic = f"bench_cdc_{mode}_{u}", f"bench-cdc-{mode}-{u}", f"bench.cdc.{mode}.{u}"
     kconf = kafka.librdkafka_config()

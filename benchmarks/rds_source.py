@@ -52,13 +52,14 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from connectors import clients
-from connectors.config import pipeline_from_dict
-from connectors.config.models import KafkaConfig, RdsConnection
+from connectors.config.models import KafkaConfig
+from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.runtime.process import tune_gc
 from connectors.runtime.standalone import SourceWorker, task_specs
 from connectors.topics import end_offsets, ensure_compacted_topic
 from schemas.serde import AvroSerializer
 from schemas.store import SchemaStore
+from threes.config import pipeline_from_dict
 from threes.local.stack import Endpoints
 
 DB = "threes_bench"
@@ -66,14 +67,14 @@ PAGE = 10_000
 
 
 def ensure_table(admin_url: str, rows: int) -> tuple[RdsConnection, str]:
-    admin = clients.sql_engine(RdsConnection(type="rds", url=admin_url), isolation_level="AUTOCOMMIT")
+    admin = sql_engine(RdsConnection(type="rds", url=admin_url), isolation_level="AUTOCOMMIT")
     with admin.connect() as c:
         if not c.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": DB}).first():
             c.execute(text(f'CREATE DATABASE "{DB}"'))
     admin.dispose()
     conn = RdsConnection(type="rds", url=make_url(admin_url).set(database=DB).render_as_string(hide_password=False))
     table = f"bench_rds_source_{rows}"
-    engine = clients.sql_engine(conn)
+    engine = sql_engine(conn)
     with engine.begin() as c:
         exists = c.execute(text("SELECT to_regclass(:t) IS NOT NULL"), {"t": table}).scalar_one()
         if not exists:

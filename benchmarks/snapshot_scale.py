@@ -90,7 +90,7 @@ log = logging.getLogger("snapshot_scale")
 def _session(
     master: str, executor_gc: str = "auto", executor_java_options: str = "", spark_conf: dict[str, str] | None = None
 ) -> Any:
-    from connectors.config.stream import SparkSettings
+    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
     from threes.local import LocalStack
 
@@ -103,7 +103,7 @@ def _session(
 
 
 def _job_config(args: dict[str, Any], folder: Path) -> Any:
-    from connectors.config.stream import StreamJobConfig
+    from stream_app.config import StreamJobConfig
 
     for name, schema in (("key", KEY), ("value", VALUE), ("event", EVENT)):
         (folder / f"{name}.avsc").write_text(json.dumps(schema))

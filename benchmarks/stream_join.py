@@ -114,10 +114,10 @@ sys.path.insert(0, str(ROOT))
 from bench_topics import BenchTopics  # noqa: E402
 
 from connectors.config.models import KafkaConfig  # noqa: E402
-from connectors.config.stream import SparkSettings, StreamJobConfig  # noqa: E402
 from connectors.topics import ensure_compacted_topic  # noqa: E402
 from schemas.serde import AvroSerializer, fingerprint, schema_json  # noqa: E402
 from schemas.store import SchemaStore  # noqa: E402
+from stream_app.config import SparkSettings, StreamJobConfig  # noqa: E402
 
 KEYS = int(os.environ.get("THREES_BENCH_KEYS", "1000000"))
 EVENTS = int(os.environ.get("THREES_BENCH_EVENTS", "500000"))

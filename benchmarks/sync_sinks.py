@@ -136,6 +136,10 @@ from typing import TYPE_CHECKING, Any
 
 import fastavro
 
+from connectors.elasticsearch.connection import elasticsearch_client
+from connectors.rds.connection import sql_engine
+from connectors.s3.connection import s3_client
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -145,8 +149,11 @@ from bench_topics import BenchTopics  # noqa: E402
 from schemas.serde import fingerprint  # noqa: E402
 
 if TYPE_CHECKING:
-    from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection, S3Connection
-    from connectors.runtime.sink import SinkBatch, SinkRecord
+    from connectors.api.sink import SinkBatch, SinkRecord
+    from connectors.config.models import KafkaConfig
+    from connectors.elasticsearch.connection import ElasticsearchConnection
+    from connectors.rds.connection import RdsConnection
+    from connectors.s3.connection import S3Connection
     from sync_service.batching import Job
     from sync_service.writer import BatchWriter
     from threes.local import Endpoints
@@ -352,12 +359,11 @@ def timed(fn: Any) -> float:
 def bench_es(conn: ElasticsearchConnection, n: int, rounds: int) -> dict[str, float]:
     from elasticsearch import helpers
 
-    from connectors import clients
     from connectors.elasticsearch.config import ElasticsearchSinkConfig
     from connectors.elasticsearch.sink import ElasticsearchSink
     from sync_service.concurrency import AdaptiveConcurrency
 
-    es = clients.elasticsearch_client(conn)
+    es = elasticsearch_client(conn)
     docs = [row(i) for i in range(n)]
     wire = Wire(SCHEMA)
     raws = wire_batches(wire, n)
@@ -397,14 +403,13 @@ def bench_pg(conn: RdsConnection, n: int, rounds: int) -> dict[str, float]:
     from psycopg import sql
     from sqlalchemy import MetaData, Table, text
 
-    from connectors import clients
+    from connectors.api.sink import SinkBatch
     from connectors.rds.config import RdsSinkConfig
     from connectors.rds.sink import RdsSink
     from connectors.rds.sink_types import table_from_avro
-    from connectors.runtime.sink import SinkBatch
     from sync_service.concurrency import AdaptiveConcurrency
 
-    engine = clients.sql_engine(conn)
+    engine = sql_engine(conn)
     dsn = conn.sqlalchemy_url().set(drivername="postgresql").render_as_string(hide_password=False)
     rows = [row(i) for i in range(n)]
     cols = [f["name"] for f in SCHEMA["fields"]] + ["_version"]
@@ -458,12 +463,11 @@ def bench_pg(conn: RdsConnection, n: int, rounds: int) -> dict[str, float]:
 # -- S3 -----------------------------------------------------------------------------------------
 
 def bench_s3(conn: S3Connection, n: int, rounds: int) -> dict[str, float]:
-    from connectors import clients
     from connectors.s3.config import S3SinkConfig
     from connectors.s3.sink import S3Sink, encode_jsonl
     from sync_service.concurrency import AdaptiveConcurrency
 
-    s3 = clients.s3_client(conn)
+    s3 = s3_client(conn)
     bucket = f"bench-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(Bucket=bucket)
     wire = Wire(SCHEMA)
@@ -581,12 +585,11 @@ def bench_s3_parquet(conn: S3Connection, n: int, rounds: int) -> dict[str, float
     "before": values decoded per record by fastavro, then :func:`previous_s3_sink`; "after": values decoded
     in columns, then ``S3Sink`` (Parquet from the Arrow table). Both decode inside the timing.
     """
-    from connectors import clients
     from connectors.s3.config import S3SinkConfig
     from connectors.s3.sink import S3Sink
     from sync_service.concurrency import AdaptiveConcurrency
 
-    s3 = clients.s3_client(conn)
+    s3 = s3_client(conn)
     bucket = f"bench-pq-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(Bucket=bucket)
     before = previous_s3_sink()
@@ -788,8 +791,8 @@ def threes_child(spec: dict[str, Any]) -> None:
     from connectors.runtime.process import keep_pandas_out, tune_gc
 
     keep_pandas_out()  # as `threes sync run` does
-    from connectors.config import pipeline_from_dict
     from sync_service.service import SyncService
+    from threes.config import pipeline_from_dict
 
     tune_gc()  # as `threes sync run` does
 
@@ -910,8 +913,8 @@ class E2ETargets:
     def __init__(self, ep: Endpoints):
         from sqlalchemy.engine import make_url
 
-        from connectors import clients
-        from connectors.config.models import ElasticsearchConnection, RdsConnection
+        from connectors.elasticsearch.connection import ElasticsearchConnection
+        from connectors.rds.connection import RdsConnection
 
         self.ep = ep
         url = make_url(ep.postgres_url)
@@ -921,10 +924,10 @@ class E2ETargets:
             "s3_endpoint": ep.s3_endpoint_url, "s3_region": ep.s3_region, "s3_key": ep.s3_access_key_id,
             "s3_secret": ep.s3_secret_access_key,
         }
-        self.es = clients.elasticsearch_client(ElasticsearchConnection(type="elasticsearch",
+        self.es = elasticsearch_client(ElasticsearchConnection(type="elasticsearch",
                                                                        hosts=[ep.elasticsearch_url]))
-        self.engine = clients.sql_engine(RdsConnection(type="rds", url=ep.postgres_url))
-        self.s3 = clients.s3_client(s3_connection(ep))
+        self.engine = sql_engine(RdsConnection(type="rds", url=ep.postgres_url))
+        self.s3 = s3_client(s3_connection(ep))
         self.bucket = f"bench-e2e-{uuid.uuid4().hex[:8]}"
         self.s3.create_bucket(Bucket=self.bucket)
 
@@ -1041,9 +1044,9 @@ def rss_child(bootstrap: str, topic: str, bound: int, rate: float, seconds: floa
     from connectors.runtime.process import keep_pandas_out
 
     keep_pandas_out()  # as `threes sync run` does
-    from connectors.config import pipeline_from_dict
-    from connectors.runtime.sink import RecordFailure, Sink
+    from connectors.api.sink import RecordFailure, Sink
     from sync_service.service import SyncService
+    from threes.config import pipeline_from_dict
 
     class ThrottledSink(Sink):
         """Writes nowhere, at ``rate`` records per second: a slow target."""
@@ -1165,7 +1168,7 @@ def bench_fetch(kafka: KafkaConfig, n: int, rounds: int) -> dict[str, float]:
 
 
 def s3_connection(ep: Endpoints) -> S3Connection:
-    from connectors.config.models import S3Connection
+    from connectors.s3.connection import S3Connection
 
     return S3Connection(type="s3", endpoint_url=ep.s3_endpoint_url, region=ep.s3_region,
                         access_key_id=ep.s3_access_key_id, secret_access_key=ep.s3_secret_access_key, path_style=True)
@@ -1237,7 +1240,9 @@ def main() -> None:
         b, topic, bound, rate, seconds = args.rss_child
         rss_child(b, topic, int(bound), float(rate), float(seconds))
         return
-    from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection
+    from connectors.config.models import KafkaConfig
+    from connectors.elasticsearch.connection import ElasticsearchConnection
+    from connectors.rds.connection import RdsConnection
     from threes.local import Endpoints
 
     ep = Endpoints.from_env()

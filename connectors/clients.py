@@ -1,22 +1,16 @@
-"""Client factories: the one place where threes builds clients from config.
+"""Kafka client factories: the one place where threes builds Kafka clients from config.
 
-Every part (sources, sync service, CLI checks, tests) gets its Kafka, SQL,
-Elasticsearch and S3 clients here, so timeouts, credentials and loopback
-settings are the same everywhere. The heavy client libraries are imported
-inside the functions: the stream job never pulls in a database client.
+Every part (sources, stream job, sync service, CLI checks, tests) gets its Kafka clients here,
+so timeouts, credentials and loopback settings are the same everywhere. The clients of the
+external systems are built by each technology's ``connection`` module
+(:func:`connectors.rds.connection.sql_engine`, ...).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from connectors.config.models import (
-    ElasticsearchConnection,
-    KafkaConfig,
-    RdsConnection,
-    S3Connection,
-)
-from connectors.exceptions import SetupError
+from connectors.config.models import KafkaConfig
 
 FETCH_QUEUE_BACKOFF_MS = 50
 """librdkafka's ``fetch.queue.backoff.ms`` for threes' consumers (librdkafka's own default: 1000).
@@ -90,97 +84,3 @@ def kafka_admin(kafka: KafkaConfig) -> Any:
     from confluent_kafka.admin import AdminClient
 
     return AdminClient(kafka.librdkafka_config())
-
-
-def sql_engine(conn: RdsConnection, **kwargs: Any) -> Any:
-    """A SQLAlchemy engine with pre-ping and a connect timeout.
-
-    Args:
-        conn: the RDS connection config.
-        **kwargs: passed to :func:`sqlalchemy.create_engine`.
-
-    Returns:
-        A :class:`sqlalchemy.engine.Engine`.
-
-    Raises:
-        SetupError: the URL's driver is not installed (one line: what to install).
-    """
-    from sqlalchemy import create_engine
-
-    url = conn.sqlalchemy_url()
-    connect_args: dict[str, Any] = {}
-    if url.get_backend_name() in ("postgresql", "mysql", "mariadb"):
-        connect_args["connect_timeout"] = int(max(1, conn.connect_timeout_s))
-    options: dict[str, Any] = {"pool_pre_ping": True, "connect_args": connect_args}
-    if url.get_backend_name() != "sqlite":
-        options["pool_size"] = conn.pool_size
-    options.update(kwargs)
-    try:
-        return create_engine(url, **options)
-    except ImportError as exc:  # an optional driver: one line that says what to install
-        raise SetupError(missing_driver_message(url.drivername, exc)) from exc
-
-
-_DRIVER_EXTRAS = {"pymysql": "pip install 'threes[mysql]'", "mysqldb": "pip install mysqlclient",
-                  "mariadbconnector": "pip install mariadb", "asyncmy": "pip install asyncmy"}
-
-
-def missing_driver_message(drivername: str, exc: ImportError) -> str:
-    """One line naming the missing database driver of ``drivername`` (``mysql+pymysql``) and how to get it."""
-    module = getattr(exc, "name", None) or drivername.partition("+")[2] or drivername
-    how = _DRIVER_EXTRAS.get(module.lower(), _DRIVER_EXTRAS.get(drivername.partition("+")[2], f"pip install {module}"))
-    return f"the database driver {module!r} for {drivername} URLs is not installed: {how}"
-
-
-def elasticsearch_client(conn: ElasticsearchConnection) -> Any:
-    """An Elasticsearch client (major version 9) serializing JSON with orjson.
-
-    orjson writes ``NaN``/``Infinity`` as ``null`` where the standard library
-    would write invalid JSON that Elasticsearch refuses.
-
-    Returns:
-        An :class:`elasticsearch.Elasticsearch`.
-    """
-    from elasticsearch import Elasticsearch, OrjsonSerializer
-
-    options: dict[str, Any] = {
-        "request_timeout": conn.request_timeout_s,
-        "verify_certs": conn.verify_certs,
-        # orjson (a dependency) instead of the standard library's json: the bulk helper
-        # serializes every action and document with it (elasticsearch-py, "Serializers")
-        "serializer": OrjsonSerializer(),
-    }
-    if conn.ca_certs:
-        options["ca_certs"] = conn.ca_certs
-    if conn.api_key is not None:
-        options["api_key"] = conn.api_key.get_secret_value()
-    elif conn.username is not None:
-        password = conn.password.get_secret_value() if conn.password else ""
-        options["basic_auth"] = (conn.username, password)
-    return Elasticsearch(conn.hosts, **options)
-
-
-def s3_client(conn: S3Connection) -> Any:
-    """A boto3 S3 client with adaptive retries.
-
-    Returns:
-        A ``botocore`` S3 client.
-    """
-    import boto3
-    from botocore.config import Config
-
-    config = Config(
-        region_name=conn.region,
-        retries={"mode": "adaptive", "max_attempts": 5},
-        s3={"addressing_style": "path" if conn.path_style else "auto"},
-        connect_timeout=10,
-        read_timeout=60,
-    )
-    return boto3.client(
-        "s3",
-        endpoint_url=conn.endpoint_url,
-        aws_access_key_id=conn.access_key_id,
-        aws_secret_access_key=conn.secret_access_key.get_secret_value() if conn.secret_access_key else None,
-        aws_session_token=conn.session_token.get_secret_value() if conn.session_token else None,
-        config=config,
-    )

@@ -1,4 +1,4 @@
-"""The connector registry: the ``threes.connectors`` entry-point group.
+"""The connector registry: the ``threes.connectors`` and ``threes.connections`` entry-point groups.
 
 Like Kafka Connect's plugin path, but the Python way: any installed
 distribution can add a connector by declaring, in its ``pyproject.toml``::
@@ -11,6 +11,12 @@ The entry point names the connector's *config model* (a subclass of
 ``SinkConnectorConfig``), whose ``implementation`` names the class that runs.
 Validating a config therefore imports no database, Elasticsearch or S3 client.
 The framework itself imports no technology subpackage.
+
+A technology's connection model (a :class:`~connectors.config.models.ConnectionConfig`
+subclass, with its client factory and its ``check``) is registered the same way::
+
+    [project.entry-points."threes.connections"]
+    my_system = "my_package.connection:MySystemConnection"
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import functools
 import importlib
 from importlib.metadata import entry_points
 
-from connectors.config.models import ConnectorConfig
+from connectors.config.models import ConnectionConfig, ConnectorConfig
 from connectors.exceptions import FatalError
 
 GROUP = "threes.connectors"
+CONNECTIONS_GROUP = "threes.connections"
 
 
 @functools.cache
@@ -79,3 +86,27 @@ def load_implementation(config: ConnectorConfig) -> type:
             f"connector {config.name!r} of type {config.type!r}: implementation "
             f"{config.implementation!r} is not available: {exc}"
         ) from exc
+
+
+@functools.cache
+def connection_models() -> dict[str, type[ConnectionConfig]]:
+    """Load every registered connection model.
+
+    Returns:
+        Connection type (the model's ``type`` literal, e.g. ``"rds"``) -> model class, sorted by type.
+
+    Raises:
+        FatalError: an entry point cannot be imported, is not a ``ConnectionConfig`` subclass, or its
+            name differs from the ``type`` it accepts.
+    """
+    found: dict[str, type[ConnectionConfig]] = {}
+    for ep in sorted(entry_points(group=CONNECTIONS_GROUP), key=lambda e: e.name):
+        try:
+            model = ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must say which one
+            raise FatalError(f"connection plugin {ep.name!r} ({ep.value}) cannot be loaded: {exc}") from exc
+        if not (isinstance(model, type) and issubclass(model, ConnectionConfig)):
+            raise FatalError(f"connection plugin {ep.name!r} ({ep.value}) is not a ConnectionConfig subclass")
+        found[ep.name] = model
+    return found
+

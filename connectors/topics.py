@@ -1,4 +1,7 @@
-"""Kafka topic helpers: create compacted topics, read a compacted topic to its end.
+"""Kafka topic helpers: read a compacted topic to its end, end and committed offsets, recent keys.
+
+The admin primitives (cluster metadata, compacted and internal topics, watermark offsets) are
+defined in :mod:`schemas.kafka_admin`, under the schema store, and re-exported here.
 
 A compacted topic (``cleanup.policy=compact``) keeps the latest record per key;
 a record whose value is ``null`` is a tombstone and deletes the key
@@ -9,253 +12,25 @@ and the source offsets topic are all compacted.
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from connectors.exceptions import ConfigError, SetupError
+from connectors.exceptions import SetupError
+from schemas.kafka_admin import (  # noqa: F401 - re-exported: the framework's topic helpers in one place
+    check_credentials,
+    cluster_metadata,
+    ensure_compacted_topic,
+    ensure_internal_topic,
+    internal_topic_settings,
+    topic_configs,
+    watermark_offsets,
+)
 
 log = logging.getLogger(__name__)
-
-
-def _admin(kafka_config: Mapping[str, Any]) -> AdminClient:
-    return AdminClient(dict(kafka_config))
-
-
-# librdkafka reports these through error_cb while list_topics only sees "transport failure":
-# a wrong password or an untrusted certificate never heals by waiting.
-_REFUSED = {"_AUTHENTICATION": "authentication", "SASL_AUTHENTICATION_FAILED": "authentication", "_SSL": "tls"}
-_BROKER_PREFIX = re.compile(r"^\S+://\S+?/(?:bootstrap|\d+): ")
-_STATE_SUFFIX = re.compile(r" \(after \d+ms in state \w+\)$")
-
-
-def cluster_metadata(kafka_config: Mapping[str, Any], timeout_s: float = 10.0) -> Any:
-    """Return the cluster's metadata; a refused login or TLS handshake fails at once, in one line.
-
-    librdkafka retries a broker that refuses the credentials or presents a
-    certificate it cannot verify (wrong CA, or issued for another host name)
-    and ``list_topics`` reports only a timeout. Here the client's ``error_cb``
-    is served between short metadata requests, so such a failure raises on
-    its first occurrence instead of after ``timeout_s``.
-
-    Args:
-        kafka_config: librdkafka properties (secrets included; never logged).
-        timeout_s: Seconds to wait for a broker that does not answer at all.
-
-    Returns:
-        ``confluent_kafka.admin.ClusterMetadata`` of every topic.
-
-    Raises:
-        SetupError: Authentication refused, TLS verification failed (both at
-            once), or no answer within ``timeout_s`` seconds. The message is one
-            line naming the bootstrap servers and, for a login, the user; it never
-            holds the password.
-    """
-    refused: list[Any] = []
-
-    def on_error(err: Any) -> None:
-        if err.name() in _REFUSED:
-            refused.append(err)
-
-    # log_level 0: the failure is reported once, by us, not as librdkafka log lines on stderr
-    admin = AdminClient({**kafka_config, "error_cb": on_error, "log_level": 0})
-    bootstrap = kafka_config.get("bootstrap.servers")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return admin.list_topics(timeout=max(0.1, min(0.5, deadline - time.monotonic())))
-        except KafkaException as exc:
-            admin.poll(0)
-            if refused:
-                raise _refused_error(kafka_config, refused[0]) from exc
-            if time.monotonic() >= deadline:
-                raise SetupError(
-                    f"Kafka at {bootstrap} did not answer within {timeout_s:g} s ({_short(exc.args[0].str())})",
-                    "check kafka.bootstrap_servers, or start the local stack with `threes local up`",
-                ) from exc
-
-
-def check_credentials(kafka_config: Mapping[str, Any], timeout_s: float = 10.0) -> bool:
-    """Fail at once when the brokers refuse our login or certificate; tolerate brokers that are down.
-
-    For long-running processes at start-up (``source run``, ``sync run``): a wrong
-    password or CA never heals, so it ends the process in one line before any
-    producer or consumer logs its retries; a broker that does not answer yet may
-    come back, and the runtime's retries and supervision handle that.
-
-    Args:
-        kafka_config: librdkafka properties.
-        timeout_s: Seconds to wait for an answer.
-
-    Returns:
-        ``True`` when the brokers answered, ``False`` when none did within ``timeout_s``.
-
-    Raises:
-        SetupError: The login was refused or the broker's certificate failed verification.
-    """
-    try:
-        cluster_metadata(kafka_config, timeout_s)
-    except SetupError as exc:
-        if not getattr(exc, "refused", False):
-            log.warning("%s", exc)
-            return False
-        raise
-    return True
-
-
-def _short(text: str) -> str:
-    return _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", " ".join(text.split())))
-
-
-def _refused_error(kafka_config: Mapping[str, Any], err: Any) -> SetupError:
-    bootstrap = kafka_config.get("bootstrap.servers")
-    detail = _short(err.str())
-    if _REFUSED[err.name()] == "authentication":
-        user = kafka_config.get("sasl.username")
-        mechanism = kafka_config.get("sasl.mechanism", "PLAIN")
-        error = SetupError(
-            f"Kafka at {bootstrap} refused the login of user {user!r} ({mechanism}): {detail}",
-            "check kafka.sasl_username and kafka.sasl_password",
-        )
-    else:
-        why = _tls_verify_message(str(bootstrap or ""), kafka_config.get("ssl.ca.location"))
-        if why:  # librdkafka says only "certificate verify failed"; OpenSSL through Python says why
-            detail = f"the broker's certificate was refused: {why}"
-        error = SetupError(
-            f"TLS with Kafka at {bootstrap} failed: {detail}",
-            "check kafka.ssl_ca_location and that the broker's certificate names the host in kafka.bootstrap_servers",
-        )
-    error.refused = True  # type: ignore[attr-defined] - read by check_credentials: waiting cannot help
-    return error
-
-
-def _tls_verify_message(bootstrap: str, ca_location: str | None, timeout_s: float = 3.0) -> str | None:
-    """Return why the first bootstrap server's certificate fails verification (host name, issuer...), or None.
-
-    One TLS handshake with the same trust (``ca_location``, else the system's CAs)
-    and host name check as librdkafka; nothing is sent after the handshake.
-    """
-    import socket
-    import ssl
-
-    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
-    if not host or not port.isdigit():
-        return None
-    host = host.strip("[]")
-    try:
-        context = ssl.create_default_context(cafile=ca_location or None)
-        with (
-            socket.create_connection((host, int(port)), timeout=timeout_s) as raw,
-            context.wrap_socket(raw, server_hostname=host),
-        ):
-            return None
-    except ssl.SSLCertVerificationError as exc:
-        return str(exc.verify_message or exc).rstrip(".")
-    except (OSError, ValueError):
-        return None
-
-
-def topic_configs(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 10.0) -> dict[str, str]:
-    """Return the effective configs of an existing topic.
-
-    Raises:
-        SetupError: Kafka did not answer within ``timeout_s`` seconds.
-    """
-    admin = _admin(kafka_config)
-    resource = ConfigResource(ResourceType.TOPIC, topic)
-    try:
-        result = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
-    except KafkaException as exc:
-        raise SetupError(f"cannot describe topic {topic!r}: {exc}") from exc
-    return {name: entry.value for name, entry in result.items()}
-
-
-def ensure_compacted_topic(
-    kafka_config: Mapping[str, Any],
-    topic: str,
-    *,
-    partitions: int = 1,
-    replication_factor: int = 1,
-    configs: Mapping[str, str] | None = None,
-    timeout_s: float = 10.0,
-) -> bool:
-    """Create ``topic`` compacted if it is missing; refuse one that is not compacted.
-
-    Args:
-        kafka_config: librdkafka properties.
-        topic: the topic name.
-        partitions: partitions when created.
-        replication_factor: replicas when created.
-        configs: more topic configs when created (``cleanup.policy`` is forced to
-            ``compact``).
-        timeout_s: admin request timeout, seconds.
-
-    Returns:
-        ``True`` if the topic was created, ``False`` if it existed and is compacted.
-
-    Raises:
-        ConfigError: the topic exists with a ``cleanup.policy`` without ``compact``
-            (its old records would be deleted by retention, losing entities).
-        SetupError: Kafka cannot be reached or refused the creation.
-    """
-    metadata = cluster_metadata(kafka_config, timeout_s)
-    admin = _admin(kafka_config)
-    if topic in metadata.topics and metadata.topics[topic].error is None:
-        policy = topic_configs(kafka_config, topic, timeout_s).get("cleanup.policy", "")
-        if "compact" not in policy.split(","):
-            raise ConfigError(
-                f"topic {topic!r} exists with cleanup.policy={policy!r}, not compacted: "
-                "state topics must be compacted (one record per key, tombstones delete); "
-                f"alter it with cleanup.policy=compact or choose another topic"
-            )
-        return False
-    new = NewTopic(
-        topic,
-        num_partitions=partitions,
-        replication_factor=replication_factor,
-        config={**dict(configs or {}), "cleanup.policy": "compact"},
-    )
-    try:
-        admin.create_topics([new], request_timeout=timeout_s)[topic].result(timeout_s)
-    except KafkaException as exc:
-        if exc.args and getattr(exc.args[0], "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
-            return ensure_compacted_topic(kafka_config, topic, timeout_s=timeout_s)
-        raise SetupError(f"cannot create topic {topic!r}: {exc}") from exc
-    log.info("created compacted topic=%s partitions=%d", topic, partitions)
-    return True
-
-
-def watermark_offsets(consumer: Any, topic: str, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
-    """``(low, high)`` watermarks of one partition, waiting out a partition without a leader for a moment.
-
-    Right after a topic is created, or while a broker restarts, the broker answers
-    ``NOT_LEADER_FOR_PARTITION`` (or ``LEADER_NOT_AVAILABLE``) for a while: asked again every
-    0.1 s, up to ``timeout_s`` in all.
-
-    Raises:
-        SetupError: no watermarks within ``timeout_s`` (it names the partition, and the last error
-            when the broker answered one).
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            marks = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=max(0.1, deadline - time.monotonic()), cached=False
-            )
-        except KafkaException as exc:
-            if time.monotonic() >= deadline:
-                raise SetupError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
-            time.sleep(0.1)
-            continue
-        if marks is not None:
-            return int(marks[0]), int(marks[1])
-        if time.monotonic() >= deadline:
-            raise SetupError(f"no answer for the offsets of {topic}[{partition}] within {timeout_s} s")
 
 
 def committed_offsets(
@@ -348,7 +123,7 @@ def read_latest_per_key(
 
     Tombstones remove their key, exactly as compaction would. Records of
     aborted or open transactions are not read (``read_committed``, see
-    :mod:`connectors.runtime.committed`).
+    :mod:`connectors.committed`).
 
     Args:
         kafka_config: librdkafka properties.
@@ -362,107 +137,13 @@ def read_latest_per_key(
         SetupError: the topic does not exist, or the end was not reached in time.
     """
     # read_committed, ended by the consumer's position: a transactional topic's last offset is a commit marker
+    from connectors.committed import latest_per_key
     from connectors.exceptions import RetriableError
-    from connectors.runtime.committed import latest_per_key
 
     try:
         return latest_per_key(kafka_config, topic, timeout_s)
     except RetriableError as exc:
         raise SetupError(str(exc)) from exc
-
-
-def internal_topic_settings(
-    brokers: int, replication_factor: int | None = None, min_insync_replicas: int | None = None
-) -> tuple[int, int]:
-    """The replication factor and ``min.insync.replicas`` of an internal topic.
-
-    Defaults follow Kafka's own advice for topics that must not be lost
-    (Kafka Connect's internal topics default to replication factor 3): three
-    replicas, or every broker when there are fewer, and ``min.insync.replicas``
-    one less than that (at least 1, at most 2), so an ``acks=all`` write is on
-    two brokers whenever there are three, and one broker may be down.
-
-    Args:
-        brokers: brokers in the cluster (from the cluster metadata), >= 1.
-        replication_factor: the configured factor (``kafka.internal_replication_factor``),
-            ``None`` for the default ``min(3, brokers)``.
-        min_insync_replicas: the configured value (``kafka.internal_min_insync_replicas``),
-            ``None`` for the default ``max(1, min(2, replication_factor - 1))``.
-
-    Returns:
-        ``(replication_factor, min_insync_replicas)``.
-
-    Raises:
-        ConfigError: the factor exceeds the brokers, or ``min.insync.replicas``
-            exceeds the factor (every write would then fail).
-    """
-    rf = replication_factor if replication_factor is not None else min(3, max(1, brokers))
-    if rf > brokers:
-        raise ConfigError(
-            f"kafka.internal_replication_factor is {rf} but the cluster has {brokers} broker(s): "
-            "internal topics cannot be created; lower it or add brokers"
-        )
-    isr = min_insync_replicas if min_insync_replicas is not None else max(1, min(2, rf - 1))
-    if isr > rf:
-        raise ConfigError(
-            f"kafka.internal_min_insync_replicas is {isr}, more than the replication factor {rf}: "
-            "no acks=all write could ever succeed"
-        )
-    return rf, isr
-
-
-def ensure_internal_topic(
-    kafka_config: Mapping[str, Any],
-    topic: str,
-    *,
-    partitions: int = 1,
-    replication_factor: int | None = None,
-    min_insync_replicas: int | None = None,
-    timeout_s: float = 10.0,
-) -> bool:
-    """Create an internal compacted topic (schemas, offsets, task topics) replicated as configured.
-
-    The factor and ``min.insync.replicas`` come from :func:`internal_topic_settings`.
-    An existing topic is kept as it is (Kafka cannot change a topic's replication
-    factor without a partition reassignment); one with fewer replicas than
-    asked is logged as a warning naming the topic.
-
-    Args:
-        kafka_config: librdkafka properties.
-        topic: the topic.
-        partitions: partitions when created.
-        replication_factor: configured factor, ``None`` for the default.
-        min_insync_replicas: configured value, ``None`` for the default.
-        timeout_s: admin request timeout, seconds.
-
-    Returns:
-        ``True`` if the topic was created.
-
-    Raises:
-        ConfigError: impossible settings, or the topic exists not compacted.
-        SetupError: Kafka cannot be reached or refused the creation.
-    """
-    metadata = cluster_metadata(kafka_config, timeout_s)
-    rf, isr = internal_topic_settings(len(metadata.brokers), replication_factor, min_insync_replicas)
-    existing = metadata.topics.get(topic)
-    if existing is not None and existing.error is None and existing.partitions:
-        replicas = min(len(p.replicas) for p in existing.partitions.values())
-        if replicas < rf:
-            log.warning(
-                "internal topic=%s has %d replica(s), fewer than the %d configured: losing a broker can lose it; "
-                "raise it with a partition reassignment (kafka-reassign-partitions.sh)", topic, replicas, rf,
-            )
-    created = ensure_compacted_topic(
-        kafka_config,
-        topic,
-        partitions=partitions,
-        replication_factor=rf,
-        configs={"min.insync.replicas": str(isr)},
-        timeout_s=timeout_s,
-    )
-    if created:
-        log.info("internal topic=%s replication_factor=%d min.insync.replicas=%d", topic, rf, isr)
-    return created
 
 
 def internal_topic_options(kafka: Any) -> dict[str, int | None]:

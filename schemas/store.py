@@ -130,7 +130,7 @@ class SchemaStore(InMemorySchemaStore):
         topic: the schema topic; created compacted when missing.
         timeout_s: how long a registration or a catch-up read may take, seconds.
         replication_factor: of the topic when created; ``None``: min(3, brokers)
-            (:func:`connectors.topics.internal_topic_settings`).
+            (:func:`schemas.kafka_admin.internal_topic_settings`).
         min_insync_replicas: of the topic when created; ``None``: the default there.
 
     Raises:
@@ -148,7 +148,7 @@ class SchemaStore(InMemorySchemaStore):
         min_insync_replicas: int | None = None,
     ):
         super().__init__()
-        from connectors.topics import ensure_internal_topic
+        from schemas.kafka_admin import ensure_internal_topic
 
         self.kafka_config = dict(kafka_config)
         self.topic = topic
@@ -252,9 +252,9 @@ class SchemaStore(InMemorySchemaStore):
         Raises:
             SetupError: the topic's offsets could not be read within ``timeout_s`` (a partition
                 without a leader for a moment, just after the topic was created, is asked again
-                until then: :func:`connectors.topics.watermark_offsets`).
+                until then: :func:`schemas.kafka_admin.watermark_offsets`).
         """
-        from connectors.topics import watermark_offsets
+        from schemas.kafka_admin import watermark_offsets
 
         consumer = Consumer(
             {

@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.config.stream import LookupConfig
 from stream_app.columns import ColumnCache, rows_where
+from stream_app.config import LookupConfig
 from stream_app.snapshot.data import DELETED, LK, SnapshotView, event_lookup_key
 from stream_app.snapshot.indexed import MATCHED, ArrowLookup, lookup_udf_function
 from stream_app.snapshot.mapped import MappedLookup, mapped_udf_function

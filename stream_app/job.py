@@ -33,7 +33,6 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from connectors import clients
 from connectors.config.models import KafkaConfig
-from connectors.config.stream import StreamJobConfig
 from connectors.exceptions import ConfigError, ConfigProblem, FatalError, SetupError
 from connectors.topics import cluster_metadata, ensure_compacted_topic, topic_configs
 from schemas.serde import schema_json
@@ -48,6 +47,7 @@ from stream_app.checkpoint import (
     default_fs,
     open_checkpoint_location,
 )
+from stream_app.config import StreamJobConfig
 from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, source_options, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.config.stream import AGGREGATION, SnapshotConfig, StreamJobConfig, UpdateConfig
 from connectors.exceptions import ConfigError, ConfigProblem
 from schemas import load_schema
 from schemas.exceptions import SchemaNotFoundError
@@ -31,6 +30,7 @@ from stream_app.avro_schemas import (
     string_key_schema,
     subset_schema,
 )
+from stream_app.config import AGGREGATION, SnapshotConfig, StreamJobConfig, UpdateConfig
 
 _NUMERIC = {"int", "long", "float", "double"}
 _TIMESTAMPS = {"timestamp-millis", "timestamp-micros"}

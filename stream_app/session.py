@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from connectors.config.stream import SparkSettings
+from stream_app.config import SparkSettings
 
 if TYPE_CHECKING:
     from stream_app.class_data_sharing import DriverArchive

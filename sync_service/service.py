@@ -44,9 +44,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from connectors import clients, registry
+from connectors.api.sink import Sink
 from connectors.config.models import KafkaConfig
 from connectors.exceptions import FatalError, SetupError
-from connectors.runtime.sink import Sink
 from connectors.runtime.supervision import RestartBackoff
 from connectors.topics import cluster_metadata
 from connectors.updates import source_ts_of

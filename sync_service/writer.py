@@ -15,10 +15,10 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, wait_random_exponential
 
+from connectors.api.sink import Sink, SinkBatch, SinkRecord, records_from_columns
 from connectors.config.models import RetryPolicy
 from connectors.dlq import DeadLetter
 from connectors.exceptions import FatalError, RetriableError, SinkBackpressureError, SkippableRecordError
-from connectors.runtime.sink import Sink, SinkBatch, SinkRecord, records_from_columns
 from connectors.runtime.supervision import retry_stop
 from connectors.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, version_of
 from schemas.columnar import ColumnarDecodeError, ColumnarDecoder

@@ -24,8 +24,11 @@ from typing import Any
 
 import pytest
 
-from connectors import clients
-from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection, S3Connection
+from connectors.config.models import KafkaConfig
+from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
+from connectors.rds import connection as rds_connection
+from connectors.rds.connection import RdsConnection
+from connectors.s3.connection import S3Connection, s3_client
 
 ROOT = Path(__file__).resolve().parents[1]
 _SESSION: dict[str, Any] = {"tokens": set()}  # the suffixes drawn by ``unique`` and the Kafka config, for the cleanup
@@ -33,7 +36,7 @@ _SESSION: dict[str, Any] = {"tokens": set()}  # the suffixes drawn by ``unique``
 
 def sql_engine(conn: RdsConnection) -> Iterator[Any]:
     """The project's SQLAlchemy engine of ``conn``, disposed when the fixture that yields from this ends."""
-    engine = clients.sql_engine(conn)
+    engine = rds_connection.sql_engine(conn)
     yield engine
     engine.dispose()
 
@@ -147,7 +150,7 @@ def es_conn(endpoints: Any) -> ElasticsearchConnection:
 
 @pytest.fixture(scope="session")
 def es(es_conn: ElasticsearchConnection) -> Iterator[Any]:
-    client = clients.elasticsearch_client(es_conn)
+    client = elasticsearch_client(es_conn)
     yield client
     client.close()
 
@@ -166,7 +169,7 @@ def s3_conn(endpoints: Any) -> S3Connection:
 
 @pytest.fixture(scope="session")
 def s3(s3_conn: S3Connection) -> Any:
-    return clients.s3_client(s3_conn)
+    return s3_client(s3_conn)
 
 
 @pytest.fixture
@@ -222,7 +225,7 @@ class SparkSessions:
 
     def get(self, master: str = LOCAL) -> Any:
         """The running session on ``master``, started (and any other stopped) when needed."""
-        from connectors.config.stream import SparkSettings
+        from stream_app.config import SparkSettings
         from stream_app.session import spark_session
         from threes.local import LocalStack
 

@@ -115,7 +115,7 @@ def schema(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file")] = None,
 ) -> None:
     """Print the JSON Schema of connector config YAML (for editors: yaml-language-server)."""
-    from connectors.config import pipeline_model
+    from threes.config import pipeline_model
 
     text = json.dumps(pipeline_model().model_json_schema(), indent=2)
     if output:

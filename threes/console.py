@@ -33,7 +33,7 @@ def fail(exc: BaseException, code: int = 1) -> typer.Exit:
 
 def load(config: Path):  # noqa: ANN201 - returns the dynamic pipeline model
     """Load a pipeline for a command, turning config errors into a clean exit."""
-    from connectors.config import load_pipeline
+    from threes.config import load_pipeline
 
     try:
         return load_pipeline(config)

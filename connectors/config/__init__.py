@@ -1,44 +1,12 @@
-"""Connector config YAML: models, loading, validation.
+"""Config models and loading shared by every part: Kafka, connections, policies, connector bases.
 
-Typical use::
+* :mod:`connectors.config.models` - the Kafka connection, named connections, batch and retry
+  policies, and the base models of every connector's config.
+* :mod:`connectors.config.loader` - YAML to validated pydantic models, with each key's line
+  and ``${env:NAME}`` / ``${file:path}`` resolved.
+* :mod:`connectors.config.safety` - the allow-lists of pass-through options.
 
-    from connectors.config import load_pipeline
-    pipeline = load_pipeline("examples/pipeline.yaml")   # raises ConfigError
+The whole pipeline document is assembled above the parts, in :mod:`threes.config`
+(``load_pipeline``); the stream job's section is :mod:`stream_app.config`, the sync
+services' :mod:`sync_service.config`.
 """
-
-from __future__ import annotations
-
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
-
-from connectors.config.loader import load_yaml_model, validate_data
-from connectors.config.pipeline import PipelineBase, pipeline_model
-
-
-def load_pipeline(path: str | Path, *, environ: Mapping[str, str] | None = None) -> PipelineBase:
-    """Load and validate a pipeline YAML file.
-
-    Args:
-        path: the connector config YAML.
-        environ: variables for ``${env:NAME}``; ``os.environ`` when ``None``.
-
-    Returns:
-        The validated pipeline (an instance of :func:`pipeline_model`).
-
-    Raises:
-        ConfigError: every problem, each as ``file:line: key.path: message``.
-    """
-    return load_yaml_model(pipeline_model(), path, environ=environ)
-
-
-def pipeline_from_dict(data: dict[str, Any], *, environ: Mapping[str, str] | None = None) -> PipelineBase:
-    """Validate a pipeline given as a dict (tests, programmatic use).
-
-    Raises:
-        ConfigError: every problem, each with its key path.
-    """
-    return validate_data(pipeline_model(), data, environ=environ)
-
-
-__all__ = ["PipelineBase", "load_pipeline", "pipeline_from_dict", "pipeline_model"]

@@ -8,6 +8,8 @@ errors show ``**********``. Units are in the field names: ``_s`` seconds,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -140,127 +142,55 @@ class KafkaConfig(StrictModel):
         return conf
 
 
-class RdsConnection(StrictModel):
-    """A relational database reached through SQLAlchemy (PostgreSQL, MySQL/MariaDB, SQLite).
+class ConnectionConfig(StrictModel):
+    """Base of a named connection (``connections:`` in the YAML); one subclass per technology.
 
-    A password written inside ``url`` (``user:PW@host`` or ``?password=PW``) is
-    moved to ``password`` at load time, so the URL can be printed safely. The
-    URL's query options are an allow-list per driver
-    (:func:`connectors.config.safety.url_query_problems`): ``passfile``,
-    ``sslkey``, ``options``, MySQL's ``local_infile`` or ``read_default_file``
-    and any unknown option are validation errors.
+    A technology's subpackage defines its connection model (``connectors/<tech>/connection.py``), with
+    ``type`` a ``Literal`` of its registry key, and registers it in the ``threes.connections``
+    entry-point group; the pipeline document's ``connections`` is the discriminated union of every
+    registered model (:func:`connectors.registry.connection_models`). The subclass also owns its
+    client factory and :meth:`check`.
+
+    Class attributes:
+        client_loggers: the client libraries' logger names, silenced while ``threes check`` runs
+            (each failure is reported once, as one result line).
     """
 
-    type: Literal["rds"]
-    url: str = Field(description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host:5432/db")
-    password: SecretStr | None = None
-    pool_size: int = Field(5, ge=1, le=100)
-    connect_timeout_s: float = Field(10.0, gt=0)
+    client_loggers: ClassVar[tuple[str, ...]] = ()
 
-    @model_validator(mode="after")
-    def _split_password(self) -> RdsConnection:
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
+    type: str
 
-        try:
-            parsed = make_url(self.url)
-        except ArgumentError as exc:
-            raise ValueError("url is not a valid SQLAlchemy URL (dialect+driver://user@host:port/db)") from exc
-        query = dict(parsed.query)
-        in_query = query.pop("password", None)
-        if in_query is not None:
-            in_query = in_query[-1] if isinstance(in_query, tuple) else in_query
-        secret = parsed.password if parsed.password is not None else in_query
-        if secret is not None or in_query is not None:
-            if self.password is None:
-                self.password = SecretStr(str(secret))
-            parsed = parsed._replace(password=None).set(query=query)
-            self.url = parsed.render_as_string(hide_password=False)
-        from connectors.config.safety import url_query_problems
+    def check(self, name: str, users: Sequence[ConnectorConfig]) -> list[CheckResult]:
+        """Reach the system read-only (``threes check``), without side effects.
 
-        problems = url_query_problems(parsed.get_backend_name(), query)
-        if problems:
-            raise ValueError("; ".join(f"url option '{key}' refused: {why}" for key, why in problems))
-        return self
+        Args:
+            name: the connection's name in the YAML (for messages and hints).
+            users: the connectors of the pipeline that use this connection (an S3 connection
+                checks each bucket they name).
 
-    def sqlalchemy_url(self) -> Any:
-        """Return the :class:`sqlalchemy.engine.URL` with the password set (pass only to SQLAlchemy)."""
-        from sqlalchemy.engine import make_url
-
-        url = make_url(self.url)
-        if self.password is not None:
-            url = url.set(password=self.password.get_secret_value())
-        return url
+        Returns:
+            One result per thing checked; a failure is a result, never an exception.
+        """
+        raise NotImplementedError(f"connection type {self.type!r} has no check")
 
 
-class ElasticsearchConnection(StrictModel):
-    """An Elasticsearch cluster (client major version = server major version, 9.x).
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check of ``threes check``.
 
-    Credentials written in a host (``https://user:PW@host:9200``) are moved to
-    ``username``/``password`` at load time, so hosts can be printed safely.
-    ``verify_certs: false`` is refused unless ``accept_unverified_certificates:
-    true`` says the risk is accepted.
+    Attributes:
+        system: the connection's type (``kafka``, ``rds``, ``elasticsearch``, ``s3``...).
+        target: what was checked (connection name, bucket...), never a secret.
+        ok: whether it answered as expected.
+        detail: what was seen (version, status) or what failed.
+        hint: what to do about a failure.
     """
 
-    type: Literal["elasticsearch"]
-    hosts: list[str] = Field(min_length=1, description="e.g. [http://127.0.0.1:9200]")
-    username: str | None = None
-    password: SecretStr | None = None
-    api_key: SecretStr | None = None
-    verify_certs: bool = True
-    accept_unverified_certificates: bool = Field(
-        False,
-        description="needed with verify_certs: false, which lets anyone on the path read and change the traffic",
-    )
-    ca_certs: str | None = None
-    request_timeout_s: float = Field(30.0, gt=0)
-
-    @model_validator(mode="after")
-    def _credentials_out_of_hosts(self) -> ElasticsearchConnection:
-        from urllib.parse import unquote, urlsplit, urlunsplit
-
-        hosts = []
-        for host in self.hosts:
-            parts = urlsplit(host if "://" in host else f"http://{host}")
-            if parts.username is not None or parts.password is not None:
-                if parts.username and self.username is None:
-                    self.username = unquote(parts.username)
-                if parts.password is not None and self.password is None:
-                    self.password = SecretStr(unquote(parts.password))
-                netloc = parts.hostname or ""
-                if ":" in netloc:
-                    netloc = f"[{netloc}]"
-                if parts.port is not None:
-                    netloc += f":{parts.port}"
-                host = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-            hosts.append(host)
-        self.hosts = hosts
-        if not self.verify_certs and not self.accept_unverified_certificates:
-            raise ValueError(
-                "verify_certs: false turns certificate verification off (anyone on the path can read and change "
-                "the traffic): set accept_unverified_certificates: true to accept that, or give ca_certs"
-            )
-        return self
-
-
-class S3Connection(StrictModel):
-    """Amazon S3 or an S3-compatible server (MinIO, s3proxy) through boto3.
-
-    Without keys, boto3's default credential chain is used (instance role, ...).
-    """
-
-    type: Literal["s3"]
-    endpoint_url: str | None = Field(None, description="None for AWS; http://host:port otherwise")
-    region: str = "us-east-1"
-    access_key_id: str | None = None
-    secret_access_key: SecretStr | None = None
-    session_token: SecretStr | None = None
-    path_style: bool = Field(False, description="path-style addressing (MinIO, s3proxy)")
-
-
-Connection = Annotated[
-    RdsConnection | ElasticsearchConnection | S3Connection, Field(discriminator="type")
-]
+    system: str
+    target: str
+    ok: bool
+    detail: str
+    hint: str = ""
 
 
 class TopicSpec(StrictModel):

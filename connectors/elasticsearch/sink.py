@@ -8,10 +8,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from connectors import clients
+from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
+from connectors.elasticsearch.connection import elasticsearch_client
 from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
 from connectors.redact import redact
-from connectors.runtime.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class ElasticsearchSink(Sink):
         """
         from elasticsearch import OrjsonSerializer
 
-        self.client = clients.elasticsearch_client(self.connection)
+        self.client = elasticsearch_client(self.connection)
         self._serializer = OrjsonSerializer()  # the client's own (connectors/clients.py), for per-record documents
         self._pool = ThreadPoolExecutor(max_workers=self.config.max_concurrency, thread_name_prefix=f"es-{self.name}")
         self.check()
@@ -111,7 +111,7 @@ class ElasticsearchSink(Sink):
         """
         from elasticsearch import ApiError, TransportError
 
-        client = self.client or clients.elasticsearch_client(self.connection)
+        client = self.client or elasticsearch_client(self.connection)
         try:
             client.cluster.health(timeout="5s")
         except (ApiError, TransportError) as exc:

@@ -35,12 +35,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from connectors import clients
-from connectors.config.models import ElasticsearchConnection
+from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
 from connectors.elasticsearch.config import ElasticsearchSourceConfig
+from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
 from connectors.exceptions import ConfigError, FatalError, RetriableError
 from connectors.runtime.avro import CoercionError, avro_name, record_coercer
-from connectors.runtime.base import SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +120,7 @@ class ElasticsearchSource(SourceTask):
             FatalError: credentials refused.
         """
         cfg = self.config
-        self.es = clients.elasticsearch_client(self.connection)
+        self.es = elasticsearch_client(self.connection)
         mapping = self._call(lambda: self.es.indices.get_mapping(index=cfg.index), "reading the mapping")
         properties: dict[str, Any] = {}
         for idx in mapping.body.values():

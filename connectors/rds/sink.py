@@ -27,13 +27,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError, NoSuchTableError, SQLAlchemyError
 
-from connectors import clients
+from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
 from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
+from connectors.rds.connection import sql_engine
 from connectors.rds.errors import classify as classify_db_error
 from connectors.rds.reading import MYSQL_DIALECTS, utc_sessions
 from connectors.rds.sink_types import table_from_avro
 from connectors.redact import redact
-from connectors.runtime.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class RdsSink(Sink):
         if self.connection.sqlalchemy_url().get_backend_name() != "sqlite":
             options["max_overflow"] = 2
             options["pool_size"] = pool
-        self.engine = clients.sql_engine(self.connection, **options)
+        self.engine = sql_engine(self.connection, **options)
         utc_sessions(self.engine, lock_wait_s=self.config.lock_timeout_s)  # MySQL: lock waits bounded per connection
         self._dialect = self.engine.dialect.name
         self.check()
@@ -192,7 +192,7 @@ class RdsSink(Sink):
         Raises:
             SetupError: it does not answer or refuses our credentials.
         """
-        engine = self.engine or clients.sql_engine(self.connection)
+        engine = self.engine or sql_engine(self.connection)
         try:
             with engine.connect() as conn:
                 conn.execute(select(1))

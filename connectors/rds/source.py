@@ -55,10 +55,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError, DisconnectionError, NoSuchTableError, OperationalError, SQLAlchemyError
 
-from connectors import clients
-from connectors.config.models import RdsConnection
+from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
 from connectors.exceptions import ConfigError, FatalError, RetriableError, SetupError
 from connectors.rds.config import RdsSourceConfig
+from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.rds.reading import (
     BATCHES_PER_QUERY,
     adbc_connect,
@@ -79,7 +79,6 @@ from connectors.rds.types import (
     make_row_converter,
     to_json_value,
 )
-from connectors.runtime.base import SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 
 log = logging.getLogger(__name__)
@@ -147,7 +146,7 @@ class RdsSource(SourceTask):
             FatalError: a column type has no Avro mapping.
         """
         cfg = self.config
-        self.engine = clients.sql_engine(self.connection)
+        self.engine = sql_engine(self.connection)
         utc_sessions(self.engine)
         try:
             with self.engine.connect() as conn:

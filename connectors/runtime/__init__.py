@@ -1,1 +1,1 @@
-"""The source connector runtime: base classes, worker, offsets store (Kafka Connect-style)."""
+"""The source connector runtime: worker, offsets store, supervision (Kafka Connect-style; the API is connectors.api)."""

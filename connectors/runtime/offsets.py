@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from connectors.committed import latest_per_key
 from connectors.exceptions import FatalError, SetupError
-from connectors.runtime.committed import latest_per_key
 from connectors.topics import ensure_internal_topic
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class OffsetStore:
 
         Positions written in a transaction (``exactly_once`` sources, ``--group``
         workers) count only once committed; an open transaction of another task
-        is waited out (see :mod:`connectors.runtime.committed`).
+        is waited out (see :mod:`connectors.committed`).
 
         Returns:
             Offsets key -> stored position, for every key not reset.

@@ -12,10 +12,9 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from connectors.config.models import RetryPolicy, SourceConnectorConfig
-from connectors.config.pipeline import PipelineBase
+from connectors.config.models import ConnectionConfig, KafkaConfig, RetryPolicy, SourceConnectorConfig
 from connectors.exceptions import ConfigError
 from connectors.registry import load_implementation
 from connectors.runtime import metrics
@@ -24,6 +23,22 @@ from connectors.runtime.supervision import RestartBackoff
 from connectors.runtime.worker import TRANSACTION_TIMEOUT_MS, RunnerStats, TaskRunner
 
 log = logging.getLogger(__name__)
+
+
+class SourcePipeline(Protocol):
+    """What the source runtime reads of a pipeline document (:class:`threes.config.PipelineBase` is one).
+
+    Attributes:
+        kafka: the Kafka connection.
+        sources: the source connector configs.
+    """
+
+    kafka: KafkaConfig
+    sources: list[SourceConnectorConfig]
+
+    def connection(self, name: str) -> ConnectionConfig:
+        """Return the connection called ``name``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -46,13 +61,13 @@ class TaskSpec:
         return offsets_key(self.config.name, self.task_id, self.task_count)
 
 
-def select_sources(pipeline: PipelineBase, names: Iterable[str] | None = None) -> list[SourceConnectorConfig]:
+def select_sources(pipeline: SourcePipeline, names: Iterable[str] | None = None) -> list[SourceConnectorConfig]:
     """The source configs of a pipeline, optionally only those named.
 
     Raises:
         ConfigError: a name is not a source of the pipeline.
     """
-    sources = list(getattr(pipeline, "sources", []))
+    sources = list(pipeline.sources)
     if not names:
         return sources
     wanted = list(names)
@@ -98,7 +113,7 @@ class SourceWorker:
 
     def __init__(
         self,
-        pipeline: PipelineBase,
+        pipeline: SourcePipeline,
         *,
         offsets_topic: str = OFFSETS_TOPIC,
         offset_flush_interval_s: float = 1.0,

@@ -50,11 +50,11 @@ from confluent_kafka import KafkaException
 from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
 
 from connectors import clients
+from connectors.api.source import SourceBatch, SourceTask, TopicState
 from connectors.config.models import KafkaConfig, RetryPolicy, SourceConnectorConfig
 from connectors.exceptions import FatalError, RetriableError, SetupError, ThreesError
 from connectors.registry import load_implementation
 from connectors.runtime import metrics
-from connectors.runtime.base import SourceBatch, SourceTask, TopicState
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 from connectors.runtime.offsets import OffsetStore, PositionTracker, offsets_key, require_position_shape
 from connectors.runtime.state import LiveKeys, live_keys

@@ -11,10 +11,10 @@ from typing import Any, NamedTuple
 
 from s3transfer.subscribers import BaseSubscriber
 
-from connectors import clients
+from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord
 from connectors.config.models import BatchPolicy
 from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
-from connectors.runtime.sink import RecordFailure, Sink, SinkBatch, SinkRecord
+from connectors.s3.connection import s3_client
 from connectors.s3.formats import ParquetSchemas, encode_avro, encode_jsonl, encode_parquet
 
 __all__ = ["S3Sink", "encode_avro", "encode_jsonl", "encode_parquet", "object_key"]
@@ -131,7 +131,7 @@ class S3Sink(Sink):
         from boto3.s3.transfer import TransferConfig, create_transfer_manager
         from botocore.exceptions import ClientError
 
-        self.client = clients.s3_client(self.connection)
+        self.client = s3_client(self.connection)
         self._transfer = TransferConfig(
             multipart_threshold=self.config.multipart_threshold_bytes,
             multipart_chunksize=self.config.multipart_threshold_bytes,
@@ -159,7 +159,7 @@ class S3Sink(Sink):
         """
         from botocore.exceptions import BotoCoreError, ClientError
 
-        client = self.client or clients.s3_client(self.connection)
+        client = self.client or s3_client(self.connection)
         try:
             client.head_bucket(Bucket=self.config.bucket)
         except ClientError as exc:

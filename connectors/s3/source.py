@@ -45,8 +45,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from connectors import clients
-from connectors.config.models import S3Connection
+from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState
 from connectors.exceptions import ConfigError, FatalError, RetriableError
 from connectors.runtime.avro import (
     CoercionError,
@@ -55,8 +54,8 @@ from connectors.runtime.avro import (
     key_schema_from,
     record_coercer,
 )
-from connectors.runtime.base import SourceBatch, SourceSchemas, SourceTask, TopicState
 from connectors.s3.config import S3SourceConfig
+from connectors.s3.connection import S3Connection, s3_client
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +124,7 @@ class S3Source(SourceTask):
 
         cfg = self.config
         self.where = f"s3://{cfg.bucket}/{cfg.prefix}"
-        self.client = clients.s3_client(self.connection)
+        self.client = s3_client(self.connection)
         try:
             self.client.head_bucket(Bucket=cfg.bucket)
         except ClientError as exc:

@@ -30,49 +30,28 @@ import pyarrow as pa
 
 from connectors import clients
 from connectors.config.models import KafkaConfig
-from connectors.config.stream import SnapshotConfig
 from connectors.dlq import DeadLetter
 from connectors.exceptions import RetriableError
+from stream_app.config import SnapshotConfig
 from stream_app.session import job_description
-from stream_app.snapshot.data import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC, apply_changes, ipc_bytes
+from stream_app.snapshot.data import (
+    DELETED,
+    ERROR,
+    LH,
+    LK,
+    OFFSET,
+    PARTITION,
+    TOPIC,
+    apply_changes,
+    ipc_bytes,
+    nullable_table,
+)
 from stream_app.snapshot.indexed import ArrowLookup, warm_udf_function
 from stream_app.snapshot.mapped import MappedLookup
 from stream_app.snapshot.mapped import warm_udf_function as mapped_warm_udf_function
 from stream_app.snapshot.partitioned import PartitionedStore
 
 log = logging.getLogger(__name__)
-
-
-def _nullable_type(kind: pa.DataType) -> pa.DataType:
-    if pa.types.is_struct(kind):
-        return pa.struct([_nullable_field(kind.field(i)) for i in range(kind.num_fields)])
-    if pa.types.is_map(kind):  # a map's keys are never null in Arrow
-        return pa.map_(kind.key_field.with_type(_nullable_type(kind.key_type)), _nullable_field(kind.item_field))
-    if pa.types.is_large_list(kind):
-        return pa.large_list(_nullable_field(kind.value_field))
-    if pa.types.is_list(kind):
-        return pa.list_(_nullable_field(kind.value_field))
-    return kind
-
-
-def _nullable_field(fld: pa.Field) -> pa.Field:
-    return fld.with_nullable(True).with_type(_nullable_type(fld.type))
-
-
-def nullable_schema(schema: pa.Schema) -> pa.Schema:
-    """The same schema with every field nullable, nested ones too (map keys excepted)."""
-    return pa.schema([_nullable_field(fld) for fld in schema])
-
-
-def nullable_table(table: pa.Table) -> pa.Table:
-    """The same table with every field nullable, nested ones too.
-
-    Tables from different Spark plans and from the driver's decoder then
-    concatenate, and a cast never meets a child of a null struct marked
-    non-nullable.
-    """
-    schema = nullable_schema(table.schema)
-    return table if table.schema.equals(schema) else table.cast(schema)
 
 
 class SnapshotBase:

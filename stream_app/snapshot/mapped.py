@@ -141,7 +141,7 @@ def write_lookup_files(spark: Any, data: str, folder: str, partitions: int, sche
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from stream_app.snapshot.engines import nullable_schema
+    from stream_app.snapshot.data import nullable_schema
 
     os.makedirs(folder, exist_ok=True)
     try:

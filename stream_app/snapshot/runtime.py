@@ -65,10 +65,12 @@ from stream_app.snapshot.data import (
     below,
     dedupe_last,
     latest_per_key,
+    nullable_schema,
+    nullable_table,
     record_decoder,
 )
 from stream_app.snapshot.delta import DriverDecoder, simple_key_field, supported_schema
-from stream_app.snapshot.engines import DeadLetterProducer, SnapshotBase, nullable_schema, nullable_table
+from stream_app.snapshot.engines import DeadLetterProducer, SnapshotBase
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from connectors import clients
-from connectors.config import load_pipeline
+from connectors.elasticsearch.connection import elasticsearch_client
+from connectors.rds.connection import sql_engine
+from connectors.s3.connection import s3_client
+from threes.config import load_pipeline
 from threes.demo.isolate import free_port, write_isolated
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,19 +64,19 @@ def cleanup(pipeline: Any, offsets_topic: str) -> None:
         for source in pipeline.sources:
             conn = pipeline.connections[source.connection]
             if source.type == "rds_source":
-                engine = clients.sql_engine(conn)
+                engine = sql_engine(conn)
                 with engine.begin() as db:
                     db.execute(DropSchema(source.schema_name, cascade=True, if_exists=True))
                 engine.dispose()
             elif source.type == "elasticsearch_source":
-                es = clients.elasticsearch_client(conn)
+                es = elasticsearch_client(conn)
                 try:
                     es.indices.delete(index=source.index)
                 except NotFoundError:
                     pass
                 es.close()
             elif source.type == "s3_source":
-                s3 = clients.s3_client(conn)
+                s3 = s3_client(conn)
                 for obj in s3.list_objects_v2(Bucket=source.bucket, Prefix=source.prefix).get("Contents", []):
                     s3.delete_object(Bucket=source.bucket, Key=obj["Key"])
     except Exception as exc:  # noqa: BLE001 - cleanup must not hide the test's own result

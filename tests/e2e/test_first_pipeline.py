@@ -32,8 +32,10 @@ from typing import Any
 
 import pytest
 
-from connectors import clients
-from connectors.config import load_pipeline
+from connectors.elasticsearch.connection import elasticsearch_client
+from connectors.rds.connection import sql_engine
+from connectors.s3.connection import s3_client
+from threes.config import load_pipeline
 
 THREES = str(Path(sys.executable).with_name("threes"))
 CATEGORIES = ["books", "games", "tools"]
@@ -240,21 +242,21 @@ def shop(tmp_path_factory: pytest.TempPathFactory, stack: Any, endpoints: Any, p
     # the stack's endpoints, and its home: the stream job takes the Spark connector jars from there
     env = {**os.environ, **endpoints.as_env(), "THREES_HOME": str(stack.home)}
     pipeline = load_pipeline(folder / "pipeline.yaml", environ=env)
-    engine = clients.sql_engine(pg)
+    engine = sql_engine(pg)
     with engine.begin() as db:
         db.execute(text(f'CREATE SCHEMA "{names["schema"]}"'))
         db.execute(text(f'CREATE TABLE "{names["schema"]}".customers (customer_id integer PRIMARY KEY, '
                         "name text NOT NULL, country text NOT NULL, updated_at timestamptz NOT NULL)"))
         db.execute(text(f'INSERT INTO "{names["schema"]}".customers VALUES (:customer_id, :name, :country, '
                         "now() - interval '1 hour')"), data["customers"])
-    s3 = clients.s3_client(s3_conn)
+    s3 = s3_client(s3_conn)
     s3.create_bucket(Bucket=names["bucket"])
     body = io.StringIO()
     writer = csv.DictWriter(body, fieldnames=list(data["products"][0]))
     writer.writeheader()
     writer.writerows(data["products"])
     s3.put_object(Bucket=names["bucket"], Key="reference/products/products.csv", Body=body.getvalue().encode())
-    es = clients.elasticsearch_client(es_conn)
+    es = elasticsearch_client(es_conn)
     for store in data["stores"]:
         es.index(index=names["stores_index"], id=store["store_id"], document=store)
     es.indices.refresh(index=names["stores_index"])
@@ -322,9 +324,9 @@ class Sinks:
 
     def __init__(self, names: dict[str, str], pg: Any, es_conn: Any, s3_conn: Any):
         self.names = names
-        self.engine = clients.sql_engine(pg)
-        self.es = clients.elasticsearch_client(es_conn)
-        self.s3 = clients.s3_client(s3_conn)
+        self.engine = sql_engine(pg)
+        self.es = elasticsearch_client(es_conn)
+        self.s3 = s3_client(s3_conn)
 
     def es_count(self) -> int:
         from elasticsearch import NotFoundError

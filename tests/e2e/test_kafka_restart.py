@@ -47,7 +47,7 @@ OUTAGE_S = float(os.environ.get("THREES_KAFKA_OUTAGE_S", "20"))
 READER = """
 import sys, time
 from confluent_kafka import KafkaException
-from connectors.config import load_pipeline
+from threes.config import load_pipeline
 from connectors.exceptions import ThreesError
 from threes.pipeline.probes import KafkaProbe
 

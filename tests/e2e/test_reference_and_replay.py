@@ -9,6 +9,8 @@ from sqlalchemy import select, text
 
 from connectors import clients
 from connectors.config.models import KafkaConfig
+from connectors.rds.connection import sql_engine
+from connectors.s3.connection import s3_client
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from threes.cli import app
@@ -36,7 +38,7 @@ def test_reference_load_is_idempotent_and_applies_exactly_a_change(isolated: Any
     assert (changed["planes"].deleted, changed["planes"].unchanged) == (1, 3_321)
 
     source = next(s for s in pipeline.sources if s.name == "weather")
-    engine = clients.sql_engine(pipeline.connections[source.connection])
+    engine = sql_engine(pipeline.connections[source.connection])
     tbl = sql_table(source.table, "weather", source.schema_name)
     with engine.connect() as db:
         rows = db.execute(select(tbl.c.temp, tbl.c.updated_at).order_by(tbl.c.updated_at.desc()).limit(2)).all()
@@ -54,7 +56,7 @@ def test_reference_load_is_idempotent_and_applies_exactly_a_change(isolated: Any
     assert (first_plane["model"], first_plane["seats"], first_plane["engines"]) == ("A320-214", 182, 2)
 
     airlines = next(s for s in pipeline.sources if s.name == "airlines")
-    s3 = clients.s3_client(pipeline.connections["s3"])
+    s3 = s3_client(pipeline.connections["s3"])
     body = s3.get_object(Bucket=airlines.bucket, Key=f"{airlines.prefix}airlines.csv")["Body"].read().decode()
     assert body.splitlines()[0] == "carrier,name" and "UA,United Air Lines Inc." in body.splitlines()
 

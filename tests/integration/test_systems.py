@@ -7,7 +7,7 @@ import decimal
 
 import sqlalchemy as sa
 
-from connectors import clients
+from connectors.rds.connection import sql_engine
 
 
 def test_sql_round_trip(pg_engine, unique):
@@ -63,4 +63,4 @@ def test_put_list_and_get_an_object(s3, unique):
 def test_client_factories_keep_secrets_out_of_repr(s3_conn, pg):
     assert "threes-secret-key" not in repr(s3_conn)
     assert "threes:threes@" not in pg.url and pg.password is not None
-    assert clients.sql_engine(pg).url.password == "threes"  # revealed only to SQLAlchemy
+    assert sql_engine(pg).url.password == "threes"  # revealed only to SQLAlchemy

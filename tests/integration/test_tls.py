@@ -25,16 +25,16 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from connectors import clients
-from connectors.config import pipeline_from_dict
-from connectors.config.models import KafkaConfig, RdsConnection
+from connectors.config.models import KafkaConfig
 from connectors.exceptions import SetupError
+from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.topics import cluster_metadata
 from sync_service.service import SyncService
 from tests.integration.sources.contract import run_once
 from tests.integration.stream.conftest import Env, flight
 from tests.integration.sync.helpers import run_in_thread, wait_until
 from threes.cli import app
+from threes.config import pipeline_from_dict
 from threes.local.kafka import upsert_scram_user
 
 PASSWORD = "p\"w\\d'x ü"  # a double quote, a backslash, a single quote, a space, non-ASCII
@@ -294,7 +294,7 @@ def test_spark_options_keep_verification_on(endpoints: Any, secure_kafka: KafkaC
 
 def test_postgres_over_tls_with_verify_full(endpoints: Any, pg: RdsConnection) -> None:
     url = f"{pg.url}?sslmode=verify-full&sslrootcert={endpoints.tls_ca_location}"
-    engine = clients.sql_engine(RdsConnection(type="rds", url=url, password=pg.password))
+    engine = sql_engine(RdsConnection(type="rds", url=url, password=pg.password))
     try:
         with engine.connect() as c:
             row = c.execute(text("SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()")).one()

@@ -21,8 +21,8 @@ import typer
 import typer.main
 import yaml
 
-from connectors.config import load_pipeline
 from threes.cli import app
+from threes.config import load_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

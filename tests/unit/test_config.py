@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from connectors.config import load_pipeline, pipeline_from_dict
-from connectors.config.models import RdsConnection
 from connectors.exceptions import ConfigError
+from connectors.rds.connection import RdsConnection
 from threes.cli import app
+from threes.config import load_pipeline, pipeline_from_dict
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "pipeline.yaml"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from connectors import registry
 from connectors.config.models import KafkaConfig
-from connectors.config.stream import StreamJobConfig
-from connectors.config.sync import SyncServiceBase
+from stream_app.config import StreamJobConfig
+from sync_service.config import SyncServiceBase
 from threes.demo.config_docs import render, sections
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,8 +20,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from connectors.config import load_pipeline
 from tests.unit.test_compose import _resolve
+from threes.config import load_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "docker" / "k8s"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from connectors.config import pipeline_from_dict
 from connectors.dlq import DeadLetter
 from connectors.redact import MASK, RedactingFilter, mask_url, redact
+from threes.config import pipeline_from_dict
 
 
 def test_urls_keep_their_shape_and_lose_their_secrets() -> None:

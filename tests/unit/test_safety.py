@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from connectors.config import load_pipeline
-from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection
-from connectors.config.stream import SparkSettings
+from connectors.config.models import KafkaConfig
+from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.exceptions import ConfigError
+from connectors.rds.connection import RdsConnection
+from stream_app.config import SparkSettings
 from tests.unit.test_config import MINIMAL, write
+from threes.config import load_pipeline
 
 
 def test_safe_kafka_tuning_passes_and_unknown_keys_are_refused() -> None:

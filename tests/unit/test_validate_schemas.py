@@ -8,10 +8,10 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from connectors.config import load_pipeline
 from connectors.exceptions import ConfigError
 from stream_app.plan import build_plan
 from threes.cli import app
+from threes.config import load_pipeline
 
 from .stream_app.test_plan import FLIGHT
 

@@ -246,7 +246,7 @@ def _docstring(model: type[BaseModel]) -> str:
 
 def sections() -> list[Section]:
     """Every documented model with its YAML path, in document order (the pipeline first)."""
-    from connectors.config import pipeline_model
+    from threes.config import pipeline_model
 
     walker = _Walker()
     walker.document("", pipeline_model())

@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors import clients
+from connectors.elasticsearch.connection import elasticsearch_client
+from connectors.rds.connection import sql_engine
+from connectors.s3.connection import s3_client
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +134,9 @@ class ProgressProbe:
         kafka = targets.pipeline.kafka
         self._consumer = clients.kafka_consumer(kafka, f"threes-demo-probe-{uuid.uuid4().hex[:8]}")
         self._groups = GroupOffsets(kafka)  # one consumer per sync group, never subscribing
-        self._es = clients.elasticsearch_client(targets.es[0])
-        self._engine = clients.sql_engine(targets.pg[0], pool_size=1)
-        self._s3 = clients.s3_client(targets.s3[0])
+        self._es = elasticsearch_client(targets.es[0])
+        self._engine = sql_engine(targets.pg[0], pool_size=1)
+        self._s3 = s3_client(targets.s3[0])
 
     def end_offsets(self, topic: str) -> dict[int, int]:
         """High watermark per partition (empty when the topic does not exist yet).

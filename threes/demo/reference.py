@@ -32,9 +32,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from connectors import clients
-from connectors.config.models import RdsConnection
 from connectors.exceptions import ConfigError, SetupError
+from connectors.rds.connection import RdsConnection, sql_engine
 from threes.demo.data import TABLES, read_frame
 from threes.demo.reference_diff import UPDATED_AT, LoadResult, diff, field_names, records, table_schema
 from threes.demo.reference_stores import load_elasticsearch, load_s3
@@ -110,7 +109,7 @@ def load_sql(
     values = [c for c in columns if c not in key]
     result = LoadResult(table, f"table {name}")
     wanted = records(frame, columns)
-    engine = clients.sql_engine(conn)
+    engine = sql_engine(conn)
     try:
         if schema_name and engine.dialect.name == "postgresql":
             from sqlalchemy.schema import CreateSchema
@@ -180,7 +179,7 @@ def source_for(pipeline: Any, table: str) -> Any:
     Raises:
         ConfigError: no such source, or not of a type that can hold the table.
     """
-    for source in getattr(pipeline, "sources", []):
+    for source in pipeline.sources:
         if source.name == table:
             if source.type not in _SOURCE_TYPES:
                 raise ConfigError(f"source {table!r} has type {source.type!r}; expected one of {list(_SOURCE_TYPES)}")

@@ -15,9 +15,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from connectors import clients
-from connectors.config.models import ElasticsearchConnection, S3Connection
+from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
 from connectors.exceptions import SetupError
+from connectors.s3.connection import S3Connection, s3_client
 from threes.demo.data import TABLES
 from threes.demo.reference_diff import UPDATED_AT, LoadResult, diff, field_names, records, table_schema
 
@@ -81,7 +81,7 @@ def load_elasticsearch(
     columns = field_names(table)
     values = [c for c in columns if c not in key]
     result = LoadResult(table, f"index {index}")
-    client = clients.elasticsearch_client(conn)
+    client = elasticsearch_client(conn)
     try:
         if not client.indices.exists(index=index):
             mappings = es_mappings(table_schema(table))
@@ -147,7 +147,7 @@ def load_s3(
     result = LoadResult(table, f"s3://{bucket}/{key}")
     columns = field_names(table)
     body = csv_bytes(frame, columns)
-    s3 = clients.s3_client(conn)
+    s3 = s3_client(conn)
     try:
         try:
             s3.head_bucket(Bucket=bucket)

@@ -23,7 +23,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from connectors import clients
+from connectors.elasticsearch.connection import elasticsearch_client
 from connectors.exceptions import SetupError
+from connectors.rds.connection import sql_engine
+from connectors.s3.connection import s3_client
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +173,7 @@ def clear_sinks(pipeline: Any) -> dict[str, int]:
         for sink in service.sinks:
             conn = pipeline.connections[sink.connection]
             if sink.type == "elasticsearch_sink":
-                es = clients.elasticsearch_client(conn)
+                es = elasticsearch_client(conn)
                 try:
                     es.indices.delete(index=sink.index)
                     removed["indices"] += 1
@@ -179,7 +182,7 @@ def clear_sinks(pipeline: Any) -> dict[str, int]:
                 finally:
                     es.close()
             elif sink.type == "rds_sink":
-                engine = clients.sql_engine(conn)
+                engine = sql_engine(conn)
                 try:
                     Table(sink.table, MetaData(), schema=sink.schema_name).drop(engine, checkfirst=True)
                     # its tombstones too: a fresh table must not inherit the deleted keys' versions
@@ -196,7 +199,7 @@ def clear_sinks(pipeline: Any) -> dict[str, int]:
 def _delete_prefix(conn: Any, bucket: str, prefix: str) -> int:
     from threes.demo.sinks import list_objects
 
-    s3 = clients.s3_client(conn)
+    s3 = s3_client(conn)
     keys = [o["Key"] for o in list_objects(conn, bucket, prefix, client=s3)]
     for i in range(0, len(keys), 1000):
         s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True})
@@ -217,7 +220,7 @@ def create_flights_index(pipeline: Any, value_schema: dict[str, Any]) -> list[st
         for sink in service.sinks:
             if sink.type != "elasticsearch_sink":
                 continue
-            es = clients.elasticsearch_client(pipeline.connections[sink.connection])
+            es = elasticsearch_client(pipeline.connections[sink.connection])
             try:
                 # a refresh every 5 s rather than every second: fewer tiny segments to write and
                 # merge while bulk indexing (Elasticsearch, "Tune for indexing speed"); the demo

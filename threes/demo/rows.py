@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connectors import clients
-from connectors.config.models import RdsConnection
 from connectors.exceptions import ConfigError, SetupError
+from connectors.rds.connection import RdsConnection, sql_engine
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +199,7 @@ def sql_source(
     from sqlalchemy import MetaData, Table, func, select
     from sqlalchemy.exc import NoSuchTableError, SQLAlchemyError
 
-    engine = clients.sql_engine(conn)
+    engine = sql_engine(conn)
     try:
         tbl = Table(table, MetaData(), schema=schema_name, autoload_with=engine)
     except NoSuchTableError as exc:

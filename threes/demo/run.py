@@ -136,7 +136,7 @@ class DemoRun:
         Raises:
             ThreesError: a phase failed (config, systems, a pipeline process exiting, a timeout).
         """
-        from connectors.config import load_pipeline
+        from threes.config import load_pipeline
         from threes.demo.oracle import reference_frames
 
         opts = self.options

@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from connectors import clients
-from connectors.config.models import ElasticsearchConnection, RdsConnection, S3Connection
+from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
 from connectors.exceptions import SetupError
+from connectors.rds.connection import RdsConnection, sql_engine
+from connectors.s3.connection import S3Connection, s3_client
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def count_index(conn: ElasticsearchConnection, index: str, client: Any | None = 
     """Documents in an index (0 when it does not exist yet); refreshes first so the count is current."""
     from elasticsearch import NotFoundError
 
-    es = client or clients.elasticsearch_client(conn)
+    es = client or elasticsearch_client(conn)
     try:
         es.indices.refresh(index=index)
         return int(es.count(index=index)["count"])
@@ -65,7 +66,7 @@ def read_index(
     import pandas as pd
     from elasticsearch import ApiError, TransportError
 
-    es = clients.elasticsearch_client(conn)
+    es = elasticsearch_client(conn)
     rows: list[dict[str, Any]] = []
     try:
         es.indices.refresh(index=index)
@@ -102,7 +103,7 @@ def read_sql_table(conn: RdsConnection, table: str, schema_name: str | None = No
     from sqlalchemy import MetaData, Table, select
     from sqlalchemy.exc import NoSuchTableError, SQLAlchemyError
 
-    engine = clients.sql_engine(conn)
+    engine = sql_engine(conn)
     try:
         tbl = Table(table, MetaData(), schema=schema_name, autoload_with=engine)
         with engine.connect() as db:
@@ -120,7 +121,7 @@ def list_objects(conn: S3Connection, bucket: str, prefix: str, client: Any | Non
     """The objects under a prefix (``Key``, ``Size``, ``LastModified``...); empty when the bucket is missing."""
     from botocore.exceptions import ClientError
 
-    s3 = client or clients.s3_client(conn)
+    s3 = client or s3_client(conn)
     out: list[dict[str, Any]] = []
     try:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
@@ -152,7 +153,7 @@ def read_parquet_objects(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    s3 = client or clients.s3_client(conn)
+    s3 = client or s3_client(conn)
 
     def one(key: str) -> Any:
         body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()

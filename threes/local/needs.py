@@ -21,7 +21,9 @@ def services_for_pipeline(pipeline: Any) -> list[str]:
     """
     from sqlalchemy.engine import make_url
 
-    from connectors.config.models import ElasticsearchConnection, RdsConnection, S3Connection
+    from connectors.elasticsearch.connection import ElasticsearchConnection
+    from connectors.rds.connection import RdsConnection
+    from connectors.s3.connection import S3Connection
 
     needed = ["kafka"]
     for conn in getattr(pipeline, "connections", {}).values():

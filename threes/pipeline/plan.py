@@ -103,7 +103,7 @@ class Part:
 def topic_creators(pipeline: Any) -> dict[str, str]:
     """Who creates each topic the config names: topic -> ``source <name>`` / ``the stream job``."""
     creators: dict[str, str] = {}
-    for source in getattr(pipeline, "sources", []):
+    for source in pipeline.sources:
         creators.setdefault(source.topic, f"source {source.name}")
     stream = pipeline.stream
     if stream is not None:
@@ -137,8 +137,8 @@ def plan_run(
     Raises:
         ConfigError: none of the chosen parts is in the config.
     """
-    sources = list(getattr(pipeline, "sources", []))
-    services = list(getattr(pipeline, "sync", []))
+    sources = list(pipeline.sources)
+    services = list(pipeline.sync)
     stream = pipeline.stream
     creators = topic_creators(pipeline)
     path = str(config)

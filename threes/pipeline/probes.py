@@ -114,7 +114,7 @@ class FlowPlan:
         """The plan of a pipeline config."""
         groups = tuple(
             (svc.name, svc.consumer_group(), tuple(sorted({t for s in svc.sinks for t in s.topics})))
-            for svc in getattr(pipeline, "sync", [])
+            for svc in pipeline.sync
         )
         return cls(tuple(pipeline_topics(pipeline)), groups)
 
@@ -511,14 +511,14 @@ def take_readings(
 
 def pipeline_topics(pipeline: Any) -> list[str]:
     """The topics of a pipeline in flow order: state topics, events, enriched, updates, dead letters."""
-    topics = [s.topic for s in getattr(pipeline, "sources", [])]
+    topics = [s.topic for s in pipeline.sources]
     stream = pipeline.stream
     if stream is not None:
         topics += [t for snap in stream.snapshots for t in snap.topics]
         topics += [stream.events.topic, stream.enriched_topic, *(u.topic for u in stream.updates)]
-    for svc in getattr(pipeline, "sync", []):
+    for svc in pipeline.sync:
         topics += [t for s in svc.sinks for t in s.topics]
     dead = ([stream.dead_letter_topic] if stream is not None else []) + [
-        svc.dead_letter_topic for svc in getattr(pipeline, "sync", [])
+        svc.dead_letter_topic for svc in pipeline.sync
     ]
     return list(dict.fromkeys([*topics, *dead]))

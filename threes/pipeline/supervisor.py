@@ -335,7 +335,7 @@ class Supervisor:
         from connectors.runtime.standalone import task_specs
 
         counts: dict[str, int] = {}
-        for spec in task_specs(getattr(self.pipeline, "sources", [])):
+        for spec in task_specs(self.pipeline.sources):
             counts[spec.config.name] = spec.task_count
         return counts
 
@@ -393,7 +393,7 @@ class Supervisor:
             if len(answering) < len(part.metrics_ports):
                 state.detail = f"starting ({len(answering)}/{len(part.metrics_ports)} services serve metrics)"
                 return
-            services = ", ".join(s.name for s in getattr(self.pipeline, "sync", []))
+            services = ", ".join(s.name for s in self.pipeline.sync)
             self._ready(state, f"consuming ({services})")
 
     def _ready(self, state: PartState, detail: str) -> None:

@@ -76,7 +76,7 @@ def live(sup: Supervisor) -> Panel:
 def topic_roles(pipeline: Any) -> dict[str, str]:
     """Topic -> what it is in the pipeline (``state of source x``, ``events``, ``updates``, ``dead letters``)."""
     roles: dict[str, str] = {}
-    for source in getattr(pipeline, "sources", []):
+    for source in pipeline.sources:
         roles.setdefault(source.topic, f"state, source {source.name}")
     stream = pipeline.stream
     if stream is not None:
@@ -88,7 +88,7 @@ def topic_roles(pipeline: Any) -> dict[str, str]:
         for update in stream.updates:
             roles.setdefault(update.topic, f"updates ({update.kind})")
         roles.setdefault(stream.dead_letter_topic, "dead letters of the stream job")
-    for svc in getattr(pipeline, "sync", []):
+    for svc in pipeline.sync:
         roles.setdefault(svc.dead_letter_topic, f"dead letters of sync {svc.name}")
     return roles
 

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from connectors.config import pipeline_from_dict
-from connectors.config.models import KafkaConfig, RdsConnection
+from connectors.config.models import KafkaConfig
+from connectors.rds.connection import RdsConnection
 from connectors.runtime import metrics as source_metrics
 from connectors.runtime.standalone import SourceWorker, task_specs
 from sync_service.supervisor import ServiceSupervisor
@@ -37,6 +37,7 @@ from tests.conftest import ROOT
 from tests.integration.ops.helpers import free_port, get_json, rows
 from tests.integration.sources.contract import topic_state
 from tests.integration.sync.helpers import UpdateProducer, create_topic, group_lag, wait_until
+from threes.config import pipeline_from_dict
 
 # the drill stops PostgreSQL and Elasticsearch, which every other test uses: it runs alone
 pytestmark = pytest.mark.serial

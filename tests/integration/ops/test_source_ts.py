@@ -9,7 +9,8 @@ from typing import Any
 from confluent_kafka import Consumer
 from sqlalchemy import text
 
-from connectors.config.models import KafkaConfig, RdsConnection
+from connectors.config.models import KafkaConfig
+from connectors.rds.connection import RdsConnection
 from connectors.updates import source_ts_of
 from tests.integration.sources.contract import run_once
 from tests.integration.sources.rds import source_pipeline

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from connectors import clients
-from connectors.config import pipeline_from_dict
 from connectors.topics import ensure_compacted_topic
+from threes.config import pipeline_from_dict
 from threes.pipeline.probes import FlowReader, KafkaProbe
 
 

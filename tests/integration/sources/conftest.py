@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from connectors import clients
-from connectors.config.models import RdsConnection
+from connectors.rds import connection as rds_connection
+from connectors.rds.connection import RdsConnection
 from tests.conftest import sql_engine
 
 SOURCES_DB = "threes_sources"
@@ -24,7 +24,7 @@ SOURCES_DB = "threes_sources"
 @pytest.fixture(scope="session")
 def pg(pg: RdsConnection) -> RdsConnection:
     """The stack's PostgreSQL, database ``threes_sources`` (created when missing)."""
-    admin = clients.sql_engine(pg, isolation_level="AUTOCOMMIT")
+    admin = rds_connection.sql_engine(pg, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as c:
             if not c.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": SOURCES_DB}).first():

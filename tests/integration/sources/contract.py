@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from connectors.config import pipeline_from_dict
-from connectors.runtime.committed import latest_per_key
+from connectors.committed import latest_per_key
 from connectors.runtime.offsets import OffsetStore
 from connectors.runtime.standalone import SourceWorker, task_specs
 from connectors.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
+from threes.config import pipeline_from_dict
 
 
 def run_once(pipeline: Any, offsets_topic: str = "_threes_offsets", retry: Any = None) -> dict[str, Any]:

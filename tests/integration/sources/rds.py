@@ -12,13 +12,13 @@ from typing import Any, ClassVar
 
 from sqlalchemy import text
 
-from connectors.config.models import RdsConnection
+from connectors.rds.connection import RdsConnection
 from tests.integration.sources.contract import SourceContract, run_once
 
 
 def source_pipeline(kafka: Any, conn: RdsConnection, **source: Any) -> Any:
     """A pipeline of one ``rds_source`` on ``conn`` (connection ``pg``, ``commit_delay_s`` 0 unless given)."""
-    from connectors.config import pipeline_from_dict
+    from threes.config import pipeline_from_dict
 
     return pipeline_from_dict(
         {

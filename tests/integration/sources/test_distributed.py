@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from connectors.runtime.committed import latest_per_key
+from connectors.committed import latest_per_key
 from connectors.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore

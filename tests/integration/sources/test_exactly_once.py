@@ -26,7 +26,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from connectors.runtime.committed import high_watermarks, read_committed
+from connectors.committed import high_watermarks, read_committed
 from connectors.runtime.offsets import OffsetStore
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore

@@ -25,9 +25,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from connectors import clients
-from connectors.config.models import RdsConnection
-from connectors.runtime.committed import high_watermarks, read_committed
+from connectors.committed import high_watermarks, read_committed
+from connectors.rds import connection as rds_connection
+from connectors.rds.connection import RdsConnection
 from connectors.runtime.offsets import OFFSETS_TOPIC
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
@@ -43,7 +43,7 @@ FENCING_DB = "threes_fencing"
 def fence_db(pg: RdsConnection) -> Iterator[tuple[RdsConnection, Any]]:
     """A database of this test alone: RdsSource's commit-safe bound waits for every open transaction of its
     database, and other suites hold long ones in theirs on purpose."""
-    admin = clients.sql_engine(pg, isolation_level="AUTOCOMMIT")
+    admin = rds_connection.sql_engine(pg, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as c:
             if not c.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": FENCING_DB}).first():

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from connectors.config.models import RdsConnection
+from connectors.rds.connection import RdsConnection
 from connectors.rds.source import RdsSource
 from connectors.runtime.columnar import ColumnarEncoder
 from schemas.serde import AvroSerializer

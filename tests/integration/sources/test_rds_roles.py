@@ -21,8 +21,8 @@ from pydantic import SecretStr
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from connectors.config.models import RdsConnection
 from connectors.exceptions import SetupError
+from connectors.rds.connection import RdsConnection
 from connectors.rds.source import RdsSource
 from tests.integration.sources.contract import run_once, topic_state
 from tests.integration.sources.rds import source_pipeline

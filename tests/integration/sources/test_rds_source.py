@@ -32,8 +32,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-from connectors.config.models import RdsConnection
 from connectors.exceptions import ConfigError
+from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.runtime.offsets import OffsetStore
 from connectors.topics import ensure_compacted_topic
 from tests.conftest import ROOT
@@ -471,12 +471,11 @@ def test_full_producer_queue_is_waited_out(
 
 
 def test_sqlite_for_quick_local_use(tmp_path: Any, kafka: Any, kafka_conf: Any, unique: str) -> None:
-    from connectors import clients
-    from connectors.config import pipeline_from_dict
+    from threes.config import pipeline_from_dict
 
     db = tmp_path / "local.db"
     conn = RdsConnection(type="rds", url=f"sqlite:///{db}")
-    engine = clients.sql_engine(conn)
+    engine = sql_engine(conn)
     with engine.begin() as c:
         c.execute(text("CREATE TABLE planes (tailnum TEXT PRIMARY KEY, year INTEGER, seats INTEGER)"))
         c.execute(text("INSERT INTO planes VALUES ('N10156', 2004, 55), ('N102UW', 1998, 182), ('N103US', 1999, 182)"))

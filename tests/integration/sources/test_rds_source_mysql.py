@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from connectors.config.models import RdsConnection
+from connectors.rds.connection import RdsConnection
 from tests.integration.sources.contract import run_once, topic_state
 from tests.integration.sources.rds import RdsSourceContract, late_commit, source_pipeline
 

@@ -22,8 +22,8 @@ def test_spark_from_avro_reads_rds_types(spark: Any, pg_engine: Any, pg: Any, ka
                                          unique: str) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
-    from connectors.config import pipeline_from_dict
     from stream_app.avro import decode_avro
+    from threes.config import pipeline_from_dict
 
     table = f"spark_{unique}"
     topic = f"state.{unique}"

@@ -13,9 +13,9 @@ import fastavro
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from connectors.config import pipeline_from_dict
 from connectors.runtime.standalone import SourceWorker, task_specs
 from tests.integration.sources.contract import SourceContract, run_once, topic_state
+from threes.config import pipeline_from_dict
 
 SCHEMA = {
     "type": "record", "name": "item", "fields": [

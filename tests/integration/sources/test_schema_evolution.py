@@ -168,8 +168,8 @@ def test_internal_topics_take_replication_from_the_config(kafka: Any, kafka_conf
     assert entries["cleanup.policy"].value == "compact"
 
     # the worker takes kafka.internal_replication_factor from the pipeline's config
-    from connectors.config import pipeline_from_dict
     from connectors.runtime.standalone import SourceWorker
+    from threes.config import pipeline_from_dict
 
     pipeline = pipeline_from_dict({
         "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "internal_replication_factor": 2,
@@ -228,8 +228,8 @@ def test_a_key_change_is_seen_in_the_topic_when_no_version_was_recorded(
     kafka: Any, kafka_conf: Any, pg: Any, pg_engine: Any, unique: str, keyed: str
 ) -> None:
     """The schema versions are gone (another schema topic): the topic's latest keys still tell the key changed."""
-    from connectors.config import pipeline_from_dict
     from connectors.config.models import RetryPolicy
+    from threes.config import pipeline_from_dict
 
     topic = f"state.{unique}"
 

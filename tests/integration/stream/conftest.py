@@ -16,11 +16,11 @@ import pytest
 from confluent_kafka import Consumer
 
 from connectors import clients
-from connectors.config.stream import StreamJobConfig
 from connectors.topics import ensure_compacted_topic, watermark_offsets
 from schemas import load_schema
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import SchemaStore
+from stream_app.config import StreamJobConfig
 from stream_app.job import StreamJob
 
 AIRPORT = load_schema("nycflights13/airport")

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.spark
 _DRIVER = textwrap.dedent("""
     import json
     from pyspark import SparkContext
-    from connectors.config.stream import SparkSettings
+    from stream_app.config import SparkSettings
     from threes.local import LocalStack
     from stream_app.session import spark_session
 
@@ -65,7 +65,7 @@ def test_a_driver_maps_the_archive_its_predecessor_wrote(stack, tmp_path: Path) 
 
 _CLUSTER_DRIVER = textwrap.dedent("""
     import json, os, sys
-    from connectors.config.stream import SparkSettings
+    from stream_app.config import SparkSettings
     from threes.local import LocalStack
     from stream_app.session import spark_session
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from connectors.config.stream import LookupConfig
 from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint, child
+from stream_app.config import LookupConfig
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.kafka_io import TopicWatermarks, offsets_json
 from stream_app.plan import build_plan

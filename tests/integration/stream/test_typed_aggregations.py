@@ -10,8 +10,8 @@ from decimal import Decimal
 import fastavro
 import pytest
 
-from connectors.config.stream import StreamJobConfig
 from schemas.serde import HEADER_BYTES
+from stream_app.config import StreamJobConfig
 from stream_app.plan import build_plan
 from stream_app.updates import aggregate, aggregation_records
 

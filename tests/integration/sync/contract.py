@@ -20,8 +20,8 @@ from typing import Any
 import fastavro
 import pytest
 
+from connectors.api.sink import Sink, SinkBatch, SinkRecord
 from connectors.exceptions import SetupError
-from connectors.runtime.sink import Sink, SinkBatch, SinkRecord
 from schemas.serde import fingerprint
 
 ITEM_SCHEMA = {

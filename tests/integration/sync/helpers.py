@@ -12,13 +12,13 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from connectors import clients
-from connectors.config import pipeline_from_dict
 from connectors.config.models import KafkaConfig
 from connectors.topics import watermark_offsets
 from connectors.updates import encode_version
 from schemas.serde import AvroSerializer
 from schemas.store import SchemaStore
 from tests.integration.sync.contract import ITEM_SCHEMA, item
+from threes.config import pipeline_from_dict
 
 
 def create_topic(kafka_conf: dict[str, Any], topic: str, partitions: int) -> None:

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData, Table, select
 
+from connectors.api.sink import SinkBatch, latest_per_key
 from connectors.config.models import RetryPolicy
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.sink import RdsSink
-from connectors.runtime.sink import SinkBatch, latest_per_key
 from connectors.updates import encode_version
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import InMemorySchemaStore

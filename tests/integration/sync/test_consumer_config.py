@@ -7,10 +7,10 @@ from typing import Any
 
 import confluent_kafka
 
-from connectors.config import pipeline_from_dict
 from connectors.config.models import KafkaConfig
 from sync_service.service import SyncService
 from tests.integration.sync.helpers import create_topic
+from threes.config import pipeline_from_dict
 
 
 def test_the_consumer_fetches_again_soon_after_a_full_queue(kafka: KafkaConfig, kafka_conf: dict[str, Any],

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from elasticsearch import helpers
 
-from connectors.config.models import ElasticsearchConnection
 from connectors.elasticsearch.config import ElasticsearchSinkConfig
+from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.elasticsearch.sink import ElasticsearchSink
 from tests.integration.sync.contract import SinkContract, batch, record
 
@@ -85,7 +85,7 @@ def test_a_created_index_is_mapped_from_the_avro_schema(es_conn, es, unique, tmp
 
     import fastavro
 
-    from connectors.runtime.sink import SinkRecord
+    from connectors.api.sink import SinkRecord
     from schemas.serde import fingerprint
 
     (tmp_path / "mapping.json").write_text('{"properties": {"comment": {"type": "text"}}}')

@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection
+from connectors.config.models import KafkaConfig
+from connectors.elasticsearch.connection import ElasticsearchConnection
+from connectors.rds.connection import RdsConnection
 from connectors.redact import install_log_redaction
 from sync_service.service import SyncService
 from tests.integration.sync.contract import item

@@ -6,8 +6,10 @@ from typing import Any
 
 from sqlalchemy import MetaData, Table, func, select
 
-from connectors.config.models import ElasticsearchConnection, KafkaConfig, RdsConnection
+from connectors.config.models import KafkaConfig
 from connectors.dlq import DeadLetter
+from connectors.elasticsearch.connection import ElasticsearchConnection
+from connectors.rds.connection import RdsConnection
 from sync_service.service import SyncService
 from tests.integration.sync.contract import item
 from tests.integration.sync.helpers import (

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, Text, select, text
 
-from connectors.config.models import RdsConnection
 from connectors.exceptions import SinkBackpressureError
 from connectors.rds.config import RdsSinkConfig
+from connectors.rds.connection import RdsConnection
 from connectors.rds.sink import RdsSink
 from tests.integration.sync.contract import SinkContract, batch, record
 

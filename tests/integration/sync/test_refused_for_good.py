@@ -13,8 +13,9 @@ from typing import Any
 
 from sqlalchemy import MetaData, Table, select, text
 
-from connectors.config.models import KafkaConfig, RdsConnection
+from connectors.config.models import KafkaConfig
 from connectors.dlq import DeadLetter
+from connectors.rds.connection import RdsConnection
 from sync_service.service import SyncService
 from tests.integration.sync.contract import item
 from tests.integration.sync.helpers import (

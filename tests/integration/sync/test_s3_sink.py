@@ -11,9 +11,9 @@ import fastavro
 import pyarrow.parquet as pq
 import pytest
 
-from connectors.config.models import S3Connection
 from connectors.exceptions import FatalError
 from connectors.s3.config import S3SinkConfig
+from connectors.s3.connection import S3Connection
 from connectors.s3.sink import S3Sink, object_key
 from tests.integration.sync.contract import SinkContract, batch, record
 

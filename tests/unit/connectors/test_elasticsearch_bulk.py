@@ -7,10 +7,10 @@ from typing import Any
 import orjson
 import pytest
 
+from connectors.api.sink import SinkRecord
 from connectors.elasticsearch.config import ElasticsearchSinkConfig
 from connectors.elasticsearch.sink import ElasticsearchItemError, ElasticsearchSink
 from connectors.exceptions import RetriableError, SinkBackpressureError
-from connectors.runtime.sink import SinkRecord
 
 
 class ScriptedClient:

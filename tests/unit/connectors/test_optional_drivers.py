@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from connectors import clients
-from connectors.config import load_pipeline
-from connectors.config.models import RdsConnection
 from connectors.exceptions import SetupError
+from connectors.rds.connection import RdsConnection, sql_engine
+from threes.config import load_pipeline
 from threes.local.mysql import MySQL, greet_probe
 from threes.local.needs import services_for_pipeline
 
@@ -28,7 +27,7 @@ def test_a_missing_mysql_driver_is_one_line_naming_the_extra(monkeypatch: pytest
     monkeypatch.setitem(sys.modules, "pymysql", None)  # import pymysql -> ImportError
     conn = RdsConnection(type="rds", url="mysql+pymysql://threes@127.0.0.1:13306/threes")
     with pytest.raises(SetupError) as info:
-        clients.sql_engine(conn)
+        sql_engine(conn)
     message = str(info.value)
     assert "\n" not in message and "pymysql" in message and "threes[mysql]" in message
 

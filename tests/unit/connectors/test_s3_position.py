@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from connectors.config.models import S3Connection
 from connectors.s3 import source as s3_source
 from connectors.s3.config import S3SourceConfig
+from connectors.s3.connection import S3Connection
 
 SCHEMA = {"type": "record", "name": "row", "fields": [{"name": "id", "type": "long"}, {"name": "v", "type": "string"}]}
 BASE = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
@@ -49,7 +49,7 @@ def make_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
     (tmp_path / "s.avsc").write_text(json.dumps(SCHEMA))
 
     def make(stub: StubS3) -> s3_source.S3Source:
-        monkeypatch.setattr(s3_source.clients, "s3_client", lambda _conn: stub)
+        monkeypatch.setattr(s3_source, "s3_client", lambda _conn: stub)
         cfg = S3SourceConfig(name="many", type="s3_source", connection="s3", topic="state.many", bucket="b",
                              prefix="p/", format="csv", key=["id"], value_schema=str(tmp_path / "s.avsc"))
         return s3_source.S3Source(cfg, S3Connection(type="s3"))

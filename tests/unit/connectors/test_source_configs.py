@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from connectors.config import pipeline_from_dict
 from connectors.exceptions import ConfigError
+from threes.config import pipeline_from_dict
 
 
 def _pipeline(source: dict[str, Any]) -> Any:

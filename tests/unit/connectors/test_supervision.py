@@ -28,8 +28,8 @@ def test_error_policy_defaults_and_bounds() -> None:
 
 
 def test_sources_refuse_tolerance_all() -> None:
-    from connectors.config import pipeline_from_dict
     from connectors.exceptions import ConfigError
+    from threes.config import pipeline_from_dict
 
     doc = {"kafka": {"bootstrap_servers": "127.0.0.1:1"},
            "connections": {"pg": {"type": "rds", "url": "postgresql+psycopg://u@127.0.0.1:1/d"}},

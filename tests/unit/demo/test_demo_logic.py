@@ -10,14 +10,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from connectors.config import load_pipeline
+from connectors.api.sink import SinkRecord
 from connectors.config.loader import _Yaml12BoolLoader
 from connectors.elasticsearch.sink import doc_id as es_sink_doc_id
 from connectors.exceptions import FatalError
-from connectors.runtime.sink import SinkRecord
 from schemas import load_schema
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import InMemorySchemaStore
+from threes.config import load_pipeline
 from threes.demo.changes import ReferenceChange, check_boundary
 from threes.demo.data import FLIGHT_KEY
 from threes.demo.isolate import isolate, write_isolated

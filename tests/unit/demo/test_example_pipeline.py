@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from connectors.config import load_pipeline
 from schemas import load_schema
 from stream_app.plan import build_plan
+from threes.config import load_pipeline
 from threes.demo import oracle
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -6,8 +6,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from connectors import clients
-from connectors.config.models import RdsConnection
+from connectors.rds.connection import RdsConnection, sql_engine
 from threes.demo.data import read_frame
 from threes.demo.reference import load_sql, sql_table
 
@@ -27,7 +26,7 @@ def test_load_is_a_diff_second_load_changes_nothing(tmp_path: Path) -> None:
     third = load_sql(conn, "airports", changed)
     assert (third.inserted, third.updated, third.deleted, third.unchanged) == (0, 2, 1, 1_455)
 
-    engine = clients.sql_engine(conn)
+    engine = sql_engine(conn)
     table = sql_table("airports", "airports")
     with engine.connect() as db:
         rows = {r.faa: r for r in db.execute(select(table))}

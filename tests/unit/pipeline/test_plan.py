@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from connectors.config import load_pipeline
 from connectors.exceptions import ConfigError, SetupError
+from threes.config import load_pipeline
 from threes.pipeline.plan import COMPONENTS, parse_only, plan_run
 from threes.pipeline.probes import pipeline_topics, source_cycles, sources_ready
 

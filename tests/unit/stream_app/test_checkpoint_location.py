@@ -105,8 +105,8 @@ def test_a_query_checkpointed_through_the_file_system_manager_resumes_where_it_c
     ],
 )
 def test_a_local_uri_has_one_form(given, expected):
-    from connectors.config.stream import StreamJobConfig
     from stream_app.checkpoint import is_local_path, spark_path
+    from stream_app.config import StreamJobConfig
 
     cfg = StreamJobConfig.model_validate(
         {"events": {"topic": "e", "value_schema": "e.avsc"}, "enriched_topic": "out", "dead_letter_topic": "dlq",

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from connectors.config.stream import LookupConfig
+from stream_app.config import LookupConfig
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.snapshot.data import SnapshotView, lookup_key
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from connectors.config.models import KafkaConfig
-from connectors.config.stream import StreamJobConfig
+from stream_app.config import StreamJobConfig
 from stream_app.job import StreamJob
 
 

@@ -104,8 +104,8 @@ def test_lookup_files_return_what_the_sort_merge_join_returns_for_every_spark_ty
     from pyspark.sql import functions as f
     from pyspark.sql import types as T
 
-    from connectors.config.stream import LookupConfig
     from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint, child
+    from stream_app.config import LookupConfig
     from stream_app.enrich import BoundLookup, enrich
     from stream_app.snapshot.data import LH, LK, SnapshotView, lookup_key
     from stream_app.snapshot.partitioned import PartitionedStore

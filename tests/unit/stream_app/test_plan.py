@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from connectors.config.stream import StreamJobConfig
 from connectors.exceptions import ConfigError
+from stream_app.config import StreamJobConfig
 from stream_app.plan import build_plan, writers_for
 
 FLIGHT = {

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from connectors.config.stream import StreamJobConfig
 from connectors.exceptions import ConfigError
 from schemas.serde import fingerprint
+from stream_app.config import StreamJobConfig
 from stream_app.plan import build_plan, writers_for
 
 from .test_plan import FLIGHT

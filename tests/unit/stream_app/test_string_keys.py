@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
-from connectors.config.stream import LookupConfig, SnapshotConfig, StreamJobConfig
 from connectors.exceptions import ConfigError
 from schemas.serde import AvroSerializer, fingerprint, schema_json
+from stream_app.config import LookupConfig, SnapshotConfig, StreamJobConfig
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.plan import Schema, build_plan, spark_type
 from stream_app.snapshot.data import (
@@ -23,10 +23,10 @@ from stream_app.snapshot.data import (
     TOPIC,
     SnapshotView,
     latest_per_key,
+    nullable_schema,
     record_decoder,
 )
 from stream_app.snapshot.delta import DriverDecoder, simple_key_field
-from stream_app.snapshot.engines import nullable_schema
 
 # the Kafka Streams reference's value schema (anchors/kstreams-ref Schemas.java)
 REF = {

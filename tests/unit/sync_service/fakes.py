@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from connectors.api.sink import RecordFailure, Sink, SinkBatch
 from connectors.config.models import SinkConnectorConfig
-from connectors.runtime.sink import RecordFailure, Sink, SinkBatch
 
 
 class FakeMessage:

@@ -7,8 +7,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from connectors.config import pipeline_from_dict
 from sync_service.service import SyncService
+from threes.config import pipeline_from_dict
 
 TOPIC = "updates"
 

@@ -1,24 +1,42 @@
 """The pipeline document: Kafka, connections, sources, the stream job, sync services.
 
-The source and sink entries are discriminated unions over the connector config
-models found in the registry (:mod:`connectors.registry`), so a third-party
-connector gets the same validation, errors and JSON Schema as a built-in one.
+The whole connector config YAML a user writes, loaded in one place. The source and sink
+entries are discriminated unions over the connector config models found in the registry
+(:mod:`connectors.registry`), so a third-party connector gets the same validation, errors and
+JSON Schema as a built-in one. Each part owns its own section's model: the stream job
+(:mod:`stream_app.config`), the sync services (:mod:`sync_service.config`), the connectors
+(:mod:`connectors.config.models` and each technology's ``config``).
+
+Typical use::
+
+    from threes.config import load_pipeline
+    pipeline = load_pipeline("examples/pipeline.yaml")   # raises ConfigError
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, create_model
 
 from connectors import registry
-from connectors.config.models import Connection, ConnectorConfig, KafkaConfig, Name, StrictModel
-from connectors.config.stream import StreamJobConfig
-from connectors.config.sync import SyncServiceBase
+from connectors.config.loader import load_yaml_model, validate_data
+from connectors.config.models import (
+    ConnectionConfig,
+    ConnectorConfig,
+    KafkaConfig,
+    Name,
+    SourceConnectorConfig,
+    StrictModel,
+)
+from stream_app.config import StreamJobConfig
+from sync_service.config import SyncServiceBase
 
 
-def _union(models: list[type[ConnectorConfig]]) -> Any:
+def _union(models: list[type[ConnectorConfig]] | list[type[ConnectionConfig]]) -> Any:
     if not models:
         return Annotated[dict[str, Any], Field(max_length=0)]  # nothing registered: accept none
     if len(models) == 1:
@@ -31,8 +49,11 @@ class PipelineBase(StrictModel):
 
     version: Literal[1] = 1
     kafka: KafkaConfig
-    connections: dict[Name, Connection] = Field(default_factory=dict)
+    connections: dict[Name, ConnectionConfig] = Field(default_factory=dict)
     stream: StreamJobConfig | None = None
+    # narrowed by pipeline_model() to the registered connectors' discriminated unions
+    sources: list[SourceConnectorConfig] = Field(default_factory=list)
+    sync: list[SyncServiceBase] = Field(default_factory=list)
 
     def reference_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
         """Check the references between entries (run by the loader after field validation).
@@ -43,9 +64,9 @@ class PipelineBase(StrictModel):
         """
         problems: list[tuple[tuple[str | int, ...], str]] = []
         connectors: list[tuple[tuple[str | int, ...], ConnectorConfig]] = [
-            (("sources", i), s) for i, s in enumerate(getattr(self, "sources", []))
+            (("sources", i), s) for i, s in enumerate(self.sources)
         ]
-        for i, svc in enumerate(getattr(self, "sync", [])):
+        for i, svc in enumerate(self.sync):
             connectors += [(("sync", i, "sinks", j), s) for j, s in enumerate(svc.sinks)]
         seen: dict[str, tuple[str | int, ...]] = {}
         for where, c in connectors:
@@ -66,14 +87,14 @@ class PipelineBase(StrictModel):
                 problems.append(((*where, "name"), f"{c.name!r} is already the name of another connector"))
             seen[c.name] = where
         names: set[str] = set()
-        for i, svc in enumerate(getattr(self, "sync", [])):
+        for i, svc in enumerate(self.sync):
             if svc.name in names:
                 problems.append((("sync", i, "name"), f"sync service {svc.name!r} is declared twice"))
             names.add(svc.name)
         return problems
 
     def connection(self, name: str) -> Any:
-        """Return the connection called ``name`` (a validated reference)."""
+        """Return the connection called ``name`` (a validated reference; its technology's model)."""
         return self.connections[name]
 
 
@@ -82,9 +103,10 @@ def pipeline_model() -> type[PipelineBase]:
     """Build the pipeline model from the connectors in the registry.
 
     Returns:
-        A pydantic model class with ``sources`` and ``sync[].sinks`` typed as
-        discriminated unions (on ``type``) of the registered config models.
+        A pydantic model class with ``connections``, ``sources`` and ``sync[].sinks`` typed as
+        discriminated unions (on ``type``) of the registered connection and connector config models.
     """
+    connection = _union(list(registry.connection_models().values()))
     source = _union(registry.models_for("source"))
     sink = _union(registry.models_for("sink"))
     sync_model = create_model(
@@ -95,6 +117,35 @@ def pipeline_model() -> type[PipelineBase]:
     return create_model(
         "Pipeline",
         __base__=PipelineBase,
+        connections=(dict[Name, connection], Field(default_factory=dict)),
         sources=(list[source], Field(default_factory=list)),
         sync=(list[sync_model], Field(default_factory=list)),
     )
+
+
+def load_pipeline(path: str | Path, *, environ: Mapping[str, str] | None = None) -> PipelineBase:
+    """Load and validate a pipeline YAML file.
+
+    Args:
+        path: the connector config YAML.
+        environ: variables for ``${env:NAME}``; ``os.environ`` when ``None``.
+
+    Returns:
+        The validated pipeline (an instance of :func:`pipeline_model`).
+
+    Raises:
+        ConfigError: every problem, each as ``file:line: key.path: message``.
+    """
+    return load_yaml_model(pipeline_model(), path, environ=environ)
+
+
+def pipeline_from_dict(data: dict[str, Any], *, environ: Mapping[str, str] | None = None) -> PipelineBase:
+    """Validate a pipeline given as a dict (tests, programmatic use).
+
+    Raises:
+        ConfigError: every problem, each with its key path.
+    """
+    return validate_data(pipeline_model(), data, environ=environ)
+
+
+__all__ = ["PipelineBase", "load_pipeline", "pipeline_from_dict", "pipeline_model"]

@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from connectors.clients import CONSUMER_DEFAULTS
 from connectors.exceptions import RetriableError, SetupError
-from connectors.topics import watermark_offsets
+from schemas.kafka_admin import watermark_offsets
 
 log = logging.getLogger(__name__)
 

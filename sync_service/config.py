@@ -1,6 +1,6 @@
 """Config of the sync services (``sync:`` in connector config YAML).
 
-The ``sinks`` field is added by :func:`connectors.config.pipeline.pipeline_model`
+The ``sinks`` field is added by :func:`threes.config.pipeline_model`
 as a discriminated union of the registered sink config models.
 """
 
@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from connectors.config.models import BatchPolicy, Name, RetryPolicy, StrictModel, TopicName
+from connectors.config.models import BatchPolicy, Name, RetryPolicy, SinkConnectorConfig, StrictModel, TopicName
 
 
 class SyncServiceBase(StrictModel):
     """A sync service: one consumer group writing update topics to targets."""
 
     name: Name
+    # narrowed by threes.config.pipeline_model() to the registered sinks' discriminated union
+    sinks: list[SinkConnectorConfig] = Field(min_length=1)
     group_id: str | None = Field(None, description="consumer group; default threes-sync-<name>")
     batch: BatchPolicy = Field(default_factory=BatchPolicy)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)

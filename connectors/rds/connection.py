@@ -1,0 +1,135 @@
+"""The ``rds`` connection: a relational database through SQLAlchemy, its engine factory and its check.
+
+Registered in the ``threes.connections`` entry-point group as ``rds``. The URL's query options
+are an allow-list per driver (:func:`connectors.config.safety.url_query_problems`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, SecretStr, model_validator
+
+from connectors.config.models import CheckResult, ConnectionConfig, ConnectorConfig
+from connectors.exceptions import SetupError
+
+
+class RdsConnection(ConnectionConfig):
+    """A relational database reached through SQLAlchemy (PostgreSQL, MySQL/MariaDB, SQLite).
+
+    A password written inside ``url`` (``user:PW@host`` or ``?password=PW``) is
+    moved to ``password`` at load time, so the URL can be printed safely. The
+    URL's query options are an allow-list per driver
+    (:func:`connectors.config.safety.url_query_problems`): ``passfile``,
+    ``sslkey``, ``options``, MySQL's ``local_infile`` or ``read_default_file``
+    and any unknown option are validation errors.
+    """
+
+    client_loggers: ClassVar[tuple[str, ...]] = ("sqlalchemy",)
+
+    type: Literal["rds"]
+    url: str = Field(description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host:5432/db")
+    password: SecretStr | None = None
+    pool_size: int = Field(5, ge=1, le=100)
+    connect_timeout_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _split_password(self) -> RdsConnection:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            parsed = make_url(self.url)
+        except ArgumentError as exc:
+            raise ValueError("url is not a valid SQLAlchemy URL (dialect+driver://user@host:port/db)") from exc
+        query = dict(parsed.query)
+        in_query = query.pop("password", None)
+        if in_query is not None:
+            in_query = in_query[-1] if isinstance(in_query, tuple) else in_query
+        secret = parsed.password if parsed.password is not None else in_query
+        if secret is not None or in_query is not None:
+            if self.password is None:
+                self.password = SecretStr(str(secret))
+            parsed = parsed._replace(password=None).set(query=query)
+            self.url = parsed.render_as_string(hide_password=False)
+        from connectors.config.safety import url_query_problems
+
+        problems = url_query_problems(parsed.get_backend_name(), query)
+        if problems:
+            raise ValueError("; ".join(f"url option '{key}' refused: {why}" for key, why in problems))
+        return self
+
+    def sqlalchemy_url(self) -> Any:
+        """Return the :class:`sqlalchemy.engine.URL` with the password set (pass only to SQLAlchemy)."""
+        from sqlalchemy.engine import make_url
+
+        url = make_url(self.url)
+        if self.password is not None:
+            url = url.set(password=self.password.get_secret_value())
+        return url
+
+    def check(self, name: str, users: Sequence[ConnectorConfig]) -> list[CheckResult]:
+        """``SELECT 1`` and the server version (``threes check``)."""
+        from sqlalchemy import text
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            options = {} if self.url.startswith("sqlite") else {"pool_size": 1}
+            engine = sql_engine(self, **options)
+        except SetupError as exc:  # a driver that is not installed
+            return [CheckResult("rds", name, False, str(exc), "install the driver, or use another URL")]
+        try:
+            with engine.connect() as c:
+                c.execute(text("SELECT 1")).scalar_one()
+                version = engine.dialect.server_version_info
+        except SQLAlchemyError as exc:
+            reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+            return [CheckResult(
+                "rds", name, False, f"SELECT 1 failed: {reason}",
+                f"check connections.{name}.url/password and that the database accepts connections",
+            )]
+        finally:
+            engine.dispose()
+        ver = ".".join(str(v) for v in version) if version else "?"
+        return [CheckResult("rds", name, True, f"{engine.dialect.name} {ver}")]
+
+
+def sql_engine(conn: RdsConnection, **kwargs: Any) -> Any:
+    """A SQLAlchemy engine with pre-ping and a connect timeout.
+
+    Args:
+        conn: the RDS connection config.
+        **kwargs: passed to :func:`sqlalchemy.create_engine`.
+
+    Returns:
+        A :class:`sqlalchemy.engine.Engine`.
+
+    Raises:
+        SetupError: the URL's driver is not installed (one line: what to install).
+    """
+    from sqlalchemy import create_engine
+
+    url = conn.sqlalchemy_url()
+    connect_args: dict[str, Any] = {}
+    if url.get_backend_name() in ("postgresql", "mysql", "mariadb"):
+        connect_args["connect_timeout"] = int(max(1, conn.connect_timeout_s))
+    options: dict[str, Any] = {"pool_pre_ping": True, "connect_args": connect_args}
+    if url.get_backend_name() != "sqlite":
+        options["pool_size"] = conn.pool_size
+    options.update(kwargs)
+    try:
+        return create_engine(url, **options)
+    except ImportError as exc:  # an optional driver: one line that says what to install
+        raise SetupError(missing_driver_message(url.drivername, exc)) from exc
+
+
+_DRIVER_EXTRAS = {"pymysql": "pip install 'threes[mysql]'", "mysqldb": "pip install mysqlclient",
+                  "mariadbconnector": "pip install mariadb", "asyncmy": "pip install asyncmy"}
+
+
+def missing_driver_message(drivername: str, exc: ImportError) -> str:
+    """One line naming the missing database driver of ``drivername`` (``mysql+pymysql``) and how to get it."""
+    module = getattr(exc, "name", None) or drivername.partition("+")[2] or drivername
+    how = _DRIVER_EXTRAS.get(module.lower(), _DRIVER_EXTRAS.get(drivername.partition("+")[2], f"pip install {module}"))
+    return f"the database driver {module!r} for {drivername} URLs is not installed: {how}"
