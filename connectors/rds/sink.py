@@ -140,6 +140,8 @@ class RdsSink(Sink):
           create_table: true
     """
 
+    default_max_record_bytes = 1024**3  # PostgreSQL's limit of one field value (1 GiB)
+
     def __init__(self, config: Any, connection: Any, **kwargs: Any):
         super().__init__(config, connection, **kwargs)
         self.engine: Any = None
