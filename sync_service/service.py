@@ -9,7 +9,10 @@ One thread owns the consumer (poll, pause, resume, commit); worker threads
    fails its sink's task: the sink's partitions pause and it is closed and
    opened again after an exponential backoff (``errors.restart_backoff_s``),
    then writes the failed batch first (Kafka Connect restarts a failed task;
-   the other sinks go on, and nothing is committed past the failed batch);
+   the other sinks go on, and nothing is committed past the failed batch); a
+   *blocked* one (the target refuses any record: a revoked privilege, a dropped
+   column, see :mod:`sync_service.isolation`) goes the same way, without bound,
+   its sink's status saying ``blocked: <what the target said>``;
 3. cut the batches that are due (records, bytes or age; or any buffered records
    when the turn's ``consume()`` returned fewer than it asked for: the input is
    drained for now, ``batch.flush_when_idle``) and hand them to the
@@ -100,6 +103,7 @@ class SinkSlot:
     restart_at: float = 0.0  # monotonic time of the next restart
     dead_letters: int = 0
     last_error: str | None = None
+    blocked: bool = False  # the last failure was the target refusing any record (SinkBlockedError)
 
     def bytes(self) -> int:
         """Buffered plus in-flight bytes of this sink."""
@@ -406,11 +410,18 @@ class SyncService:
                 return
             self._apply_outcome(outcome)
 
-    def _sink_failed(self, slot: SinkSlot, error: BaseException) -> None:
+    def _sink_failed(self, slot: SinkSlot, error: BaseException, blocked: bool = False) -> None:
         """Fail the sink's task: its partitions pause and it is restarted (reopened) after a backoff.
 
         Its buffered and failed batches stay: the restart writes the failed batch
         first, so the committed offset never passes it. Other sinks go on.
+
+        Args:
+            slot: the sink.
+            error: why.
+            blocked: the target refuses any record (``SinkBlockedError``): ``last_error`` reads
+                ``blocked: <error>`` and the sink's state in the status document ``blocked``
+                until a batch is written.
         """
         assert slot.backoff is not None
         if slot.state == "restarting":
@@ -418,7 +429,8 @@ class SyncService:
         delay = slot.backoff.failed(error)
         slot.state = "restarting"
         slot.restart_at = time.monotonic() + delay
-        slot.last_error = str(error)[:2000]
+        slot.blocked = blocked
+        slot.last_error = (f"blocked: {error}" if blocked else str(error))[:2000]
         slot.writer.needs_open = True
         log.error("sink=%s task failed (%d in a row), restarting in %.1f s: %s", slot.sink.name,
                   slot.backoff.failures, delay, error)
@@ -454,6 +466,7 @@ class SyncService:
         name, sink = self.config.name, slot.sink.name
         if outcome.status == "done":
             buf.complete()
+            slot.blocked = False
             if slot.state != "running":
                 log.info("sink=%s recovered after restart %d", sink, slot.backoff.restarts if slot.backoff else 0)
                 slot.state = "running"
@@ -485,13 +498,14 @@ class SyncService:
             log.warning("sink=%s topic=%s partition=%d offsets=%d-%d backpressure, pausing its partitions: %s",
                         sink, job.topic, job.partition, job.first_offset, job.last_offset, outcome.error)
         else:
-            log.error("sink=%s topic=%s partition=%d offsets=%d-%d failed: %s", sink, job.topic, job.partition,
-                      job.first_offset, job.last_offset, outcome.error)
+            blocked = outcome.status == "blocked"
+            log.error("sink=%s topic=%s partition=%d offsets=%d-%d %s: %s", sink, job.topic, job.partition,
+                      job.first_offset, job.last_offset, "blocked" if blocked else "failed", outcome.error)
             # decoded again after the restart (dead letters of this attempt were not produced)
             job.decoded, job.dead = None, []
             if slot.state == "recovering":
                 slot.state = "running"  # the probe failed: a new failure, a longer delay
-            self._sink_failed(slot, outcome.error or RuntimeError("failed"))
+            self._sink_failed(slot, outcome.error or RuntimeError("failed"), blocked=blocked)
             job.waiting = True
             job.not_before = slot.restart_at
 
@@ -609,7 +623,9 @@ class SyncService:
             ``{"service", "group", "state", "restarts", "lag", "dead_letters", "last_error", "paused":
             [[topic, partition]...], "partitions": [{"topic", "partition", "committed", "end_offset", "lag",
             "paused"}...], "sinks": [{"sink", "state", "restarts", "dead_letters", "last_error",
-            "oldest_pending_age_s"}...]}``; offsets are Kafka offsets, ages seconds.
+            "oldest_pending_age_s"}...]}``; offsets are Kafka offsets, ages seconds. A sink's ``state`` is
+            ``running``, ``restarting``, ``recovering`` or ``blocked`` (its target refuses any record;
+            ``last_error`` then reads ``blocked: <what the target said>``).
         """
         return self._status_doc
 
@@ -638,7 +654,8 @@ class SyncService:
             for st in ("running", "restarting", "recovering"):
                 self.metrics.sink_state.labels(name, slot.sink.name, st).set(1 if slot.state == st else 0)
             sinks.append({
-                "sink": slot.sink.name, "type": slot.sink.config.type, "state": slot.state,
+                "sink": slot.sink.name, "type": slot.sink.config.type,
+                "state": "blocked" if slot.blocked and slot.state != "running" else slot.state,
                 "restarts": slot.backoff.restarts if slot.backoff else 0, "dead_letters": slot.dead_letters,
                 "last_error": slot.last_error, "oldest_pending_age_s": round(age, 3),
                 "next_restart_in_s": round(max(0.0, slot.restart_at - time.monotonic()), 1)

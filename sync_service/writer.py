@@ -18,13 +18,20 @@ from tenacity import Retrying, retry_if_exception, wait_random_exponential
 from connectors.api.sink import Sink, SinkBatch, SinkRecord, records_from_columns
 from connectors.config.models import RetryPolicy
 from connectors.dlq import DeadLetter
-from connectors.exceptions import FatalError, RetriableError, SinkBackpressureError, SkippableRecordError
+from connectors.exceptions import (
+    FatalError,
+    RetriableError,
+    SinkBackpressureError,
+    SinkBlockedError,
+    SkippableRecordError,
+)
 from connectors.runtime.supervision import retry_stop
 from connectors.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, version_of
 from schemas.columnar import ColumnarDecodeError, ColumnarDecoder
 from schemas.exceptions import SerdeError
 from schemas.serde import HEADER_BYTES, MARKER, split
 from sync_service.batching import RECORD_OVERHEAD_BYTES, Job
+from sync_service.isolation import write_isolating
 from sync_service.metrics import SyncMetrics
 
 log = logging.getLogger(__name__)
@@ -38,8 +45,10 @@ class Outcome:
 
     Attributes:
         job: the job.
-        status: ``"done"``, ``"backpressure"`` (write it again after ``retry_after``)
-            or ``"failed"`` (the sink's task failed: it is restarted with backoff).
+        status: ``"done"``, ``"backpressure"`` (write it again after ``retry_after``),
+            ``"blocked"`` (the target refuses any record: the sink is opened again and the
+            batch written again after a backoff, never dead-lettered) or ``"failed"`` (the
+            sink's task failed: it is restarted with backoff).
         applied: records applied (``done``).
         dead: records dead-lettered (``done``).
         elapsed_s: wall time of this attempt, seconds.
@@ -63,7 +72,9 @@ class Outcome:
 def _is_transient(exc: BaseException) -> bool:
     # backpressure is not retried here: the runtime pauses the partitions and
     # writes the batch again later, without a bound (quix-streams does the same)
-    return isinstance(exc, RetriableError) and not isinstance(exc, SinkBackpressureError)
+    # neither is a blocked target: it waits for a GRANT or a migration, which may take longer than
+    # the retry policy; the runtime waits for it without bound, partitions paused
+    return isinstance(exc, RetriableError) and not isinstance(exc, (SinkBackpressureError, SinkBlockedError))
 
 
 class BatchWriter:
@@ -443,6 +454,8 @@ class BatchWriter:
         except SinkBackpressureError as exc:
             return Outcome(job, "backpressure", retry_after=exc.retry_after, error=exc,
                            elapsed_s=time.monotonic() - start)
+        except SinkBlockedError as exc:  # never tolerated: the records are not at fault
+            return Outcome(job, "blocked", error=exc, elapsed_s=time.monotonic() - start)
         except Exception as exc:  # noqa: BLE001 - every other failure fails the sink's task, reported once
             if self.sink.config.errors.tolerance == "all" and not self.stop_on_error and not self.needs_open:
                 return self._tolerate(job, exc, start)
@@ -508,13 +521,18 @@ class BatchWriter:
             before_sleep=before_sleep,
             reraise=True,
         )
+        def write(part: SinkBatch) -> list[Any]:
+            if self.sink.splits_requests:
+                return self.sink.write(part)
+            with self.sink.limiter.slot(len(part.records)):
+                return self.sink.write(part)
+
         for attempt in retrying:
             with attempt:
                 job.attempts += 1
-                if self.sink.splits_requests:
-                    return self.sink.write(batch)
-                with self.sink.limiter.slot(len(batch.records)):
-                    return self.sink.write(batch)
+                # records over max_record_bytes refused unsent, a refused write bisected, failures
+                # judged by blast radius (sync_service/isolation.py)
+                return write_isolating(write, batch, self.sink.max_record_bytes)
         return []  # pragma: no cover - Retrying either returns or raises
 
     # -- dead letters -------------------------------------------------------------------------

@@ -10,9 +10,16 @@ returned, so a sink never commits anything itself.
 What ``write`` may do, and what the runtime does about it:
 
 * return normally, with a list of :class:`RecordFailure` for records the target
-  refused for good (a field Elasticsearch rejects, a value the database
-  refuses): those go to the dead letter topic, stage ``write``; the batch is
-  done;
+  refused (a field Elasticsearch rejects, a value the database refuses): the
+  runtime judges them (below); the batch is done;
+* raise :class:`~connectors.exceptions.BatchRefusedError` (a statement carrying
+  the batch failed because of some record, and the target did not say which):
+  the runtime writes halves of the batch until the refused records stand alone;
+* raise :class:`~connectors.exceptions.SinkBlockedError` (no privilege, missing
+  table or column, read-only, disk full: any record would hit it): the
+  partitions feeding the sink pause, ``blocked: ...`` shows in the status, and
+  the sink is opened again and the batch written again after a backoff,
+  without bound; nothing is dead-lettered, whatever ``errors.tolerance`` says;
 * raise :class:`~connectors.exceptions.SinkBackpressureError` (HTTP 429, lock
   timeout): the partitions feeding the sink are paused and the whole batch is
   written again after ``retry_after`` seconds, without bound (the target is
@@ -25,6 +32,25 @@ What ``write`` may do, and what the runtime does about it:
 
 Writing the same batch twice must change nothing (the update-topic contract of
 ``connectors/updates.py``: a version per key, applied only when newer).
+
+**Record error or target error: by blast radius** (``sync_service/isolation.py``
+applies the rule, once for every sink). A refused record goes to the dead letter
+topic only when
+
+* the target named *its data* as the reason (:attr:`RecordFailure.about_data`: a
+  value out of range or too long, an invalid value, a constraint on the data, a
+  field the index mapping refuses, a record over ``max_record_bytes``), or
+* another record of the same batch was applied: a retry of the record alone
+  reproduces the refusal while its neighbours succeed (a document Elasticsearch
+  answers 429 after every retry while the rest of its bulk is indexed).
+
+Any other refusal, including that of a batch of one record that has no
+neighbour to compare with, is the target's: the batch is blocked
+(:class:`~connectors.exceptions.SinkBlockedError`), never dead-lettered. A
+sink therefore raises :class:`~connectors.exceptions.SinkBlockedError` at
+once for errors it knows every record would hit (PostgreSQL SQLSTATE 42501,
+42P01, 42703, 25006, 53100; Elasticsearch ``cluster_block_exception``; S3
+``AccessDenied``), and returns or raises the others with what it knows.
 """
 
 from __future__ import annotations
@@ -237,15 +263,23 @@ class SinkBatch:
 
 @dataclass(frozen=True, slots=True)
 class RecordFailure:
-    """A record the target refused for good: it goes to the dead letter topic (stage ``write``).
+    """A record the target refused: it goes to the dead letter topic (stage ``write``) by the rule above.
 
     Attributes:
         record: the refused record.
         error: why, as an exception (its class name and message reach the DLQ headers).
+        about_data: ``True`` when the target named the record's data as the reason (a value
+            out of range or too long, an invalid value, a constraint on the data, a field the
+            mapping refuses): dead-lettered even when no other record of the batch was
+            applied. ``False`` (a per-record limit such as a document answered 429 after
+            every retry, or an unknown reason): dead-lettered only when another record of
+            the batch was applied; otherwise the batch is blocked (module docstring).
     """
 
     record: SinkRecord
     error: BaseException
+    about_data: bool = False
+
 
 
 def latest_per_key(records: Sequence[SinkRecord]) -> list[SinkRecord]:
@@ -350,9 +384,23 @@ class Sink(ABC):
         splits_requests: ``True`` when ``write`` sends several requests and holds
             ``limiter.slot()`` around each itself; otherwise the runtime holds one
             slot around the whole ``write``.
+        default_max_record_bytes: the target's own limit of one record, bytes (the
+            default of the config's ``max_record_bytes``); ``None``: none known.
     """
 
     splits_requests: ClassVar[bool] = False
+    default_max_record_bytes: ClassVar[int | None] = None
+
+    @property
+    def max_record_bytes(self) -> int | None:
+        """The largest record this sink writes, bytes of key and value as consumed; ``None``: no limit.
+
+        The config's ``max_record_bytes``, else the target's own limit
+        (:attr:`default_max_record_bytes`). A larger record goes to the dead letter topic
+        without being sent (the sink runtime checks it).
+        """
+        configured = getattr(self.config, "max_record_bytes", None)
+        return configured if configured is not None else self.default_max_record_bytes
 
     def __init__(self, config: SinkConnectorConfig, connection: Any, *, limiter: Limiter | None = None):
         self.config = config

@@ -339,8 +339,21 @@ class SourceConnectorConfig(ConnectorConfig):
 
 
 class SinkConnectorConfig(ConnectorConfig):
-    """Fields every sink connector has."""
+    """Fields every sink connector has.
+
+    ``max_record_bytes`` is a per-record limit: a record larger than it (key and value
+    bytes as consumed) is dead-lettered with the reason instead of being sent, so one
+    record the target can never take does not hold its partition. When unset, the
+    sink's target limit applies (``Sink.default_max_record_bytes``).
+    """
 
     role: ClassVar[Literal["source", "sink"]] = "sink"
 
     topics: list[TopicName] = Field(min_length=1, description="update topics this sink applies")
+    max_record_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="largest record the sink writes, bytes of key and value as consumed; a larger one goes to the "
+        "dead letter topic with the reason, unsent. Default: the target's own limit (Elasticsearch's "
+        "http.max_content_length, 100 MiB; PostgreSQL's 1 GiB per field; none for S3)",
+    )

@@ -10,7 +10,14 @@ from typing import Any
 
 from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
 from connectors.elasticsearch.connection import elasticsearch_client
-from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
+from connectors.exceptions import (
+    BatchRefusedError,
+    FatalError,
+    RetriableError,
+    SetupError,
+    SinkBackpressureError,
+    SinkBlockedError,
+)
 from connectors.redact import redact
 
 log = logging.getLogger(__name__)
@@ -18,6 +25,20 @@ log = logging.getLogger(__name__)
 
 class ElasticsearchItemError(Exception):
     """Elasticsearch refused one document of a bulk request (the item's status and reason)."""
+
+
+class ElasticsearchThrottledError(ElasticsearchItemError):
+    """Elasticsearch answered one document 429 (or 413) on every retry of ``item_retries``."""
+
+
+# item errors any document would get: the index or cluster refuses writes, not this document
+# (a write block or the flood-stage disk watermark, a closed or missing index, no privilege)
+TARGET_ITEM_ERRORS = frozenset({
+    "cluster_block_exception", "index_closed_exception", "index_not_found_exception", "security_exception",
+})
+
+HTTP_MAX_CONTENT_LENGTH = 100 * 1024 * 1024
+"""Elasticsearch's default ``http.max_content_length`` (100 MiB): no request, hence no document, is larger."""
 
 
 def doc_id(key: Any) -> str:
@@ -63,14 +84,25 @@ class ElasticsearchSink(Sink):
     already JSON from the columns) and sent with the client's ``bulk`` API
     concurrently up to the adaptive concurrency limit. Per-item results are read
     when the answer says ``errors`` (even with HTTP 200): 2xx, 409 and a 404 on delete are success;
-    items answered 429 are retried alone (``item_retries``, with backoff) and,
-    if still refused, the whole batch is :class:`SinkBackpressureError`; 5xx
-    items make the batch :class:`RetriableError`; any other refusal (a field the
-    mapping rejects, ...) sends that record to the dead letter topic.
+    items answered 429 are retried alone (``item_retries``, with backoff); 5xx
+    items make the batch :class:`RetriableError`; an item error any document
+    would get (``cluster_block_exception``: a write block or the flood-stage
+    disk watermark; a closed or missing index; no privilege) blocks the sink
+    (:class:`SinkBlockedError`, nothing dead-lettered); any other refusal (a
+    field the mapping rejects, an immense term...) is about the record's data:
+    it goes to the dead letter topic.
 
-    Backpressure: HTTP 429 on the request or on items, and slow answers, which
-    also lower the concurrency limit. Uses only APIs the minimal integ-test
-    server has (bulk, cluster health).
+    Per-record limits: items still answered 429 (or 413) after ``item_retries``
+    while at least half of their bulk request was indexed are that record's
+    refusal, not throughput: they are returned as failures not about their data,
+    and the sink runtime dead-letters them because their neighbours were applied
+    (``sync_service/isolation.py``). A document larger than ``max_record_bytes``
+    (default ``http.max_content_length``, 100 MiB) is dead-lettered unsent, and a
+    request answered 413 is bisected by the runtime down to its document.
+
+    Backpressure: HTTP 429 on the request, or on most items of a bulk request
+    after ``item_retries``, and slow answers, which also lower the concurrency
+    limit. Uses only APIs the minimal integ-test server has (bulk, cluster health).
 
     Example::
 
@@ -83,6 +115,7 @@ class ElasticsearchSink(Sink):
     """
 
     splits_requests = True
+    default_max_record_bytes = HTTP_MAX_CONTENT_LENGTH
 
     def __init__(self, config: Any, connection: Any, **kwargs: Any):
         super().__init__(config, connection, **kwargs)
@@ -99,7 +132,7 @@ class ElasticsearchSink(Sink):
         from elasticsearch import OrjsonSerializer
 
         self.client = elasticsearch_client(self.connection)
-        self._serializer = OrjsonSerializer()  # the client's own (connectors/clients.py), for per-record documents
+        self._serializer = OrjsonSerializer()  # the client's own (connectors/elasticsearch/connection.py), for per-record documents
         self._pool = ThreadPoolExecutor(max_workers=self.config.max_concurrency, thread_name_prefix=f"es-{self.name}")
         self.check()
 
@@ -169,10 +202,17 @@ class ElasticsearchSink(Sink):
     def write(self, batch: SinkBatch) -> list[RecordFailure]:
         """Send the batch's newest update per key in concurrent bulk requests.
 
+        Returns:
+            The refused records: about their data (a mapping error), or not (429 or 413 after the
+            retries while most of their bulk request was indexed).
+
         Raises:
-            SinkBackpressureError: 429 on a request, or on items after ``item_retries``.
+            SinkBackpressureError: 429 on a request, or on most items of one after ``item_retries``.
+            SinkBlockedError: items refused for a reason any document would get (a write block,
+                a closed or missing index, no privilege), or the request answered 401/403.
+            BatchRefusedError: a request answered 413 (too large): the runtime bisects the batch.
             RetriableError: the cluster cannot be reached, a 5xx, or 5xx items.
-            FatalError: the cluster refused the request itself (4xx other than 429).
+            FatalError: the cluster refused the request itself (another 4xx).
         """
         assert self._pool is not None, "open() first"
         failures: list[RecordFailure] = []
@@ -186,7 +226,7 @@ class ElasticsearchSink(Sink):
             try:
                 lines = self._lines(record, sources.get(id(record)))
             except ValueError as exc:
-                failures.append(RecordFailure(record, exc))
+                failures.append(RecordFailure(record, exc, about_data=True))
                 continue
             full = len(chunks[-1]) >= self.config.chunk_records or size + len(lines) > self.config.chunk_bytes
             if chunks[-1] and full:
@@ -195,19 +235,30 @@ class ElasticsearchSink(Sink):
             chunks[-1].append((record, lines))
             size += len(lines)
         futures = [self._pool.submit(self._send, chunk) for chunk in chunks if chunk]
+        sent = sum(len(chunk) for chunk in chunks)
         errors: list[BaseException] = []
         for future in futures:
             try:
                 failures.extend(future.result())
-            except (SinkBackpressureError, RetriableError, FatalError) as exc:
+            except (SinkBackpressureError, RetriableError, FatalError, BatchRefusedError) as exc:
                 errors.append(exc)
         if errors:
-            # the strongest error wins: fatal stops, transient retries, backpressure waits
-            for kind in (FatalError, RetriableError):
+            # the strongest error wins: fatal stops, blocked waits for the target, transient retries,
+            # a refused request is bisected, backpressure waits
+            for kind in (FatalError, SinkBlockedError, RetriableError, BatchRefusedError):
                 for exc in errors:
                     if isinstance(exc, kind) and not isinstance(exc, SinkBackpressureError):
                         raise exc
             raise errors[0]
+        throttled = sum(1 for f in failures if isinstance(f.error, ElasticsearchThrottledError))
+        if throttled * 2 > sent:
+            # most of the batch refused on every retry (or a batch of one): the cluster is busy
+            # (throughput), not refusing these documents; all of it is written again later
+            self.limiter.backpressure()
+            raise SinkBackpressureError(2.0, f"sink {self.name!r}: {throttled} of {sent} item(s) still answered "
+                                             "429 after the retries")
+        # fewer: those documents hit a per-record limit (indexing pressure on one large document)
+        # while the rest was indexed; the sink runtime dead-letters them (their neighbours were applied)
         return failures
 
     def _ensure_index(self, records: list[SinkRecord]) -> None:
@@ -270,6 +321,13 @@ class ElasticsearchSink(Sink):
                 raise SinkBackpressureError(2.0, f"sink {self.name!r}: Elasticsearch answered 429") from exc
             if exc.meta.status >= 500:
                 raise RetriableError(f"sink {self.name!r}: Elasticsearch answered {exc.meta.status}: {exc}") from exc
+            if exc.meta.status == 413:  # the request is over http.max_content_length: bisected down to the document
+                raise BatchRefusedError(
+                    f"sink {self.name!r}: Elasticsearch refused a bulk request of {len(chunk)} action(s) as too "
+                    f"large (413)", about_data=True) from exc
+            if exc.meta.status in (401, 403):
+                raise SinkBlockedError(f"Elasticsearch refused the bulk request ({exc.meta.status}): "
+                                       f"{redact(str(exc))} (sink {self.name!r})") from exc
             raise FatalError(f"sink {self.name!r}: Elasticsearch refused a bulk request ({exc.meta.status}): "
                              f"{exc}") from exc
         except TransportError as exc:
@@ -280,14 +338,21 @@ class ElasticsearchSink(Sink):
 
         The per-item results are read only when the answer says ``errors`` (the
         common case reads nothing per item): 2xx, 409 (a newer version is there)
-        and 404 on delete are applied; 429 items are sent again; 5xx items make the
-        batch retriable; any other refusal is the record's dead letter.
+        and 404 on delete are applied; 429 (and 413) items are sent again; 5xx items
+        make the batch retriable; an error any document would get blocks the sink;
+        any other refusal is about the record's data.
 
         Returns:
-            The refused records.
+            The refused records: about their data, or (:class:`ElasticsearchThrottledError`)
+            still answered 429/413 after the retries, which :meth:`write` judges.
+
+        Raises:
+            SinkBlockedError: an item error any document would get.
+            RetriableError: 5xx items.
         """
         failures: list[RecordFailure] = []
         pending = chunk
+        last: dict[int, str] = {}  # id(record) -> the answer of its last refusal (429/413)
         for attempt in range(self.config.item_retries + 1):
             if attempt:
                 time.sleep(min(10.0, 0.5 * 2 ** (attempt - 1)))
@@ -301,21 +366,32 @@ class ElasticsearchSink(Sink):
                 status = int(info.get("status", 0))
                 if status < 300 or status == 409 or (status == 404 and op == "delete"):
                     continue  # applied / a newer version is already there / nothing to delete
-                if status == 429:
+                error = info.get("error") or {}
+                reason = error.get("reason") if isinstance(error, dict) else str(error)
+                etype = error.get("type") if isinstance(error, dict) else "error"
+                if etype in TARGET_ITEM_ERRORS or status in (401, 403):
+                    # before 429: the flood-stage block answers 429 too, and waits for disk space, not for load
+                    raise SinkBlockedError(f"index {self.config.index!r} refuses writes ({status} {etype}): {reason} "
+                                           f"(sink {self.name!r})")
+                if status in (429, 413):
                     throttled.append((record, lines))
+                    last[id(record)] = f"{status} {etype}: {reason}"
                 elif status >= 500:
                     retry_items += 1
                 else:
-                    error = info.get("error") or {}
-                    reason = error.get("reason") if isinstance(error, dict) else str(error)
-                    etype = error.get("type") if isinstance(error, dict) else "error"
                     exc = ElasticsearchItemError(f"{record.where()}: index {self.config.index!r} refused _id "
                                                  f"{info.get('_id')!r} ({status} {etype}): {reason}")
-                    failures.append(RecordFailure(record, exc))
+                    failures.append(RecordFailure(record, exc, about_data=True))
             if retry_items:
                 raise RetriableError(f"sink {self.name!r}: {retry_items} item(s) failed with 5xx")
             if not throttled:
                 return failures
             pending = throttled
-        self.limiter.backpressure()
-        raise SinkBackpressureError(2.0, f"sink {self.name!r}: {len(pending)} item(s) still answered 429")
+        # judged by write() over the whole batch: throughput (backpressure) or these documents' own limit
+        for record, _lines in pending:
+            exc = ElasticsearchThrottledError(
+                f"{record.where()}: index {self.config.index!r} refused the document on "
+                f"{self.config.item_retries + 1} attempt(s) ({last[id(record)]}) while other documents of the "
+                "batch were indexed")
+            failures.append(RecordFailure(record, exc))
+        return failures

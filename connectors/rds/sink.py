@@ -28,7 +28,14 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError, NoSuchTableError, SQLAlchemyError
 
 from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
-from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
+from connectors.exceptions import (
+    BatchRefusedError,
+    FatalError,
+    RetriableError,
+    SetupError,
+    SinkBackpressureError,
+    SinkBlockedError,
+)
 from connectors.rds.connection import sql_engine
 from connectors.rds.errors import classify as classify_db_error
 from connectors.rds.reading import MYSQL_DIALECTS, utc_sessions
@@ -69,16 +76,16 @@ def _utc_wall_time(table: Any) -> Any:
     return table
 
 
-class _RecordProblem(Exception):
-    """A statement failed because of the data it carried (bisect to find the record).
+class _RecordProblem(BatchRefusedError):
+    """A statement failed because of the data it carried (the sink runtime bisects to find the record).
 
     ``error`` is the database's error, re-created from its first line only: the
     dead letter names the problem without SQLAlchemy's statement and parameters.
     """
 
-    def __init__(self, text: str, error: BaseException | None = None):
-        super().__init__(text)
-        self.error = error
+
+class _NotColumns(ValueError):
+    """An upsert's value has fields the table has no column for."""
 
 
 class RdsSink(Sink):
@@ -112,9 +119,15 @@ class RdsSink(Sink):
     timeout, a deadlock, a serialization failure or too many connections raise
     :class:`SinkBackpressureError`; the runtime pauses the partitions feeding
     this sink and writes the batch again later. Lost connections are
-    :class:`RetriableError`. A record the database refuses (a value out of
-    range, a NUL byte in text, a missing key field) is found by bisecting the
-    batch and goes to the dead letter topic; the rest is applied.
+    :class:`RetriableError`. An error any record would hit (no privilege, a
+    missing table or column, a read-only database, a full disk; or a value field
+    that is not a column of the table) is :class:`SinkBlockedError`: the
+    partitions pause and the sink is opened again (the table reflected again)
+    and the batch written again after a backoff, nothing is dead-lettered. A
+    record the database refuses for its data (a value out of range, a NUL byte
+    in text, a missing key field, SQLSTATE classes 22, 23, 54) makes the
+    transaction raise :class:`BatchRefusedError`; the sink runtime bisects the
+    batch to find it, and it goes to the dead letter topic; the rest is applied.
 
     Example::
 
@@ -126,6 +139,8 @@ class RdsSink(Sink):
           key: [flight_id]
           create_table: true
     """
+
+    default_max_record_bytes = 1024**3  # PostgreSQL's limit of one field value (1 GiB)
 
     def __init__(self, config: Any, connection: Any, **kwargs: Any):
         super().__init__(config, connection, **kwargs)
@@ -269,9 +284,15 @@ class RdsSink(Sink):
     def write(self, batch: SinkBatch) -> list[RecordFailure]:
         """Upsert and delete the batch's newest update per key, in one transaction when all is well.
 
+        Returns:
+            The records refused before any statement (a key without the table's key fields), about their data.
+
         Raises:
             SinkBackpressureError: a lock, a timeout or too many connections.
             RetriableError: the connection was lost.
+            SinkBlockedError: any record would fail (a privilege, a missing table or column, read-only,
+                disk full), or a value has fields that are not columns of the table.
+            BatchRefusedError: the transaction failed because of some record's data (bisected by the runtime).
         """
         records = latest_per_key(batch.records)
         if self.table is None:
@@ -287,19 +308,16 @@ class RdsSink(Sink):
         for record in records:
             try:
                 rows.append((record, self._values(record)))
+            except _NotColumns as exc:
+                # every record of this writer schema would hit it: a migration is due (or under way)
+                raise SinkBlockedError(str(exc)) from exc
             except ValueError as exc:
-                failures.append(RecordFailure(record, exc))
+                failures.append(RecordFailure(record, exc, about_data=True))
         start = time.monotonic()
-        if columns:
-            try:
-                self._transaction(rows, columns)
-                rows = []
-            except _RecordProblem:
-                # a refused value: the per-record path bisects the whole batch to find it
-                for records_of, _table in columns:
-                    rows += [(r, self._values(r)) for r in records_of]
-                rows.sort(key=lambda row: row[0].offset)
-        self._apply(rows, failures)
+        if columns or rows:
+            # one transaction; a refused value raises BatchRefusedError, and the sink runtime
+            # writes halves of the batch until the record stands alone (sync_service/isolation.py)
+            self._transaction(rows, columns)
         log.debug(
             "sink=%s table=%s records=%d elapsed_s=%.3f",
             self.name,
@@ -379,26 +397,13 @@ class RdsSink(Sink):
         names, nulls, _get, _json, _direct = self._layout()
         if not names.issuperset(record.value):
             unknown = sorted(set(record.value) - names)
-            raise ValueError(f"{record.where()}: field(s) {unknown} are not columns of table {self._qualified()!r}")
+            raise _NotColumns(f"field(s) {unknown} of {record.where()} are not columns of table "
+                              f"{self._qualified()!r}")
         row = nulls.copy()
         row.update(record.value)
         row.update(keys)
         row[self.config.version_column] = record.version
         return row
-
-    def _apply(self, rows: list[tuple[SinkRecord, tuple[Any, ...] | None]], failures: list[RecordFailure]) -> None:
-        """Apply ``rows`` in one transaction; on a data error, bisect to find the refused records."""
-        if not rows:
-            return
-        try:
-            self._transaction(rows)
-        except _RecordProblem as exc:
-            if len(rows) == 1:
-                failures.append(RecordFailure(rows[0][0], exc.error or exc))
-                return
-            mid = len(rows) // 2
-            self._apply(rows[:mid], failures)
-            self._apply(rows[mid:], failures)
 
     def _columnar(
         self, batch: SinkBatch, records: list[SinkRecord]
@@ -547,12 +552,17 @@ class RdsSink(Sink):
         """Map a failed transaction to what the runtime does, by the server's code (:mod:`connectors.rds.errors`).
 
         Busy (lock, timeout, deadlock) is backpressure, transient (connection,
-        shutdown, resources) is retried, a refused value (SQLSTATE classes 22,
-        23, 42, 54; MySQL's data errors) is bisected down to its record, which
-        goes to the dead letter topic; anything else stops the sink.
+        shutdown, resources) is retried, an error of the target (privilege,
+        missing table or column, read-only, disk full) blocks the sink, a
+        refused value (SQLSTATE classes 22, 23, 54; MySQL's data errors) is
+        bisected down to its record, which goes to the dead letter topic, and so
+        is an internal error (class XX) whose record's neighbours are applied;
+        anything else stops the sink.
         """
         if isinstance(exc, _RecordProblem):
             return exc
+        if isinstance(exc, _NotColumns):
+            return SinkBlockedError(str(exc))
         if not isinstance(exc, DBAPIError) and isinstance(exc, (ValueError, TypeError)):
             return _RecordProblem(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         meaning = classify_db_error(exc, self._dialect)
@@ -561,14 +571,17 @@ class RdsSink(Sink):
             return SinkBackpressureError(1.0, f"sink {self.name!r}: database busy ({code}): {text}")
         if meaning.meaning == "transient":
             return RetriableError(f"sink {self.name!r}: database unavailable ({code or 'no answer'}): {text}")
-        if meaning.meaning == "record":
+        if meaning.meaning == "target":
+            # the database's words first: the status document shows "blocked: permission denied for table ..."
+            return SinkBlockedError(f"{text} ({code or 'no code'}, sink {self.name!r}, table {self._qualified()!r})")
+        if meaning.meaning in ("record", "suspect"):
             orig = exc.orig if isinstance(exc, DBAPIError) else exc
             prefix = f"{code}: " if code else ""
             try:
                 error = type(orig)(prefix + text) if isinstance(orig, Exception) else None
             except Exception:  # noqa: BLE001 - an exception class with another signature
                 error = None
-            return _RecordProblem(prefix + text, error)
+            return _RecordProblem(prefix + text, error, about_data=meaning.meaning == "record")
         return FatalError(f"sink {self.name!r}: cannot write table {self._qualified()!r} ({code}): {text}")
 
     def _upsert_statement(self) -> Any:

@@ -13,7 +13,7 @@ from s3transfer.subscribers import BaseSubscriber
 
 from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord
 from connectors.config.models import BatchPolicy
-from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError
+from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError, SinkBlockedError
 from connectors.s3.connection import s3_client
 from connectors.s3.formats import ParquetSchemas, encode_avro, encode_jsonl, encode_parquet
 
@@ -351,7 +351,7 @@ class S3Sink(Sink):
                     good.append(record)
                 except (ValueError, TypeError, OverflowError) as one:
                     bad += 1
-                    failures.append(RecordFailure(record, type(one)(f"{record.where()}: {one}")))
+                    failures.append(RecordFailure(record, type(one)(f"{record.where()}: {one}"), about_data=True))
             log.warning("sink=%s object=%s: %d record(s) not encodable: %s", self.name, obj.key, bad, exc)
             return good, self.encode(obj, good) if good else b""
 
@@ -366,7 +366,9 @@ class S3Sink(Sink):
             if code in _BUSY_CODES or "SlowDown" in text or "503" in text:
                 return SinkBackpressureError(2.0, f"sink {self.name!r}: S3 slow down on {key}")
             if code in _FATAL_CODES or any(c in text for c in _FATAL_CODES):
-                return FatalError(f"sink {self.name!r}: cannot write s3://{self.config.bucket}/{key}: {text}")
+                # any object would get it (the bucket gone, access denied): the target's error, the sink
+                # blocks and writes the batch again once the bucket or the policy is back
+                return SinkBlockedError(f"cannot write s3://{self.config.bucket}/{key}: {text} (sink {self.name!r})")
             return RetriableError(f"sink {self.name!r}: upload of {key} failed: {text}")
         if isinstance(exc, BotoCoreError):
             return RetriableError(f"sink {self.name!r}: S3 unreachable uploading {key}: {exc}")
@@ -391,8 +393,8 @@ class S3Sink(Sink):
         Raises:
             SinkBackpressureError: S3 answered ``SlowDown``/503.
             RetriableError: S3 unreachable or another transient error.
-            FatalError: the bucket is gone or access is denied (wins over the others when
-                several uploads failed).
+            SinkBlockedError: the bucket is gone or access is denied (wins over the others when
+                several uploads failed): the sink blocks, nothing is dead-lettered.
         """
         failures: list[RecordFailure] = []
         slots = threading.BoundedSemaphore(self.config.max_concurrency)
@@ -428,7 +430,7 @@ class S3Sink(Sink):
                     errors.append((key, exc))
         if errors:
             mapped = [(self._upload_error(key, exc), exc) for key, exc in errors]
-            rank = {FatalError: 0, SinkBackpressureError: 1}
+            rank = {FatalError: 0, SinkBlockedError: 0, SinkBackpressureError: 1}
             error, cause = min(mapped, key=lambda m: rank.get(type(m[0]), 2))
             raise error from cause
         return failures

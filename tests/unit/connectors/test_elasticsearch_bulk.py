@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
 import pytest
 
-from connectors.api.sink import SinkRecord
+from connectors.api.sink import SinkBatch, SinkRecord
 from connectors.elasticsearch.config import ElasticsearchSinkConfig
-from connectors.elasticsearch.sink import ElasticsearchItemError, ElasticsearchSink
-from connectors.exceptions import RetriableError, SinkBackpressureError
+from connectors.elasticsearch.sink import ElasticsearchItemError, ElasticsearchSink, ElasticsearchThrottledError
+from connectors.exceptions import RetriableError, SinkBackpressureError, SinkBlockedError
 
 
 class ScriptedClient:
@@ -62,11 +63,50 @@ def test_items_answered_429_are_sent_again_alone_and_refused_ones_are_failures()
     assert isinstance(failures[0].error, ElasticsearchItemError) and "t[0]@2" in str(failures[0].error)
 
 
-def test_items_still_429_after_the_retries_are_backpressure() -> None:
-    client = ScriptedClient([[429, 201], [429]])
-    s = sink(client, item_retries=1)
+def _batch(n: int) -> SinkBatch:
+    return SinkBatch("t", 0, 0, n - 1, [SinkRecord("t", 0, i, i, {"a": i}, i + 1) for i in range(n)])
+
+
+def _writing(s: ElasticsearchSink) -> ElasticsearchSink:
+    s._pool = ThreadPoolExecutor(1)
+    s._index_ready = True
+    return s
+
+
+def test_most_items_still_429_after_the_retries_are_backpressure() -> None:
+    client = ScriptedClient([[429, 429, 201], [429, 429]])
+    s = _writing(sink(client, item_retries=1))
     with pytest.raises(SinkBackpressureError):
-        s._send(chunk(s, 2))
+        s.write(_batch(3))
+
+
+def test_a_lone_item_still_429_after_the_retries_is_backpressure() -> None:
+    s = _writing(sink(ScriptedClient([[429], [429]]), item_retries=1))
+    with pytest.raises(SinkBackpressureError):
+        s.write(_batch(1))
+
+
+def test_a_few_items_still_429_while_the_rest_is_indexed_are_refused_not_about_their_data() -> None:
+    client = ScriptedClient([[201, 429, 201, 201], [429], [429]])
+    s = _writing(sink(client, item_retries=2))
+    failures = s.write(_batch(4))
+    assert client.sent == [["0", "1", "2", "3"], ["1"], ["1"]]
+    assert [(f.record.offset, f.about_data) for f in failures] == [(1, False)]
+    assert isinstance(failures[0].error, ElasticsearchThrottledError) and "3 attempt(s)" in str(failures[0].error)
+
+
+def test_a_write_block_on_items_blocks_the_sink() -> None:
+    class Blocked(ScriptedClient):
+        def bulk(self, operations: bytes, filter_path: str) -> dict[str, Any]:
+            answer = super().bulk(operations, filter_path)
+            for item in answer["items"]:
+                item["index"]["error"] = {"type": "cluster_block_exception", "reason": "index [i] blocked by: "
+                                          "[TOO_MANY_REQUESTS/12/disk usage exceeded flood-stage watermark]"}
+            return answer
+
+    s = _writing(sink(Blocked([[429, 429]])))
+    with pytest.raises(SinkBlockedError, match="flood-stage"):
+        s.write(_batch(2))
 
 
 def test_items_answered_5xx_make_the_batch_retriable() -> None:

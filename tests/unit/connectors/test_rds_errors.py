@@ -24,10 +24,15 @@ def _pg(sqlstate: str) -> Exception:
         ("42804", "record"),  # datatype mismatch
         ("08006", "transient"),  # connection failure
         ("57P01", "transient"),  # admin shutdown
-        ("53100", "busy"),
+        ("53200", "busy"),
         ("40001", "busy"),
         ("55P03", "busy"),
-        ("42P01", "record"),
+        ("42P01", "target"),  # undefined table: any record would hit it (issue #40)
+        ("42501", "target"),  # insufficient privilege
+        ("42703", "target"),  # undefined column
+        ("25006", "target"),  # read-only transaction
+        ("53100", "target"),  # disk full
+        ("XX000", "suspect"),  # internal error: a record error only if its neighbours succeed
         ("0A000", "fatal"),
     ],
 )
@@ -47,7 +52,7 @@ def test_no_server_answer_is_transient() -> None:
 
 @pytest.mark.parametrize(
     ("code", "meaning"),
-    [(1406, "record"), (3819, "record"), (4025, "record"), (1205, "busy"), (2013, "transient"), (1146, "fatal")],
+    [(1406, "record"), (3819, "record"), (4025, "record"), (1205, "busy"), (2013, "transient"), (1146, "target"), (1142, "target"), (1290, "target"), (1105, "fatal")],
 )
 def test_mysql_by_error_number(code: int, meaning: str) -> None:
     class OperationalErrorLike(Exception):

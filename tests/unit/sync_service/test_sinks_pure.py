@@ -230,8 +230,8 @@ def _client_error(code: str) -> Exception:
     [
         (_client_error("SlowDown"), "SinkBackpressureError"),
         (_client_error("503"), "SinkBackpressureError"),
-        (_client_error("NoSuchBucket"), "FatalError"),
-        (_client_error("AccessDenied"), "FatalError"),
+        (_client_error("NoSuchBucket"), "SinkBlockedError"),
+        (_client_error("AccessDenied"), "SinkBlockedError"),
         (_client_error("InternalError"), "RetriableError"),
     ],
 )
