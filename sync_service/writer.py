@@ -19,7 +19,7 @@ from connectors.config.models import RetryPolicy
 from connectors.dlq import DeadLetter
 from connectors.exceptions import FatalError, RetriableError, SinkBackpressureError, SkippableRecordError
 from connectors.runtime.sink import Sink, SinkBatch, SinkRecord, records_from_columns
-from connectors.runtime.supervision import retry_stop
+from connectors.runtime.supervision import StopRequested, retry_stop, stoppable_sleep
 from connectors.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, version_of
 from schemas.columnar import ColumnarDecodeError, ColumnarDecoder
 from schemas.exceptions import SerdeError
@@ -80,6 +80,8 @@ class BatchWriter:
         stop_on_error: raise instead of dead-lettering a bad record.
         columnar: the columnar value decoder (shared by the service's writers); one on
             ``deserializer.resolver`` when ``None``.
+        stop: the service's stop event: once set, a write's retries end (no attempt after it, a
+            backoff it interrupts ends at once) and the batch fails uncommitted (``None``: never).
     """
 
     def __init__(
@@ -93,8 +95,10 @@ class BatchWriter:
         metrics: SyncMetrics,
         stop_on_error: bool = False,
         columnar: ColumnarDecoder | None = None,
+        stop: threading.Event | None = None,
     ):
         self.service = service
+        self.stop = stop
         self.sink = sink
         self.deserializer = deserializer
         self.producer = producer
@@ -443,6 +447,8 @@ class BatchWriter:
         except SinkBackpressureError as exc:
             return Outcome(job, "backpressure", retry_after=exc.retry_after, error=exc,
                            elapsed_s=time.monotonic() - start)
+        except StopRequested as exc:  # the service stops: the batch stays uncommitted, never dead-lettered
+            return Outcome(job, "failed", error=exc, elapsed_s=time.monotonic() - start)
         except Exception as exc:  # noqa: BLE001 - every other failure fails the sink's task, reported once
             if self.sink.config.errors.tolerance == "all" and not self.stop_on_error and not self.needs_open:
                 return self._tolerate(job, exc, start)
@@ -501,20 +507,28 @@ class BatchWriter:
                 state.outcome.exception() if state.outcome else "",
             )
 
+        # a stop of the service ends the streak: no attempt after it, and an interrupted backoff raises
+        # StopRequested instead of starting the next attempt at once (the pool's shutdown waits for this thread)
         retrying = Retrying(
-            stop=retry_stop(self.sink.config.errors, self.retry),
+            stop=retry_stop(self.sink.config.errors, self.retry, self.stop),
             wait=wait_random_exponential(multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s),
+            sleep=stoppable_sleep(self.stop),
             retry=retry_if_exception(_is_transient),
             before_sleep=before_sleep,
             reraise=True,
         )
-        for attempt in retrying:
-            with attempt:
-                job.attempts += 1
-                if self.sink.splits_requests:
-                    return self.sink.write(batch)
-                with self.sink.limiter.slot(len(batch.records)):
-                    return self.sink.write(batch)
+        try:
+            for attempt in retrying:
+                with attempt:
+                    job.attempts += 1
+                    if self.sink.splits_requests:
+                        return self.sink.write(batch)
+                    with self.sink.limiter.slot(len(batch.records)):
+                        return self.sink.write(batch)
+        except RetriableError as exc:
+            if self.stop is not None and self.stop.is_set() and _is_transient(exc):
+                raise StopRequested(f"sink {self.sink.name!r}: stop requested while retrying: {exc}") from exc
+            raise
         return []  # pragma: no cover - Retrying either returns or raises
 
     # -- dead letters -------------------------------------------------------------------------
