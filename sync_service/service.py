@@ -302,7 +302,10 @@ class SyncService:
         for slot in self.slots:  # the writers' retries end on the event this loop stops on
             slot.writer.stop = self._stop
         if self.config.metrics_port and self._serve:
-            self.metrics.serve(self.config.metrics_port, status=lambda: {"sync": [self.status()]})
+            token = self.config.metrics_token
+            self.metrics.serve(self.config.metrics_port, self.config.metrics_host,
+                               status=lambda: {"sync": [self.status()]},
+                               token=token.get_secret_value() if token is not None else None)
         try:
             while not self._stop.is_set() and self._fatal is None:
                 self.step()

@@ -414,3 +414,17 @@ class SinkConnectorConfig(ConnectorConfig):
     role: ClassVar[Literal["source", "sink"]] = "sink"
 
     topics: list[TopicName] = Field(min_length=1, description="update topics this sink applies")
+
+
+def metrics_endpoint_problem(host: str, token: Any) -> str | None:
+    """Why a ``metrics_host`` / ``metrics_token`` pair is refused, ``None`` when it is fine.
+
+    Every status and metrics endpoint binds ``127.0.0.1`` by default; another address
+    serves topics, positions and error texts to the network, so it needs a bearer token.
+    """
+    from connectors.status.http import is_loopback
+
+    if not is_loopback(host) and (token is None or not token.get_secret_value()):
+        return (f"metrics_host {host!r} is not a loopback address: set metrics_token (e.g. ${{env:METRICS_TOKEN}}); "
+                "clients then send 'Authorization: Bearer <token>'")
+    return None

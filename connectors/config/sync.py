@@ -6,9 +6,9 @@ as a discriminated union of the registered sink config models.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
-from connectors.config.models import BatchPolicy, Name, RetryPolicy, StrictModel, TopicName
+from connectors.config.models import BatchPolicy, Name, RetryPolicy, StrictModel, TopicName, metrics_endpoint_problem
 
 
 class SyncServiceBase(StrictModel):
@@ -41,11 +41,22 @@ class SyncServiceBase(StrictModel):
         60.0, gt=0, description="on revoke, how long in-flight writes may take before the commit"
     )
     metrics_port: int | None = Field(None, ge=1, le=65535)
+    metrics_host: str = Field("127.0.0.1", description="address metrics_port binds; any other than loopback needs "
+                              "metrics_token")
+    metrics_token: SecretStr | None = Field(None, description="bearer token every request to metrics_port must carry "
+                                            "(Authorization: Bearer ...), e.g. ${env:METRICS_TOKEN}")
 
     @model_validator(mode="after")
     def _poll_interval_covers_session(self) -> SyncServiceBase:
         if self.max_poll_interval_ms < self.session_timeout_ms:
             raise ValueError("max_poll_interval_ms must be >= session_timeout_ms (a librdkafka rule)")
+        return self
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> SyncServiceBase:
+        problem = metrics_endpoint_problem(self.metrics_host, self.metrics_token)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def consumer_group(self) -> str:
