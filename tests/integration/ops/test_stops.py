@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from connectors.config.models import KafkaConfig, RdsConnection
-from tests.integration.ops.helpers import accept_all, fail_key, rows
+from tests.integration.ops.helpers import accept_all, fail_key, free_port, rows
 from tests.integration.sync.helpers import UpdateProducer, create_topic, wait_until
 
 THREES = str(Path(sys.executable).with_name("threes"))
@@ -61,6 +61,17 @@ def start(args: list[str], cwd: Path) -> tuple[subprocess.Popen[str], Output]:
     return process, Output(process)
 
 
+def listening_on(port: int) -> set[str]:
+    """The IPv4 addresses a socket LISTENs on ``port`` at (``/proc/net/tcp``), e.g. ``{"127.0.0.1"}``."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        addr, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: TCP_LISTEN
+            found.add(".".join(str(b) for b in reversed(bytes.fromhex(addr))))
+    return found
+
+
 def stop_within_bound(process: subprocess.Popen[str], out: Output, attempt: str) -> tuple[int, float]:
     """SIGTERM, then the exit code and the attempts logged after the signal (at most one may be under way)."""
     before = out.count(attempt)
@@ -94,12 +105,15 @@ def test_source_retrying_a_wrong_password_stops_on_sigterm(tmp_path: Path, kafka
     }
     config = tmp_path / "pipeline.yaml"
     config.write_text(yaml.safe_dump(doc))
-    process, out = start(["source", "run", str(config), "--offsets-topic", f"offsets.{unique}"], tmp_path)
+    port = free_port()
+    process, out = start(["source", "run", str(config), "--offsets-topic", f"offsets.{unique}",
+                          "--metrics-port", str(port)], tmp_path)
     attempt = r"transient failure \(attempt \d+"
     try:
         wait_until(lambda: out.count(attempt) >= 2 or process.poll() is not None, 120, "two failed connections")
         assert process.poll() is None, out.text
         assert "password authentication failed" in out.text, out.text
+        assert listening_on(port) == {"127.0.0.1"}  # --metrics-port binds loopback unless --metrics-host says
         code, _took = stop_within_bound(process, out, attempt)
     finally:
         if process.poll() is None:
@@ -117,7 +131,7 @@ def test_sync_retrying_a_refused_write_stops_on_sigterm(tmp_path: Path, kafka: K
         "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
         "connections": {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}},
         "sync": [{
-            "name": f"stops-{unique}", "dead_letter_topic": f"dlq.{unique}",
+            "name": f"stops-{unique}", "dead_letter_topic": f"dlq.{unique}", "metrics_port": free_port(),
             "batch": {"max_records": 5, "max_age_ms": 100},
             "retry": {"initial_backoff_s": 0.1, "max_backoff_s": 0.5},
             "sinks": [{
@@ -138,6 +152,7 @@ def test_sync_retrying_a_refused_write_stops_on_sigterm(tmp_path: Path, kafka: K
     try:
         wait_until(lambda: len(rows(pg_engine, table)) == 5 or process.poll() is not None, 120, "the first rows")
         assert process.poll() is None, out.text
+        assert listening_on(doc["sync"][0]["metrics_port"]) == {"127.0.0.1"}  # metrics_host's default
         fail_key(pg_engine, table, BAD)  # a transient SQLSTATE on every write of BAD: retried forever
         producer.send(BAD, 1)
         producer.flush()
