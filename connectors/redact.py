@@ -107,6 +107,28 @@ def redact(text: str) -> str:
     return text
 
 
+def redact_document(value: Any) -> Any:
+    """A copy of a JSON-like document with every string passed through :func:`redact` (keys too).
+
+    The status document (``/status``, ``/status.json``, ``threes status``) carries error
+    texts written by drivers (``last_error``), which can echo a connection URL: it gets
+    the same masking as the logs.
+
+    Args:
+        value: dicts, lists, tuples, strings and scalars.
+
+    Returns:
+        The same shape; tuples become lists (as in JSON).
+    """
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(k) if isinstance(k, str) else k: redact_document(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_document(v) for v in value]
+    return value
+
+
 class RedactingFilter(logging.Filter):
     """A handler filter that masks secrets in a record's message and traceback."""
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from connectors.config.models import Name, SchemaRef, StrictModel, TopicName
+from connectors.config.models import Name, SchemaRef, StrictModel, TopicName, metrics_endpoint_problem
 from connectors.config.safety import JIT_INLINE_FLAGS
 
 AGGREGATION = re.compile(r"^(?:count|(?P<fn>mean|sum|min|max)\((?P<field>[A-Za-z_][A-Za-z0-9_]*)\))$")
@@ -366,7 +366,18 @@ class StreamJobConfig(StrictModel):
     trigger_interval_s: float = Field(1.0, gt=0)
     checkpoint_location: str = Field(description="Spark checkpoint folder (any Hadoop file system URL)")
     metrics_port: int | None = Field(None, ge=1, le=65535, description="serve Prometheus metrics on this port")
+    metrics_host: str = Field("127.0.0.1", description="address metrics_port binds; any other than loopback needs "
+                              "metrics_token")
+    metrics_token: SecretStr | None = Field(None, description="bearer token every request to metrics_port must carry "
+                                            "(Authorization: Bearer ...), e.g. ${env:METRICS_TOKEN}")
     spark: SparkSettings = Field(default_factory=SparkSettings)
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> StreamJobConfig:
+        problem = metrics_endpoint_problem(self.metrics_host, self.metrics_token)
+        if problem:
+            raise ValueError(problem)
+        return self
 
     @field_validator("checkpoint_location")
     @classmethod

@@ -151,7 +151,8 @@ class StreamJob:
             self.stop(checkpoint=False)
             raise self._bootstrap_error
         if cfg.metrics_port:  # answers once the snapshots passed the readiness gate: the job is ready
-            metrics.serve(cfg.metrics_port)
+            token = cfg.metrics_token
+            metrics.serve(cfg.metrics_port, cfg.metrics_host, token.get_secret_value() if token is not None else None)
         aggregations = [u for u in plan.updates if u.config.kind == "aggregation"]
         if aggregations and available_now:
             # the aggregations read the enriched topic: let it be complete first

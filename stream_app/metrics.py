@@ -98,9 +98,22 @@ def status_document() -> dict[str, Any]:
             "endpoints": []}
 
 
-def serve(port: int) -> None:
-    """Serve ``/metrics``, ``/status`` and ``/status.json`` on ``port`` (all interfaces: scraped from elsewhere)."""
+def serve(port: int, host: str = "127.0.0.1", token: str | None = None) -> Any:
+    """Serve ``/metrics``, ``/status`` and ``/status.json`` on ``port``.
+
+    Args:
+        port: TCP port (``stream.metrics_port``).
+        host: the address to bind (``stream.metrics_host``, loopback by default).
+        token: bearer token of every request (``stream.metrics_token``); required off loopback.
+
+    Returns:
+        The :class:`~connectors.status.http.StatusServer`.
+
+    Raises:
+        ConfigError: ``host`` is not loopback and there is no token.
+    """
     from connectors.status.http import StatusServer
 
-    StatusServer(status_document, title="threes stream job").serve(port)
-    log.info("metrics on http://0.0.0.0:%d/metrics (status page: /status)", port)
+    server = StatusServer(status_document, title="threes stream job")
+    server.serve(port, host, token)
+    return server

@@ -6,9 +6,17 @@ as a discriminated union of the registered sink config models.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
-from connectors.config.models import BatchPolicy, Name, RetryPolicy, SinkConnectorConfig, StrictModel, TopicName
+from connectors.config.models import (
+    BatchPolicy,
+    Name,
+    RetryPolicy,
+    SinkConnectorConfig,
+    StrictModel,
+    TopicName,
+    metrics_endpoint_problem,
+)
 
 
 class SyncServiceBase(StrictModel):
@@ -16,7 +24,7 @@ class SyncServiceBase(StrictModel):
 
     name: Name
     # narrowed by threes.config.pipeline_model() to the registered sinks' discriminated union
-    sinks: list[SinkConnectorConfig] = Field(min_length=1)
+    sinks: list[SinkConnectorConfig] = Field(default_factory=list)
     group_id: str | None = Field(None, description="consumer group; default threes-sync-<name>")
     batch: BatchPolicy = Field(default_factory=BatchPolicy)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
@@ -43,11 +51,22 @@ class SyncServiceBase(StrictModel):
         60.0, gt=0, description="on revoke, how long in-flight writes may take before the commit"
     )
     metrics_port: int | None = Field(None, ge=1, le=65535)
+    metrics_host: str = Field("127.0.0.1", description="address metrics_port binds; any other than loopback needs "
+                              "metrics_token")
+    metrics_token: SecretStr | None = Field(None, description="bearer token every request to metrics_port must carry "
+                                            "(Authorization: Bearer ...), e.g. ${env:METRICS_TOKEN}")
 
     @model_validator(mode="after")
     def _poll_interval_covers_session(self) -> SyncServiceBase:
         if self.max_poll_interval_ms < self.session_timeout_ms:
             raise ValueError("max_poll_interval_ms must be >= session_timeout_ms (a librdkafka rule)")
+        return self
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> SyncServiceBase:
+        problem = metrics_endpoint_problem(self.metrics_host, self.metrics_token)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def consumer_group(self) -> str:

@@ -96,13 +96,17 @@ class SyncMetrics:
             registry=r,
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0", status: Any = None) -> Any:  # noqa: S104 - scraped
+    def serve(self, port: int, addr: str = "127.0.0.1", status: Any = None, token: str | None = None) -> Any:
         """Expose the metrics at ``http://addr:port/metrics``, and ``status`` at ``/status`` and ``/status.json``.
 
         Args:
             port: TCP port (``0``: a free one).
-            addr: the address to bind.
+            addr: the address to bind (``metrics_host``; loopback by default).
             status: returns the status document (``{"sync": [...]}``); an empty one when ``None``.
+            token: bearer token of every request (``metrics_token``); required off loopback.
+
+        Raises:
+            ConfigError: ``addr`` is not loopback and there is no token.
 
         Returns:
             The :class:`~connectors.status.http.StatusServer` (its ``httpd`` holds the bound port).
@@ -110,7 +114,7 @@ class SyncMetrics:
         from connectors.status.http import StatusServer
 
         server = StatusServer(status or (lambda: {"sync": []}), self.registry, title=f"threes sync {self.service}")
-        bound = server.serve(port, addr)
+        bound = server.serve(port, addr, token)
         log.info("metrics service=%s on %s:%d/metrics", self.service, addr, bound)
         return server
 

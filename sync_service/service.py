@@ -222,7 +222,7 @@ class SyncService:
             limiter = AdaptiveConcurrency(sink.name, max_limit, on_change=gauge.set)
             sink.limiter = limiter
             writer = BatchWriter(cfg.name, sink, deserializer, self.producer, cfg.dead_letter_topic,
-                                 cfg.retry, self.metrics, cfg.stop_on_error, columnar=columnar)
+                                 cfg.retry, self.metrics, cfg.stop_on_error, columnar=columnar, stop=self._stop)
             pool = ThreadPoolExecutor(max_workers=max_limit, thread_name_prefix=f"sink-{sink.name}")
             slot = SinkSlot(sink, writer, limiter, pool, backoff=RestartBackoff(sink.config.errors))
             self.slots.append(slot)
@@ -299,12 +299,17 @@ class SyncService:
         Raises:
             SetupError: Kafka cannot be reached, or a fatal consumer error.
         """
-        if self.consumer is None:
-            self.open()
         if stop is not None:
             self._stop = stop
+        if self.consumer is None:
+            self.open()
+        for slot in self.slots:  # the writers' retries end on the event this loop stops on
+            slot.writer.stop = self._stop
         if self.config.metrics_port and self._serve:
-            self.metrics.serve(self.config.metrics_port, status=lambda: {"sync": [self.status()]})
+            token = self.config.metrics_token
+            self.metrics.serve(self.config.metrics_port, self.config.metrics_host,
+                               status=lambda: {"sync": [self.status()]},
+                               token=token.get_secret_value() if token is not None else None)
         try:
             while not self._stop.is_set() and self._fatal is None:
                 self.step()

@@ -34,17 +34,18 @@ class ServiceSupervisor:
         config: the ``sync`` entry.
         connections: the pipeline's connections by name.
         errors: restart delays (default :class:`ErrorPolicy` ()).
-        serve_addr: address of the ``/metrics`` + ``/status`` endpoint (on ``config.metrics_port``).
+        serve_addr: address of the ``/metrics`` + ``/status`` endpoint (on ``config.metrics_port``;
+            default ``config.metrics_host``, itself ``127.0.0.1`` by default).
     """
 
     def __init__(self, kafka: KafkaConfig, config: Any, connections: dict[str, Any], *,
-                 errors: ErrorPolicy | None = None, serve_addr: str = "0.0.0.0"):  # noqa: S104 - probed
+                 errors: ErrorPolicy | None = None, serve_addr: str | None = None):
         self.kafka = kafka
         self.config = config
         self.connections = connections
         self.metrics = SyncMetrics(config.name)
         self.backoff = RestartBackoff(errors or ErrorPolicy())
-        self.serve_addr = serve_addr
+        self.serve_addr = serve_addr or getattr(config, "metrics_host", "127.0.0.1")
         self.service: SyncService | None = None
         self.state = "starting"
         self.server: Any = None
@@ -72,8 +73,10 @@ class ServiceSupervisor:
     def run(self, stop: threading.Event) -> None:
         """Run (and restart) the service until ``stop`` is set."""
         if self.config.metrics_port:
+            token = getattr(self.config, "metrics_token", None)
             self.server = self.metrics.serve(self.config.metrics_port, self.serve_addr,
-                                             status=lambda: {"sync": [self.status()]})
+                                             status=lambda: {"sync": [self.status()]},
+                                             token=token.get_secret_value() if token is not None else None)
         try:
             while not stop.is_set():
                 before = self._records_out()

@@ -25,7 +25,7 @@ from connectors.exceptions import (
     SinkBlockedError,
     SkippableRecordError,
 )
-from connectors.runtime.supervision import retry_stop
+from connectors.runtime.supervision import StopRequested, retry_stop, stoppable_sleep
 from connectors.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, version_of
 from schemas.columnar import ColumnarDecodeError, ColumnarDecoder
 from schemas.exceptions import SerdeError
@@ -91,6 +91,8 @@ class BatchWriter:
         stop_on_error: raise instead of dead-lettering a bad record.
         columnar: the columnar value decoder (shared by the service's writers); one on
             ``deserializer.resolver`` when ``None``.
+        stop: the service's stop event: once set, a write's retries end (no attempt after it, a
+            backoff it interrupts ends at once) and the batch fails uncommitted (``None``: never).
     """
 
     def __init__(
@@ -104,8 +106,10 @@ class BatchWriter:
         metrics: SyncMetrics,
         stop_on_error: bool = False,
         columnar: ColumnarDecoder | None = None,
+        stop: threading.Event | None = None,
     ):
         self.service = service
+        self.stop = stop
         self.sink = sink
         self.deserializer = deserializer
         self.producer = producer
@@ -456,6 +460,8 @@ class BatchWriter:
                            elapsed_s=time.monotonic() - start)
         except SinkBlockedError as exc:  # never tolerated: the records are not at fault
             return Outcome(job, "blocked", error=exc, elapsed_s=time.monotonic() - start)
+        except StopRequested as exc:  # the service stops: the batch stays uncommitted, never dead-lettered
+            return Outcome(job, "failed", error=exc, elapsed_s=time.monotonic() - start)
         except Exception as exc:  # noqa: BLE001 - every other failure fails the sink's task, reported once
             if self.sink.config.errors.tolerance == "all" and not self.stop_on_error and not self.needs_open:
                 return self._tolerate(job, exc, start)
@@ -514,25 +520,34 @@ class BatchWriter:
                 state.outcome.exception() if state.outcome else "",
             )
 
+        # a stop of the service ends the streak: no attempt after it, and an interrupted backoff raises
+        # StopRequested instead of starting the next attempt at once (the pool's shutdown waits for this thread)
         retrying = Retrying(
-            stop=retry_stop(self.sink.config.errors, self.retry),
+            stop=retry_stop(self.sink.config.errors, self.retry, self.stop),
             wait=wait_random_exponential(multiplier=self.retry.initial_backoff_s, max=self.retry.max_backoff_s),
+            sleep=stoppable_sleep(self.stop),
             retry=retry_if_exception(_is_transient),
             before_sleep=before_sleep,
             reraise=True,
         )
+
         def write(part: SinkBatch) -> list[Any]:
             if self.sink.splits_requests:
                 return self.sink.write(part)
             with self.sink.limiter.slot(len(part.records)):
                 return self.sink.write(part)
 
-        for attempt in retrying:
-            with attempt:
-                job.attempts += 1
-                # records over max_record_bytes refused unsent, a refused write bisected, failures
-                # judged by blast radius (sync_service/isolation.py)
-                return write_isolating(write, batch, self.sink.max_record_bytes)
+        try:
+            for attempt in retrying:
+                with attempt:
+                    job.attempts += 1
+                    # records over max_record_bytes refused unsent, a refused write bisected, failures
+                    # judged by blast radius (sync_service/isolation.py)
+                    return write_isolating(write, batch, self.sink.max_record_bytes)
+        except RetriableError as exc:
+            if self.stop is not None and self.stop.is_set() and _is_transient(exc):
+                raise StopRequested(f"sink {self.sink.name!r}: stop requested while retrying: {exc}") from exc
+            raise
         return []  # pragma: no cover - Retrying either returns or raises
 
     # -- dead letters -------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -49,6 +50,14 @@ def run(
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="serve Prometheus /metrics and the /status page")
     ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="address --metrics-port binds; any other than loopback needs a "
+                                                 "bearer token in the variable --metrics-token-env names")
+    ] = "127.0.0.1",
+    metrics_token_env: Annotated[
+        str, typer.Option("--metrics-token-env", help="environment variable holding the bearer token of "
+                                                      "--metrics-port (clients send 'Authorization: Bearer <token>')")
+    ] = "THREES_METRICS_TOKEN",
 ) -> None:
     """Run every source of CONFIG (or those named) until SIGTERM/SIGINT, which flush and store positions."""
     from connectors.exceptions import ThreesError
@@ -71,11 +80,16 @@ def run(
             raise ThreesError(f"{config} declares no source to run")
         worker = SourceWorker(pipeline, offsets_topic=offsets_topic)
         if metrics_port:
+            from connectors.redact import register_secret
             from connectors.status.document import source_document
-            from connectors.status.http import StatusServer
+            from connectors.status.http import StatusServer, require_token_off_loopback
 
+            token = os.environ.get(metrics_token_env) or None
+            register_secret(token)
+            require_token_off_loopback(metrics_host, token, f"${metrics_token_env}")
             # /metrics next to /status and /status.json (the source tasks' states, positions, restarts)
-            StatusServer(lambda: source_document(worker), title=f"threes source {config.name}").serve(metrics_port)
+            StatusServer(lambda: source_document(worker), title=f"threes source {config.name}").serve(
+                metrics_port, metrics_host, token)
         if group:
             if once:
                 raise ThreesError("--once and --group do not mix: a backfill runs in one process")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,7 +40,14 @@ def status(
         int | None,
         typer.Option("--serve", help="serve the page on this port (/status, /status.json), gathered per request"),
     ] = None,
-    serve_addr: Annotated[str, typer.Option("--serve-addr", help="address --serve binds")] = "127.0.0.1",
+    serve_addr: Annotated[
+        str, typer.Option("--serve-addr", help="address --serve binds; any other than loopback needs a bearer "
+                                               "token in the variable --token-env names")
+    ] = "127.0.0.1",
+    token_env: Annotated[
+        str, typer.Option("--token-env", help="environment variable holding the bearer token of --serve, also "
+                                              "sent to every --endpoint")
+    ] = "THREES_METRICS_TOKEN",
 ) -> None:
     """Show every source task, stream job snapshot, sync service, sink and partition of CONFIG.
 
@@ -49,16 +57,22 @@ def status(
     of the sync services and the stream job, and ``--endpoint`` for others.
     """
     from connectors.exceptions import ThreesError
+    from connectors.redact import redact_document, register_secret
     from connectors.status.document import Gatherer
     from threes.console import fail, load, out
 
     pipeline = load(config)
-    gatherer = Gatherer(pipeline, offsets_topic=offsets_topic, host=host, endpoints=endpoint or ())
+    token = os.environ.get(token_env) or None
+    register_secret(token)
+    gatherer = Gatherer(pipeline, offsets_topic=offsets_topic, host=host, endpoints=endpoint or (), token=token)
     if serve is not None:
         from connectors.status.http import StatusServer
 
         server = StatusServer(gatherer.gather, title=f"threes status {config.name}")
-        port = server.serve(serve, serve_addr)
+        try:
+            port = server.serve(serve, serve_addr, token)
+        except ThreesError as exc:
+            raise fail(exc) from None
         out.print(f"serving http://{serve_addr}:{port}/status (Ctrl-C stops)", highlight=False)
         stop = threading.Event()
         try:
@@ -67,7 +81,7 @@ def status(
             server.close()
         return
     try:
-        doc = gatherer.gather()
+        doc = redact_document(gatherer.gather())  # error texts of drivers can echo a URL: masked as in the logs
     except ThreesError as exc:
         raise fail(exc) from None
     if as_json:

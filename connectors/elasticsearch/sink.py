@@ -132,7 +132,8 @@ class ElasticsearchSink(Sink):
         from elasticsearch import OrjsonSerializer
 
         self.client = elasticsearch_client(self.connection)
-        self._serializer = OrjsonSerializer()  # the client's own (connectors/elasticsearch/connection.py), for per-record documents
+        # the client's own serializer (connectors/elasticsearch/connection.py), for per-record documents
+        self._serializer = OrjsonSerializer()
         self._pool = ThreadPoolExecutor(max_workers=self.config.max_concurrency, thread_name_prefix=f"es-{self.name}")
         self.check()
 

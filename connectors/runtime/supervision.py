@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from tenacity import stop_after_attempt, stop_after_delay, stop_any, stop_never
+from tenacity import stop_after_attempt, stop_after_delay, stop_any, stop_never, stop_when_event_set
 
 from connectors.config.models import ErrorPolicy, RetryPolicy
 
@@ -24,17 +24,50 @@ TASK_STATES = ("starting", "running", "caught_up", "restarting", "failed", "stop
 """Every state a supervised task can be in (the ``state`` label of the task state gauges)."""
 
 
-def retry_stop(errors: ErrorPolicy, retry: RetryPolicy) -> Any:
+class StopRequested(Exception):  # noqa: N818 - not an error: the process was asked to stop
+    """A retry loop was left because its stop event was set (SIGTERM / Ctrl-C), not because it failed.
+
+    Raised by :func:`stoppable_sleep` so a backoff interrupted by a stop ends the loop
+    instead of starting the next attempt at once (``Event.wait`` returns at once once the
+    event is set: a sleep that only waited on it would turn the backoff into a hot loop).
+    """
+
+
+def stoppable_sleep(stop: threading.Event | None) -> Any:
+    """A tenacity ``sleep`` that waits on ``stop`` and raises :class:`StopRequested` once it is set.
+
+    Args:
+        stop: the stop event of the loop (``None``: plain :func:`time.sleep`).
+
+    Returns:
+        A callable ``(seconds) -> None``.
+
+    Raises:
+        StopRequested: (from the callable) ``stop`` is set, before or during the sleep.
+    """
+    if stop is None:
+        return time.sleep
+
+    def sleep(seconds: float) -> None:
+        if stop.wait(seconds):
+            raise StopRequested("stop requested during a retry backoff")
+
+    return sleep
+
+
+def retry_stop(errors: ErrorPolicy, retry: RetryPolicy, stop: threading.Event | None = None) -> Any:
     """The tenacity stop condition of a failure streak.
 
     Args:
         errors: the connector's error policy (``retry_timeout_s``, -1 for never).
         retry: the retry policy (``max_attempts`` bounds the streak too when set).
+        stop: the loop's stop event: once set, no further attempt is made (the last
+            error is raised, or :class:`StopRequested` from :func:`stoppable_sleep`).
 
     Returns:
         A tenacity ``stop`` strategy.
     """
-    stops = []
+    stops: list[Any] = [stop_when_event_set(stop)] if stop is not None else []
     if not errors.retries_forever:
         stops.append(stop_after_delay(errors.retry_timeout_s))
     if retry.max_attempts is not None:

@@ -58,7 +58,7 @@ from connectors.runtime import metrics
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 from connectors.runtime.offsets import OffsetStore, PositionTracker, offsets_key, require_position_shape
 from connectors.runtime.state import LiveKeys, live_keys
-from connectors.runtime.supervision import describe_retry, retry_stop
+from connectors.runtime.supervision import StopRequested, describe_retry, retry_stop, stoppable_sleep
 from connectors.topics import ensure_compacted_topic, recent_keys
 from connectors.updates import with_source_ts
 from schemas.evolution import TopicSchemaPlan, plan_topic_schemas
@@ -213,6 +213,9 @@ class TaskRunner:
         try:
             self._run(stop, once)
             self.stats.state = "stopped" if not once or stop.is_set() else "caught_up"
+        except StopRequested as exc:  # stopped while retrying: not a failure, nothing to restart
+            self.stats.state = "stopped"
+            log.info("source=%s task=%d stopped while retrying: %s", self._label, self.task_id, exc)
         except (ThreesError, Exception) as exc:  # noqa: BLE001 - a task failure must not kill the worker
             self.stats.state = "failed"
             self.stats.error = str(exc)
@@ -344,15 +347,22 @@ class TaskRunner:
                 state.outcome.exception(),
             )
 
+        # a stop ends the streak: no attempt after it, and a backoff it interrupts raises StopRequested (a sleep
+        # that only returned early would start the next attempt at once: a hot loop until the retry timeout)
         retrying = Retrying(
             retry=retry_if_exception_type(RetriableError),
-            stop=retry_stop(self.config.errors, policy),
+            stop=retry_stop(self.config.errors, policy, stop),
             wait=wait_random_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s),
-            sleep=lambda s: stop.wait(s),
+            sleep=stoppable_sleep(stop),
             before_sleep=before_sleep,
             reraise=True,
         )
-        return retrying(fn)
+        try:
+            return retrying(fn)
+        except RetriableError as exc:
+            if stop.is_set():
+                raise StopRequested(f"source {self._label!r}: stop requested while retrying: {exc}") from exc
+            raise
 
     def _cycle(self, stop: threading.Event) -> bool:
         """One polling cycle; ``False`` when interrupted by ``stop``."""

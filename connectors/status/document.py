@@ -94,25 +94,34 @@ def source_document(worker: Any) -> dict[str, Any]:
             "endpoints": []}
 
 
-def fetch_json(url: str, timeout_s: float = 3.0) -> dict[str, Any]:
-    """GET a JSON document.
+def _request(url: str, token: str | None) -> urllib.request.Request:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return urllib.request.Request(url, headers=headers)  # noqa: S310 - operator-given http URL
+
+
+def fetch_json(url: str, timeout_s: float = 3.0, token: str | None = None) -> dict[str, Any]:
+    """GET a JSON document (with ``Authorization: Bearer <token>`` when a token is given).
 
     Raises:
-        OSError: the endpoint did not answer (``urllib.error.URLError`` is one).
+        OSError: the endpoint did not answer (``urllib.error.URLError`` is one; a 401 is an ``HTTPError``).
         ValueError: the answer is not JSON.
     """
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given http URL
+    with urllib.request.urlopen(_request(url, token), timeout=timeout_s) as resp:  # noqa: S310
         return json.loads(resp.read())
 
 
-def fetch_text(url: str, timeout_s: float = 3.0) -> str:
-    """GET a text document (Prometheus exposition format).
+def fetch_text(url: str, timeout_s: float = 3.0, token: str | None = None) -> str:
+    """GET a text document (Prometheus exposition format), with a bearer token when given.
 
     Raises:
         OSError: the endpoint did not answer.
     """
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - operator-given http URL
+    with urllib.request.urlopen(_request(url, token), timeout=timeout_s) as resp:  # noqa: S310
         return resp.read().decode()
+
+
+def _secret(value: Any) -> str | None:
+    return value.get_secret_value() if value is not None else None
 
 
 def _merge_sources(stored: list[dict[str, Any]], live: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -152,11 +161,13 @@ class Gatherer:
         host: where the processes whose ports the config names (``metrics_port``) run.
         endpoints: more process endpoints (base URLs, e.g. a source's ``--metrics-port``).
         timeout_s: per Kafka request and per HTTP request, seconds.
+        token: bearer token sent to ``endpoints`` (the config's ports get their own ``metrics_token``).
     """
 
     def __init__(self, pipeline: Any, *, offsets_topic: str = "_threes_offsets", host: str = "127.0.0.1",
-                 endpoints: Iterable[str] = (), timeout_s: float = 5.0):
+                 endpoints: Iterable[str] = (), timeout_s: float = 5.0, token: str | None = None):
         self.pipeline = pipeline
+        self.token = token
         self.offsets_topic = offsets_topic
         self.host = host
         self.endpoints = [e.rstrip("/") for e in endpoints]
@@ -262,9 +273,9 @@ class Gatherer:
         return {"generated_at": now_iso(), "sources": sources, "snapshots": snapshots, "sync": sync,
                 "endpoints": endpoints}
 
-    def _ask(self, url: str, endpoints: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def _ask(self, url: str, endpoints: list[dict[str, Any]], token: str | None = None) -> dict[str, Any] | None:
         try:
-            doc = fetch_json(url, self.timeout_s)
+            doc = fetch_json(url, self.timeout_s, token or self.token)
         except (OSError, ValueError) as exc:
             endpoints.append({"url": url, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
             return None
@@ -279,7 +290,8 @@ class Gatherer:
         if stream.metrics_port:
             url = f"http://{self.host}:{stream.metrics_port}/metrics"
             try:
-                measured = _snapshot_metrics(fetch_text(url, self.timeout_s), stream.name)
+                measured = _snapshot_metrics(fetch_text(url, self.timeout_s, _secret(stream.metrics_token)),
+                                             stream.name)
                 endpoints.append({"url": url, "ok": True, "error": None})
             except OSError as exc:
                 endpoints.append({"url": url, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
@@ -302,7 +314,8 @@ class Gatherer:
         committed = self._committed(svc.consumer_group(), highs) if highs else {}
         live: dict[str, Any] | None = None
         if svc.metrics_port:
-            doc = self._ask(f"http://{self.host}:{svc.metrics_port}/status.json", endpoints)
+            doc = self._ask(f"http://{self.host}:{svc.metrics_port}/status.json", endpoints,
+                            _secret(svc.metrics_token))
             if doc is not None:
                 live = next((s for s in doc.get("sync", []) if s.get("service") == svc.name), None)
         paused = {tuple(tp) for tp in (live or {}).get("paused", [])}

@@ -3,10 +3,18 @@
 A :class:`http.server.ThreadingHTTPServer` on a daemon thread, like
 prometheus-client's own ``start_http_server``, with the status page next to the
 metrics so one port serves both (Kubernetes probes use ``/healthz``).
+
+It binds ``127.0.0.1`` unless told otherwise: the page shows topics, positions and
+error texts. Binding any other address needs a bearer token (RFC 6750): every
+request but ``/healthz`` must then carry ``Authorization: Bearer <token>`` (compared
+in constant time), else it gets ``401``. Every string of the status document goes
+through the log redaction (:func:`connectors.redact.redact_document`) before it is
+served.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import threading
@@ -16,11 +24,35 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
+from connectors.config.models import is_loopback
+from connectors.exceptions import ConfigError
+from connectors.redact import redact_document
 from connectors.status.page import render_page
 
 log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], dict[str, Any]]
+
+LOOPBACK = "127.0.0.1"
+"""The default address of every status and metrics endpoint."""
+
+
+def require_token_off_loopback(addr: str, token: str | None, option: str) -> None:
+    """Refuse to serve on a non-loopback ``addr`` without a bearer token.
+
+    Args:
+        addr: the address to bind.
+        token: the bearer token (``None`` or empty: none).
+        option: what sets the token, for the message (``metrics_token``, ``$THREES_METRICS_TOKEN``).
+
+    Raises:
+        ConfigError: ``addr`` is not a loopback address and there is no token.
+    """
+    if not is_loopback(addr) and not token:
+        raise ConfigError(
+            f"the status and metrics endpoint would bind {addr} without authentication: set {option} "
+            f"(clients then send 'Authorization: Bearer <token>'), or bind {LOOPBACK}"
+        )
 
 
 class StatusServer:
@@ -45,25 +77,43 @@ class StatusServer:
         self.refresh_s = refresh_s
         self.httpd: ThreadingHTTPServer | None = None
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> int:  # noqa: S104 - scraped and probed from outside
+    def serve(self, port: int, addr: str = LOOPBACK, token: str | None = None) -> int:
         """Start serving on a daemon thread; returns the bound port (``0`` picks a free one).
+
+        Args:
+            port: TCP port.
+            addr: the address to bind (default loopback only).
+            token: a bearer token every request but ``/healthz`` must carry; required when
+                ``addr`` is not a loopback address.
 
         Raises:
             OSError: the port is taken.
+            ConfigError: ``addr`` is not loopback and there is no token.
         """
+        require_token_off_loopback(addr, token, "a bearer token")
         server = self
+        expected = f"Bearer {token}".encode() if token else None
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 path = self.path.split("?", 1)[0]
+                if expected is not None and path != "/healthz":
+                    given = (self.headers.get("Authorization") or "").encode()
+                    if not hmac.compare_digest(given, expected):  # constant time: no timing oracle on the token
+                        self.send_response(401)
+                        self.send_header("WWW-Authenticate", 'Bearer realm="threes"')
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                 try:
                     if path == "/metrics":
                         self._send(200, CONTENT_TYPE_LATEST, generate_latest(server.registry))
                     elif path in ("/status.json", "/status/json"):
-                        body = json.dumps(server.status(), default=str, indent=1).encode()
+                        body = json.dumps(redact_document(server.status()), default=str, indent=1).encode()
                         self._send(200, "application/json", body)
                     elif path in ("/", "/status"):
-                        html = render_page(server.status(), title=server.title, refresh_s=server.refresh_s)
+                        doc = redact_document(server.status())
+                        html = render_page(doc, title=server.title, refresh_s=server.refresh_s)
                         self._send(200, "text/html; charset=utf-8", html.encode())
                     elif path == "/healthz":
                         self._send(200, "text/plain", b"ok\n")
@@ -88,8 +138,17 @@ class StatusServer:
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, name=f"status-http-{port}", daemon=True).start()
         bound = self.httpd.server_address[1]
-        log.info("status and metrics on http://%s:%d/status (/status.json, /metrics)", addr, bound)
+        log.info("status and metrics on http://%s:%d/status (/status.json, /metrics)%s", addr, bound,
+                 " (bearer token required)" if token else "")
         return int(bound)
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """The bound ``(address, port)``, ``None`` when not serving."""
+        if self.httpd is None:
+            return None
+        host, port = self.httpd.server_address[:2]
+        return str(host), int(port)
 
     def close(self) -> None:
         """Stop serving."""

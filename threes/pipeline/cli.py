@@ -34,6 +34,11 @@ def run(
     no_restart: Annotated[
         bool, typer.Option("--no-restart", help="stop the run when a part exits, instead of restarting it")
     ] = False,
+    take_over: Annotated[
+        bool, typer.Option("--force", help="take over from a `threes run` of the same CONFIG that still runs: "
+                                           "SIGTERM to it (its parts stop cleanly), up to 60 s, then SIGKILL; "
+                                           "then this run starts")
+    ] = False,
 ) -> None:
     """Run the whole pipeline of CONFIG: sources, then the stream job, then the sync services.
 
@@ -41,13 +46,19 @@ def run(
     what it needs is there: the stream job once every source finished its first snapshot (and the events
     topic exists: created from stream.events.topic_spec when missing), the sync services once their topics
     exist. A part that exits is restarted with backoff. Ctrl-C or SIGTERM stops them in reverse order, each
-    flushing and committing; a second Ctrl-C kills them.
+    flushing and committing; a second Ctrl-C kills them. The parts die with this process, even when it is
+    killed with SIGKILL (Linux: each gets SIGTERM from the kernel).
+
+    One run per CONFIG: a second `threes run` of the same file (however it is named) refuses to start while
+    the first holds its lock (CONFIG's folder/.threes/run/*.lock), naming the first's PID; --force stops the
+    first and takes over.
     """
     from rich.live import Live
     from rich.table import Table
 
     from connectors.exceptions import ThreesError
     from threes.console import console, fail, load, out
+    from threes.pipeline.lock import RunLock
     from threes.pipeline.plan import parse_only
     from threes.pipeline.supervisor import RunOptions, Supervisor
     from threes.pipeline.view import line_printer, live
@@ -64,6 +75,11 @@ def run(
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     pipeline = load(config)
+    lock = RunLock(config)
+    try:
+        lock.acquire(force=take_over)
+    except ThreesError as exc:
+        raise fail(exc) from None
     try:
         options = RunOptions(
             config=config,
@@ -83,6 +99,8 @@ def run(
             code = supervisor.run(stop, force)
     except ThreesError as exc:
         raise fail(exc) from None
+    finally:
+        lock.release()  # after the parts stopped: a --force waiting for it starts only then
     table = Table("part", "status", "restarts", "log", title="threes run: stopped")
     for state in supervisor.parts:
         table.add_row(state.name, state.detail or state.status, str(state.restarts),

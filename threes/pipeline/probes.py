@@ -34,10 +34,18 @@ class KafkaOutage(SetupError):
     """
 
 
-def scrape(port: int, timeout_s: float = 2.0) -> str | None:
-    """The text of ``http://127.0.0.1:<port>/metrics``; ``None`` when it does not answer."""
+def scrape(port: int, timeout_s: float = 2.0, token: str | None = None) -> str | None:
+    """The text of ``http://127.0.0.1:<port>/metrics``; ``None`` when it does not answer.
+
+    Args:
+        port: the child's metrics port.
+        timeout_s: seconds.
+        token: the endpoint's bearer token (``metrics_token``), if it has one.
+    """
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)  # noqa: S310
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - loopback
             return resp.read().decode("utf-8", errors="replace")
     except OSError:
         return None

@@ -7,6 +7,14 @@ also stops what it started (the stream job's Spark JVM). Stopping sends
 SIGTERM, which every command handles by flushing and committing, waits, then
 sends SIGKILL to the group of a child that did not stop in time. Only
 processes started here are signalled, by their own process-group id.
+
+A child dies with its supervisor, even one killed by SIGKILL (which no handler sees):
+on Linux each child asks the kernel for SIGTERM when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``, set between ``fork`` and ``exec``), so it stops cleanly
+instead of running on as an orphan beside the next ``threes run``. The kernel sends it
+when the *thread* that started the child ends, so children are started from the thread
+that supervises them for the whole run (the main thread). Elsewhere the children are
+started as before (no parent-death signal).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -94,6 +102,36 @@ class Child:
             self._log = None
 
 
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option of ``<linux/prctl.h>``: the signal a process gets when its parent dies."""
+
+
+def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get ``sig`` when its parent dies; ``None`` off Linux.
+
+    ``prctl`` is looked up here, in the parent, so the child only makes the call. The child
+    also checks that its parent did not die before the call (then nobody would send the
+    signal): it sends ``sig`` to itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        log.warning("prctl is not available: children of threes run will not die with it")
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
 def spawn(name: str, args: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> Child:
     """Start ``threes -v <args>`` in a new session, its output appended to ``log_path``.
 
@@ -116,6 +154,7 @@ def spawn(name: str, args: Sequence[str], log_path: Path, env: Mapping[str, str]
         process = subprocess.Popen(  # noqa: S603 - our own console script with our own arguments
             command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=dict(env) if env is not None else None, start_new_session=True,
+            preexec_fn=parent_death_signal(),  # noqa: PLW1509 - one prctl call, resolved before the fork
         )
     except OSError:
         handle.close()

@@ -374,7 +374,8 @@ class Supervisor:
     def _check_ready(self, state: PartState) -> None:
         part = state.part
         if state.name == "sources":
-            text = scrape(part.metrics_ports[0]) if part.metrics_ports else None
+            port = part.metrics_ports[0] if part.metrics_ports else None
+            text = scrape(port, token=self._token(port)) if port is not None else None
             if part.metrics_ports and text is None:
                 state.detail = "starting"
                 return
@@ -384,17 +385,25 @@ class Supervisor:
                 return
             self._ready(state, f"{len(self.tasks)} source(s) caught up; polling")
         elif state.name == "stream":
-            if part.metrics_ports and scrape(part.metrics_ports[0]) is None:
+            if part.metrics_ports and scrape(part.metrics_ports[0], token=self._token(part.metrics_ports[0])) is None:
                 state.detail = "starting Spark, creating its topics, loading the snapshots"
                 return
             self._ready(state, "every snapshot loaded; enriching events")
         else:
-            answering = [p for p in part.metrics_ports if scrape(p) is not None]
+            answering = [p for p in part.metrics_ports if scrape(p, token=self._token(p)) is not None]
             if len(answering) < len(part.metrics_ports):
                 state.detail = f"starting ({len(answering)}/{len(part.metrics_ports)} services serve metrics)"
                 return
             services = ", ".join(s.name for s in self.pipeline.sync)
             self._ready(state, f"consuming ({services})")
+
+    def _token(self, port: int) -> str | None:
+        """The bearer token of the config entry serving on ``port`` (``metrics_token``), if any."""
+        entries = [getattr(self.pipeline, "stream", None), *getattr(self.pipeline, "sync", [])]
+        for entry in entries:
+            if entry is not None and entry.metrics_port == port and entry.metrics_token is not None:
+                return str(entry.metrics_token.get_secret_value())
+        return None
 
     def _ready(self, state: PartState, detail: str) -> None:
         state.set("ready", detail)
