@@ -38,7 +38,16 @@ from typing import Any
 
 from connectors.exceptions import FatalError, SetupError
 from threes.pipeline.plan import COMPONENTS, Part, plan_run
-from threes.pipeline.probes import Flow, FlowReader, KafkaOutage, KafkaProbe, scrape, source_cycles, sources_ready
+from threes.pipeline.probes import (
+    Flow,
+    FlowReader,
+    KafkaOutage,
+    KafkaProbe,
+    scrape,
+    source_cycles,
+    sources_ready,
+    sync_assigned,
+)
 from threes.pipeline.processes import Child, signal_group, spawn
 
 log = logging.getLogger(__name__)
@@ -389,9 +398,18 @@ class Supervisor:
                 return
             self._ready(state, "every snapshot loaded; enriching events")
         else:
-            answering = [p for p in part.metrics_ports if scrape(p) is not None]
+            texts = [scrape(p) for p in part.metrics_ports]
+            answering = [t for t in texts if t is not None]
             if len(answering) < len(part.metrics_ports):
                 state.detail = f"starting ({len(answering)}/{len(part.metrics_ports)} services serve metrics)"
+                return
+            # serving metrics is not consuming: a restarted member may wait ~session.timeout.ms for partitions
+            assigned: dict[str, int] = {}
+            for text in answering:
+                assigned.update(sync_assigned(text))
+            waiting = sorted(name for name, n in assigned.items() if n <= 0)
+            if waiting or not assigned and part.metrics_ports:
+                state.detail = f"waiting for partitions ({', '.join(waiting) or 'no service reports them yet'})"
                 return
             services = ", ".join(s.name for s in getattr(self.pipeline, "sync", []))
             self._ready(state, f"consuming ({services})")
