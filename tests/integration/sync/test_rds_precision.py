@@ -163,3 +163,55 @@ def test_a_dropped_required_field_is_a_warning_naming_table_and_column(pg: RdsCo
             assert dict(conn.execute(select(table.c.id, table.c.qty)).all()) == {1: 1, 2: None, 3: None}
     finally:
         drop(sink)
+
+
+def test_through_the_sync_service_the_reason_reaches_the_dead_letter_topic(
+    kafka: Any, kafka_conf: dict[str, Any], pg: RdsConnection, pg_engine: Any, unique: str
+) -> None:
+    from connectors import clients
+    from schemas.store import SchemaStore
+    from sync_service.service import SyncService
+    from tests.integration.sync.helpers import create_topic, pipeline, read_topic, run_in_thread, wait_until
+
+    topic, table, dlq = f"updates.prec.{unique}", f"precsvc_{unique}", f"dlq.{unique}"
+    create_topic(kafka_conf, topic, 1)
+    store = SchemaStore(kafka.librdkafka_config(), kafka.schema_topic)
+    key_ser = AvroSerializer("long", store)
+    producer = clients.kafka_producer(kafka, linger_ms=5)
+    version = 0
+    for sch, rows in [(schema(2), [(1, "1.23")]), (schema(4), [(2, "1.2345"), (3, "0.0001"), (4, "5.5000")])]:
+        value_ser = AvroSerializer(sch, store)
+        for key, amount in rows:
+            version += 1
+            producer.produce(topic, key=key_ser(key), value=value_ser(value(key, amount, sch)),
+                             headers=[("version", encode_version(version))])
+    assert producer.flush(30) == 0
+    p = pipeline(kafka, {"pg": {"type": "rds", "url": pg.url, "password": pg.password.get_secret_value()}},
+                 [{"name": f"prec-{unique}", "dead_letter_topic": dlq,
+                   "sinks": [{"name": "db", "type": "rds_sink", "connection": "pg", "topics": [topic],
+                              "table": table, "key": ["id"], "create_table": True}]}])
+    service = SyncService(p.kafka, p.sync[0], dict(p.connections))
+    thread, stop, errors = run_in_thread(service)
+    try:
+        letters = read_topic(kafka_conf, dlq, 2, timeout_s=60)
+        assert sorted(m.offset() for m in letters) == [0, 1]
+        headers = [{k: v.decode() for k, v in m.headers()} for m in letters]
+        assert sorted(int(h["dlq.offset"]) for h in headers) == [1, 2]
+        for h in headers:
+            assert h["dlq.error.class"] == "SkippableRecordError"
+            message = h["dlq.error.message"]
+            assert "'amount'" in message and "NUMERIC(12, 2)" in message and "decimal(12,4)" in message, message
+
+        def written() -> dict[int, Decimal]:
+            table_ = Table(table, MetaData(), autoload_with=pg_engine)
+            with pg_engine.connect() as conn:
+                return {r.id: r.amount for r in conn.execute(select(table_.c.id, table_.c.amount))}
+
+        wait_until(lambda: len(written()) == 2, 30, "the fitting records written")
+        assert written() == {1: Decimal("1.23"), 4: Decimal("5.50")}
+        assert not errors, errors
+    finally:
+        stop.set()
+        thread.join(60)
+        for name in (table, f"{table}__deleted"):
+            Table(name, MetaData()).drop(pg_engine, checkfirst=True)
