@@ -50,6 +50,11 @@ class SyncMetrics:
         self.paused = Gauge(
             "threes_sync_paused_partitions", "Partitions paused by backpressure", ["service"], registry=r
         )
+        self.assigned = Gauge(
+            "threes_sync_assigned_partitions",
+            "Partitions of the update topics assigned to this member of the consumer group (ready when above 0)",
+            ["service"], registry=r,
+        )
         self.lag = Gauge(
             "threes_sync_consumer_lag", "High watermark minus committed offset, records", ["service", "topic"],
             registry=r,

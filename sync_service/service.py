@@ -155,6 +155,9 @@ class SyncService:
         self._outcomes: queue.SimpleQueue[Outcome | _Reopened] = queue.SimpleQueue()
         self._fatal: BaseException | None = None
         self._assigned: set[TP] = set()
+        # not ready before the group gave this member partitions: a restarted member may wait out the old
+        # member's session timeout (session.timeout.ms, 45 s by default) before its first assignment
+        self.metrics.assigned.labels(config.name).set(0)
         self._paused: set[TP] = set()
         self._committed: dict[TP, int] = {}
         self._refusals_logged: dict[int, float] = {}  # commit error code -> when last logged (monotonic s)
@@ -675,6 +678,8 @@ class SyncService:
                 "lag": None if high is None else max(0, high - (committed or 0)), "paused": tp in self._paused,
             })
         errors = [s["last_error"] for s in sinks if s["state"] != "running" and s["last_error"]]
+        if state is None and not self._assigned:
+            state = "waiting_for_partitions"  # not ready: the group has not given this member partitions (yet)
         if state is None:
             state = "running" if all(s["state"] == "running" for s in sinks) else "degraded"
         self._status_doc = {
@@ -689,8 +694,14 @@ class SyncService:
 
     def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         tps = {(p.topic, p.partition) for p in partitions}
+        was_ready = bool(self._assigned)
         self._assigned |= tps
+        self.metrics.assigned.labels(self.config.name).set(len(self._assigned))
         log.info("assigned partitions=%s", sorted(tps))
+        if self._assigned and not was_ready:
+            log.info("sync service=%s ready: %d partition(s) assigned", self.config.name, len(self._assigned))
+        if self._status_doc.get("state") == "waiting_for_partitions":
+            self._update_status()  # ready now, not at the next second's refresh
 
     def _drain(self, tps: set[TP], timeout_s: float) -> bool:
         """Flush the buffers of ``tps`` and wait for their writes; ``False`` on timeout or failure."""
@@ -715,6 +726,7 @@ class SyncService:
             self._committed.pop(tp, None)
         self._assigned -= tps
         self._paused -= tps
+        self.metrics.assigned.labels(self.config.name).set(len(self._assigned))
 
     def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         tps = {(p.topic, p.partition) for p in partitions}

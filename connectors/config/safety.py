@@ -172,6 +172,9 @@ _S3A_PROVIDERS = frozenset({
     "software.amazon.awssdk.auth.credentials.WebIdentityTokenFileCredentialsProvider",
 })
 _SPARK_CODECS = frozenset({"lz4", "lzf", "snappy", "zstd"})
+# Spark's built-in data source short names (DataSourceRegister.shortName of the sources Spark ships, avro
+# included): anything else in spark.sql.sources.default is a class or package name that Spark loads
+_SPARK_SOURCES = frozenset({"parquet", "orc", "json", "csv", "avro", "text", "binaryfile"})
 # JVM flags a job may need (GC, stack, JIT compiler, time zone, encoding); everything else (an agent,
 # -XX:OnOutOfMemoryError running a command, a boot class path, a system property naming a
 # class or a trust store) is refused. The JIT flags only change when and how much is compiled and inlined
@@ -221,6 +224,10 @@ def spark_conf_problems(conf: Mapping[str, Any], acknowledged: frozenset[str] | 
             problems.append((key, f"only {sorted(_SPARK_CODECS)} (a class name loads code)"))
         elif key in acknowledged:
             continue
+        elif key == "spark.sql.sources.default" and text.lower() not in _SPARK_SOURCES:
+            problems.append((key, f"{text!r} is not a built-in data source short name (a class or package name "
+                                  f"loads code); allowed: {', '.join(sorted(_SPARK_SOURCES))}, or list the key in "
+                                  "stream.spark.acknowledge_code_loading to accept that"))
         elif key in ("spark.master", "spark.app.name", "spark.driver.memory"):
             problems.append((key, f"overrides the typed setting stream.spark.{key.removeprefix('spark.')}"
                                   .replace("app.name", "app_name").replace("driver.memory", "driver_memory")))
@@ -252,6 +259,14 @@ _PG_ALLOWED = frozenset({
     "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout",
     "client_encoding",
 })
+# sslmode values that let the connection run without a verified server certificate, like MySQL's
+# ssl_disabled and ssl_verify_cert=false (libpq "SSL Support", table 34.1 "SSL Mode Descriptions")
+_PG_SSLMODE_REFUSED = {
+    "disable": "turns TLS off",
+    "allow": "falls back to a connection without TLS (tried first without it)",
+    "prefer": "falls back to a connection without TLS when the server (or a man in the middle) offers none",
+    "require": "encrypts but skips server certificate verification (anyone on the path can pose as the server)",
+}
 _PG_REFUSED = {
     "passfile": "reads a password file",
     "sslkey": "reads a private key file (client certificates are not supported through the URL)",
@@ -309,6 +324,13 @@ def url_query_problems(backend: str, query: Mapping[str, Any]) -> list[tuple[str
                 problems.append((key, _PG_REFUSED[key]))
             elif key not in _PG_ALLOWED:
                 problems.append((key, "not on the allow-list of known-safe PostgreSQL (libpq) options"))
+            elif key == "sslmode":
+                for v in values:
+                    why = _PG_SSLMODE_REFUSED.get(str(v).strip().lower())
+                    if why:
+                        problems.append((key, f"{v} {why}; use sslmode=verify-full (or verify-ca) with "
+                                              "sslrootcert=<CA file>; there is no opt-in, as for MySQL's "
+                                              "ssl_disabled"))
         elif backend in ("mysql", "mariadb"):
             if key in _MYSQL_REFUSED:
                 problems.append((key, _MYSQL_REFUSED[key]))

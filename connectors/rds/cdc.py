@@ -423,6 +423,8 @@ class PgChangeStream:
                     records = []
                     for row in rows:
                         v = src.to_value(row)
+                        if v is None:
+                            continue  # a row left out (a NaN in a NOT NULL decimal, see RdsSource)
                         records.append(({k: v[k] for k in src.key_fields}, v))
                     yield SourceBatch(records, self._position(), headers=list(headers))
         finally:
@@ -583,6 +585,8 @@ class PgChangeStream:
             if row is None:
                 return  # the row is gone: its delete follows in the stream
         value = src.to_value(tuple(row))
+        if value is None:
+            return  # a row left out (a NaN in a NOT NULL decimal, see RdsSource)
         key = {k: value[k] for k in src.key_fields}
         if change.op == "update" and change.old is not None:
             old_key = self._key_of(rel, change.old)

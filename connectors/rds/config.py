@@ -157,6 +157,12 @@ class RdsSinkConfig(SinkConnectorConfig):
     key: list[str] = Field(min_length=1, description="primary key column(s)")
     version_column: str = Field("_version", description="column holding the applied version")
     create_table: bool = Field(False, description="create the table from the Avro schema if missing")
+    evolve_table: bool = Field(
+        False,
+        description="widen a numeric column whose precision or scale is smaller than the writer schema's decimal "
+        "(ALTER TABLE ... ALTER COLUMN ... TYPE numeric(p,s)) instead of sending the values it cannot hold exactly "
+        "to the dead letter queue; PostgreSQL and MySQL/MariaDB",
+    )
     value_schema: SchemaRef | None = Field(
         None, description="Avro schema (.avsc path relative to the config file's folder, or shipped name) to create "
         "the table before the first record"

@@ -35,10 +35,12 @@ from connectors.exceptions import (
     SetupError,
     SinkBackpressureError,
     SinkBlockedError,
+    SkippableRecordError,
 )
 from connectors.rds.connection import sql_engine
 from connectors.rds.errors import classify as classify_db_error
 from connectors.rds.reading import MYSQL_DIALECTS, utc_sessions
+from connectors.rds.sink_fit import FitPlan, arrow_type, misfits, plan_fit, required_fields_of
 from connectors.rds.sink_types import table_from_avro
 from connectors.redact import redact
 
@@ -129,6 +131,25 @@ class RdsSink(Sink):
     transaction raise :class:`BatchRefusedError`; the sink runtime bisects the
     batch to find it, and it goes to the dead letter topic; the rest is applied.
 
+    No silent precision loss: each writer schema version of the update topic
+    is compared once with the table's columns (:mod:`connectors.rds.sink_fit`).
+    A value the column cannot hold exactly (a ``decimal(12,4)`` value with four
+    fractional digits in a ``numeric(12,2)`` column, an integer out of the
+    column's range, a string longer than a ``varchar(n)``) would be rounded or
+    truncated by the database: it goes to the dead letter topic instead, the
+    reason naming the field, the column's SQL type and the record's Avro type.
+    With ``evolve_table: true`` (PostgreSQL, MySQL/MariaDB) a ``numeric``
+    column narrower than the writer schema's decimal is widened first
+    (``ALTER TABLE ... ALTER COLUMN ... TYPE numeric(p,s)``; on MySQL/MariaDB
+    ``MODIFY COLUMN``, which keeps nullability and comment but not a default).
+
+    A column the writer schema has no field for gets NULL on every upsert
+    (whole rows are written). When that column is required (``NOT NULL``, or
+    created from a non-null Avro field, or non-null in an earlier writer
+    schema) the sink logs a WARNING naming the table and the column at start-up
+    (for ``value_schema``) and on every new writer schema; a ``NOT NULL``
+    column then refuses each record, which goes to the dead letter topic.
+
     Example::
 
         - name: flights-db
@@ -149,6 +170,9 @@ class RdsSink(Sink):
         self.tombstones: Table | None = None
         self._lock = threading.Lock()
         self._dialect = ""
+        self._plans: dict[Any, FitPlan] = {}  # per writer schema version, for ``_plans_of``
+        self._plans_of: Table | None = None
+        self._required_seen: set[str] = set()  # fields a writer schema of the topic declared non-null
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -180,6 +204,12 @@ class RdsSink(Sink):
             )
         if self.table is not None and self.tombstones is None:
             self._open_tombstones()
+        if self.table is not None and self.config.value_schema:
+            from schemas import load_schema
+
+            # warns at start-up about required columns this schema does not carry
+            ref = self.config.value_schema
+            self._plan("value_schema", load_schema(ref), f"value_schema {ref}")
 
     def _open_tombstones(self) -> None:
         """Create (if missing) the tombstone table: the key columns, typed as the table's, and the version.
@@ -302,7 +332,7 @@ class RdsSink(Sink):
                     if sample is None:
                         return []  # only deletes, and no table yet: nothing to delete
                     self._create(sample.value_schema, sample)
-        failures: list[RecordFailure] = []
+        records, failures = self._fit(batch, records)
         columns, records = self._columnar(batch, records) if self._dialect == "postgresql" else ([], records)
         rows: list[tuple[SinkRecord, tuple[Any, ...] | None]] = []
         for record in records:
@@ -326,6 +356,165 @@ class RdsSink(Sink):
             time.monotonic() - start,
         )
         return failures
+
+    # -- exact values (connectors.rds.sink_fit) -------------------------------------------------------
+
+    def _fit(self, batch: SinkBatch, records: list[SinkRecord]) -> tuple[list[SinkRecord], list[RecordFailure]]:
+        """Drop the upserts with a value their column cannot hold exactly; they become record failures.
+
+        The writer schema's plan says which fields to check (usually none); those are checked on
+        the batch's Arrow columns, or on an array made of the records' values when the batch was
+        decoded per record.
+
+        Returns:
+            ``(records to write, failures)``.
+
+        Raises:
+            SinkBackpressureError, RetriableError, FatalError: widening a column (``evolve_table``) failed.
+        """
+        # the usual case costs one set of fingerprints: every writer schema already planned, nothing to check
+        plans = self._plans if self._plans_of is self.table else {}
+        fingerprints = {r.value_fingerprint for r in records}
+        fingerprints.discard(None)  # tombstones; an upsert without one (not decoded by the service) is not checked
+        if all(fp in plans and not plans[fp].checks for fp in fingerprints):
+            return records, []
+        groups: dict[Any, list[SinkRecord]] = {}
+        for record in records:
+            if record.value_fingerprint is not None and record.value_schema is not None and not record.is_delete:
+                groups.setdefault(record.value_fingerprint, []).append(record)
+        failures: list[RecordFailure] = []
+        refused: set[int] = set()
+        for key, group in groups.items():
+            plan = self._plan(key, group[0].value_schema, f"writer schema of {group[0].where()}")
+            if not plan.checks:
+                continue
+            table = batch.value_table(group)
+            for check in plan.checks:
+                for i in self._misfit_rows(table, group, check):
+                    record = group[i]
+                    if id(record) not in refused:
+                        refused.add(id(record))
+                        failures.append(RecordFailure(record, SkippableRecordError(
+                            f"{record.where()}: table {self._qualified()!r}: {check.reason()}")))
+        if not failures:
+            return records, []
+        return [r for r in records if id(r) not in refused], failures
+
+    def _misfit_rows(self, table: Any, group: list[SinkRecord], check: Any) -> list[int]:
+        """Positions in ``group`` of the values of ``check.field`` that do not fit (see :func:`misfits`)."""
+        import numpy as np
+        import pyarrow as pa
+
+        if table is not None and check.field in table.column_names:
+            values = table.column(check.field)
+        else:
+            typ = arrow_type(group[0].value_schema, check.field)
+            try:
+                values = pa.array([(r.value or {}).get(check.field) for r in group], type=typ)
+            except (pa.ArrowException, TypeError, ValueError):
+                if len(group) == 1:
+                    return [0]  # a value that does not even convert to its Avro type's Arrow type
+                return [i for i, r in enumerate(group) if self._misfit_rows(None, [r], check)]
+        mask = misfits(values, check)
+        return np.flatnonzero(mask.to_numpy(zero_copy_only=False)).tolist()
+
+    def _plan(self, key: Any, schema: Any, label: str) -> FitPlan:
+        """The fit of one writer schema version with the table, computed once (widening the table if allowed)."""
+        plan = self._plans.get(key) if self._plans_of is self.table else None
+        if plan is not None:
+            return plan
+        with self._lock:
+            if self._plans_of is not self.table:
+                self._plans, self._plans_of = {}, self.table
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._new_plan(schema, label)
+                self._plans[key] = plan
+        return plan
+
+    def _new_plan(self, schema: Any, label: str) -> FitPlan:
+        """Compare a new writer schema with the table: widen (``evolve_table``), warn about required columns."""
+        assert self.table is not None
+        skip = {*self.config.key, self.config.version_column}
+
+        def fit() -> FitPlan:
+            assert self.table is not None
+            return plan_fit(schema, self.table, self.engine.dialect, skip=skip, required_fields=self._required_seen)
+
+        plan = fit()
+        if plan.widen and self.config.evolve_table and self._dialect in ("postgresql", *MYSQL_DIALECTS):
+            self.table = self._reflect()  # another replica may have widened it already
+            plan = fit()
+            if plan.widen:
+                self._widen(plan.widen, label)
+                self.table = self._reflect()
+                plan = fit()
+            self._plans, self._plans_of = {}, self.table
+        for column in plan.absent_required:
+            log.warning(
+                "sink=%s table=%s column=%s is required (NOT NULL, or a non-null field when the table was created "
+                "or in an earlier writer schema) but the %s has no field for it: every upsert writes NULL there%s",
+                self.name,
+                self._qualified(),
+                column,
+                label,
+                " (the column is NOT NULL: the database refuses those records, they go to the dead letter topic)"
+                if not self.table.c[column].nullable
+                else "",
+            )
+        others = [c for c in plan.absent if c not in plan.absent_required]
+        if others:
+            log.info("sink=%s table=%s columns=%s are not in the %s: upserts write NULL there",
+                     self.name, self._qualified(), others, label)
+        self._required_seen |= required_fields_of(schema)
+        return plan
+
+    def _widen(self, widen: list[tuple[str, Any]], label: str) -> None:
+        """``evolve_table``: give narrower ``numeric`` columns the writer schema's precision and scale.
+
+        Raises:
+            SinkBackpressureError: a lock on the table outlasted ``lock_timeout_s`` (retried later).
+            RetriableError: the connection was lost.
+            FatalError: the database refused (no privilege to alter the table...).
+        """
+        assert self.table is not None
+        dialect = self.engine.dialect
+        prep = dialect.identifier_preparer
+        target = prep.format_table(self.table)
+        try:
+            with self.engine.begin() as conn:
+                if self._dialect == "postgresql":
+                    conn.execute(
+                        select(func.set_config("lock_timeout", f"{int(self.config.lock_timeout_s * 1000)}ms", True))
+                    )
+                for name, typ in widen:
+                    column = self.table.c[name]
+                    type_sql = typ.compile(dialect=dialect)
+                    if self._dialect == "postgresql":
+                        ddl = f"ALTER TABLE {target} ALTER COLUMN {prep.quote(name)} TYPE {type_sql}"
+                    else:  # MODIFY restates the whole column: keep its nullability and comment
+                        ddl = f"ALTER TABLE {target} MODIFY COLUMN {prep.quote(name)} {type_sql} " + (
+                            "NULL" if column.nullable else "NOT NULL"
+                        )
+                        if column.comment:
+                            ddl += " COMMENT " + str(
+                                literal(column.comment).compile(dialect=dialect, compile_kwargs={"literal_binds": True})
+                            )
+                    conn.exec_driver_sql(ddl)
+                    log.warning(
+                        "sink=%s table=%s widened column=%s from %s to %s for the %s (evolve_table)",
+                        self.name,
+                        self._qualified(),
+                        name,
+                        column.type.compile(dialect=dialect),
+                        type_sql,
+                        label,
+                    )
+        except Exception as exc:  # noqa: BLE001 - classified: busy is backpressure, the rest stops the sink
+            error = self._classify(exc)
+            if isinstance(error, _RecordProblem):
+                error = FatalError(f"sink {self.name!r}: cannot widen columns of {self._qualified()!r}: {error}")
+            raise error from exc
 
     def _key_values(self, record: SinkRecord) -> dict[str, Any]:
         key = record.key
@@ -626,7 +815,10 @@ class RdsSink(Sink):
         t = self.table
         assert t is not None
         v = self.config.version_column
-        stage_name = f"_threes_stage_{zlib.crc32(self._qualified().encode()):08x}"
+        # the column types are part of the name: a session's stage made before evolve_table widened a
+        # column would otherwise round the new values on COPY
+        signature = self._qualified() + "|".join(f"{c.name}:{c.type!r}" for c in t.c)
+        stage_name = f"_threes_stage_{zlib.crc32(signature.encode()):08x}"
         cols = [c.name for c in t.c]
         driver = conn.connection.driver_connection
         with driver.cursor() as cur:

@@ -36,6 +36,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeEngine
 
 from connectors.exceptions import FatalError
+from connectors.rds.sink_fit import REQUIRED_COMMENT
 
 _PRIMITIVES: dict[str, Any] = {
     "boolean": Boolean,
@@ -163,6 +164,9 @@ def table_from_avro(
         if fname in key or fname == version_column:
             continue
         typ, nullable = sql_type(f["type"])
-        columns.append(Column(fname, typ, nullable=True if not nullable else nullable))
+        # every column is nullable, so that a field a compatible schema change removes still writes (NULL);
+        # the comment keeps that the field was required, for the sink's warning when it disappears
+        comment = None if nullable else REQUIRED_COMMENT
+        columns.append(Column(fname, typ, nullable=True, comment=comment))
     columns.append(Column(version_column, BigInteger(), nullable=False))
     return Table(name, MetaData(), *columns, schema=schema_name)

@@ -102,6 +102,16 @@ class RdsSource(SourceTask):
     (``batch_records`` rows) at a time, at most two pages ahead when reading
     through ADBC, so a slow broker slows the reads.
 
+    ``NaN`` and ``±Infinity`` in a ``numeric`` column (PostgreSQL allows them; an
+    Avro ``decimal`` cannot carry them): in a nullable column the record is sent
+    with that field null and a WARNING names the table, the key and the column;
+    in a ``NOT NULL`` column the row is left out of the topic (its key keeps
+    its previous value there) and an ERROR names them, until the row holds a
+    number again. Either way the position moves on: later rows and commits
+    still arrive, and the task never stops (and restarts) on that row. Sources
+    have no dead letter topic; cast the column in a ``mode: query`` SELECT
+    (``NULLIF(amount, 'NaN')``) to choose otherwise.
+
     Example::
 
         sources:
@@ -299,7 +309,7 @@ class RdsSource(SourceTask):
         self.key_fields = [column_to_field[k] for k in self.key_columns]
         self.key_cols = [by_name[k] for k in self.key_columns]
         converters = drop_needless_converters(converters, self.dialect)
-        self.to_value = make_row_converter(self.field_names, converters)
+        self.to_value = self._finite_decimals(make_row_converter(self.field_names, converters))
         self._arrow_schema = self._columnar_schema()
         index = {name: i for i, name in enumerate(self.field_names)}
         self._column_converters = [(index[f], fn) for f, fn in converters]
@@ -333,6 +343,55 @@ class RdsSource(SourceTask):
         if self._use_adbc and not all(_adbc_bindable(c.type) for c in order):
             self._use_adbc = False
         self._adbc: Any = None
+
+    def _finite_decimals(self, convert: Any) -> Any:
+        """``convert`` (row -> value dict), with ``NaN``/``±Infinity`` decimals made null or the row dropped.
+
+        Returns:
+            A converter returning the value dict, or ``None`` for a row to leave out (a
+            non-finite value in a non-nullable field); ``convert`` itself when no field is
+            a decimal. See the class docstring.
+        """
+        import decimal
+
+        nullable_of: dict[str, bool] = {}
+        for f in self.value_schema["fields"]:
+            types = f["type"] if isinstance(f["type"], list) else [f["type"]]
+            if any(isinstance(t, dict) and t.get("logicalType") == "decimal" for t in types):
+                nullable_of[f["name"]] = "null" in types
+        if not nullable_of:
+            return convert
+        fields = tuple(nullable_of.items())
+        Decimal = decimal.Decimal
+
+        def to_value(row: Any) -> dict[str, Any] | None:
+            value = convert(row)
+            for name, nullable in fields:
+                v = value[name]
+                if v.__class__ is Decimal and not v.is_finite():
+                    if not self._non_finite(value, name, nullable):
+                        return None
+            return value
+
+        return to_value
+
+    def _non_finite(self, value: dict[str, Any], name: str, nullable: bool) -> bool:
+        """Null the field (``True``), or say the row is left out (``False``), logging why."""
+        key = {k: value[k] for k in self.key_fields}
+        shown = value[name]
+        if nullable:
+            value[name] = None
+            log.warning(
+                "source=%s %s %s holds %s, which an Avro decimal cannot carry: the record is sent with it null",
+                self.config.name, self.describe_key(key), self.describe_field(name), shown,
+            )
+            return True
+        log.error(
+            "source=%s %s %s holds %s, which an Avro decimal cannot carry, and is NOT NULL: the row is left out "
+            "of the topic until it holds a number (cast it in a `mode: query` SELECT to send something else)",
+            self.config.name, self.describe_key(key), self.describe_field(name), shown,
+        )
+        return False
 
     def _columnar_schema(self) -> Any:
         """The Arrow schema of column-wise batches, or ``None`` to yield one dict per row.
@@ -479,11 +538,13 @@ class RdsSource(SourceTask):
                         if single_key is not None:
                             for row in rows:
                                 v = to_value(row)
-                                append(({single_key: v[single_key]}, v))
+                                if v is not None:  # None: a row left out (a NaN in a NOT NULL decimal)
+                                    append(({single_key: v[single_key]}, v))
                         else:
                             for row in rows:
                                 v = to_value(row)
-                                append(({k: v[k] for k in key_fields}, v))
+                                if v is not None:
+                                    append(({k: v[k] for k in key_fields}, v))
                         last = rows[-1]
                         self.cursor = [last[i] for i in order_idx]
                         yield SourceBatch(records, self._position(), source_ts_ms=self._cursor_ts_ms())
@@ -527,7 +588,8 @@ class RdsSource(SourceTask):
                 records: list[Any] = []
                 for row in _python_rows(raw, self._arrow_schema):
                     v = self.to_value(row)
-                    records.append(({k: v[k] for k in self.key_fields}, v))
+                    if v is not None:  # None: a row left out (a NaN in a NOT NULL decimal)
+                        records.append(({k: v[k] for k in self.key_fields}, v))
                 yield SourceBatch(records, self._position(), source_ts_ms=self._cursor_ts_ms())
         except adbc_driver_manager.Error as exc:
             self._close_adbc()
@@ -676,7 +738,8 @@ class RdsSource(SourceTask):
                     records = []
                     for row in rows:
                         v = self.to_value(row)
-                        records.append(({k: v[k] for k in self.key_fields}, v))
+                        if v is not None:
+                            records.append(({k: v[k] for k in self.key_fields}, v))
                     yield SourceBatch(records, None)
         except DisconnectionError as exc:
             raise RetriableError(f"source {self.name!r}: reconciling {self.where} failed: {_reason(exc)}") from exc

@@ -31,8 +31,10 @@ Spark reads ``timestamp-micros`` as ``TimestampType``, ``local-timestamp-micros`
 as ``TimestampNTZType``, ``date`` as ``DateType`` and ``decimal`` as
 ``DecimalType(p, s)`` (Spark's ``from_avro`` documentation, "Supported types").
 An unbounded ``numeric`` has no scale to declare: it is written as
-``decimal(38, 9)``, and a value with more than 9 fractional digits (or NaN) is
-an encoding error naming its column, never a rounded number. Any other type is
+``decimal(38, 9)``, and a value with more than 9 fractional digits is an
+encoding error naming its column, never a rounded number. ``NaN``/``±Infinity``
+have no Avro decimal: ``RdsSource`` sends them as null (or leaves a ``NOT NULL``
+column's row out), with a log line naming the column. Any other type is
 refused with an error naming the column; cast it in a ``mode: query`` SELECT.
 
 Avro names allow ``[A-Za-z_][A-Za-z0-9_]*`` only (Avro specification, "Names"):

@@ -15,8 +15,11 @@ Shape (JSON; offsets are Kafka offsets, ages seconds, times ISO 8601 UTC)::
 
 ``state`` of a source task: ``starting``, ``running``, ``caught_up``,
 ``restarting``, ``failed``, ``stopped``, or ``unknown`` (no process endpoint
-answered: only what Kafka stores is known). A sync service is ``running``,
-``degraded`` (a sink restarting), ``restarting``, ``stopped`` or ``unknown``.
+answered: only what Kafka stores is known). A sync service is ``starting``,
+``waiting_for_partitions`` (subscribed, but the consumer group has not assigned
+it a partition yet: not ready, e.g. while a restarted member waits out its old
+session), ``running``, ``degraded`` (a sink restarting), ``restarting``,
+``stopped`` or ``unknown``.
 """
 
 from __future__ import annotations

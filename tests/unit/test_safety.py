@@ -96,3 +96,30 @@ def test_file_references_stay_under_the_config_folder(tmp_path) -> None:
     allowed = load_pipeline(write(tmp_path, MINIMAL.replace("${env:PGPASS}", f"${{file:{outside}/pg}}")),
                             environ={"THREES_FILE_REF_DIRS": str(outside)})
     assert allowed.connections["pg"].password.get_secret_value() == "outside"
+
+
+def test_postgres_sslmode_without_certificate_verification_is_refused_like_mysql_ssl_disabled() -> None:
+    # MySQL's ssl_disabled and ssl_verify_cert=false are refused: PostgreSQL's equivalents too
+    with pytest.raises(ValidationError, match="'ssl_disabled' refused: turns TLS off"):
+        RdsConnection(type="rds", url="mysql+pymysql://u@h/db?ssl_disabled=true")
+    for mode, why in [("disable", "turns TLS off"), ("allow", "falls back to a connection without TLS"),
+                      ("prefer", "falls back to a connection without TLS"),
+                      ("require", "skips server certificate verification"), ("REQUIRE", "skips server")]:
+        with pytest.raises(ValidationError, match=f"url option 'sslmode' refused: {mode} .*{why}.*verify-full"):
+            RdsConnection(type="rds", url=f"postgresql+psycopg://u@h:5432/db?sslmode={mode}")
+    for mode in ("verify-ca", "verify-full"):
+        conn = RdsConnection(type="rds", url=f"postgresql+psycopg://u@h:5432/db?sslmode={mode}&sslrootcert=/ca.pem")
+        assert conn.sqlalchemy_url().query["sslmode"] == mode
+    assert RdsConnection(type="rds", url="postgresql+psycopg://u@h:5432/db").sqlalchemy_url().query == {}
+
+
+def test_spark_default_data_source_takes_built_in_short_names_only() -> None:
+    for name in ("parquet", "orc", "json", "csv", "avro", "text", "Parquet"):
+        assert SparkSettings(conf={"spark.sql.sources.default": name}).conf["spark.sql.sources.default"] == name
+    for name in ("com.evil.DefaultSource", "org.apache.spark.sql.execution.datasources.parquet", "delta"):
+        with pytest.raises(ValidationError, match="conf 'spark.sql.sources.default' refused: .* not a built-in"):
+            SparkSettings(conf={"spark.sql.sources.default": name})
+    # the documented opt-in for settings that load code
+    acknowledged = SparkSettings(conf={"spark.sql.sources.default": "io.delta.sql.DeltaSource"},
+                                 acknowledge_code_loading=["spark.sql.sources.default"])
+    assert acknowledged.conf["spark.sql.sources.default"] == "io.delta.sql.DeltaSource"

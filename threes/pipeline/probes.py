@@ -73,6 +73,26 @@ def source_cycles(metrics_text: str) -> dict[str, int]:
     return out
 
 
+def sync_assigned(metrics_text: str) -> dict[str, int]:
+    """Partitions assigned per sync service, from a ``threes sync run`` metrics endpoint.
+
+    Args:
+        metrics_text: a Prometheus text exposition.
+
+    Returns:
+        Service name -> partitions its consumer holds (``threes_sync_assigned_partitions``);
+        a service is ready only above 0.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, int] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "threes_sync_assigned_partitions":
+            for sample in family.samples:
+                out[sample.labels.get("service", "")] = int(sample.value)
+    return out
+
+
 def sources_ready(cycles: dict[str, int], tasks: dict[str, int]) -> tuple[list[str], list[str]]:
     """Which source connectors finished their first cycle (the initial snapshot, read until caught up).
 

@@ -38,7 +38,16 @@ from typing import Any
 
 from connectors.exceptions import FatalError, SetupError
 from threes.pipeline.plan import COMPONENTS, Part, plan_run
-from threes.pipeline.probes import Flow, FlowReader, KafkaOutage, KafkaProbe, scrape, source_cycles, sources_ready
+from threes.pipeline.probes import (
+    Flow,
+    FlowReader,
+    KafkaOutage,
+    KafkaProbe,
+    scrape,
+    source_cycles,
+    sources_ready,
+    sync_assigned,
+)
 from threes.pipeline.processes import Child, signal_group, spawn
 
 log = logging.getLogger(__name__)
@@ -390,16 +399,25 @@ class Supervisor:
                 return
             self._ready(state, "every snapshot loaded; enriching events")
         else:
-            answering = [p for p in part.metrics_ports if scrape(p, token=self._token(p)) is not None]
+            texts = [scrape(p, token=self._token(p)) for p in part.metrics_ports]
+            answering = [t for t in texts if t is not None]
             if len(answering) < len(part.metrics_ports):
                 state.detail = f"starting ({len(answering)}/{len(part.metrics_ports)} services serve metrics)"
+                return
+            # serving metrics is not consuming: a restarted member may wait ~session.timeout.ms for partitions
+            assigned: dict[str, int] = {}
+            for text in answering:
+                assigned.update(sync_assigned(text))
+            waiting = sorted(name for name, n in assigned.items() if n <= 0)
+            if waiting or not assigned and part.metrics_ports:
+                state.detail = f"waiting for partitions ({', '.join(waiting) or 'no service reports them yet'})"
                 return
             services = ", ".join(s.name for s in self.pipeline.sync)
             self._ready(state, f"consuming ({services})")
 
     def _token(self, port: int) -> str | None:
         """The bearer token of the config entry serving on ``port`` (``metrics_token``), if any."""
-        entries = [getattr(self.pipeline, "stream", None), *getattr(self.pipeline, "sync", [])]
+        entries = [self.pipeline.stream, *self.pipeline.sync]
         for entry in entries:
             if entry is not None and entry.metrics_port == port and entry.metrics_token is not None:
                 return str(entry.metrics_token.get_secret_value())

@@ -202,3 +202,31 @@ def test_key_changes_unchanged_large_values_and_a_transaction_larger_than_a_batc
     assert [i for _p, i, _v, _ver in got[3:]] == list(range(10, 130))  # all of it, in order
     assert len({ver for *_r, ver in got[1:]}) == 1  # one transaction, one version
     assert got[0][3] < got[1][3]
+
+
+def test_nan_in_numeric_is_null_or_left_out_and_later_changes_arrive(
+    pg: Any, pg_engine: Any, kafka: Any, kafka_conf: Any, cdc_names: dict[str, str]
+) -> None:
+    """Issue #40 item 7, in the snapshot and in the change stream: a NaN never stops the source on its row."""
+    import decimal
+
+    t = cdc_names["table"]
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {t} (id int PRIMARY KEY, amount numeric(10,2), must numeric(10,2) NOT NULL)"))
+        c.execute(text(f"INSERT INTO {t} VALUES (1, 'NaN', 1), (2, 2, 'NaN'), (3, 3, 3)"))
+    pipeline = _pipeline(kafka, pg, cdc_names)
+    (s,) = run_once(pipeline).values()
+    assert s.error is None, s.error
+    snap = changes(kafka_conf, cdc_names["topic"])
+    d = decimal.Decimal
+    assert [(i, v) for _p, i, v, _ver in snap] == [
+        (1, {"id": 1, "amount": None, "must": d("1.00")}), (3, {"id": 3, "amount": d("3.00"), "must": d("3.00")})]
+    with pg_engine.begin() as c:
+        c.execute(text(f"INSERT INTO {t} VALUES (4, 'NaN', 4), (5, 5, 'NaN')"))
+    with pg_engine.begin() as c:
+        c.execute(text(f"INSERT INTO {t} VALUES (6, 6, 6)"))
+    (s,) = run_once(pipeline).values()
+    assert s.error is None, s.error
+    got = changes(kafka_conf, cdc_names["topic"])[len(snap):]
+    assert [(i, v) for _p, i, v, _ver in got] == [
+        (4, {"id": 4, "amount": None, "must": d("4.00")}), (6, {"id": 6, "amount": d("6.00"), "must": d("6.00")})]

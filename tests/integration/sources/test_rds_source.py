@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import logging
 import subprocess
 import sys
 import uuid
@@ -351,6 +352,50 @@ def test_unencodable_value_stops_without_advancing(
         (2,): {"id": 2, "amount": decimal.Decimal("1.000000001")},
         (3,): {"id": 3, "amount": decimal.Decimal("2.5")},
     }
+
+
+@pytest.mark.parametrize("reader", ["adbc", "psycopg"])
+def test_nan_and_infinity_in_numeric_never_stop_the_source(
+    pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str, reader: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue #40 item 7: a NaN used to fail the task on its row, restarted forever; later commits never arrived."""
+    table = f"nan_{reader}_{unique}"
+    extra = ", doc jsonb" if reader == "psycopg" else ""  # a jsonb column needs psycopg's rows (no ADBC)
+    with pg_engine.begin() as c:
+        # PostgreSQL allows NaN in any numeric, +/-Infinity only in an unbounded one
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, amount numeric(10,2), plain numeric, "
+                       f"must numeric(10,2) NOT NULL{extra})"))
+        c.execute(text(f"INSERT INTO {table} (id, amount, plain, must) VALUES (1, 1.5, 1, 1), (2, 'NaN', 2, 2), "
+                       "(3, 2.5, 'Infinity', 3), (4, 3.5, '-Infinity', 4), (5, 4.5, 5, 'NaN'), (6, 5.5, 6, 6)"))
+    pipeline = source_pipeline(kafka, pg, name=f"nan-{unique}", topic=f"state.{unique}", table=table,
+                               mode="incrementing", incrementing_column="id", batch_records=2)
+    with caplog.at_level(logging.WARNING, logger="connectors.rds.source"):
+        (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    d = decimal.Decimal
+    doc = {"doc": None} if reader == "psycopg" else {}
+    assert topic_state(kafka_conf, f"state.{unique}") == {
+        (1,): {"id": 1, "amount": d("1.50"), "plain": d("1.000000000"), "must": d("1.00"), **doc},
+        (2,): {"id": 2, "amount": None, "plain": d("2.000000000"), "must": d("2.00"), **doc},
+        (3,): {"id": 3, "amount": d("2.50"), "plain": None, "must": d("3.00"), **doc},
+        (4,): {"id": 4, "amount": d("3.50"), "plain": None, "must": d("4.00"), **doc},
+        # 5: NaN in a NOT NULL column, left out of the topic
+        (6,): {"id": 6, "amount": d("5.50"), "plain": d("6.000000000"), "must": d("6.00"), **doc},
+    }
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "connectors.rds.source"]
+    for level, key, column, shown in [(logging.WARNING, 2, "amount", "NaN"), (logging.WARNING, 3, "plain", "Infinity"),
+                                      (logging.WARNING, 4, "plain", "-Infinity"), (logging.ERROR, 5, "must", "NaN")]:
+        assert any(lv == level and table in m and f"{{'id': {key}}}" in m and f'column "{column}"' in m
+                   and f"holds {shown}," in m for lv, m in logged), (key, logged)
+    assert OffsetStore(kafka_conf).load(f"nan-{unique}") == {"mode": "incrementing", "after": [6]}
+    # a later commit arrives; the fixed row 5 too once it is updated (incrementing: as a new id here)
+    with pg_engine.begin() as c:
+        c.execute(text(f"INSERT INTO {table} (id, amount, plain, must) VALUES (7, 'NaN', 7, 7)"))
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    state = topic_state(kafka_conf, f"state.{unique}")
+    assert state[(7,)] == {"id": 7, "amount": None, "plain": d("7.000000000"), "must": d("7.00"), **doc}
 
 
 # -- types --------------------------------------------------------------------------------------------------------

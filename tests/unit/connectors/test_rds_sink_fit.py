@@ -1,0 +1,56 @@
+"""The RDS sink's exactness checks (pure logic): which fields to check, and which values do not fit."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pyarrow as pa
+from sqlalchemy import BigInteger, Column, Integer, MetaData, Numeric, SmallInteger, String, Table, Text
+from sqlalchemy.dialects import mysql, postgresql
+
+from connectors.rds.sink_fit import misfits, plan_fit
+
+SCHEMA = {"type": "record", "name": "R", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 4}},
+    {"name": "same", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+    {"name": "n", "type": ["null", "long"], "default": None},
+    {"name": "small", "type": "int"},
+    {"name": "code", "type": "string"},
+    {"name": "text", "type": "string"},
+]}
+
+
+def table() -> Table:
+    return Table("t", MetaData(), Column("id", BigInteger, primary_key=True), Column("amount", Numeric(12, 2)),
+                 Column("same", Numeric(14, 2)), Column("n", Integer), Column("small", SmallInteger),
+                 Column("code", String(3)), Column("text", Text), Column("gone", Integer, nullable=False),
+                 Column("_version", BigInteger, nullable=False))
+
+
+def test_plan_checks_only_the_fields_that_may_not_fit_and_names_required_absent_columns() -> None:
+    plan = plan_fit(SCHEMA, table(), postgresql.dialect(), skip={"id", "_version"})
+    checks = {c.field: c for c in plan.checks}
+    assert set(checks) == {"amount", "n", "small", "code"}
+    assert (checks["amount"].scale, checks["amount"].int_digits) == (2, None)
+    assert checks["amount"].sql_type == "NUMERIC(12, 2)" and checks["amount"].avro_type == "decimal(12,4)"
+    assert (checks["n"].lo, checks["n"].hi) == (-(2**31), 2**31 - 1)
+    assert checks["code"].max_length == 3
+    assert [(c, (t.precision, t.scale)) for c, t in plan.widen] == [("amount", (14, 4))]
+    assert plan.absent == ["gone"] and plan.absent_required == ["gone"]
+    # MySQL: DECIMAL's limits bound the widening
+    wide = {**SCHEMA, "fields": [{"name": "amount", "type": {"type": "bytes", "logicalType": "decimal",
+                                                             "precision": 70, "scale": 4}}]}
+    assert plan_fit(wide, table(), mysql.dialect(), skip={"id", "_version"}).widen == []
+
+
+def test_misfits_are_computed_on_columns() -> None:
+    plan = plan_fit(SCHEMA, table(), postgresql.dialect(), skip={"id", "_version"})
+    checks = {c.field: c for c in plan.checks}
+    amounts = pa.array([Decimal(v) for v in ("1.2345", "1.2300", "0.0001", "99999999.9999")] + [None],
+                       pa.decimal128(12, 4))
+    assert misfits(amounts, checks["amount"]).to_pylist() == [True, False, True, True, False]
+    longs = pa.array([1, 2**31, -(2**31), None, 2**62], pa.int64())
+    assert misfits(longs, checks["n"]).to_pylist() == [False, True, False, False, True]
+    assert misfits(pa.array(["abc", "abcd", "été", None]), checks["code"]).to_pylist() == [False, True, False, False]
+    assert misfits(pa.chunked_array([pa.array([40000, 5], pa.int64())]), checks["small"]).to_pylist() == [True, False]
