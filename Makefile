@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "threes needs Python >= 3.11 (found %s); set PYTHON=python3.11" % sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -e '.[dev,mysql]'
+	$(BIN)/pip install -e '.[dev,mysql,demo]'
 	touch $@
 
 stack: venv

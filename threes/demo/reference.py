@@ -18,7 +18,7 @@ those whose values differ are updated with a fresh ``updated_at``, those no
 longer in the data are deleted, and identical ones are left alone. A second
 load therefore changes nothing, and the sources (timestamp / incremental
 modes) see exactly the changes. An empty table is filled with PostgreSQL
-``COPY`` (the fastest path, ~200k rows/s per STACK.md); documents go through
+``COPY`` (PostgreSQL's fastest bulk load); documents go through
 the Elasticsearch bulk helper. The S3 object is rewritten only when its bytes
 differ.
 

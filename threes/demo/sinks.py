@@ -4,7 +4,7 @@ Used by ``threes demo`` and the end-to-end test to count progress and to
 compare the output with the oracle. Reads only (no side effects):
 
 * Elasticsearch: point-in-time + ``search_after`` (works on the minimal
-  integ-test server and on the full one; STACK.md measured ~63k docs/s),
+  integ-test server and on the full one),
   with each hit's ``_version`` (the update's version: the event offset);
 * PostgreSQL: one ``SELECT`` of the table through SQLAlchemy Core;
 * S3: every Parquet object under a prefix, its ``dt=`` folder kept, the
