@@ -200,6 +200,26 @@ def enriched_schema(event_schema: dict[str, Any], joins: Iterable[JoinedFields])
     return out
 
 
+def with_derived(enriched: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:
+    """The enriched schema with the ``derive`` columns appended, in YAML order (each nullable).
+
+    Args:
+        enriched: from :func:`enriched_schema`.
+        derived: column name -> Avro type.
+
+    Raises:
+        ValueError: a derived column's name is already a field of the enriched event.
+    """
+    if not derived:
+        return enriched
+    have = {f["name"] for f in enriched["fields"]}
+    clash = sorted(n for n in derived if n in have)
+    if clash:
+        raise ValueError(f"derive column(s) {clash} collide with fields of the enriched event")
+    fields = [nullable({"name": n, "type": t}) for n, t in derived.items()]
+    return {**enriched, "fields": [*enriched["fields"], *fields]}
+
+
 def subset_schema(
     source: dict[str, Any],
     field_names: Sequence[str],

@@ -22,7 +22,7 @@ from typing import Any
 from stream_app.avro import decode_avro, framed
 from stream_app.avro_schemas import is_optional, same_encoding
 from stream_app.columns import ColumnCache
-from stream_app.enrich import BoundLookup, enrich
+from stream_app.enrich import BoundLookup, apply_steps
 from stream_app.kafka_io import offsets_json
 from stream_app.plan import JobPlan, writers_for
 from stream_app.records import RECORD_FIELDS, dead_letter_fields, header, no_headers, record_of, record_rows
@@ -148,17 +148,19 @@ class BatchPlan:
         select = self._cache.select
         return select(select(select(batch, first), second), third)
 
-    def records(self, frame: Any, lookups: list[BoundLookup], views: Mapping[str, SnapshotView]) -> Any:
+    def records(
+        self, frame: Any, lookups: list[BoundLookup], views: Mapping[str, SnapshotView], filtered: Any = None
+    ) -> Any:
         """Every output record of the batch: ``topic, key, value, headers``.
 
         Args:
             frame: from :meth:`frame`.
-            lookups: the lookups bound to this batch's snapshot views.
+            lookups: the lookups bound to this batch's snapshot views (every lookup of the job, by index).
             views: the views, whose offsets go in the ``snapshot.<name>`` headers.
+            filtered: an ``Observation`` that receives ``filtered``, the events ``where`` dropped.
         """
-        enriched = self._cache.select(
-            enrich(frame, lookups, passthrough=ERROR, cache=self._cache), [self._cache.col("*"), self._body]
-        )
+        steps = apply_steps(frame, self.plan.steps, lookups, passthrough=ERROR, cache=self._cache, observation=filtered)
+        enriched = self._cache.select(steps, [self._cache.col("*"), self._body])
         if self.one_record_per_event:
             return enriched.select(*self._record_rows(views))
         return enriched.select(self._record_rows(views)).filter(self._record_kept)

@@ -151,10 +151,19 @@ class SnapshotConfig(StrictModel):
 
 
 class LookupConfig(StrictModel):
-    """One enrichment: join events to a snapshot on event field(s) = snapshot key field(s)."""
+    """One enrichment: join events to a snapshot on column(s) = snapshot key field(s).
+
+    A column of ``on`` may be an event field, a ``derive`` column, or a column an earlier lookup
+    added (its prefixed name): lookups chain (order line -> order -> customer -> nation). The job
+    runs each lookup as soon as its columns exist; ``validate`` checks the chain is a DAG.
+    """
 
     snapshot: Name
-    on: dict[str, str] = Field(min_length=1, description="event field -> snapshot key field")
+    on: dict[str, str] = Field(
+        min_length=1,
+        description="column -> snapshot key field; the column is an event field, a derive column or an earlier "
+        "lookup's prefixed column (a chained lookup)",
+    )
     how: Literal["left", "inner"] = "left"
     prefix: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="prefix of the joined columns, e.g. origin_")
     fields: list[str] | None = Field(None, min_length=1, description="snapshot value fields to join (default all)")
@@ -183,6 +192,17 @@ class UpdateConfig(StrictModel):
         None, description="aggregation: output field -> 'count' | 'mean(f)' | 'sum(f)' | 'min(f)' | 'max(f)'"
     )
     event_time: str | None = Field(None, description="aggregation: event-time field (an Avro timestamp)")
+    where: str | None = Field(
+        None,
+        description="a Spark SQL boolean expression over the enriched event: only events for which it is true "
+        "reach this update topic (null counts as false)",
+    )
+    delete_when: str | None = Field(
+        None,
+        description="projection: a Spark SQL boolean expression over the enriched event; when true the event "
+        "emits a tombstone (a null value) for its key, with the event's version, and the sinks delete the row, "
+        "document or archived key",
+    )
     window: str = Field("1 day", description="aggregation: tumbling window, e.g. '1 day', '15 minutes'")
     watermark: str = Field("1 hour", description="aggregation: how late an event may arrive, e.g. '1 hour'")
 
@@ -211,7 +231,7 @@ class UpdateConfig(StrictModel):
             missing = [n for n in ("group_by", "aggregations", "event_time") if not getattr(self, n)]
             if missing:
                 raise ValueError(f"an aggregation needs {', '.join(missing)}")
-            extra = [n for n in ("key", "fields") if getattr(self, n) is not None]
+            extra = [n for n in ("key", "fields", "delete_when") if getattr(self, n) is not None]
         if extra:
             raise ValueError(f"{', '.join(extra)} not allowed for kind {self.kind}")
         return self
@@ -358,6 +378,19 @@ class StreamJobConfig(StrictModel):
 
     name: Name = "stream"
     events: EventsConfig
+    where: str | None = Field(
+        None,
+        description="a Spark SQL boolean expression: events for which it is not true (false or null) are dropped "
+        "and counted (threes_stream_filtered_events_total); it runs as soon as the columns it reads exist, before "
+        "the lookups when it reads only event and derive columns",
+    )
+    derive: dict[str, str] = Field(
+        default_factory=dict,
+        description="new column -> Spark SQL expression, in order (later entries may read earlier ones); each runs "
+        "as soon as the columns it reads exist (before the lookups unless it reads a looked-up column); derived "
+        "columns are part of the enriched event, after the looked-up ones, and may be lookup keys, update keys, "
+        "versions, group_by keys or event time",
+    )
     snapshots: list[SnapshotConfig] = Field(default_factory=list)
     lookups: list[LookupConfig] = Field(default_factory=list)
     enriched_topic: TopicName
@@ -392,6 +425,14 @@ class StreamJobConfig(StrictModel):
             rest = location.removeprefix("file:")
             return f"file://{rest}" if rest.startswith("/") else rest
         return location
+
+    @field_validator("derive")
+    @classmethod
+    def _derive_names(cls, derive: dict[str, str]) -> dict[str, str]:
+        for name in derive:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name) or name.startswith("__"):
+                raise ValueError(f"{name!r}: a derived column needs an Avro name ([A-Za-z_][A-Za-z0-9_]*, not __...)")
+        return derive
 
     @model_validator(mode="after")
     def _references(self) -> StreamJobConfig:

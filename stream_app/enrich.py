@@ -38,9 +38,11 @@ from typing import Any
 
 from stream_app.columns import ColumnCache, rows_where
 from stream_app.config import LookupConfig
+from stream_app.expressions import column
 from stream_app.snapshot.data import DELETED, LK, SnapshotView, event_lookup_key
 from stream_app.snapshot.indexed import MATCHED, ArrowLookup, lookup_udf_function
 from stream_app.snapshot.mapped import MappedLookup, mapped_udf_function
+from stream_app.stages import DeriveStep, LookupStep, Step
 
 
 @dataclass(frozen=True)
@@ -72,18 +74,24 @@ def joined_fields(lookup: BoundLookup) -> list[Any]:
 
 
 def enrich(
-    events: Any, lookups: Sequence[BoundLookup], passthrough: str | None = None, cache: ColumnCache | None = None
+    events: Any,
+    lookups: Sequence[BoundLookup],
+    passthrough: str | None = None,
+    cache: ColumnCache | None = None,
+    ids: Sequence[int] | None = None,
 ) -> Any:
     """Join events to snapshots.
 
     Args:
         events: a DataFrame of events (their fields as columns; other columns
-            are carried along).
+            are carried along; a lookup's key columns may be any of them).
         lookups: the lookups, in order; joined columns are appended in this order.
         passthrough: name of a column whose non-null rows are never dropped by
             an inner lookup (the job routes such rows to the dead letter topic).
         cache: where the column expressions are kept between micro-batches (a job's
             :class:`~stream_app.columns.ColumnCache`); a fresh one when ``None``.
+        ids: each lookup's index in the job (names its helper columns and cache entries, so the
+            rounds of a chain do not collide); ``0..n-1`` when ``None``.
 
     Returns:
         ``events``' columns followed by each lookup's prefixed columns.
@@ -105,21 +113,22 @@ def enrich(
         return events
     columns = tuple(events.columns)
     star = cache.col("*")
+    numbered = list(zip(ids if ids is not None else range(len(lookups)), lookups, strict=True))
     keys = [
         cache.get(
             ("lookup key", i, id(lookup.config), lookup.view.key_type.simpleString()),
             lambda i=i, lookup=lookup: event_lookup_key(lookup.config.on, lookup.view.key_type).alias(f"__lk{i}"),
         )
-        for i, lookup in enumerate(lookups)
+        for i, lookup in numbered
     ]
     hashes = [cache.get(("lookup hash", i), lambda i=i: f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}"))
-              for i in range(len(lookups))]
+              for i, _lookup in numbered]
     # two projections: the hash reads the key computed by the first
     df = cache.select(cache.select(events, [star, *keys]), [star, *hashes])
-    indexed = [(i, lk) for i, lk in enumerate(lookups) if _in_python(lk.view)]
+    indexed = [(i, lk) for i, lk in numbered if _in_python(lk.view)]
     if indexed:
         df = _indexed_lookups(df, indexed, passthrough)
-    for i, lookup in enumerate(lookups):
+    for i, lookup in numbered:
         if not _in_python(lookup.view):
             df = _spark_lookup(df, i, lookup, passthrough, cache)
     out = cache.get(
@@ -247,3 +256,63 @@ def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None,
     if cols.keep is not None:
         df = df.filter(cols.keep)
     return cache.select(df, [star, *cols.expanded])
+
+
+def apply_steps(
+    events: Any,
+    steps: Sequence[Step],
+    lookups: Sequence[BoundLookup],
+    passthrough: str | None = None,
+    cache: ColumnCache | None = None,
+    observation: Any = None,
+) -> Any:
+    """Run a job's derive columns, lookups and ``where`` in their planned order (:mod:`stream_app.stages`).
+
+    Args:
+        events: decoded events (their fields as columns).
+        steps: the plan's steps.
+        lookups: every lookup of the job, bound to this batch's views, by index.
+        passthrough: a column whose non-null rows (events to dead-letter) neither a ``where`` nor an
+            inner lookup drops.
+        cache: the job's :class:`~stream_app.columns.ColumnCache`.
+        observation: a ``pyspark.sql.Observation`` that receives ``filtered``, the events the
+            ``where`` dropped; ``None``: not counted.
+
+    Returns:
+        The events with every derive and looked-up column, without the events ``where`` dropped.
+    """
+    from pyspark.sql import functions as f
+
+    cache = cache if cache is not None else ColumnCache()
+    df = events
+    looked_up = False
+    for step in steps:
+        if isinstance(step, DeriveStep):
+            cols = cache.get(("derive", step.columns),
+                             lambda step=step: [column(text, name) for name, text in step.columns])
+            df = cache.select(df, [cache.col("*"), *cols])
+        elif isinstance(step, LookupStep):
+            df = enrich(df, [lookups[i] for i in step.lookups], passthrough, cache, ids=step.lookups)
+            looked_up = True
+        else:
+            dropped = cache.get(("where", step.expression, passthrough),
+                                lambda step=step: _dropped(step.expression, passthrough).alias(DROPPED))
+            df = cache.select(df, [cache.col("*"), dropped])
+            if observation is not None:
+                df = df.observe(observation, f.count_if(f.col(DROPPED)).alias("filtered"))
+            kept = [c for c in df.columns if c != DROPPED]
+            # before a lookup a filter (pushed down, so dropped events are never looked up); after one, the
+            # generator that keeps Spark from copying a lookup's UDF into the predicate (rows_where)
+            df = rows_where(df, ~f.col(DROPPED), kept) if looked_up else df.filter(~f.col(DROPPED)).select(*kept)
+    return df
+
+
+DROPPED = "__dropped"
+
+
+def _dropped(expression: str, passthrough: str | None) -> Any:
+    """True for an event ``where`` drops: not true (false or null), and not one to dead-letter."""
+    from pyspark.sql import functions as f
+
+    dropped = ~f.coalesce(column(expression), f.lit(False))
+    return dropped & f.col(passthrough).isNull() if passthrough is not None else dropped

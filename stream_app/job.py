@@ -36,7 +36,7 @@ from connectors.config.models import KafkaConfig
 from connectors.exceptions import ConfigError, ConfigProblem, FatalError, SetupError
 from connectors.topics import cluster_metadata, ensure_compacted_topic, topic_configs
 from schemas.serde import schema_json
-from stream_app import metrics
+from stream_app import expressions, metrics
 from stream_app.avro_schemas import subset_schema
 from stream_app.batch import SOURCE_HEADER, BatchPlan
 from stream_app.checkpoint import (
@@ -266,7 +266,8 @@ class StreamJob:
     def _start_aggregation(self, update: Any, available_now: bool) -> Any:
         # decode only the fields the aggregation reads: same record name, so every enriched writer resolves
         enriched = self.plan.enriched
-        reader = subset_schema(enriched.avro, aggregation_input_fields(update), full_name(enriched.avro) or "")
+        names = [fld["name"] for fld in enriched.avro["fields"]]
+        reader = subset_schema(enriched.avro, aggregation_input_fields(update, names), full_name(enriched.avro) or "")
         reader_json = schema_json(reader)
         stream = (
             self._read_stream(self.config.enriched_topic, "earliest")
@@ -278,6 +279,8 @@ class StreamJob:
         writers = {**writers_for(self._writers(), enriched.avro), enriched.fingerprint: enriched.json}
         # ours is appended after the event's own headers: the last one named so
         events = aggregation_input(stream, writers, reader_json, SOURCE_HEADER)
+        if update.config.where is not None:  # this topic's own filter (null counts as false)
+            events = events.filter(expressions.column(update.config.where))
         records = aggregation_records(aggregate(events, update, dedupe_on="__source"), update)
         writer = records.writeStream.format("kafka").outputMode("update")
         for key, value in sink_options(self._options).items():
@@ -340,7 +343,8 @@ class StreamJob:
             seen_in = Observation(f"in-{batch_id}-{uuid.uuid4().hex[:6]}")
             frame = frame.observe(seen_in, counted_in)
         lookups = [BoundLookup(lookup, views[lookup.snapshot]) for lookup in cfg.lookups]
-        records = self._batch.records(frame, lookups, views)
+        filtered = Observation(f"where-{batch_id}-{uuid.uuid4().hex[:6]}") if cfg.where is not None else None
+        records = self._batch.records(frame, lookups, views, filtered)
         seen_out = Observation(f"out-{batch_id}-{uuid.uuid4().hex[:6]}")
         out = records.observe(seen_out, *counted_out)
         planned = time.monotonic()
@@ -357,7 +361,7 @@ class StreamJob:
         # Spark delivers observed metrics through its asynchronous listener bus, seconds late on a busy
         # driver: the batch does not wait for them, a reporter thread logs them when they arrive.
         timings = (ready - gate, refreshed - ready, planned - refreshed, written - planned, written - started)
-        self._reporter.submit(self._report, batch_id, replay, views, seen_in, seen_out, timings)
+        self._reporter.submit(self._report, batch_id, replay, views, seen_in, seen_out, timings, filtered)
 
     def _report(
         self,
@@ -367,6 +371,7 @@ class StreamJob:
         seen_in: Any,
         seen_out: Any,
         timings: tuple[float, ...],
+        filtered: Any = None,
     ) -> None:
         """Log a micro-batch's summary line and count its records (reporter thread)."""
         cfg = self.config
@@ -374,6 +379,8 @@ class StreamJob:
             counts = observed(seen_out, ("enriched", "dead_letters", "records"))
             if seen_in is not None:
                 counts.update(observed(seen_in, ("events",)))
+            if filtered is not None:
+                counts.update(observed(filtered, ("filtered",)))
             counts.setdefault("events", counts["records"])
         except Exception as exc:  # the session stopped before the metrics arrived
             log.debug("job=%s batch=%d: no counts (%s)", cfg.name, batch_id, exc)
@@ -381,13 +388,16 @@ class StreamJob:
         counts["updates"] = counts["records"] - counts["enriched"] - counts["dead_letters"]
         for kind in ("events", "enriched", "dead_letters", "updates"):
             metrics.RECORDS.labels(cfg.name, kind).inc(counts[kind])
+        if "filtered" in counts:
+            metrics.FILTERED.labels(cfg.name).inc(counts["filtered"])
         self.counts[batch_id] = counts
         log.info(
-            "job=%s batch=%d events=%d enriched=%d dead_letters=%d updates=%d replay=%s snapshots=%s "
+            "job=%s batch=%d events=%d filtered=%d enriched=%d dead_letters=%d updates=%d replay=%s snapshots=%s "
             "gate_s=%.2f refresh_s=%.2f plan_s=%.2f write_s=%.2f elapsed_s=%.2f",
             cfg.name,
             batch_id,
             counts["events"],
+            counts.get("filtered", 0),
             counts["enriched"],
             counts["dead_letters"],
             counts["updates"],

@@ -39,6 +39,9 @@ BATCH_SECONDS = Histogram(
     "threes_stream_batch_seconds", "Micro-batch time", ["job"], buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 )
 RECORDS = Counter("threes_stream_records_total", "Records read or written", ["job", "kind"])
+FILTERED = Counter(
+    "threes_stream_filtered_events_total", "Events the stream's `where` dropped (false or null)", ["job"]
+)
 LATE_EVENTS = Counter(
     "threes_stream_late_events_total",
     "Enriched events an aggregation dropped because they were older than its watermark",

@@ -29,8 +29,11 @@ from stream_app.avro_schemas import (
     record_name_for,
     string_key_schema,
     subset_schema,
+    with_derived,
 )
 from stream_app.config import AGGREGATION, SnapshotConfig, StreamJobConfig, UpdateConfig
+from stream_app.expressions import Expression, ExpressionError, check, parse, type_class
+from stream_app.stages import Step, order_steps
 
 _NUMERIC = {"int", "long", "float", "double"}
 _TIMESTAMPS = {"timestamp-millis", "timestamp-micros"}
@@ -76,10 +79,63 @@ class JobPlan:
     snapshots: dict[str, SnapshotPlan]
     enriched: Schema
     updates: list[UpdatePlan]
+    steps: list[Step] = field(default_factory=list)  # derive columns, lookups and where, in order (stages.py)
 
 
 def _schema(avro: dict[str, Any]) -> Schema:
     return Schema(avro, schema_json(avro), fingerprint(avro))
+
+
+def _spark_typer(spark: Any) -> Any:
+    """The Avro type of a derive column as Spark computes it (exact decimal precision), at the job's start."""
+
+    def typer(columns: dict[str, Any], name: str, expression: Expression) -> Any:
+        from pyspark.sql import functions as f
+
+        record = {"type": "record", "name": "DeriveInput", "namespace": "threes.derive",
+                  "fields": [{"name": n, "type": t} for n, t in columns.items() if t is not None]}
+        frame = spark.createDataFrame([], spark_type(spark, _schema(record)))
+        try:
+            result = frame.select(f.expr(expression.text).alias(name)).schema[0].dataType
+        except Exception as exc:  # noqa: BLE001 - Spark's analyzer says what is wrong, in its words
+            raise ExpressionError(f"{expression.text!r}: {str(exc).splitlines()[0]}") from exc
+        return ["null", avro_of_spark(spark, result, name)]
+
+    return typer
+
+
+def avro_of_spark(spark: Any, data_type: Any, name: str) -> Any:
+    """The Avro type ``to_avro`` writes a Spark type as (decimals as ``bytes``, timestamps in microseconds).
+
+    Args:
+        spark: the SparkSession (complex types are converted by Spark's own ``SchemaConverters``).
+        data_type: a ``pyspark.sql.types.DataType``.
+        name: the column's name (names a record type).
+
+    Returns:
+        A non-null Avro type.
+    """
+    from pyspark.sql import types as T
+
+    simple = {T.BooleanType: "boolean", T.ByteType: "int", T.ShortType: "int", T.IntegerType: "int",
+              T.LongType: "long", T.FloatType: "float", T.DoubleType: "double", T.StringType: "string",
+              T.BinaryType: "bytes"}
+    for kind, avro in simple.items():
+        if isinstance(data_type, kind):
+            return avro
+    if isinstance(data_type, T.DecimalType):
+        return _decimal_type(data_type.precision, data_type.scale)
+    if isinstance(data_type, T.DateType):
+        return {"type": "int", "logicalType": "date"}
+    if isinstance(data_type, T.TimestampNTZType):
+        return {"type": "long", "logicalType": "local-timestamp-micros"}
+    if isinstance(data_type, T.TimestampType):
+        return TIMESTAMP_MICROS
+    jvm = spark.sparkContext._jvm
+    parsed = spark._jsparkSession.parseDataType(data_type.json())
+    avro = json.loads(jvm.org.apache.spark.sql.avro.SchemaConverters.toAvroType(
+        parsed, False, name, f"threes.derived.{name}").toString())
+    return avro
 
 
 def spark_type(spark: Any, schema: Schema) -> Any:
@@ -350,15 +406,13 @@ def build_plan(
             unknown.add(snap.name)
 
     joins: list[JoinedFields] = []
+    joined: dict[int, dict[str, Any] | None] = {}  # per lookup, the columns it adds (None: schemas unknown here)
     open_prefixes: list[str] = []  # lookups not joined (unknown snapshot or problems): their fields go unchecked
     for i, lookup in enumerate(config.lookups):
         before = len(problems)
-        if event is not None:
-            for ev in lookup.on:
-                if ev not in fields_of(event):
-                    problem(f"lookups[{i}].on.{ev}", f"no field {ev!r} in the event schema {full_name(event)}")
         if lookup.snapshot not in snaps or event is None:
             open_prefixes.append(lookup.prefix)
+            joined[i] = None
             continue
         key, value = snaps[lookup.snapshot]
         key_fields, value_fields = fields_of(key), fields_of(value)
@@ -373,13 +427,28 @@ def build_plan(
                 problem(f"lookups[{i}].fields", f"no field {name!r} in the value schema of snapshot {lookup.snapshot}")
         if len(problems) > before:
             open_prefixes.append(lookup.prefix)
+            joined[i] = None
         else:
-            joins.append(JoinedFields(lookup.prefix, value, lookup.fields, lookup.how == "left"))
+            join = JoinedFields(lookup.prefix, value, lookup.fields, lookup.how == "left")
+            joins.append(join)
+            joined[i] = {
+                f"{lookup.prefix}{name}": (nullable({"name": "_", "type": value_fields[name]["type"]})["type"]
+                                           if join.optional else value_fields[name]["type"])
+                for name in (lookup.fields or list(value_fields))
+            }
+
+    steps: list[Step] = []
+    derived: dict[str, Any] = {}
+    if event is not None:
+        typer = _spark_typer(spark) if spark is not None and not open_prefixes else None
+        steps, derived = order_steps(
+            config, {n: f["type"] for n, f in fields_of(event).items()}, joined, problem, typer
+        )
 
     enriched: dict[str, Any] | None = None
     if event is not None:
         try:
-            enriched = enriched_schema(event, joins)
+            enriched = with_derived(enriched_schema(event, joins), derived)
         except ValueError as exc:
             problem("lookups", str(exc))
     if enriched is not None and open_prefixes:
@@ -416,7 +485,7 @@ def build_plan(
         )
         for snap in config.snapshots
     }
-    plan = JobPlan(config, _schema(event), snapshot_plans, _schema(enriched), updates)
+    plan = JobPlan(config, _schema(event), snapshot_plans, _schema(enriched), updates, steps)
     if spark is not None:
         plan.events.spark_type = spark_type(spark, plan.events)
         plan.enriched.spark_type = spark_type(spark, plan.enriched)
@@ -436,6 +505,22 @@ def _update_plan(
     """
     available = fields_of(enriched)
     ok = True
+    for attr in ("where", "delete_when"):
+        text = getattr(update, attr)
+        if text is None:
+            continue
+        try:
+            expression = parse(text)
+            columns = {n: fld["type"] for n, fld in available.items()}
+            columns.update({c: None for c in expression.columns if any(c.startswith(p) for p in open_prefixes or [])})
+            kind = type_class(check(expression, columns))
+        except ExpressionError as exc:
+            problem(attr, str(exc))
+            ok = False
+            continue
+        if kind not in ("boolean", "unknown"):
+            problem(attr, f"{text!r} is {kind}, not a boolean expression")
+            ok = False
 
     def need(path: str, names: list[str]) -> None:
         nonlocal ok

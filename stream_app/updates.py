@@ -1,11 +1,12 @@
 """Update records for the sync service: projections of enriched events and stateful aggregations.
 
 Both follow the update-topic contract (:mod:`connectors.updates`): key, value
-(never ``null`` here: the job only upserts), and a ``version`` header that
+(``null`` for a projection's ``delete_when``: a tombstone), and a ``version`` header that
 grows per key and is the same when a micro-batch is replayed, so a sink that
 applies only newer versions turns replays and duplicates into no-ops.
 
-* A **projection** writes one upsert per enriched event. Its version is the
+* A **projection** writes one upsert per enriched event (of those its ``where`` keeps),
+  or a tombstone when its ``delete_when`` holds. Its version is the
   event's offset, its Kafka timestamp (ms), or a numeric event field: all read
   from the event, hence identical on replay. The event's ``threes.source_ts``
   header (its source commit time) is carried to the update record, so the sync
@@ -26,11 +27,13 @@ applies only newer versions turns replays and duplicates into no-ops.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from connectors.updates import SOURCE_TS_HEADER
 from stream_app.avro import decode_avro, encode_avro, framed
 from stream_app.columns import rows_where
+from stream_app.expressions import column as expr_column
 from stream_app.plan import UpdatePlan
 from stream_app.records import dead_letter, header_value, update_record
 from stream_app.snapshot.data import corrupt_to_null
@@ -88,9 +91,12 @@ def projection_records(
         value = encode_avro(f.struct(*value_fields), plan.value.json, plan.value.fingerprint)
     # freshness from the source: the event's threes.source_ts header travels to its update record
     source_ts = header_value(f.col("__headers"), SOURCE_TS_HEADER)
-    upsert = f.when(
-        ok & complete, update_record(plan.config.topic, key, value, projection_version(plan), source_ts)
-    )
+    emit = ok & complete
+    if plan.config.where is not None:  # this topic's own filter: null counts as false
+        emit = emit & f.coalesce(expr_column(plan.config.where), f.lit(False))
+    if plan.config.delete_when is not None:  # a tombstone (null value) for the key, with the event's version
+        value = f.when(~f.coalesce(expr_column(plan.config.delete_when), f.lit(False)), value)
+    upsert = f.when(emit, update_record(plan.config.topic, key, value, projection_version(plan), source_ts))
     missing = f.concat_ws(", ", *[f.when(f.col(n).isNull(), f.lit(n)) for n in key_fields])
     bad = f.when(
         ok & ~complete,
@@ -111,7 +117,7 @@ def projection_records(
     return [upsert, bad]
 
 
-def aggregation_input_fields(plan: UpdatePlan) -> list[str]:
+def aggregation_input_fields(plan: UpdatePlan, enriched_names: Sequence[str] = ()) -> list[str]:
     """The enriched fields an aggregation reads: its ``group_by`` fields, event time and aggregated fields.
 
     The aggregation query decodes the enriched topic with a reader schema of
@@ -123,6 +129,11 @@ def aggregation_input_fields(plan: UpdatePlan) -> list[str]:
     """
     cfg = plan.config
     names = [*(cfg.group_by or []), cfg.event_time or ""]
+    if cfg.where is not None:  # the columns this topic's where reads (their names as the enriched event spells them)
+        from stream_app.expressions import parse
+
+        spelled = {n.lower(): n for n in enriched_names}
+        names += [spelled.get(c.lower(), c) for c in sorted(parse(cfg.where).columns)]
     names += [source for _out, _fn, source in plan.aggregations if source]
     return list(dict.fromkeys(n for n in names if n))
 

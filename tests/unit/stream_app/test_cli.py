@@ -45,7 +45,7 @@ def test_schema_problems_are_config_errors_with_their_path(tmp_path):
     (tmp_path / "pipeline.yaml").write_text(PIPELINE.replace("{origin: faa}", "{nope: faa}"))
     result = CliRunner().invoke(app, ["stream", "schemas", str(tmp_path / "pipeline.yaml")])
     assert result.exit_code == 1
-    assert "stream.lookups[0].on.nope: no field 'nope' in the event schema threes.test.Flight" in result.output
+    assert "stream.lookups[0].on.nope: no column 'nope' in the event, the derive columns or an earlier lookup" in result.output
 
 
 def test_a_file_without_a_stream_section_is_refused(tmp_path):
