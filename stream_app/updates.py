@@ -39,6 +39,7 @@ from stream_app.records import dead_letter, header_value, update_record
 from stream_app.snapshot.data import corrupt_to_null
 
 COUNT = "__count"
+EVENT_DATE = "__event_date"
 PERCENTILE_ACCURACY = 10_000
 """``percentile_approx``'s accuracy (Spark's default): the value returned is within 1/10000 of the window's
 events in rank of the exact percentile, and its sketch keeps O(accuracy) values per group and window."""
@@ -173,12 +174,15 @@ def output_mode(plan: UpdatePlan) -> str:
     return "append" if plan.config.window == SESSION else "update"
 
 
-def _aggregate_column(agg: Aggregate, event_time: str) -> Any:
-    """The Spark aggregate of one output (before the cast to its Avro type in :func:`aggregation_records`)."""
+def _aggregate_column(agg: Aggregate, event_time: str, renamed: dict[str, str]) -> Any:
+    """The Spark aggregate of one output (before the cast to its Avro type in :func:`aggregation_records`).
+
+    ``renamed``: fields read from another column (the date event time's own copy).
+    """
     f = _f()
     if agg.fn == "count":
         return f.count(f.lit(1))
-    col = f.col(agg.field)
+    col = f.col(renamed.get(agg.field or "", agg.field))
     if agg.fn == "count_distinct":
         # Spark refuses distinct aggregates on a stream; a set per group is exact (nulls left out, as
         # COUNT(DISTINCT) does), and the state keeps every distinct value of each open window
@@ -215,8 +219,13 @@ def aggregate(enriched: Any, plan: UpdatePlan, dedupe_on: str | None = None) -> 
     """
     f = _f()
     cfg = plan.config
+    renamed: dict[str, str] = {}
+    if plan.event_time_is_date and any(agg.field == cfg.event_time for agg in plan.aggregations):
+        # first/last of the date event time itself: the date, not the timestamp it becomes below
+        renamed[cfg.event_time or ""] = EVENT_DATE
+        enriched = enriched.withColumn(EVENT_DATE, f.col(cfg.event_time))
     outputs = [f.count(f.lit(1)).alias(COUNT)]
-    outputs += [_aggregate_column(agg, cfg.event_time or "").alias(agg.output) for agg in plan.aggregations]
+    outputs += [_aggregate_column(agg, cfg.event_time or "", renamed).alias(agg.output) for agg in plan.aggregations]
     if plan.event_time_is_date:
         # a date is its day's midnight UTC (whatever the session's time zone)
         enriched = enriched.withColumn(cfg.event_time, f.timestamp_seconds(f.unix_date(f.col(cfg.event_time)) * 86400))

@@ -223,3 +223,60 @@ def test_session_windows_match_a_pandas_oracle_and_a_late_event_moves_the_start_
         assert (g["total_delay"], g["dests"]) == (e["total_delay"], e["dests"]), key
         assert (g["first_dest"], g["last_dest"], g["last_delay"]) == (e["first_dest"], e["last_dest"],
                                                                       e["last_delay"]), key
+
+
+ORDER = {
+    "type": "record", "name": "Order", "namespace": "threes.test",
+    "fields": [
+        {"name": "order_id", "type": "long"},
+        {"name": "shop", "type": "string"},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+    ],
+}
+
+
+def test_new_functions_keep_decimal_and_date_types_over_hopping_days(spark, tmp_path):
+    """first/last of the date event time stay dates; percentile and first/last of a decimal stay decimals."""
+    import io
+    import json
+    from decimal import Decimal
+
+    import fastavro
+    from pyspark.sql.types import DateType, DecimalType, LongType, StringType, StructField, StructType
+
+    from schemas.serde import HEADER_BYTES
+    from stream_app.config import StreamJobConfig
+    from stream_app.plan import build_plan
+    from stream_app.updates import aggregate, aggregation_records
+
+    (tmp_path / "order.avsc").write_text(json.dumps(ORDER))
+    config = StreamJobConfig.model_validate({
+        "events": {"topic": "orders", "value_schema": str(tmp_path / "order.avsc")},
+        "enriched_topic": "orders.enriched", "dead_letter_topic": "orders.dlq",
+        "checkpoint_location": str(tmp_path / "cp"),
+        "updates": [{"topic": "updates.days", "kind": "aggregation", "group_by": ["shop"], "event_time": "day",
+                     "window": "2 days", "slide": "1 day",
+                     "aggregations": {"n": "count", "first_day": "first(day)", "last_day": "last(day)",
+                                      "first_amount": "first(amount)", "median": "percentile(amount, 0.5)",
+                                      "sd": "stddev(amount)", "ids": "count_distinct(order_id)"}}],
+    })
+    update = build_plan(config, spark, tmp_path).updates[0]
+    schema = StructType([StructField("order_id", LongType()), StructField("shop", StringType()),
+                         StructField("day", DateType()), StructField("amount", DecimalType(12, 2))])
+    d = dt.date(1996, 3, 13)
+    rows = [(1, "a", d + dt.timedelta(days=1), Decimal("3.30")), (2, "a", d, Decimal("1.10")),
+            (3, "a", d + dt.timedelta(days=1), Decimal("2.20")), (3, "a", d + dt.timedelta(days=1), Decimal("2.20"))]
+    out = aggregation_records(aggregate(spark.createDataFrame(rows, schema), update), update).collect()
+    parsed = fastavro.parse_schema(update.value.avro)
+    values = {v["window_start"].date(): v for v in (
+        fastavro.schemaless_reader(io.BytesIO(r["value"][HEADER_BYTES:]), parsed, None) for r in out)}
+    # windows of 2 days every day since the epoch: the 12th-13th, the 13th-14th, the 14th-15th
+    assert sorted(values) == [d - dt.timedelta(days=1), d, d + dt.timedelta(days=1)]
+    both = values[d]
+    assert (both["n"], both["ids"]) == (4, 3)
+    assert (both["first_day"], both["last_day"]) == (d, d + dt.timedelta(days=1))  # dates, not timestamps
+    assert both["first_amount"] == Decimal("1.10")  # the earliest day's, though it came second
+    assert both["median"] == Decimal("2.20")  # one of the amounts, exactly
+    assert math.isclose(both["sd"], float(pd.Series([3.3, 1.1, 2.2, 2.2]).std(ddof=1)), rel_tol=1e-12)
+    assert values[d - dt.timedelta(days=1)]["sd"] is None  # one order: no sample standard deviation
