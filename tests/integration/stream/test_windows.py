@@ -224,6 +224,15 @@ def test_session_windows_match_a_pandas_oracle_and_a_late_event_moves_the_start_
         assert (g["first_dest"], g["last_dest"], g["last_delay"]) == (e["first_dest"], e["last_dest"],
                                                                       e["last_delay"]), key
 
+    # older than the watermark now: dropped, and counted once (not by each stateful operator it meets)
+    env.put_flights([_flight(len(flights) + 2, "EWR", T0, rng)])
+    while _aggregated_rows(job, env.delays) < len(flights) + 3:
+        assert time.monotonic() < deadline + 180, "the aggregation did not read the late flight"
+        time.sleep(1)
+    late_events = job._late
+    job.stop()  # progress reaches listeners through Spark's asynchronous bus: the stop waits for the last events
+    assert late_events.dropped[env.delays] == 1
+
 
 ORDER = {
     "type": "record", "name": "Order", "namespace": "threes.test",
