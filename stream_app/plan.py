@@ -540,8 +540,8 @@ def _update_plan(
             ok = False
             continue
         if fn not in _NUMERIC_ONLY and not _is_scalar(source_type):
-            problem(f"aggregations.{out}", f"field {source!r} is not of a primitive or logical type (a record, enum, "
-                                           f"fixed, array or map): {fn} takes scalars")
+            problem(f"aggregations.{out}", f"field {source!r} is a record, enum, fixed, array or map: {fn} takes a "
+                                           f"field of a primitive or logical type")
             ok = False
             continue
         extra.append(_aggregate_field(out, fn, source_type))

@@ -100,8 +100,8 @@ def test_the_plan_rejects_fields_a_function_cannot_take(tmp_path):
     got = {p.path: p.message for p in exc.value.problems}
     assert got["stream.updates[0].aggregations.a"].startswith("field 'country' is not numeric")
     assert got["stream.updates[0].aggregations.b"].startswith("field 'country' is not numeric")
-    assert got["stream.updates[0].aggregations.c"].startswith("field 'tags' is not of a primitive or logical type")
-    assert got["stream.updates[0].aggregations.d"].startswith("field 'tags' is not of a primitive or logical type")
+    assert got["stream.updates[0].aggregations.c"].startswith("field 'tags' is a record, enum, fixed, array or map")
+    assert got["stream.updates[0].aggregations.d"].startswith("field 'tags' is a record, enum, fixed, array or map")
     assert got["stream.updates[0].aggregations.e"].startswith("no field 'nope' in the enriched event")
     assert got["stream.updates[0].aggregations.f"].startswith("no field 'nope' in the enriched event")
 
