@@ -23,6 +23,10 @@ Example::
         - {topic: updates.flights, kind: projection, key: [flight_id], version: offset}
         - {topic: updates.delays, kind: aggregation, group_by: [origin], event_time: time_hour,
            window: 1 day, aggregations: {flights: count, mean_dep_delay: mean(dep_delay)}}
+        - {topic: updates.hourly, kind: aggregation, group_by: [origin], event_time: time_hour,
+           window: 1 hour, slide: 10 minutes, aggregations: {flights: count, p95: percentile(dep_delay, 0.95)}}
+        - {topic: updates.sessions, kind: aggregation, group_by: [tailnum], event_time: time_hour,
+           window: session, gap: 30 minutes, aggregations: {legs: count, first_dest: first(dest)}}
       dead_letter_topic: flights.dlq
       checkpoint_location: .threes/checkpoints/flights
 """
@@ -30,17 +34,102 @@ Example::
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from connectors.config.models import Name, SchemaRef, StrictModel, TopicName, metrics_endpoint_problem
 from connectors.config.safety import JIT_INLINE_FLAGS
 
-AGGREGATION = re.compile(r"^(?:count|(?P<fn>mean|sum|min|max)\((?P<field>[A-Za-z_][A-Za-z0-9_]*)\))$")
-"""An aggregation: ``count`` or ``mean(field)`` / ``sum(field)`` / ``min(field)`` / ``max(field)``."""
+AGGREGATION = re.compile(
+    r"^(?P<fn>[a-z_]+)(?:\((?P<field>[A-Za-z_][A-Za-z0-9_]*)(?:,(?P<p>[^,()]*))?\))?$"
+)
+"""The shape of an aggregation spec (spaces removed): ``fn``, ``fn(field)`` or ``fn(field,p)``;
+:func:`parse_aggregation` checks the function and its arguments."""
 
-_DURATION = re.compile(r"^\d+\s+(?:second|minute|hour|day|week)s?$")
+AGGREGATE_FUNCTIONS = {
+    "count": "count",
+    "mean": "mean(f)",
+    "sum": "sum(f)",
+    "min": "min(f)",
+    "max": "max(f)",
+    "count_distinct": "count_distinct(f)",
+    "approx_count_distinct": "approx_count_distinct(f)",
+    "first": "first(f)",
+    "last": "last(f)",
+    "stddev": "stddev(f)",
+    "percentile": "percentile(f, p)",
+}
+"""Every aggregate function of ``aggregations``, by name, with its spec's form (``f`` a field, ``p`` in (0, 1))."""
+
+
+class AggregationSpec(NamedTuple):
+    """One parsed aggregation spec: ``fn`` over ``field`` (``None`` for ``count``), ``p`` for ``percentile``."""
+
+    fn: str
+    field: str | None
+    p: float | None = None
+
+
+def parse_aggregation(spec: str) -> AggregationSpec:
+    """Parse an aggregation spec of ``aggregations`` (the one parser of them: config and plan use it).
+
+    Args:
+        spec: ``count``, ``sum(amount)``, ``percentile(amount, 0.95)``... (spaces anywhere).
+
+    Returns:
+        The function, its field and ``p`` (percentile only).
+
+    Raises:
+        ValueError: an unknown function, a missing or extra argument, or ``p`` outside (0, 1); the
+            message names the spec and the accepted forms.
+    """
+    forms = ", ".join(AGGREGATE_FUNCTIONS.values())
+    m = AGGREGATION.match(spec.replace(" ", ""))
+    if m is None or m.group("fn") not in AGGREGATE_FUNCTIONS:
+        raise ValueError(f"{spec!r} is not {forms}")
+    fn, field, p = m.group("fn"), m.group("field"), m.group("p")
+    if fn == "count":
+        if field is not None:
+            raise ValueError(f"{spec!r}: count takes no field (it counts events; count_distinct(f) counts values)")
+        return AggregationSpec(fn, None)
+    if field is None:
+        raise ValueError(f"{spec!r}: {fn} needs a field: {AGGREGATE_FUNCTIONS[fn]}")
+    if fn != "percentile":
+        if p is not None:
+            raise ValueError(f"{spec!r}: {fn} takes one field: {AGGREGATE_FUNCTIONS[fn]}")
+        return AggregationSpec(fn, field)
+    try:
+        fraction = float(p) if p is not None else None
+    except ValueError:
+        fraction = None
+    if fraction is None or not 0.0 < fraction < 1.0:
+        raise ValueError(f"{spec!r}: percentile(f, p) needs p in (0, 1), e.g. percentile({field}, 0.95)")
+    return AggregationSpec(fn, field, fraction)
+
+
+def _checked_aggregation(spec: str) -> str:
+    parse_aggregation(spec)
+    return spec
+
+
+AggregationText = Annotated[str, AfterValidator(_checked_aggregation)]
+
+_DURATION = re.compile(r"^(\d+)\s+(second|minute|hour|day|week)s?$")
+_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+SESSION = "session"
+
+
+def duration_s(text: str) -> int:
+    """Seconds of a duration of the config (``'1 day'``, ``'15 minutes'``).
+
+    Raises:
+        ValueError: not ``<n> second(s)|minute(s)|hour(s)|day(s)|week(s)``.
+    """
+    m = _DURATION.match(text.strip())
+    if m is None:
+        raise ValueError("expected '<n> second(s)|minute(s)|hour(s)|day(s)|week(s)', e.g. '1 day'")
+    return int(m.group(1)) * _SECONDS[m.group(2)]
 
 
 class EventsTopicSpec(StrictModel):
@@ -175,11 +264,15 @@ class UpdateConfig(StrictModel):
     ``projection``: one upsert per enriched event, keyed by ``key``; its
     ``version`` is the event's Kafka offset (monotonic per key when the event
     topic is keyed by the same entity), its Kafka timestamp in ms, or a numeric
-    event field. ``aggregation``: per ``group_by`` and event-time ``window``,
-    the ``aggregations``, emitted as upserts whenever they change (Spark state
-    store, RocksDB); the key is ``group_by`` + ``window_start``, the version the
-    group's event count, which grows with every change and is the same when a
-    micro-batch is replayed.
+    event field. ``aggregation``: per ``group_by`` and event-time ``window``
+    (tumbling; hopping with ``slide``; ``session`` with ``gap``), the
+    ``aggregations``, in Spark's state store (RocksDB); the key is ``group_by`` +
+    ``window_start``, the version the group's event count, which grows with
+    every change and is the same when a micro-batch is replayed. Tumbling and
+    hopping windows are emitted as upserts whenever they change (Spark's
+    ``update`` output mode); a session once, when the watermark passes its end
+    (``append``: Spark refuses ``update`` for session windows, as a session's
+    start, hence its key, may still move while it is open).
     """
 
     topic: TopicName
@@ -188,8 +281,12 @@ class UpdateConfig(StrictModel):
     fields: list[str] | None = Field(None, min_length=1, description="projection: fields to keep (default all)")
     version: str = Field("offset", description="projection: 'offset' | 'timestamp' (Kafka, ms) | a numeric event field")
     group_by: list[str] | None = Field(None, min_length=1, description="aggregation: grouping fields")
-    aggregations: dict[str, str] | None = Field(
-        None, description="aggregation: output field -> 'count' | 'mean(f)' | 'sum(f)' | 'min(f)' | 'max(f)'"
+    aggregations: dict[str, AggregationText] | None = Field(
+        None,
+        description="aggregation: output field -> 'count' | 'mean(f)' | 'sum(f)' | 'min(f)' | 'max(f)' | "
+        "'count_distinct(f)' (exact: the state keeps every distinct value per window) | 'approx_count_distinct(f)' "
+        "(HyperLogLog++, 5% relative standard deviation) | 'first(f)' | 'last(f)' (the value at the earliest / "
+        "latest event time) | 'stddev(f)' (sample) | 'percentile(f, p)' (approximate, p in (0, 1))",
     )
     event_time: str | None = Field(None, description="aggregation: event-time field (an Avro timestamp)")
     where: str | None = Field(
@@ -203,30 +300,76 @@ class UpdateConfig(StrictModel):
         "emits a tombstone (a null value) for its key, with the event's version, and the sinks delete the row, "
         "document or archived key",
     )
-    window: str = Field("1 day", description="aggregation: tumbling window, e.g. '1 day', '15 minutes'")
+    window: str = Field(
+        "1 day",
+        description="aggregation: window length, e.g. '1 day', '15 minutes' (tumbling, or hopping with slide), or "
+        "'session' (with gap)",
+    )
+    slide: str | None = Field(
+        None,
+        description="aggregation: hopping windows: a window starts every slide (at most window; need not divide "
+        "it); each event is in about window/slide windows. Not with window: session",
+    )
+    gap: str | None = Field(
+        None,
+        validate_default=True,
+        description="aggregation, window: session (and only then): a group's session ends after this long without "
+        "an event, e.g. '30 minutes'",
+    )
     watermark: str = Field("1 hour", description="aggregation: how late an event may arrive, e.g. '1 hour'")
 
-    @field_validator("window", "watermark")
+    @field_validator("watermark")
     @classmethod
     def _duration(cls, value: str) -> str:
-        if not _DURATION.match(value.strip()):
-            raise ValueError("expected '<n> second(s)|minute(s)|hour(s)|day(s)|week(s)', e.g. '1 day'")
+        duration_s(value)
         return value.strip()
 
-    @field_validator("aggregations")
+    @field_validator("window")
     @classmethod
-    def _aggregations(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        for out, spec in (value or {}).items():
-            if not AGGREGATION.match(spec.replace(" ", "")):
-                raise ValueError(f"{out}: {spec!r} is not count, mean(field), sum(field), min(field) or max(field)")
-        return value
+    def _window(cls, value: str) -> str:
+        if value.strip() == SESSION:
+            return SESSION
+        if duration_s(value) == 0:
+            raise ValueError("a window lasts more than 0 seconds")
+        return value.strip()
+
+    @field_validator("slide")
+    @classmethod
+    def _slide(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if duration_s(value) == 0:
+            raise ValueError("a slide lasts more than 0 seconds")
+        window = info.data.get("window")  # absent when the window itself is invalid (reported there)
+        if window == SESSION:
+            raise ValueError("slide does not apply to window: session (sessions do not hop; their `gap` ends them)")
+        if window is not None and duration_s(value) > duration_s(window):
+            # Spark's window(ts, window, slide) refuses a slide longer than its window (events would fall between
+            # windows); a slide that does not divide the window is fine
+            raise ValueError(f"slide {value.strip()!r} is longer than window {window!r}: it must be at most the window")
+        return value.strip()
+
+    @field_validator("gap")
+    @classmethod
+    def _gap(cls, value: str | None, info: ValidationInfo) -> str | None:
+        window = info.data.get("window")
+        if value is None:
+            if window == SESSION:
+                raise ValueError("window: session needs a gap, e.g. gap: 30 minutes")
+            return None
+        if window is not None and window != SESSION:
+            raise ValueError("gap applies to window: session only (a tumbling or hopping window has a fixed length)")
+        if duration_s(value) == 0:
+            raise ValueError("a gap lasts more than 0 seconds")
+        return value.strip()
 
     @model_validator(mode="after")
     def _kind_fields(self) -> UpdateConfig:
         if self.kind == "projection":
             if not self.key:
                 raise ValueError("a projection needs `key` (the update records' key fields)")
-            extra = [n for n in ("group_by", "aggregations", "event_time") if getattr(self, n) is not None]
+            aggregation_only = ("group_by", "aggregations", "event_time", "slide", "gap")
+            extra = [n for n in aggregation_only if getattr(self, n) is not None]
         else:
             missing = [n for n in ("group_by", "aggregations", "event_time") if not getattr(self, n)]
             if missing:

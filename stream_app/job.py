@@ -54,7 +54,7 @@ from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import write_records
 from stream_app.snapshot.engines import DeadLetterProducer
 from stream_app.snapshot.runtime import Snapshot
-from stream_app.updates import aggregate, aggregation_input, aggregation_input_fields, aggregation_records
+from stream_app.updates import aggregate, aggregation_input, aggregation_input_fields, aggregation_records, output_mode
 from stream_app.writers import WriterSchemas
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,7 @@ class StreamJob:
         if update.config.where is not None:  # this topic's own filter (null counts as false)
             events = events.filter(expressions.column(update.config.where))
         records = aggregation_records(aggregate(events, update, dedupe_on="__source"), update)
-        writer = records.writeStream.format("kafka").outputMode("update")
+        writer = records.writeStream.format("kafka").outputMode(output_mode(update))
         for key, value in sink_options(self._options).items():
             writer = writer.option(key, value)
         writer = writer.option(

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from connectors.exceptions import ConfigError, ConfigProblem
 from schemas import load_schema
@@ -31,7 +31,7 @@ from stream_app.avro_schemas import (
     subset_schema,
     with_derived,
 )
-from stream_app.config import AGGREGATION, SnapshotConfig, StreamJobConfig, UpdateConfig
+from stream_app.config import SnapshotConfig, StreamJobConfig, UpdateConfig, parse_aggregation
 from stream_app.expressions import Expression, ExpressionError, check, parse, type_class
 from stream_app.stages import Step, order_steps
 
@@ -59,6 +59,15 @@ class SnapshotPlan:
     schema_id: str  # changes when a reader schema changes: an older checkpoint is then not used
 
 
+class Aggregate(NamedTuple):
+    """One output of an aggregation: ``output`` = ``fn(field)`` (``field`` ``None`` for ``count``, ``p`` percentile)."""
+
+    output: str
+    fn: str
+    field: str | None
+    p: float | None = None
+
+
 @dataclass
 class UpdatePlan:
     """An update topic's key and value schemas."""
@@ -66,7 +75,7 @@ class UpdatePlan:
     config: UpdateConfig
     key: Schema
     value: Schema
-    aggregations: list[tuple[str, str, str | None]] = field(default_factory=list)  # (output, fn, field)
+    aggregations: list[Aggregate] = field(default_factory=list)
     event_time_is_date: bool = False  # an Avro date: windows start at its midnight UTC
 
 
@@ -226,6 +235,47 @@ def decimal_of(avro_type: Any) -> tuple[int, int] | None:
 
 def _decimal_type(precision: int, scale: int) -> dict[str, Any]:
     return {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}
+
+
+_NUMERIC_ONLY = {"mean", "sum", "min", "max", "stddev", "percentile"}
+"""Aggregate functions over numbers (int, long, float, double, decimal); the others take any scalar field."""
+
+
+def _is_scalar(avro_type: Any) -> bool:
+    """Whether a field type is a primitive or a logical type (optional or not): no named or container type."""
+    t = _base_type(avro_type)
+    if isinstance(t, dict):
+        t = t.get("type")
+    return isinstance(t, str) and t not in ("null", "record", "enum", "fixed", "array", "map")
+
+
+def _aggregate_field(out: str, fn: str, source_type: Any) -> dict[str, Any]:
+    """The Avro field of an aggregate ``fn`` (not ``count``) over a field of type ``source_type``.
+
+    The types are Spark's result types, so records encode without a lossy cast:
+    ``sum``/``mean`` of a ``decimal(p,s)`` are exact decimals (Spark's ``p+10, s`` and
+    ``p+4, s+4``, at most 38 digits); ``sum`` of ``int``/``long`` is a ``long``, of
+    ``float``/``double`` a ``double``; ``mean`` and ``stddev`` (sample) are ``double``;
+    ``count_distinct`` and ``approx_count_distinct`` a ``long`` (0 when every value is
+    null, never null); ``min``/``max``, ``first``/``last`` and ``percentile`` the field's
+    own type (``percentile_approx`` returns one of the values it saw). All but the counts
+    are nullable: ``null`` when every value of the window is (``first``/``last``: when the
+    earliest/latest event's is), ``stddev`` of a single event too.
+    """
+    decimal = decimal_of(source_type)
+    if fn in ("count_distinct", "approx_count_distinct"):
+        return {"name": out, "type": "long"}
+    if decimal is not None and fn in ("sum", "mean"):
+        p, sc = decimal
+        out_type = _decimal_type(min(38, p + 10), sc) if fn == "sum" else _decimal_type(min(38, p + 4), min(38, sc + 4))
+        return nullable({"name": out, "type": out_type})
+    if fn in ("mean", "stddev"):
+        return nullable({"name": out, "type": "double"})
+    if fn == "sum":
+        base = _base_type(source_type)
+        base = base.get("type") if isinstance(base, dict) else base
+        return nullable({"name": out, "type": "long" if base in ("int", "long") else "double"})
+    return nullable({"name": out, "type": source_type})
 
 
 _PROMOTIONS = {
@@ -553,39 +603,33 @@ def _update_plan(
     ):
         problem("event_time", f"field {update.event_time!r} is not an Avro timestamp-millis/micros or date")
         ok = False
-    aggregations: list[tuple[str, str, str | None]] = []
+    aggregations: list[Aggregate] = []
     extra: list[dict[str, Any]] = []
     for out, spec in (update.aggregations or {}).items():
-        m = AGGREGATION.match(spec.replace(" ", ""))
-        fn, source = (m.group("fn") or "count", m.group("field")) if m else ("count", None)
+        fn, source, p = parse_aggregation(spec)  # the config model accepted it: it parses
         if out in group_by or out in ("window_start", "window_end"):
             problem(f"aggregations.{out}", "an output field may not repeat a group_by field or window_start/_end")
             ok = False
         if source is not None:
             need(f"aggregations.{out}", [source])
-            if source in available and not (
-                _is_numeric(available[source]["type"]) or decimal_of(available[source]["type"])
-            ):
-                problem(f"aggregations.{out}", f"field {source!r} is not numeric (int, long, float, double, decimal)")
-                ok = False
-        aggregations.append((out, fn, source))
-        decimal = decimal_of(available[source]["type"]) if source in available else None
+        aggregations.append(Aggregate(out, fn, source, p))
         if fn == "count":
             extra.append({"name": out, "type": "long"})
-        elif decimal is not None and fn in ("sum", "mean"):
-            # exact, as Spark computes them: sum decimal(p+10, s), mean decimal(p+4, s+4) (at most 38 digits)
-            p, sc = decimal
-            out_type = _decimal_type(min(38, p + 10), sc) if fn == "sum" else _decimal_type(min(38, p + 4),
-                                                                                             min(38, sc + 4))
-            extra.append(nullable({"name": out, "type": out_type}))
-        elif fn == "mean":
-            extra.append(nullable({"name": out, "type": "double"}))
-        elif fn == "sum" and source in available:
-            base = _base_type(available[source]["type"])
-            base = base.get("type") if isinstance(base, dict) else base
-            extra.append(nullable({"name": out, "type": "long" if base in ("int", "long") else "double"}))
-        elif source in available:
-            extra.append(nullable({"name": out, "type": available[source]["type"]}))
+            continue
+        if source not in available:
+            continue  # reported by need(), or a field of a lookup not joined (validate without a connection)
+        source_type = available[source]["type"]
+        if fn in _NUMERIC_ONLY and not (_is_numeric(source_type) or decimal_of(source_type)):
+            problem(f"aggregations.{out}", f"field {source!r} is not numeric (int, long, float, double, decimal): "
+                                           f"{fn} needs numbers")
+            ok = False
+            continue
+        if fn not in _NUMERIC_ONLY and not _is_scalar(source_type):
+            problem(f"aggregations.{out}", f"field {source!r} is a record, enum, fixed, array or map: {fn} takes a "
+                                           f"field of a primitive or logical type")
+            ok = False
+            continue
+        extra.append(_aggregate_field(out, fn, source_type))
     if not ok:
         return None
     window = [

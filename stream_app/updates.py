@@ -12,10 +12,12 @@ applies only newer versions turns replays and duplicates into no-ops.
   header (its source commit time) is carried to the update record, so the sync
   service measures freshness from the source's commit.
 * An **aggregation** groups enriched events per key fields and event-time
-  window in Spark's state store (RocksDB provider), emitting changed groups
-  each micro-batch (``update`` output mode). Its version is the group's event
-  count: every change adds at least one event, and the state store restores
-  the same counts when a batch is replayed. The watermark bounds the state:
+  window (tumbling, hopping or session) in Spark's state store (RocksDB
+  provider). Tumbling and hopping windows emit their changed groups each
+  micro-batch (``update`` output mode); a session is emitted once, when the
+  watermark passes its end (``append``: :func:`output_mode`). Its version is
+  the group's event count: every change adds at least one event, and the
+  state store restores the same counts when a batch is replayed. The watermark bounds the state:
   a window is dropped once the watermark passes its end, and events older
   than the watermark are dropped (Spark's event-time semantics, also by the
   ``dropDuplicatesWithinWatermark`` that keeps replays from counting twice).
@@ -33,12 +35,17 @@ from typing import Any
 from connectors.updates import SOURCE_TS_HEADER
 from stream_app.avro import decode_avro, encode_avro, framed
 from stream_app.columns import rows_where
+from stream_app.config import SESSION
 from stream_app.expressions import column as expr_column
-from stream_app.plan import UpdatePlan
+from stream_app.plan import Aggregate, UpdatePlan
 from stream_app.records import dead_letter, header_value, update_record
 from stream_app.snapshot.data import corrupt_to_null
 
 COUNT = "__count"
+EVENT_DATE = "__event_date"
+PERCENTILE_ACCURACY = 10_000
+"""``percentile_approx``'s accuracy (Spark's default): the value returned is within 1/10000 of the window's
+events in rank of the exact percentile, and its sketch keeps O(accuracy) values per group and window."""
 
 
 def _f() -> Any:
@@ -134,7 +141,7 @@ def aggregation_input_fields(plan: UpdatePlan, enriched_names: Sequence[str] = (
 
         spelled = {n.lower(): n for n in enriched_names}
         names += [spelled.get(c.lower(), c) for c in sorted(parse(cfg.where).columns)]
-    names += [source for _out, _fn, source in plan.aggregations if source]
+    names += [agg.field for agg in plan.aggregations if agg.field]
     return list(dict.fromkeys(n for n in names if n))
 
 
@@ -164,8 +171,51 @@ def aggregation_input(records: Any, writers: dict[bytes, str], reader_json: str,
     return rows_where(decoded, f.col("e").isNotNull(), ["e.*", "__source"])
 
 
+def output_mode(plan: UpdatePlan) -> str:
+    """Spark's output mode of an aggregation's query: ``append`` for session windows, else ``update``.
+
+    Spark refuses ``update`` for session windows (SPARK-36463, still so in 4.0):
+    while a session is open a late event may start it earlier, changing its
+    ``window_start``, which is part of the update key, and an upsert per change
+    would leave the superseded key's record in the sink with no tombstone for
+    it. In ``append`` mode a session is emitted once, when the watermark passes
+    its end; events older than the watermark are dropped, so an emitted
+    session never moves.
+    """
+    return "append" if plan.config.window == SESSION else "update"
+
+
+def _aggregate_column(agg: Aggregate, event_time: str, renamed: dict[str, str]) -> Any:
+    """The Spark aggregate of one output (before the cast to its Avro type in :func:`aggregation_records`).
+
+    ``renamed``: fields read from another column (the date event time's own copy).
+    """
+    f = _f()
+    if agg.fn == "count":
+        return f.count(f.lit(1))
+    col = f.col(renamed.get(agg.field or "", agg.field))
+    if agg.fn == "count_distinct":
+        # Spark refuses distinct aggregates on a stream; a set per group is exact (nulls left out, as
+        # COUNT(DISTINCT) does), and the state keeps every distinct value of each open window
+        return f.size(f.collect_set(col))
+    if agg.fn == "first":  # by event time, not arrival order; ties: any of the tied events
+        return f.min_by(col, f.col(event_time))
+    if agg.fn == "last":
+        return f.max_by(col, f.col(event_time))
+    if agg.fn == "percentile":
+        # Greenwald-Khanna sketch (accuracy 10000: rank error at most 1/10000 of the window's events)
+        return f.percentile_approx(col, agg.p, PERCENTILE_ACCURACY)
+    fns = {"mean": f.avg, "sum": f.sum, "min": f.min, "max": f.max, "stddev": f.stddev_samp,
+           "approx_count_distinct": f.approx_count_distinct}
+    return fns[agg.fn](col)
+
+
 def aggregate(enriched: Any, plan: UpdatePlan, dedupe_on: str | None = None) -> Any:
     """Aggregate enriched events per ``group_by`` and event-time window (stateful on a stream).
+
+    The window is tumbling (``window``), hopping (``window`` every ``slide``: Spark's
+    ``window(ts, window, slide)``, an event in each window that holds it) or a session
+    per group (Spark's ``session_window(ts, gap)``: events less than ``gap`` apart).
 
     Args:
         enriched: enriched events (streaming or not) with the event-time field.
@@ -180,17 +230,26 @@ def aggregate(enriched: Any, plan: UpdatePlan, dedupe_on: str | None = None) -> 
     """
     f = _f()
     cfg = plan.config
-    fns = {"mean": f.avg, "sum": f.sum, "min": f.min, "max": f.max}
+    renamed: dict[str, str] = {}
+    if plan.event_time_is_date and any(agg.field == cfg.event_time for agg in plan.aggregations):
+        # first/last of the date event time itself: the date, not the timestamp it becomes below
+        renamed[cfg.event_time or ""] = EVENT_DATE
+        enriched = enriched.withColumn(EVENT_DATE, f.col(cfg.event_time))
     outputs = [f.count(f.lit(1)).alias(COUNT)]
-    for out, fn, source in plan.aggregations:
-        outputs.append(f.count(f.lit(1)).alias(out) if fn == "count" else fns[fn](f.col(source)).alias(out))
+    outputs += [_aggregate_column(agg, cfg.event_time or "", renamed).alias(agg.output) for agg in plan.aggregations]
     if plan.event_time_is_date:
         # a date is its day's midnight UTC (whatever the session's time zone)
         enriched = enriched.withColumn(cfg.event_time, f.timestamp_seconds(f.unix_date(f.col(cfg.event_time)) * 86400))
     events = enriched.withWatermark(cfg.event_time, cfg.watermark)
     if dedupe_on is not None:
         events = events.dropDuplicatesWithinWatermark([dedupe_on])
-    return events.groupBy(f.window(cfg.event_time, cfg.window).alias("window"), *(cfg.group_by or [])).agg(*outputs)
+    if cfg.window == SESSION:
+        window = f.session_window(cfg.event_time, cfg.gap)
+    elif cfg.slide is not None:
+        window = f.window(cfg.event_time, cfg.window, cfg.slide)
+    else:
+        window = f.window(cfg.event_time, cfg.window)
+    return events.groupBy(window.alias("window"), *(cfg.group_by or [])).agg(*outputs)
 
 
 def aggregation_records(aggregated: Any, plan: UpdatePlan) -> Any:
@@ -202,7 +261,7 @@ def aggregation_records(aggregated: Any, plan: UpdatePlan) -> Any:
         f.col("window.start").alias("window_start"),
         f.col("window.end").alias("window_end"),
     ]
-    for out, _fn, _source in plan.aggregations:
+    for out in (agg.output for agg in plan.aggregations):
         target = types[out] if isinstance(types[out], str) else [t for t in types[out] if t != "null"][0]
         if isinstance(target, dict) and target.get("logicalType") == "decimal":  # Spark's own result type, exact
             column = f.col(out).cast(f"decimal({target['precision']},{target.get('scale', 0)})")

@@ -8,7 +8,7 @@ import pytest
 
 from connectors.exceptions import ConfigError
 from stream_app.config import StreamJobConfig
-from stream_app.plan import build_plan, writers_for
+from stream_app.plan import Aggregate, build_plan, writers_for
 
 FLIGHT = {
     "type": "record",
@@ -55,7 +55,9 @@ def test_plan_derives_enriched_and_update_schemas(tmp_path):
     assert [f["name"] for f in aggregation.key.avro["fields"]] == ["origin", "origin_tz", "window_start"]
     value = {f["name"]: f["type"] for f in aggregation.value.avro["fields"]}
     assert value["flights"] == "long" and value["mean_delay"] == ["null", "double"] and value["total"] == ["null", "double"]
-    assert aggregation.aggregations == [("flights", "count", None), ("mean_delay", "mean", "dep_delay"), ("total", "sum", "dep_delay")]
+    assert aggregation.aggregations == [
+        Aggregate("flights", "count", None), Aggregate("mean_delay", "mean", "dep_delay"), Aggregate("total", "sum", "dep_delay")
+    ]
 
 
 def test_every_schema_problem_is_reported_with_its_path(tmp_path):
