@@ -48,7 +48,6 @@ import base64
 import datetime as dt
 import decimal
 import json
-import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -56,29 +55,12 @@ from typing import Any
 from sqlalchemy import types as sqltypes
 
 from connectors.exceptions import FatalError
+from connectors.runtime.avro import avro_name
 
 UNBOUNDED_DECIMAL = (38, 9)
 """``(precision, scale)`` of an unbounded ``numeric`` column (38 is Spark's largest precision)."""
 
-_AVRO_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
 Converter = Callable[[Any], Any]
-
-
-def avro_name(name: str) -> str:
-    """Turn any SQL identifier into a valid Avro name.
-
-    Args:
-        name: a table or column name (may hold spaces, quotes, ``;``...).
-
-    Returns:
-        ``name`` itself when valid, else invalid characters replaced by ``_``
-        and a leading ``_`` when it starts with a digit.
-    """
-    if _AVRO_NAME.match(name):
-        return name
-    out = re.sub(r"[^A-Za-z0-9_]", "_", name)
-    return out if out and not out[0].isdigit() else f"_{out}"
 
 
 def _json_text(value: Any) -> str:
