@@ -24,12 +24,31 @@ from __future__ import annotations
 import functools
 import importlib
 from importlib.metadata import entry_points
+from typing import Any
 
 from connectors.config.models import ConnectionConfig, ConnectorConfig
 from connectors.exceptions import FatalError
 
 GROUP = "threes.connectors"
 CONNECTIONS_GROUP = "threes.connections"
+
+
+def _load(group: str, base: type, what: str) -> dict[str, Any]:
+    """Load an entry-point group's classes, each a subclass of ``base``, by entry-point name.
+
+    Raises:
+        FatalError: an entry point cannot be imported or is not a ``base`` subclass (naming the plugin).
+    """
+    found: dict[str, Any] = {}
+    for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+        try:
+            model = ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must say which one
+            raise FatalError(f"{what} plugin {ep.name!r} ({ep.value}) cannot be loaded: {exc}") from exc
+        if not (isinstance(model, type) and issubclass(model, base)):
+            raise FatalError(f"{what} plugin {ep.name!r} ({ep.value}) is not a {base.__name__} subclass")
+        found[ep.name] = model
+    return found
 
 
 @functools.cache
@@ -42,16 +61,7 @@ def config_models() -> dict[str, type[ConnectorConfig]]:
     Raises:
         FatalError: an entry point cannot be imported or is not a connector config.
     """
-    found: dict[str, type[ConnectorConfig]] = {}
-    for ep in sorted(entry_points(group=GROUP), key=lambda e: e.name):
-        try:
-            model = ep.load()
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must say which one
-            raise FatalError(f"connector plugin {ep.name!r} ({ep.value}) cannot be loaded: {exc}") from exc
-        if not (isinstance(model, type) and issubclass(model, ConnectorConfig)):
-            raise FatalError(f"connector plugin {ep.name!r} ({ep.value}) is not a ConnectorConfig subclass")
-        found[ep.name] = model
-    return found
+    return _load(GROUP, ConnectorConfig, "connector")
 
 
 def models_for(role: str) -> list[type[ConnectorConfig]]:
@@ -93,20 +103,9 @@ def connection_models() -> dict[str, type[ConnectionConfig]]:
     """Load every registered connection model.
 
     Returns:
-        Connection type (the model's ``type`` literal, e.g. ``"rds"``) -> model class, sorted by type.
+        Connection type (e.g. ``"rds"``) -> model class, sorted by type.
 
     Raises:
-        FatalError: an entry point cannot be imported, is not a ``ConnectionConfig`` subclass, or its
-            name differs from the ``type`` it accepts.
+        FatalError: an entry point cannot be imported or is not a ``ConnectionConfig`` subclass.
     """
-    found: dict[str, type[ConnectionConfig]] = {}
-    for ep in sorted(entry_points(group=CONNECTIONS_GROUP), key=lambda e: e.name):
-        try:
-            model = ep.load()
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must say which one
-            raise FatalError(f"connection plugin {ep.name!r} ({ep.value}) cannot be loaded: {exc}") from exc
-        if not (isinstance(model, type) and issubclass(model, ConnectionConfig)):
-            raise FatalError(f"connection plugin {ep.name!r} ({ep.value}) is not a ConnectionConfig subclass")
-        found[ep.name] = model
-    return found
-
+    return _load(CONNECTIONS_GROUP, ConnectionConfig, "connection")
