@@ -521,10 +521,21 @@ def build_plan(
             open_prefixes.append("")  # its output is unknown here: any field the updates name may be one it adds
         else:
             try:
-                enriched = _transformed(spark, enriched, transform, _kafka_timestamp(config))
+                transformed: dict[str, Any] | None = _transformed(spark, enriched, transform, _kafka_timestamp(config))
             except ValueError as exc:
                 problem("transform", str(exc))
-                enriched = None
+                transformed = None
+            if transformed is not None:
+                # a column the updates read that the function dropped: its fault, said at its key
+                dropped = set(fields_of(enriched)) - set(fields_of(transformed))
+                for j, update in enumerate(config.updates):
+                    for attr, names in _update_reads(update).items():
+                        gone = [n for n in names if n in dropped]
+                        if gone:
+                            problem("transform", f"the function drops {gone}, which stream.updates[{j}].{attr} "
+                                                 f"reads: keep them (a transform adds columns and filters rows)")
+                            transformed = None
+            enriched = transformed
     if enriched is not None and open_prefixes:
         # every problem at once: the updates are checked against what is known, a field under the prefix
         # of a lookup that could not be joined is accepted (its schema is unknown here)
@@ -572,6 +583,28 @@ def build_plan(
 def _kafka_timestamp(config: StreamJobConfig) -> bool:
     """Whether the decoded events carry ``__timestamp`` (a projection's version is the Kafka timestamp)."""
     return any(u.kind == "projection" and u.version == "timestamp" for u in config.updates)
+
+
+def _update_reads(update: UpdateConfig) -> dict[str, list[str]]:
+    """The enriched event's columns an update reads, by its key (``key``, ``fields``, ``where``...)."""
+    reads: dict[str, list[str]] = {
+        "key": list(update.key or []),
+        "fields": list(update.fields or []),
+        "group_by": list(update.group_by or []),
+        "event_time": [update.event_time] if update.event_time else [],
+    }
+    if update.kind == "projection" and update.version not in ("offset", "timestamp"):
+        reads["version"] = [update.version]
+    for out, spec in (update.aggregations or {}).items():
+        source = parse_aggregation(spec).field
+        reads[f"aggregations.{out}"] = [source] if source else []
+    for attr in ("where", "delete_when"):
+        text = getattr(update, attr)
+        try:
+            reads[attr] = sorted(parse(text).columns) if text else []
+        except ExpressionError:
+            reads[attr] = []  # reported where the update is planned
+    return {attr: names for attr, names in reads.items() if names}
 
 
 def _transformed(spark: Any, enriched: dict[str, Any], fn: Transform, timestamp: bool) -> dict[str, Any]:

@@ -115,8 +115,11 @@ def _pipeline(pipeline: PipelineBase, config_file: str | Path) -> list[CheckResu
         return [CheckResult("config", f"{p.file}:{p.line}" if p.line else str(p.file), False,
                             f"{p.path}: {p.message}" if p.path else p.message) for p in problems]
     what = f"{len(versions)} subject(s) in {topic!r}" if store is not None else f"no schema topic {topic!r} needed"
+    later = ""
+    if pipeline.stream is not None and pipeline.stream.transform is not None:
+        later = "; what reads stream.transform's output is checked when the job starts (Spark's types)"
     return [CheckResult("config", str(config_file), True,
-                        f"lookups, expressions, updates and sink keys match the schemas ({what})")]
+                        f"lookups, expressions, updates and sink keys match the schemas ({what}){later}")]
 
 
 def run_checks(
