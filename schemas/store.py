@@ -132,10 +132,13 @@ class SchemaStore(InMemorySchemaStore):
         replication_factor: of the topic when created; ``None``: min(3, brokers)
             (:func:`schemas.kafka_admin.internal_topic_settings`).
         min_insync_replicas: of the topic when created; ``None``: the default there.
+        create: create the topic when it is missing; ``False`` only reads it (``threes check``
+            must not create anything: the caller checks that the topic exists first).
 
     Raises:
         SetupError / ConfigError: from construction, when the topic cannot be
-            created or exists without ``cleanup.policy=compact``.
+            created or exists without ``cleanup.policy=compact``, or (``create=False``)
+            cannot be read.
     """
 
     def __init__(
@@ -146,6 +149,7 @@ class SchemaStore(InMemorySchemaStore):
         *,
         replication_factor: int | None = None,
         min_insync_replicas: int | None = None,
+        create: bool = True,
     ):
         super().__init__()
         from schemas.kafka_admin import ensure_internal_topic
@@ -155,13 +159,14 @@ class SchemaStore(InMemorySchemaStore):
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._producer: Producer | None = None
-        ensure_internal_topic(
-            self.kafka_config,
-            topic,
-            partitions=1,
-            replication_factor=replication_factor,
-            min_insync_replicas=min_insync_replicas,
-        )
+        if create:
+            ensure_internal_topic(
+                self.kafka_config,
+                topic,
+                partitions=1,
+                replication_factor=replication_factor,
+                min_insync_replicas=min_insync_replicas,
+            )
         self.refresh()
 
     def register(self, schema: Schema) -> bytes:

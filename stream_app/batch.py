@@ -158,8 +158,15 @@ class BatchPlan:
             lookups: the lookups bound to this batch's snapshot views (every lookup of the job, by index).
             views: the views, whose offsets go in the ``snapshot.<name>`` headers.
             filtered: an ``Observation`` that receives ``filtered``, the events ``where`` dropped.
+
+        ``stream.transform`` runs on the enriched events, after the lookups, derive columns
+        and ``where``, before the records are built.
         """
         steps = apply_steps(frame, self.plan.steps, lookups, passthrough=ERROR, cache=self._cache, observation=filtered)
+        if self.plan.transform is not None:
+            # the user's stream.transform, on the enriched events with the internal columns (checked at start-up:
+            # its output has every column the records below read)
+            steps = self.plan.transform(steps)
         enriched = self._cache.select(steps, [self._cache.col("*"), self._body])
         if self.one_record_per_event:
             return enriched.select(*self._record_rows(views))

@@ -115,6 +115,8 @@ def _checked_aggregation(spec: str) -> str:
 
 AggregationText = Annotated[str, AfterValidator(_checked_aggregation)]
 
+TRANSFORM_REFERENCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+"""``stream.transform``: ``package.module:function`` (the entry-point notation of Python packaging)."""
 _DURATION = re.compile(r"^(\d+)\s+(second|minute|hour|day|week)s?$")
 _SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
 SESSION = "session"
@@ -536,6 +538,14 @@ class StreamJobConfig(StrictModel):
     )
     snapshots: list[SnapshotConfig] = Field(default_factory=list)
     lookups: list[LookupConfig] = Field(default_factory=list)
+    transform: str | None = Field(
+        None,
+        description="package.module:function, a Python function DataFrame -> DataFrame applied to every micro-batch "
+        "after the lookups, derive columns and where, before the update records are built: what the YAML cannot "
+        "say. It may add columns (part of the enriched event from then on) and filter rows; it must keep the "
+        "columns starting with '__' (Kafka metadata, dead-letter routing). Imported from the Python path or the "
+        "config file's folder; its output is checked against the updates when the job starts",
+    )
     enriched_topic: TopicName
     updates: list[UpdateConfig] = Field(default_factory=list)
     dead_letter_topic: TopicName
@@ -568,6 +578,13 @@ class StreamJobConfig(StrictModel):
             rest = location.removeprefix("file:")
             return f"file://{rest}" if rest.startswith("/") else rest
         return location
+
+    @field_validator("transform")
+    @classmethod
+    def _transform_reference(cls, ref: str | None) -> str | None:
+        if ref is not None and not TRANSFORM_REFERENCE.match(ref):
+            raise ValueError(f"{ref!r} is not package.module:function, e.g. transforms.flights:classify")
+        return ref
 
     @field_validator("derive")
     @classmethod

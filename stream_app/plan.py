@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from stream_app.avro_schemas import (
 from stream_app.config import SnapshotConfig, StreamJobConfig, UpdateConfig, parse_aggregation
 from stream_app.expressions import Expression, ExpressionError, check, parse, type_class
 from stream_app.stages import Step, order_steps
+from stream_app.transform import INTERNAL_PREFIX, Transform, internal_fields, load_transform, output_type
 
 _NUMERIC = {"int", "long", "float", "double"}
 _TIMESTAMPS = {"timestamp-millis", "timestamp-micros"}
@@ -89,6 +91,7 @@ class JobPlan:
     enriched: Schema
     updates: list[UpdatePlan]
     steps: list[Step] = field(default_factory=list)  # derive columns, lookups and where, in order (stages.py)
+    transform: Transform | None = None  # stream.transform, run after the steps (stream_app/transform.py)
 
 
 def _schema(avro: dict[str, Any]) -> Schema:
@@ -389,9 +392,15 @@ def build_plan(
             ``None`` (``threes validate``, no connection): what needs the topics'
             schemas is not checked.
 
+    A ``transform`` is imported here; with ``spark`` it runs once on an empty DataFrame
+    and the enriched event is what it returns (:func:`stream_app.transform.output_type`),
+    so the updates are checked against its output. Without ``spark`` its output is
+    unknown: a field the updates read that is not in the enriched event is accepted.
+
     Returns:
         The plan; ``None`` when ``writer_versions`` is ``None`` and a snapshot has
-        no reader schema (every check that could be made passed).
+        no reader schema, or when a ``transform`` is set and ``spark`` is ``None``
+        (every check that could be made passed).
 
     Raises:
         ConfigError: every problem found, with its path under ``stream``.
@@ -437,6 +446,12 @@ def build_plan(
             problem(path, message)
         return reader
 
+    transform: Transform | None = None
+    if config.transform is not None:
+        try:
+            transform = load_transform(config.transform, base_dir)
+        except ValueError as exc:
+            problem("transform", str(exc))
     event = load(config.events.value_schema, "events.value_schema")
     if event is not None:
         internal = [f["name"] for f in event["fields"] if f["name"].startswith("__")]
@@ -501,6 +516,26 @@ def build_plan(
             enriched = with_derived(enriched_schema(event, joins), derived)
         except ValueError as exc:
             problem("lookups", str(exc))
+    if enriched is not None and config.transform is not None:
+        if spark is None or transform is None or open_prefixes:
+            open_prefixes.append("")  # its output is unknown here: any field the updates name may be one it adds
+        else:
+            try:
+                transformed: dict[str, Any] | None = _transformed(spark, enriched, transform, _kafka_timestamp(config))
+            except ValueError as exc:
+                problem("transform", str(exc))
+                transformed = None
+            if transformed is not None:
+                # a column the updates read that the function dropped: its fault, said at its key
+                dropped = set(fields_of(enriched)) - set(fields_of(transformed))
+                for j, update in enumerate(config.updates):
+                    for attr, names in _update_reads(update).items():
+                        gone = [n for n in names if n in dropped]
+                        if gone:
+                            problem("transform", f"the function drops {gone}, which stream.updates[{j}].{attr} "
+                                                 f"reads: keep them (a transform adds columns and filters rows)")
+                            transformed = None
+            enriched = transformed
     if enriched is not None and open_prefixes:
         # every problem at once: the updates are checked against what is known, a field under the prefix
         # of a lookup that could not be joined is accepted (its schema is unknown here)
@@ -535,7 +570,7 @@ def build_plan(
         )
         for snap in config.snapshots
     }
-    plan = JobPlan(config, _schema(event), snapshot_plans, _schema(enriched), updates, steps)
+    plan = JobPlan(config, _schema(event), snapshot_plans, _schema(enriched), updates, steps, transform)
     if spark is not None:
         plan.events.spark_type = spark_type(spark, plan.events)
         plan.enriched.spark_type = spark_type(spark, plan.enriched)
@@ -543,6 +578,78 @@ def build_plan(
             snap.key.spark_type = spark_type(spark, snap.key)
             snap.value.spark_type = spark_type(spark, snap.value)
     return plan
+
+
+def _kafka_timestamp(config: StreamJobConfig) -> bool:
+    """Whether the decoded events carry ``__timestamp`` (a projection's version is the Kafka timestamp)."""
+    return any(u.kind == "projection" and u.version == "timestamp" for u in config.updates)
+
+
+def _update_reads(update: UpdateConfig) -> dict[str, list[str]]:
+    """The enriched event's columns an update reads, by its key (``key``, ``fields``, ``where``...)."""
+    reads: dict[str, list[str]] = {
+        "key": list(update.key or []),
+        "fields": list(update.fields or []),
+        "group_by": list(update.group_by or []),
+        "event_time": [update.event_time] if update.event_time else [],
+    }
+    if update.kind == "projection" and update.version not in ("offset", "timestamp"):
+        reads["version"] = [update.version]
+    for out, spec in (update.aggregations or {}).items():
+        source = parse_aggregation(spec).field
+        reads[f"aggregations.{out}"] = [source] if source else []
+    for attr in ("where", "delete_when"):
+        text = getattr(update, attr)
+        try:
+            reads[attr] = sorted(parse(text).columns) if text else []
+        except ExpressionError:
+            reads[attr] = []  # reported where the update is planned
+    return {attr: names for attr, names in reads.items() if names}
+
+
+def _transformed(spark: Any, enriched: dict[str, Any], fn: Transform, timestamp: bool) -> dict[str, Any]:
+    """The enriched event's schema after ``stream.transform``: its output columns but the internal ones.
+
+    A column the transform kept with its Spark type keeps its Avro field (a
+    ``timestamp-millis`` stays one; made optional if the transform made it nullable);
+    a new or retyped column gets the Avro type ``to_avro`` writes its Spark type as
+    (:func:`avro_of_spark`), optional when Spark says it is nullable.
+
+    Raises:
+        ValueError: the transform failed or dropped internal columns (:func:`~stream_app.transform.output_type`),
+            or a column's name is not an Avro name, repeats another's, or its type has no Avro encoding.
+    """
+    before = spark_type(spark, _schema(enriched))
+    out = output_type(spark, before, fn, internal_fields(timestamp))
+    avro_fields = {f["name"]: f for f in enriched["fields"]}
+    spark_fields = {f.name: f for f in before.fields}
+    fields: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for col in out.fields:
+        if col.name.startswith(INTERNAL_PREFIX):
+            continue
+        if not _AVRO_NAME.match(col.name):
+            raise ValueError(f"column {col.name!r} is not an Avro name ([A-Za-z_][A-Za-z0-9_]*): rename it")
+        if col.name.lower() in seen:
+            raise ValueError(f"column {col.name!r} appears twice in the function's output")
+        seen.add(col.name.lower())
+        old = spark_fields.get(col.name)
+        if old is not None and old.dataType == col.dataType:
+            kept = avro_fields[col.name]
+            fields.append(nullable(kept) if col.nullable and not old.nullable else kept)
+            continue
+        try:
+            avro = avro_of_spark(spark, col.dataType, col.name)
+        except Exception as exc:  # noqa: BLE001 - Spark's SchemaConverters says which type it cannot write
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"column {col.name!r} of Spark type {col.dataType.simpleString()} cannot be written as "
+                             f"Avro: {first}") from exc
+        new = {"name": col.name, "type": avro}
+        fields.append(nullable(new) if col.nullable else new)
+    return {**enriched, "fields": fields}
+
+
+_AVRO_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _update_plan(
@@ -562,7 +669,9 @@ def _update_plan(
         try:
             expression = parse(text)
             columns = {n: fld["type"] for n, fld in available.items()}
-            columns.update({c: None for c in expression.columns if any(c.startswith(p) for p in open_prefixes or [])})
+            # a column of an unknown origin (a lookup not joined here, or the transform) is of an unknown type
+            columns.update({c: None for c in expression.columns
+                            if c not in columns and any(c.startswith(p) for p in open_prefixes or [])})
             kind = type_class(check(expression, columns))
         except ExpressionError as exc:
             problem(attr, str(exc))

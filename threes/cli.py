@@ -71,8 +71,11 @@ def _redacted_traceback(kind: type[BaseException], value: BaseException, tb: obj
 
 @app.command()
 def validate(config: ConfigArg) -> None:
-    """Validate a config file and its schemas without connecting to anything (exit 1 on errors)."""
-    from threes.schemas_check import schema_problems
+    """Validate a config file and its schemas without connecting to anything (exit 1 on errors).
+
+    What needs the schema topic or Spark is named, one line each (``note:``), not an error.
+    """
+    from threes.schemas_check import left_to_check, schema_problems
 
     pipeline = load(config)
     problems = schema_problems(pipeline, config)
@@ -86,23 +89,32 @@ def validate(config: ConfigArg) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    for note in left_to_check(pipeline):
+        out.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
 
 
 @app.command()
 def check(config: ConfigArg) -> None:
-    """Connect to every system the config names, read-only, and say what fails and what to do."""
+    """Connect to every system the config names, read-only, and say what fails and what to do.
+
+    Then check the stream job and the sinks against the writer schemas in the schema topic
+    (what ``validate`` leaves to it), each problem as ``file:line: path: message``.
+    """
     from threes.check import run_checks
 
     pipeline = load(config)
 
     def show(r) -> None:  # noqa: ANN001 - one line per system, as it is known
+        from rich.markup import escape
+
         status = "[green]ok[/green]    " if r.ok else "[red]FAILED[/red]"
         hint = f" → {r.hint}" if not r.ok and r.hint else ""
-        out.print(f"{status} {r.system} {r.target}: {r.detail}{hint}", highlight=False, soft_wrap=True,
-                  markup=True)
+        # details quote config paths and lists ([...]): printed as they are, not read as markup
+        out.print(f"{status} {escape(f'{r.system} {r.target}: {r.detail}{hint}')}", highlight=False,
+                  soft_wrap=True, markup=True)
 
     try:
-        results = run_checks(pipeline, show)
+        results = run_checks(pipeline, show, config)
     except ThreesError as exc:
         raise fail(exc) from None
     failed = [r for r in results if not r.ok]

@@ -7,29 +7,76 @@ parsed; the stream job's lookups, projections and aggregations are checked with
 the job's own planner (:func:`stream_app.plan.build_plan`, types included); a
 sink's key columns are checked against the update topic it applies. Every
 problem is reported at once, as ``file:line: path: message``.
+
+Without a connection a snapshot without reader schemas has no known fields
+(its schemas are the writer schemas its topics carry): ``validate`` checks
+the event side and says what it left (:func:`left_to_check`); ``threes
+check`` runs the same checks with the writer schemas recorded in the schema
+topic (``writer_versions``), as the job does at start-up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from connectors.config.loader import locate
 from connectors.exceptions import ConfigError, ConfigProblem
 
+WriterVersions = Callable[[str], list[str]]
+"""subject (``<topic>-key`` / ``<topic>-value``) -> its writer schema versions' JSON, oldest first
+(:meth:`schemas.store.SchemaStore.version_schemas`)."""
 
-def schema_problems(pipeline: Any, config_file: str | Path) -> list[ConfigProblem]:
+
+def needs_writer_schemas(stream: Any) -> list[int]:
+    """The indexes of the snapshots whose fields only the schema topic knows (no reader key or value schema).
+
+    Args:
+        stream: the ``stream:`` section (``None``: no stream job).
+    """
+    if stream is None:
+        return []
+    return [i for i, snap in enumerate(stream.snapshots)
+            if snap.value_schema is None or (snap.key_format == "avro" and snap.key_schema is None)]
+
+
+def left_to_check(pipeline: Any) -> list[str]:
+    """What ``threes validate`` cannot check without a connection or Spark, one line each (not errors).
+
+    Args:
+        pipeline: the validated pipeline model.
+
+    Returns:
+        One line per snapshot without reader schemas (its fields, and what reads them: lookups,
+        expressions, update and sink keys, are checked by ``threes check``), and one for a
+        ``transform`` (its output columns are Spark's, checked when the job starts).
+    """
+    stream = pipeline.stream
+    notes = [f"stream.snapshots[{i}] ({stream.snapshots[i].name}): its fields are checked by `threes check` "
+             f"(schemas in the schema topic)" for i in needs_writer_schemas(stream)]
+    if stream is not None and getattr(stream, "transform", None):
+        notes.append(f"stream.transform ({stream.transform}): the columns it adds or drops, and what reads them "
+                     f"(update keys, fields, sink keys), are checked when the job starts (they are Spark's types)")
+    return notes
+
+
+def schema_problems(
+    pipeline: Any, config_file: str | Path, writer_versions: WriterVersions | None = None
+) -> list[ConfigProblem]:
     """Every problem of ``pipeline`` that only its schemas reveal.
 
     Args:
         pipeline: the validated pipeline model.
         config_file: the YAML it was loaded from (for file, line and the folder
             relative paths start at).
+        writer_versions: the schema topic's subject versions (``threes check``):
+            snapshots without reader schemas are checked against their topics'
+            writer schemas, as the job does at start-up; ``None`` (``threes
+            validate``): they are checked on the event side only.
 
     Returns:
         Problems with file and line, sorted by line; empty when all is well.
-        A snapshot without reader schemas is checked on the event side only (its
-        schemas are the ones its topics carry, known at start-up).
     """
     from schemas import load_schema
     from schemas.exceptions import SchemaNotFoundError
@@ -56,7 +103,7 @@ def schema_problems(pipeline: Any, config_file: str | Path) -> list[ConfigProble
         from stream_app.plan import build_plan
 
         try:
-            plan = build_plan(pipeline.stream, None, base)
+            plan = build_plan(pipeline.stream, None, base, writer_versions)
         except ConfigError as exc:
             problems.extend(exc.problems)
     updates: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}

@@ -105,7 +105,11 @@ def schemas(config: ConfigArg) -> None:
 
             store = SchemaStore(pipeline.kafka.librdkafka_config(), pipeline.kafka.schema_topic)
             plan = build_plan(pipeline.stream, None, config.parent, store.version_schemas)
-            assert plan is not None
+        if plan is None:  # with writer schemas every schema is known, but for a transform's output
+            raise ThreesError(
+                f"stream.transform ({pipeline.stream.transform}): the enriched and update schemas follow the "
+                "function's output, which Spark computes when the job starts; this command runs no Spark"
+            )
     except ThreesError as exc:
         raise fail(exc) from None
     out = {"enriched": {"topic": pipeline.stream.enriched_topic, "schema": plan.enriched.avro}}

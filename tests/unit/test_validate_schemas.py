@@ -50,7 +50,7 @@ def _folder(tmp_path, text=PIPELINE):
 
 
 def _validate(config):
-    return CliRunner().invoke(app, ["validate", str(config)])
+    return CliRunner().invoke(app, ["validate", str(config)], env={"COLUMNS": "300"})
 
 
 def _line(config, text):
@@ -78,7 +78,7 @@ def test_lookup_on_a_missing_event_field_fails_with_file_and_line(tmp_path):
     result = _validate(config)
     assert result.exit_code == 1
     line = _line(config, "{orgin: faa}")
-    assert f"{config}:{line}: stream.lookups[0].on.orgin: no field 'orgin' in the event schema" in result.output
+    assert f"{config}:{line}: stream.lookups[0].on.orgin: no column 'orgin' in the event" in result.output
 
 
 def test_aggregation_over_a_wrong_type_fails_with_file_and_line(tmp_path):
@@ -124,5 +124,5 @@ def test_a_snapshot_without_reader_schemas_validates_its_event_side(tmp_path):
     assert build_plan(pipeline.stream, None, config.parent) is None  # the rest needs the topics' schemas
     bad = _folder(tmp_path / "b" if (tmp_path / "b").mkdir() is None else tmp_path,
                   text.replace("{origin: faa}", "{orgin: faa}"))
-    with pytest.raises(ConfigError, match="no field 'orgin' in the event schema"):
+    with pytest.raises(ConfigError, match="no column 'orgin' in the event"):
         build_plan(load_pipeline(bad, environ={}).stream, None, bad.parent)
