@@ -86,8 +86,11 @@ def _registry_error(exc: Exception) -> tuple[int | None, str]:
 
 def _subject_level(client: Any, subject: str, default: str) -> str:
     """The subject's compatibility level, else the registry's global one, else ``default``."""
+    from confluent_kafka.schema_registry._sync.mock_schema_registry_client import MockSchemaRegistryClient
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+    if isinstance(client, MockSchemaRegistryClient):
+        return default  # the mock keeps no compatibility levels (its get_compatibility would try HTTP)
     for name in (subject, None):
         try:
             level = client.get_compatibility(name) if name else client.get_compatibility()
