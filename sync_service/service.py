@@ -167,6 +167,7 @@ class SyncService:
         self._step_records = max(10, min(1000, config.buffer_max_bytes // 20 // 1024))
         self._built_sinks = sinks
         self._schema_store = schema_store
+        self._bridge: Any = None  # a RegistryBridge when kafka.schema_registry is set (open())
         self._connections = connections
         self.slots: list[SinkSlot] = []
         self._by_topic: dict[str, list[SinkSlot]] = {}
@@ -217,6 +218,12 @@ class SyncService:
         store = self._schema_store or SchemaStore(kconf, self.kafka.schema_topic)
         deserializer = AvroDeserializer(store)
         columnar = ColumnarDecoder(store)
+        if self.kafka.schema_registry is not None:
+            from schemas.registry import RegistryBridge, registry_client
+
+            # confluent_avro update topics: each message's Confluent prefix becomes the single-object header of
+            # the same writer schema (schemas/registry.py), so the decoders below read both formats
+            self._bridge = RegistryBridge(registry_client(self.kafka.schema_registry.client_config()), store)
         self._ensure_dead_letter_topic()
         self.producer = clients.kafka_producer(self.kafka, linger_ms=5)
         for sink in self._build_sinks():
@@ -324,6 +331,8 @@ class SyncService:
     def step(self, timeout_s: float = 0.1) -> None:
         """One turn of the loop (see the module docstring)."""
         msgs = self.consumer.consume(num_messages=self._step_records, timeout=timeout_s)
+        if self._bridge is not None and msgs:
+            self._bridge.convert_messages(msgs)
         step_bytes = 0
         # consecutive records of one partition are routed together: a turn's records come in runs
         run: list[Any] = []

@@ -60,7 +60,8 @@ class PipelineBase(StrictModel):
 
         Returns:
             ``(key path, message)`` for every connector naming a missing connection
-            or one of the wrong type, and every duplicated name.
+            or one of the wrong type, every duplicated name, and every ``confluent_avro``
+            topic without ``kafka.schema_registry``.
         """
         problems: list[tuple[tuple[str | int, ...], str]] = []
         connectors: list[tuple[tuple[str | int, ...], ConnectorConfig]] = [
@@ -86,6 +87,12 @@ class PipelineBase(StrictModel):
             if c.name in seen:
                 problems.append(((*where, "name"), f"{c.name!r} is already the name of another connector"))
             seen[c.name] = where
+        if self.kafka.schema_registry is None:
+            for i, source in enumerate(self.sources):
+                for field in ("key_format", "value_format"):
+                    if getattr(source, field, "avro") == "confluent_avro":
+                        problems.append((("sources", i, field),
+                                         "confluent_avro needs kafka.schema_registry (the registry's url)"))
         names: set[str] = set()
         for i, svc in enumerate(self.sync):
             if svc.name in names:

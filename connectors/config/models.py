@@ -71,6 +71,54 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
+WireFormat = Literal["avro", "confluent_avro"]
+"""How a topic's keys or values are framed: ``avro`` is threes' own Avro single-object encoding (writer
+schemas in ``kafka.schema_topic``); ``confluent_avro`` is Confluent's wire format (magic byte, 4-byte schema
+id) with writer schemas in ``kafka.schema_registry``."""
+
+
+class SchemaRegistryAuth(StrictModel):
+    """HTTP basic authentication to the schema registry (Confluent's ``basic.auth.user.info``)."""
+
+    username: str
+    password: SecretStr
+
+
+class SchemaRegistryTls(StrictModel):
+    """TLS to the schema registry: the CA that signed its certificate, and a client certificate for mTLS."""
+
+    ca_location: str | None = Field(None, description="PEM file of the CA that signed the registry's certificate")
+    certificate_location: str | None = Field(None, description="PEM client certificate (mutual TLS)")
+    key_location: str | None = Field(None, description="PEM private key of the client certificate")
+
+
+class SchemaRegistryConfig(StrictModel):
+    """A Confluent-compatible Schema Registry (Confluent's own, Apicurio's ``ccompat`` API, Karapace...).
+
+    Used where a topic's ``value_format``/``key_format`` is ``confluent_avro``; ``mock://<name>`` is
+    confluent-kafka's in-memory mock client (tests, one process only).
+    """
+
+    url: str = Field(pattern=r"^(https?|mock)://\S+$", description="http(s)://host:port[/path] of the registry")
+    auth: SchemaRegistryAuth | None = None
+    tls: SchemaRegistryTls | None = None
+    request_timeout_s: float = Field(10.0, gt=0, description="timeout of one registry request, seconds")
+
+    def client_config(self) -> dict[str, Any]:
+        """Return confluent-kafka ``SchemaRegistryClient`` properties, secrets revealed (pass only to the client)."""
+        conf: dict[str, Any] = {"url": self.url, "timeout": self.request_timeout_s}
+        if self.auth is not None:
+            conf["basic.auth.user.info"] = f"{self.auth.username}:{self.auth.password.get_secret_value()}"
+        if self.tls is not None:
+            if self.tls.ca_location:
+                conf["ssl.ca.location"] = self.tls.ca_location
+            if self.tls.certificate_location:
+                conf["ssl.certificate.location"] = self.tls.certificate_location
+            if self.tls.key_location:
+                conf["ssl.key.location"] = self.tls.key_location
+        return conf
+
+
 class KafkaConfig(StrictModel):
     """How every part reaches Kafka.
 
@@ -96,6 +144,11 @@ class KafkaConfig(StrictModel):
     schema_topic: TopicName = Field(
         "_threes_schemas",
         description="compacted topic holding Avro writer schemas keyed by fingerprint",
+    )
+    schema_registry: SchemaRegistryConfig | None = Field(
+        None,
+        description="a Confluent-compatible Schema Registry, for topics whose value_format/key_format is "
+        "confluent_avro; without it every topic uses the single-object format and kafka.schema_topic",
     )
     internal_replication_factor: int | None = Field(
         None,
@@ -325,6 +378,23 @@ class SourceConnectorConfig(ConnectorConfig):
                 "errors.tolerance: all applies to sinks; a source never skips state (a failed task is "
                 "restarted from its stored position)"
             )
+        return self
+
+    value_format: WireFormat = Field(
+        "avro",
+        description="avro: single-object encoding, writer schemas in kafka.schema_topic; confluent_avro: Confluent's "
+        "wire format, the schema registered under <topic>-value (TopicNameStrategy) in kafka.schema_registry before "
+        "the first record, refused when the subject's compatibility level forbids it",
+    )
+    key_format: WireFormat = Field("avro", description="as value_format, for keys (subject <topic>-key)")
+
+    @model_validator(mode="after")
+    def _registry_formats_do_not_rekey(self) -> SourceConnectorConfig:
+        if self.key_format != self.value_format:
+            raise ValueError("key_format and value_format: a source writes its keys and values in one format")
+        if self.rekey and "confluent_avro" in (self.key_format, self.value_format):
+            raise ValueError("rekey: not available with confluent_avro topics (the registry's subject keeps "
+                             "one key schema history; migrate to a new topic instead)")
         return self
 
     value_schema: SchemaRef | None = Field(

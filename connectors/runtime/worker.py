@@ -259,6 +259,9 @@ class TaskRunner:
             position if position is not None else "none (snapshot)",
         )
         schemas = self._retrying(stop, lambda: self.task.open(position))
+        if cfg.value_format == "confluent_avro":
+            self._run_registry(stop, once, schemas, position)
+            return
         # schema evolution: checked before anything is produced (schemas/evolution.py)
         plan = plan_topic_schemas(
             self.schema_store,
@@ -300,13 +303,49 @@ class TaskRunner:
             self._retrying(stop, lambda: self._tombstone_old_keys(plan))
         else:
             plan.record_key(self.schema_store)
+        self._loop(stop, once, position, plan)
+
+    def _run_registry(self, stop: threading.Event, once: bool, schemas: Any, position: Any) -> None:
+        """:meth:`_run` for a ``confluent_avro`` topic: schemas registered in the Schema Registry.
+
+        Both subjects (``<topic>-key``, ``<topic>-value``) are registered before
+        anything is produced; a schema the subject's compatibility level refuses
+        stops the task (``IncompatibleSchemaError``) with nothing produced. The
+        registry, not the schema topic, holds the versions.
+        """
+        from schemas.registry import RegistrySerializer, registry_client
+
+        cfg = self.config
+        if self.kafka.schema_registry is None:
+            raise FatalError(f"source {cfg.name!r}: value_format confluent_avro needs kafka.schema_registry")
+        client = registry_client(self.kafka.schema_registry.client_config())
+        level = cfg.topic_spec.compatibility
+        self._value_schema = schemas.value
+        self._key_names = [f["name"] for f in schemas.key.get("fields", [])]
+        self.key_ser = self._retrying(
+            stop, lambda: RegistrySerializer(client, cfg.topic, schemas.key, is_key=True, default_level=level))
+        self.value_ser = self._retrying(
+            stop, lambda: RegistrySerializer(client, cfg.topic, schemas.value, default_level=level))
+        try:
+            # the Avro body is the same in both formats: only the prefix differs (5 bytes: magic, schema id)
+            self._columnar = ColumnarEncoder(schemas.value, self.value_ser.header, schemas.key, self.key_ser.header)
+        except ColumnarUnsupported as exc:
+            self._columnar = None
+            log.debug("source=%s batches are encoded record by record: %s", cfg.name, exc)
+        if self._producer is None:
+            self._producer = clients.kafka_producer(self.kafka, **self.producer_overrides)
+        self.stats.state = "running"
+        self._loop(stop, once, position, None)
+
+    def _loop(self, stop: threading.Event, once: bool, position: Any, plan: TopicSchemaPlan | None) -> None:
+        cfg = self.config
         last_reconcile: float | None = None
         while not stop.is_set():
             started = time.monotonic()
             complete = self._retrying(stop, lambda: self._cycle(stop))
             if not complete:
                 break
-            if plan.rekey:  # the snapshot under the new key is acknowledged: the re-key is done
+            if plan is not None and plan.rekey:  # the snapshot under the new key is acknowledged: re-key done
                 self._drain()
                 plan.record_key(self.schema_store)
                 plan.rekey = False
