@@ -12,11 +12,7 @@ import decimal
 import json
 import uuid
 
-import pytest
-
 from schemas.debezium import UNAVAILABLE, connect_json, key_of, latest_values
-
-pytest.importorskip("confluent_kafka.schema_registry.avro", reason="needs confluent-kafka[avro,schemaregistry]")
 
 NS = "dbserver1.inventory.customers"
 VALUE = {"type": "record", "name": "Value", "namespace": NS, "fields": [

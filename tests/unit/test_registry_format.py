@@ -6,9 +6,6 @@ import struct
 import uuid
 
 import pytest
-
-pytest.importorskip("confluent_kafka.schema_registry.avro", reason="needs confluent-kafka[avro,schemaregistry]")
-
 from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentAvroSerializer  # noqa: E402
 from confluent_kafka.serialization import MessageField, SerializationContext  # noqa: E402
 

@@ -13,12 +13,9 @@ import json
 from typing import Any
 
 import pytest
-from sqlalchemy import text
-
-pytest.importorskip("confluent_kafka.schema_registry.avro", reason="needs confluent-kafka[avro,schemaregistry]")
-
 from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentAvroDeserializer  # noqa: E402
 from confluent_kafka.serialization import MessageField, SerializationContext  # noqa: E402
+from sqlalchemy import text
 
 from connectors.committed import latest_per_key  # noqa: E402
 from connectors.config.models import RetryPolicy  # noqa: E402
