@@ -159,7 +159,7 @@ def shop_run(tmp_path_factory: pytest.TempPathFactory, stack: Any, endpoints: An
         wait_for("hopping windows", lambda: set(sinks.revenue()) == set(revenue), 180, process, output)
         wait_for("sessions", lambda: set(sinks.sessions()) == set(sessions), 180, process, output)
         yield {"frame": frame, "rows": rows, "deleted": deleted, "revenue": revenue, "sessions": sessions,
-               "table": sinks.table_lines(), "es": sinks.es_lines(), "archive": sinks.archive(),
+               "table": sinks.table_lines(), "table_tombstones": sinks.table_tombstones(), "es": sinks.es_lines(), "archive": sinks.archive(),
                "got_revenue": sinks.revenue(), "got_sessions": sinks.sessions(), "logs": folder / "logs"}
     finally:
         process.send_signal(signal.SIGINT)
@@ -202,6 +202,10 @@ class Sinks:
 
     def table_lines(self) -> dict[int, dict[str, Any]]:
         return {r["line_id"]: r for r in self._select(f'SELECT * FROM "{self.lines_table}"')}
+
+    def table_tombstones(self) -> dict[int, dict[str, Any]]:
+        """The lines table's deleted keys and their versions (``<table>__deleted``)."""
+        return {r["line_id"]: r for r in self._select(f'SELECT * FROM "{self.lines_table}__deleted"')}
 
     def revenue(self) -> dict[tuple[str, datetime], dict[str, Any]]:
         return {(r["nation_region"], r["window_start"]): r for r in self._select(f'SELECT * FROM "{self.revenue_table}"')}
@@ -246,6 +250,7 @@ def test_the_where_drops_test_lines_and_cancelled_lines_are_deleted_from_postgre
     test_ids = {e["line_id"] for e in shop_generator.generate().all_events if e["status"] == "test"}
     assert test_ids and not test_ids & set(table)
     assert shop_run["deleted"] and not shop_run["deleted"] & set(table)  # cancelled: the row is gone
+    assert set(shop_run["table_tombstones"]) == shop_run["deleted"]  # ...its key and version kept beside
     for line_id, want in rows.items():
         got = table[line_id]
         assert {f: got[f] for f in ROW_FIELDS} == {f: want[f] for f in ROW_FIELDS}, line_id
@@ -274,7 +279,11 @@ def test_the_archive_keeps_every_line_and_a_tombstone_last_for_each_cancelled_on
     archive, rows, deleted = shop_run["archive"], shop_run["rows"], shop_run["deleted"]
     assert set(archive) == set(rows) | deleted
     for line_id in deleted:
-        assert archive[line_id]["deleted"] and archive[line_id]["value"] is None, line_id
+        tombstone = archive[line_id]
+        assert tombstone["deleted"] and tombstone["value"] is None, line_id
+        # no line_date in a tombstone: its dt= folder is the date of its Kafka timestamp
+        produced = datetime.fromtimestamp(tombstone["timestamp_ms"] / 1000, UTC).date()
+        assert f"/dt={produced.isoformat()}/" in tombstone["object"], tombstone["object"]
     for line_id, want in rows.items():
         got = archive[line_id]
         assert not got["deleted"], line_id
