@@ -2,7 +2,7 @@
 
 A small synthetic shop, the same for a given seed: 6 nations (a CSV object in S3), 18
 customers (Elasticsearch documents, ``_id`` = the customer id), 80 orders (a PostgreSQL table)
-and about 300 order-line events over one day. Among the events: lines of orders nobody knows
+and about 260 order-line events over one day. Among the events: lines of orders nobody knows
 (the chain of lookups stops at the order), orders of unknown customers, a customer whose nation
 is not in the file, cancellations (a second event for the line, ``status`` ``cancelled``, some
 minutes later), test lines (``status`` ``test``), and one last line a day later whose event
@@ -16,8 +16,9 @@ Usage, from the repository (or with the installed example, ``threes/examples/sho
 
 ``--config`` names another copy of the pipeline YAML (its sources say where the reference data
 goes, its ``stream.events`` where the events go); ``--seed`` another shop. Loading the reference
-data again changes nothing; producing the events again produces them again (the sinks keep one
-row per key, the versions of a second run are newer).
+data again writes the same values (unchanged table rows keep their ``updated_at``; documents and
+the CSV object are written again, with the same content); producing the events again produces
+them again (the sinks keep one row per key, the versions of a second run are newer).
 
 The events are produced with the project's replayer (:class:`threes.demo.replay.Replayer`, what
 ``threes replay`` runs): keyed by ``line_id`` in single-object Avro, writer schemas registered in
