@@ -82,7 +82,7 @@ def test_threes_is_imported_from_the_wheel_not_the_repository(installed: Install
     assert location.is_relative_to(installed.venv), location
 
 
-@pytest.mark.parametrize("example", ["nycflights13/pipeline.yaml", "pipeline.yaml"])
+@pytest.mark.parametrize("example", ["nycflights13/pipeline.yaml", "pipeline.yaml", "shop/pipeline.yaml"])
 def test_the_shipped_examples_validate_from_an_empty_folder(installed: Installed, example: str) -> None:
     path = Path(installed.py(f"from threes.demo.example import example_path; print(example_path({example!r}))"))
     assert path.is_relative_to(installed.venv), path
@@ -90,6 +90,12 @@ def test_the_shipped_examples_validate_from_an_empty_folder(installed: Installed
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert list(installed.cwd.iterdir()) == []
+
+
+def test_the_shop_generator_ships_with_its_example(installed: Installed) -> None:
+    location = Path(installed.py("from threes.examples.shop import generate; print(generate.__file__)"))
+    assert location.is_relative_to(installed.venv), location
+    assert installed.py("from threes.examples.shop import generate; print(len(generate.generate().orders))") == "80"
 
 
 def test_demo_help_from_an_empty_folder(installed: Installed) -> None:
