@@ -110,10 +110,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def stack() -> Any:
     """The running local stack (started if needed); its endpoints via ``.endpoints()``."""
-    from threes.local import LocalStack
+    from threes.local import SERVERS, LocalStack
 
     local = LocalStack()
-    local.up(["kafka", "postgres", "elasticsearch", "s3", "mysql"])
+    local.up([server.name for server in SERVERS])  # every server; the Spark cluster only for the tests that ask
     return local
 
 
