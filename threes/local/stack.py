@@ -146,7 +146,7 @@ TLS_CA_VAR = "THREES_TLS_CA"
 """The environment variable of the CA file, shared by every server with TLS (not one service's)."""
 
 ENV_VARS: dict[str, str] = {
-    **{field: var for server in (*SERVERS, SparkMaster) for field, var in server.endpoint_vars.items()},
+    **{field: var for server in (*SERVERS, SparkMaster) for field, var in server.endpoint_vars.items()},  # type: ignore[attr-defined]
     "tls_ca_location": TLS_CA_VAR,
 }
 """Endpoints field -> environment variable that overrides it, from each service's ``endpoint_vars``."""
