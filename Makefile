@@ -25,7 +25,8 @@ stack: venv
 # shared services (marked serial) alone.
 TEST_WORKERS ?= 2
 
-# Static checks first (ruff; the layering contracts of pyproject.toml's [tool.importlinter]), then the tests.
+# Static checks first (mypy, [tool.mypy]; ruff; the layering contracts of pyproject.toml's [tool.importlinter]),
+# then the tests.
 test: lint stack
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
 	$(BIN)/pytest -m serial
@@ -52,6 +53,7 @@ docs: venv
 	$(BIN)/threes docs -o docs/config-reference.md
 
 lint: venv
+	$(BIN)/mypy
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 

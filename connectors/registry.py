@@ -90,7 +90,8 @@ def load_implementation(config: ConnectorConfig) -> type:
     """
     module_name, _, attr = config.implementation.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        implementation: type = getattr(importlib.import_module(module_name), attr)
+        return implementation
     except (ImportError, AttributeError) as exc:
         raise FatalError(
             f"connector {config.name!r} of type {config.type!r}: implementation "

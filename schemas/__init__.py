@@ -37,7 +37,8 @@ def load_schema(ref: str, base_dir: Path | None = None) -> dict[str, Any]:
     for path in candidates:
         if path.is_file():
             try:
-                return json.loads(path.read_text())
+                schema: dict[str, Any] = json.loads(path.read_text())
+                return schema
             except json.JSONDecodeError as exc:
                 raise SchemaNotFoundError(f"{path} is not valid JSON: {exc}") from exc
     raise SchemaNotFoundError(

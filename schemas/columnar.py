@@ -97,14 +97,14 @@ def _python_objects(column: Any) -> list[Any]:
 
     if column.null_count == 0:
         if _numpy_exact(column.type):
-            return column.to_numpy().tolist()
+            return list(column.to_numpy().tolist())
         if pa.types.is_struct(column.type) and all(_numpy_exact(f.type) for f in column.type):
             fields = column.combine_chunks().flatten()
             if all(f.null_count == 0 for f in fields):
                 names = [f.name for f in column.type]
                 lists = [f.to_numpy(zero_copy_only=False).tolist() for f in fields]
                 return [dict(zip(names, row, strict=True)) for row in zip(*lists, strict=True)]
-    return column.to_pylist()
+    return list(column.to_pylist())
 
 
 def _numpy_exact(arrow_type: Any) -> bool:
@@ -112,9 +112,9 @@ def _numpy_exact(arrow_type: Any) -> bool:
     import pyarrow as pa
 
     t = pa.types
-    return t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_boolean(arrow_type) or t.is_string(
+    return bool(t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_boolean(arrow_type) or t.is_string(
         arrow_type
-    ) or t.is_large_string(arrow_type)
+    ) or t.is_large_string(arrow_type))
 
 
 def _row_numbers(n: int) -> list[bytes]:
@@ -310,7 +310,9 @@ class ColumnarDecoder:
     def _plan(self, fingerprint: bytes) -> tuple[bytes, Any] | None:
         return self._cached(self._plans, fingerprint, False)
 
-    def _cached(self, plans: dict[bytes, Any], fingerprint: bytes, wrapped: bool) -> tuple[bytes, Any] | None:
+    def _cached(
+        self, plans: dict[bytes, tuple[bytes, Any] | None], fingerprint: bytes, wrapped: bool
+    ) -> tuple[bytes, Any] | None:
         """The plan of a writer schema, made once per fingerprint (``None``: decode per record).
 
         ``wrapped``: the schema inside a one-field record (any schema, for keys);

@@ -26,7 +26,7 @@ of the converted types nested inside a struct or a list is not converted
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 
 def _kind(typ: Any) -> str | None:
@@ -52,7 +52,7 @@ def _nested_needs_conversion(typ: Any) -> bool:
         return any(_kind(f.type) or _nested_needs_conversion(f.type) for f in typ)
     if pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
         return bool(_kind(typ.value_type) or _nested_needs_conversion(typ.value_type))
-    return pa.types.is_map(typ)
+    return bool(pa.types.is_map(typ))
 
 
 def json_frame(table: Any, decimals: str = "number") -> Any:
@@ -79,7 +79,7 @@ def json_frame(table: Any, decimals: str = "number") -> Any:
         for i, field in enumerate(table.schema):
             if pa.types.is_decimal(field.type):
                 table = table.set_column(i, field.name, table.column(i).cast(pa.string()))
-    frame = pl.from_arrow(table, rechunk=False)
+    frame = cast(pl.DataFrame, pl.from_arrow(table, rechunk=False))  # a table gives a frame, never a series
     conversions = []
     for field in table.schema:
         kind = _kind(field.type)
@@ -118,7 +118,7 @@ def documents(table: Any, decimals: str = "number") -> list[bytes] | None:
         return None
     if table.num_rows == 0:
         return []
-    text = frame.write_ndjson().encode()
+    text: bytes = frame.write_ndjson().encode()
     lines = text.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()

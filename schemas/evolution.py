@@ -100,11 +100,11 @@ class TopicSchemaPlan:
 
     def record_value(self, store: Any) -> int:
         """Append the value schema to ``<topic>-value`` (no-op when it is the latest). Returns the version."""
-        return store.add_version(value_subject(self.topic), self.value_schema)
+        return int(store.add_version(value_subject(self.topic), self.value_schema))
 
     def record_key(self, store: Any) -> int:
         """Append the key schema to ``<topic>-key`` (no-op when it is the latest). Returns the version."""
-        return store.add_version(key_subject(self.topic), self.key_schema, self.key_fingerprint)
+        return int(store.add_version(key_subject(self.topic), self.key_schema, self.key_fingerprint))
 
 
 def _same_schema(store: Any, fp: bytes, schema: Schema) -> bool:

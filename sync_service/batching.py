@@ -72,12 +72,12 @@ class Job:
     @property
     def first_offset(self) -> int:
         """Offset of the first record covered."""
-        return self.raw[0].offset()
+        return int(self.raw[0].offset())
 
     @property
     def last_offset(self) -> int:
         """Offset of the last record covered."""
-        return self.raw[-1].offset()
+        return int(self.raw[-1].offset())
 
 
 class PartitionBuffer:
@@ -174,7 +174,7 @@ class PartitionBuffer:
         if self.inflight is not None:
             return self.inflight.first_offset
         if self.records:
-            return self.records[0].offset()
+            return int(self.records[0].offset())
         return self.next_offset
 
 

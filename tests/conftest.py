@@ -9,15 +9,18 @@ variables point the tests at services that already run instead
 
 Every test gets unique names (topics, tables, indices, buckets) so tests never
 see each other's data and need no cleanup between them. At the end of the
-session the Kafka topics named after those suffixes are deleted: a developer's
-long-lived local stack would otherwise gain ~100 topics per run (a broker of
-~1,000 leftover topics spent ~18 % of a core with nothing running).
+session the Kafka topics named after those suffixes are deleted (by the contract
+kit's plugin, :mod:`threes.testing.plugin`): a developer's long-lived local stack
+would otherwise gain ~100 topics per run (a broker of ~1,000 leftover topics spent
+~18 % of a core with nothing running).
+
+The contract kit's fixtures (``threes_kafka``, ``threes_unique``) are this stack's here.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,9 +32,20 @@ from connectors.elasticsearch.connection import ElasticsearchConnection, elastic
 from connectors.rds import connection as rds_connection
 from connectors.rds.connection import RdsConnection
 from connectors.s3.connection import S3Connection, s3_client
+from threes.testing.plugin import draw_unique, remember_kafka
 
 ROOT = Path(__file__).resolve().parents[1]
-_SESSION: dict[str, Any] = {"tokens": set()}  # the suffixes drawn by ``unique`` and the Kafka config, for the cleanup
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the contract kit's plugin when pytest did not load it through its entry point.
+
+    An installed threes declares it (``pytest11: threes``), but a virtualenv installed from an
+    older checkout, or ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, has no such entry point: the
+    plugin is then registered here, under the same name, so it is never registered twice.
+    """
+    if not config.pluginmanager.has_plugin("threes"):
+        config.pluginmanager.register(importlib.import_module("threes.testing.plugin"), "threes")
 
 
 def sql_engine(conn: RdsConnection) -> Iterator[Any]:
@@ -96,10 +110,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def stack() -> Any:
     """The running local stack (started if needed); its endpoints via ``.endpoints()``."""
-    from threes.local import LocalStack
+    from threes.local import SERVERS, LocalStack
 
     local = LocalStack()
-    local.up(["kafka", "postgres", "elasticsearch", "s3", "mysql"])
+    local.up([server.name for server in SERVERS])  # every server; the Spark cluster only for the tests that ask
     return local
 
 
@@ -118,8 +132,14 @@ def kafka(endpoints: Any) -> KafkaConfig:
 def kafka_conf(kafka: KafkaConfig) -> dict[str, Any]:
     """librdkafka properties of the test stack."""
     conf = kafka.librdkafka_config()
-    _SESSION["kafka_conf"] = conf
+    remember_kafka(conf)
     return conf
+
+
+@pytest.fixture(scope="session")
+def threes_kafka(kafka: KafkaConfig) -> KafkaConfig:
+    """The contract kit's Kafka: the test stack's (``THREES_KAFKA_BOOTSTRAP`` still points it elsewhere)."""
+    return kafka
 
 
 @pytest.fixture(scope="session")
@@ -174,31 +194,16 @@ def s3(s3_conn: S3Connection) -> Any:
 
 @pytest.fixture
 def unique() -> str:
-    """A short unique suffix for names of topics, tables, indices and buckets."""
-    token = uuid.uuid4().hex[:10]
-    _SESSION["tokens"].add(token)
-    return token
+    """A short unique suffix for names of topics, tables, indices and buckets (the kit's ``threes_unique``)."""
+    return draw_unique()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Stop the SparkSession; delete the Kafka topics whose names carry a suffix this session's tests drew.
+    """Stop the SparkSession (the kit's plugin deletes the session's topics; see the module docstring).
 
-    (A run of unit tests alone has no ``spark_sessions`` fixture to stop the session; see the
-    module docstring for the topics.)
+    (A run of unit tests alone has no ``spark_sessions`` fixture to stop the session.)
     """
     SPARK_SESSIONS.close()
-    conf, tokens = _SESSION.get("kafka_conf"), _SESSION["tokens"]
-    if not conf or not tokens:
-        return
-    from confluent_kafka.admin import AdminClient
-
-    try:
-        admin = AdminClient(conf)
-        names = [t for t in admin.list_topics(timeout=10).topics if any(token in t for token in tokens)]
-        for future in admin.delete_topics(names, operation_timeout=30).values() if names else ():
-            future.result()
-    except Exception:  # noqa: BLE001, S110 - cleanup only: the tests' outcome stands
-        pass
 
 
 @pytest.fixture

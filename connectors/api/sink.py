@@ -60,11 +60,11 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
-from connectors.config.models import BatchPolicy, SinkConnectorConfig
+from connectors.config.models import BatchPolicy, ConnectionConfig, SinkConnectorConfig
 from schemas.serde import HEADER_BYTES
 
 _LAZY = object()  # the value is decoded from ``encoded`` on first access
@@ -139,10 +139,11 @@ class SinkRecord:
 
             import fastavro
 
+            assert self.encoded is not None  # a lazy value always has its encoded form
             buf = io.BytesIO(self.encoded)
             buf.seek(HEADER_BYTES)
             self._value = fastavro.schemaless_reader(buf, self.value_schema, None)
-        return self._value
+        return cast("dict[str, Any] | None", self._value)
 
     @value.setter
     def value(self, value: dict[str, Any] | None) -> None:
@@ -242,7 +243,8 @@ class SinkBatch:
         """
         if not records:
             return None
-        table = self.tables.get(records[0].value_fingerprint)
+        fp = records[0].value_fingerprint
+        table = self.tables.get(fp) if fp is not None else None
         if table is None or any(r.row < 0 for r in records):
             return None
         rows = [r.row for r in records]
@@ -333,7 +335,7 @@ class Limiter(Protocol):
     def limit(self) -> int:
         """Requests allowed in flight now."""
 
-    def slot(self, records: int = 1) -> Any:
+    def slot(self, records: int = 1) -> AbstractContextManager[None]:
         """Context manager held around one request; measures its latency."""
 
     def backpressure(self) -> None:
@@ -377,7 +379,7 @@ class Sink(ABC):
 
     Args:
         config: the sink's validated config (a ``SinkConnectorConfig`` subclass).
-        connection: the connection config it names.
+        connection: the connection config it names (its technology's ``ConnectionConfig`` subclass).
         limiter: concurrency to the target; a fixed limit of 1 when ``None``.
 
     Class attributes:
@@ -402,7 +404,7 @@ class Sink(ABC):
         configured = getattr(self.config, "max_record_bytes", None)
         return configured if configured is not None else self.default_max_record_bytes
 
-    def __init__(self, config: SinkConnectorConfig, connection: Any, *, limiter: Limiter | None = None):
+    def __init__(self, config: SinkConnectorConfig, connection: ConnectionConfig, *, limiter: Limiter | None = None):
         self.config = config
         self.connection = connection
         self.limiter: Limiter = limiter or FixedLimiter(1)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from connectors.config.models import KafkaConfig, SourceConnectorConfig
+from connectors.config.models import ConnectionConfig, KafkaConfig, SourceConnectorConfig
 
 Key = Mapping[str, Any] | bytes
 Value = Mapping[str, Any] | None
@@ -132,7 +132,8 @@ class SourceTask(ABC):
 
     Args:
         config: the connector's validated config model.
-        connection: the validated connection the config names.
+        connection: the validated connection the config names (its technology's
+            :class:`~connectors.config.models.ConnectionConfig` subclass).
         kafka: the pipeline's Kafka config (read-only; the worker owns the clients).
         task_id: this task's index, ``0 <= task_id < task_count``.
         task_count: how many tasks the connector was split into.
@@ -143,7 +144,7 @@ class SourceTask(ABC):
     def __init__(
         self,
         config: SourceConnectorConfig,
-        connection: Any,
+        connection: ConnectionConfig,
         *,
         kafka: KafkaConfig | None = None,
         task_id: int = 0,

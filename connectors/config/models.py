@@ -319,7 +319,7 @@ class ErrorPolicy(StrictModel):
 
     def restart_delay_s(self, failures: int) -> float:
         """Delay before restart number ``failures`` (1-based) of a task, seconds: exponential, capped."""
-        return min(self.restart_max_backoff_s, self.restart_backoff_s * 2 ** max(0, failures - 1))
+        return min(self.restart_max_backoff_s, self.restart_backoff_s * 2.0 ** max(0, failures - 1))
 
 
 class BatchPolicy(StrictModel):

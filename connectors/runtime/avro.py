@@ -106,7 +106,7 @@ def infer_record_schema(
 
 def source_field(field: Mapping[str, Any]) -> str:
     """The raw row's name of a schema field (``source.field``, else the field name)."""
-    return field.get("source.field", field["name"])
+    return str(field.get("source.field", field["name"]))
 
 
 def _parse_datetime(v: str) -> dt.datetime:
@@ -142,7 +142,9 @@ def _coercer_for(avro_type: Any) -> Coercer | None:
     return None
 
 
-def record_coercer(schema: Mapping[str, Any], *, empty_is_null: bool = False) -> Callable[[Mapping[str, Any]], dict]:
+def record_coercer(
+    schema: Mapping[str, Any], *, empty_is_null: bool = False
+) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
     """A function from a raw row to the Avro record dict of ``schema``.
 
     Args:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -109,7 +109,7 @@ def _kind_of(typ: Any, name: str) -> tuple[str, int]:
     if logical is None and isinstance(base, str) and base in _PRIMITIVES:
         return base, 0
     if (base, logical) in _LOGICAL:
-        return _LOGICAL[(base, logical)], 0
+        return _LOGICAL[cast("tuple[str, str]", (base, logical))], 0
     if base == "bytes" and logical == "decimal":
         return "decimal", int(typ.get("scale", 0))
     raise ColumnarUnsupported(f"field {name!r}: type {typ!r}")
@@ -168,7 +168,8 @@ def decimal_bytes(unscaled: np.ndarray, skip: np.ndarray | None = None) -> Piece
 def _nulls(arr: Any) -> np.ndarray | None:
     if arr.null_count == 0:
         return None
-    return arr.is_null().to_numpy(zero_copy_only=False)
+    mask: np.ndarray = arr.is_null().to_numpy(zero_copy_only=False)
+    return mask
 
 
 def _ints(arr: Any) -> np.ndarray:
@@ -177,7 +178,8 @@ def _ints(arr: Any) -> np.ndarray:
 
     if not pa.types.is_integer(arr.type):
         arr = pc.cast(arr, pa.int64() if arr.type.bit_width == 64 else pa.int32())
-    return arr.fill_null(0).to_numpy(zero_copy_only=False)
+    values: np.ndarray = arr.fill_null(0).to_numpy(zero_copy_only=False)
+    return values
 
 
 def _binary(arr: Any, skip: np.ndarray | None) -> list[Piece]:

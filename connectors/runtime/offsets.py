@@ -269,8 +269,11 @@ class PositionTracker:
         return self._committable
 
 
-def require_position_shape(position: Any, where: str) -> dict[str, Any]:
+def require_position_shape(position: Any, where: str) -> dict[str, Any] | None:
     """Check a loaded position is a JSON object (a hand-edited offsets topic can hold anything).
+
+    Returns:
+        ``position``, a dict, or ``None`` when nothing was stored.
 
     Raises:
         FatalError: it is not a dict.

@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from connectors.config.models import ConnectionConfig, KafkaConfig, RetryPolicy, SourceConnectorConfig
 from connectors.exceptions import ConfigError
@@ -21,6 +21,9 @@ from connectors.runtime import metrics
 from connectors.runtime.offsets import OFFSETS_TOPIC, OffsetStore, offsets_key
 from connectors.runtime.supervision import RestartBackoff
 from connectors.runtime.worker import TRANSACTION_TIMEOUT_MS, RunnerStats, TaskRunner
+
+if TYPE_CHECKING:
+    from connectors.api.source import SourceTask
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,8 @@ def task_specs(sources: Iterable[SourceConnectorConfig]) -> list[TaskSpec]:
     """Split each connector into its tasks (``task_count_for`` of its implementation), sorted by key."""
     specs: list[TaskSpec] = []
     for cfg in sources:
-        count = max(1, int(load_implementation(cfg).task_count_for(cfg)))
+        impl: type[SourceTask] = load_implementation(cfg)
+        count = max(1, int(impl.task_count_for(cfg)))
         specs.extend(TaskSpec(cfg, i, count) for i in range(count))
     return sorted(specs, key=lambda s: s.key)
 

@@ -126,7 +126,7 @@ class LiveKeys:
         return self._db.execute("SELECT 1 FROM live WHERE k = ?", (key,)).fetchone() is not None
 
     def __len__(self) -> int:
-        return self._db.execute("SELECT count(*) FROM live").fetchone()[0]
+        return int(self._db.execute("SELECT count(*) FROM live").fetchone()[0])
 
     def __iter__(self) -> Iterator[bytes]:
         for k, _tag in self.items():

@@ -199,7 +199,7 @@ class TaskRunner:
         self._label = config.name
 
     def _new_task(self) -> SourceTask:
-        impl = load_implementation(self.config)
+        impl: type[SourceTask] = load_implementation(self.config)
         return impl(self.config, self._connection, kafka=self.kafka, task_id=self.task_id, task_count=self.task_count)
 
     # -- public ---------------------------------------------------------------------------------------

@@ -30,12 +30,12 @@ from connectors.exceptions import SetupError
 from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.topics import cluster_metadata
 from sync_service.service import SyncService
-from tests.integration.sources.contract import run_once
 from tests.integration.stream.conftest import Env, flight
 from tests.integration.sync.helpers import run_in_thread, wait_until
 from threes.cli import app
 from threes.config import pipeline_from_dict
 from threes.local.kafka import upsert_scram_user
+from threes.testing.source import run_once
 
 PASSWORD = "p\"w\\d'x ü"  # a double quote, a backslash, a single quote, a space, non-ASCII
 

@@ -124,3 +124,14 @@ def test_the_dataset_is_the_demo_extra_and_the_license_ships(installed: Installe
         "print(next(f for f in d.files if f.name == 'LICENSE').read_text()[:200])"
     )
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+
+
+def test_the_wheel_ships_the_contract_kit_and_its_pytest_plugin(installed: Installed) -> None:
+    (value,) = installed.py(
+        "from importlib.metadata import entry_points; print(*[ep.value for ep in entry_points(group='pytest11') "
+        "if ep.name == 'threes'])"
+    ).split()
+    assert value == "threes.testing.plugin"
+    location = Path(installed.py("import threes.testing.source, threes.testing.sink, threes.testing.plugin as p; "
+                                 "print(p.__file__)"))
+    assert location.is_relative_to(installed.venv), location

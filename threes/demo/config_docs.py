@@ -275,13 +275,52 @@ def _render(section: Section) -> Iterator[str]:
     yield ""
 
 
+LOCAL_STACK = """\
+`threes local up` runs these services as native processes on 127.0.0.1 (`threes local status`
+shows them). A variable set in the environment points every command, and the tests, at a
+service that already runs instead; `threes local env` prints them for the running stack."""
+
+
+def _local_stack() -> Iterator[str]:
+    """The section of the local stack's services, from its one registry (:data:`threes.local.stack.SERVERS`)."""
+    from threes.local.spark_cluster import SparkMaster, cluster_services
+    from threes.local.stack import SERVERS, SPARK, TLS_CA_VAR
+
+    yield '<a id="local-stack"></a>'
+    yield "## The local stack (`threes local`)"
+    yield ""
+    yield LOCAL_STACK
+    yield ""
+    yield "| service | what | ports | environment variables |"
+    yield "|---|---|---|---|"
+    for server in SERVERS:
+        ports = ", ".join(str(port) for port in server.ports)
+        names = ", ".join(f"`{var}`" for var in server.endpoint_vars.values())
+        yield f"| `{server.name}` | {server.title} | {ports} | {names} |"
+    # the cluster's ports are its instances' (each worker has its own): built on a folder they never touch
+    from pathlib import Path
+
+    from threes.local.common import Layout
+
+    daemons = cluster_services(Layout(Path(".threes")))
+    ports = ", ".join(str(port) for daemon in daemons for port in daemon.ports)
+    names = ", ".join(f"`{var}`" for var in SparkMaster.endpoint_vars.values())
+    yield (f"| `{SPARK}` | the Spark connector jars; with `--service {SPARK}` a standalone cluster "
+           f"({', '.join(d.name for d in daemons)}) | {ports} | {names} |")
+    yield ""
+    yield f"`{TLS_CA_VAR}`: the CA file that signed the servers' certificates (Kafka SASL_SSL, PostgreSQL)."
+    yield ""
+
+
 def render() -> str:
     """The whole reference as Markdown (deterministic: the same models give the same bytes)."""
     parts = [HEADER, "## Contents", ""]
     all_sections = sections()
     for s in all_sections:
         parts.append(f"- [`{s.path}`](#{s.anchor})" if s.path else "- [top level](#top-level)")
+    parts.append("- [the local stack](#local-stack)")
     parts.append("")
     for s in all_sections:
         parts.extend(_render(s))
+    parts.extend(_local_stack())
     return "\n".join(parts).rstrip() + "\n"

@@ -20,10 +20,11 @@ that already run elsewhere: ``up`` then only waits for them.
 
 from .common import LocalStackError
 from .spark import local_spark_conf
-from .stack import ENV_VARS, SERVICES, Endpoints, LocalStack, ServiceStatus
+from .stack import ENV_VARS, SERVERS, SERVICES, Endpoints, LocalStack, ServiceStatus
 
 __all__ = [
     "ENV_VARS",
+    "SERVERS",
     "SERVICES",
     "Endpoints",
     "LocalStack",

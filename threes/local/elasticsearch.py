@@ -18,7 +18,7 @@ import shutil
 import stat
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit
 
 from .common import HOST, LocalStackError
@@ -68,6 +68,7 @@ class Elasticsearch(Service):
     name = "elasticsearch"
     title = "Elasticsearch"
     env_var = "THREES_ELASTICSEARCH_URL"
+    endpoint_vars: ClassVar[dict[str, str]] = {"elasticsearch_url": "THREES_ELASTICSEARCH_URL"}
     ports = (HTTP_PORT, TRANSPORT_PORT)
     health_timeout = 180.0
     stop_timeout = 45.0

@@ -22,7 +22,7 @@ import shutil
 import uuid
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from .common import HOST, LocalStackError, wait_until
 from .maven import copy_dependencies
@@ -123,6 +123,12 @@ class Kafka(Service):
     name = "kafka"
     title = "Kafka"
     env_var = "THREES_KAFKA_BOOTSTRAP"
+    endpoint_vars: ClassVar[dict[str, str]] = {
+        "kafka_bootstrap": "THREES_KAFKA_BOOTSTRAP",
+        "kafka_sasl_bootstrap": "THREES_KAFKA_SASL_BOOTSTRAP",
+        "kafka_sasl_username": "THREES_KAFKA_SASL_USERNAME",
+        "kafka_sasl_password": "THREES_KAFKA_SASL_PASSWORD",
+    }
     ports = (KAFKA_PORT, CONTROLLER_PORT, SASL_SSL_PORT)
     health_timeout = 90.0
     stop_timeout = 30.0

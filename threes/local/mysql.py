@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from .common import HOST, LocalStackError, redact
 from .process import run
@@ -80,6 +80,7 @@ class MySQL(Service):
     name = "mysql"
     title = "MariaDB"
     env_var = "THREES_MYSQL_URL"
+    endpoint_vars: ClassVar[dict[str, str]] = {"mysql_url": "THREES_MYSQL_URL"}
     ports = (MYSQL_PORT,)
     health_timeout = 60.0
     stop_timeout = 60.0

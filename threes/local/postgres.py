@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from .common import HOST, LocalStackError, now, redact, wait_until
 from .process import PidRecord, owns, run, terminate
@@ -68,6 +68,7 @@ class Postgres(Service):
     name = "postgres"
     title = "PostgreSQL"
     env_var = "THREES_POSTGRES_URL"
+    endpoint_vars: ClassVar[dict[str, str]] = {"postgres_url": "THREES_POSTGRES_URL"}
     ports = (PG_PORT,)
     health_timeout = 60.0
     stop_timeout = 60.0

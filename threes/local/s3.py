@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from .common import HOST
 from .kafka import JAVA_17
@@ -36,6 +36,12 @@ class S3(Service):
     name = "s3"
     title = "S3 (s3proxy)"
     env_var = "THREES_S3_ENDPOINT_URL"
+    endpoint_vars: ClassVar[dict[str, str]] = {
+        "s3_endpoint_url": "THREES_S3_ENDPOINT_URL",
+        "s3_access_key_id": "THREES_S3_ACCESS_KEY_ID",
+        "s3_secret_access_key": "THREES_S3_SECRET_ACCESS_KEY",
+        "s3_region": "THREES_S3_REGION",
+    }
     ports = (S3_PORT,)
     health_timeout = 60.0
     stop_timeout = 15.0

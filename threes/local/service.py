@@ -26,6 +26,9 @@ class Service:
         name: Service name used on the command line and for files (``kafka``).
         title: Human name used in messages (``Kafka``).
         env_var: Environment variable that points at an already-running service.
+        endpoint_vars: :class:`~threes.local.stack.Endpoints` field -> the environment variable
+            that overrides it, for every endpoint of this service (``threes local env`` prints
+            them; the first is :attr:`env_var`).
         ports: TCP ports on 127.0.0.1 the service listens on.
         health_timeout: Seconds to wait for the service to become healthy.
         stop_timeout: Seconds between the graceful signal and SIGKILL.
@@ -36,6 +39,7 @@ class Service:
     name: ClassVar[str]
     title: ClassVar[str]
     env_var: ClassVar[str]
+    endpoint_vars: ClassVar[dict[str, str]]
     ports: ClassVar[tuple[int, ...]]
     health_timeout: ClassVar[float] = 60.0
     stop_timeout: ClassVar[float] = 30.0

@@ -21,7 +21,7 @@ import logging
 import sys
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from .common import HOST, Layout, LocalStackError
 from .kafka import JAVA_17
@@ -75,6 +75,7 @@ class _SparkDaemon(Service):
     """What the master and the workers share: the JVM command on pyspark's jars."""
 
     env_var = "THREES_SPARK_MASTER"
+    endpoint_vars: ClassVar[dict[str, str]] = {"spark_master": "THREES_SPARK_MASTER"}
     health_timeout = 60.0
     stop_timeout = 20.0
     main_class: str

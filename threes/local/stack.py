@@ -21,12 +21,20 @@ from .postgres import PG_DATABASE, PG_PASSWORD, PG_PORT, PG_USER, Postgres
 from .s3 import ACCESS_KEY_ID, REGION, S3, S3_PORT, SECRET_ACCESS_KEY
 from .service import Service
 from .spark import resolve_s3a_jars, resolve_spark_jars, s3a_jars_dir, spark_jars_dir
-from .spark_cluster import MASTER_URL, cluster_services, external_master_probe
+from .spark_cluster import MASTER_URL, SparkMaster, cluster_services, external_master_probe
 from .tls import tls_dir
 
 logger = logging.getLogger(__name__)
 
-SERVICES: tuple[str, ...] = ("kafka", "postgres", "elasticsearch", "s3", "mysql", "spark")
+SERVERS: tuple[type[Service], ...] = (Kafka, Postgres, Elasticsearch, S3, MySQL)
+"""The stack's servers, the one list of them: ``threes local up|down|status|env``, the test
+fixtures (``tests/conftest.py``) and ``threes docs`` read it. Listed in this order by
+``status``; a new service is a :class:`~threes.local.service.Service` subclass added here."""
+
+SPARK = "spark"
+"""The name of the Spark part: connector jars, and the standalone cluster when named explicitly."""
+
+SERVICES: tuple[str, ...] = (*(server.name for server in SERVERS), SPARK)
 """Every service name ``up`` accepts.
 
 ``spark`` named explicitly (``up --service spark``) resolves the Spark connector and
@@ -35,8 +43,12 @@ only resolves the connector jars, so the demo and ``local[*]`` jobs do not pay f
 cluster they do not use.
 """
 
-# Start order: the slowest first (Elasticsearch takes ~40 s), waited for in parallel.
-_START_ORDER = ("elasticsearch", "kafka", "postgres", "s3", "mysql", "spark")
+# Start order: the slowest to become healthy first (Elasticsearch takes ~40 s), waited for in parallel;
+# sorted() is stable, so servers of equal timeout keep the order of SERVERS.
+_START_ORDER: tuple[str, ...] = (
+    *(server.name for server in sorted(SERVERS, key=lambda server: -server.health_timeout)),
+    SPARK,
+)
 
 
 @dataclass(frozen=True)
@@ -130,22 +142,14 @@ class Endpoints:
         }
 
 
+TLS_CA_VAR = "THREES_TLS_CA"
+"""The environment variable of the CA file, shared by every server with TLS (not one service's)."""
+
 ENV_VARS: dict[str, str] = {
-    "kafka_bootstrap": "THREES_KAFKA_BOOTSTRAP",
-    "postgres_url": "THREES_POSTGRES_URL",
-    "elasticsearch_url": "THREES_ELASTICSEARCH_URL",
-    "s3_endpoint_url": "THREES_S3_ENDPOINT_URL",
-    "s3_access_key_id": "THREES_S3_ACCESS_KEY_ID",
-    "s3_secret_access_key": "THREES_S3_SECRET_ACCESS_KEY",
-    "s3_region": "THREES_S3_REGION",
-    "mysql_url": "THREES_MYSQL_URL",
-    "spark_master": "THREES_SPARK_MASTER",
-    "kafka_sasl_bootstrap": "THREES_KAFKA_SASL_BOOTSTRAP",
-    "kafka_sasl_username": "THREES_KAFKA_SASL_USERNAME",
-    "kafka_sasl_password": "THREES_KAFKA_SASL_PASSWORD",
-    "tls_ca_location": "THREES_TLS_CA",
+    **{field: var for server in (*SERVERS, SparkMaster) for field, var in server.endpoint_vars.items()},  # type: ignore[attr-defined]
+    "tls_ca_location": TLS_CA_VAR,
 }
-"""Endpoints field -> environment variable that overrides it."""
+"""Endpoints field -> environment variable that overrides it, from each service's ``endpoint_vars``."""
 
 
 @dataclass(frozen=True)
@@ -184,9 +188,7 @@ class LocalStack:
             home = os.environ.get("THREES_HOME") or ".threes"
         self.home = Path(home).expanduser().resolve()
         self.layout = Layout(self.home)
-        self._services: dict[str, Service] = {
-            cls.name: cls(self.layout) for cls in (Elasticsearch, Kafka, Postgres, S3, MySQL)
-        }
+        self._services: dict[str, Service] = {cls.name: cls(self.layout) for cls in SERVERS}
         self._cluster = cluster_services(self.layout)
 
     # -- public API -----------------------------------------------------------------
@@ -211,7 +213,7 @@ class LocalStack:
                 started or reached (one message covering every failure).
         """
         names = self._select(services)
-        cluster = services is not None and "spark" in names
+        cluster = services is not None and SPARK in names
         self.layout.create()
         started = time.monotonic()
         endpoints = self.endpoints()
@@ -252,7 +254,7 @@ class LocalStack:
             return
         with self._lock():
             stopping = [svc for svc in self._services.values() if svc.name in names]
-            if "spark" in names:
+            if SPARK in names:
                 stopping += self._cluster
             threads = [
                 threading.Thread(target=svc.stop, name=f"threes-down-{svc.name}", daemon=True) for svc in stopping
@@ -263,11 +265,10 @@ class LocalStack:
                 thread.join()
 
     def status(self) -> list[ServiceStatus]:
-        """Return the state of each server (kafka, postgres, elasticsearch, s3, mysql, the Spark cluster)."""
+        """Return the state of each server (:data:`SERVERS` in order, then the Spark cluster)."""
         endpoints = self.endpoints()
         result = []
-        servers = [self._services[n] for n in ("kafka", "postgres", "elasticsearch", "s3", "mysql")]
-        for svc in [*servers, *self._cluster]:
+        for svc in [*self._services.values(), *self._cluster]:
             name = svc.name
             address = svc.address(endpoints)
             if self._is_external(svc):
@@ -359,7 +360,7 @@ class LocalStack:
     def _up_one(self, name: str, endpoints: Endpoints, errors: dict[str, str], cluster: bool = False) -> None:
         began = time.monotonic()
         try:
-            if name == "spark":
+            if name == SPARK:
                 jars = resolve_spark_jars(self.layout)
                 logger.info("spark: %d connector jars in %s", len(jars), spark_jars_dir(self.layout))
                 if cluster:

@@ -35,9 +35,9 @@ from connectors.runtime.standalone import SourceWorker, task_specs
 from sync_service.supervisor import ServiceSupervisor
 from tests.conftest import ROOT
 from tests.integration.ops.helpers import free_port, get_json, rows
-from tests.integration.sources.contract import topic_state
 from tests.integration.sync.helpers import UpdateProducer, create_topic, group_lag, wait_until
 from threes.config import pipeline_from_dict
+from threes.testing.source import topic_state
 
 # the drill stops PostgreSQL and Elasticsearch, which every other test uses: it runs alone
 pytestmark = pytest.mark.serial

@@ -12,8 +12,8 @@ from sqlalchemy import text
 from connectors.config.models import KafkaConfig
 from connectors.rds.connection import RdsConnection
 from connectors.updates import source_ts_of
-from tests.integration.sources.contract import run_once
 from tests.integration.sources.rds import source_pipeline
+from threes.testing.source import run_once
 
 
 def test_every_state_record_carries_its_source_timestamp(

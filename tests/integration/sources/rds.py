@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from sqlalchemy import text
 
 from connectors.rds.connection import RdsConnection
-from tests.integration.sources.contract import SourceContract, run_once
+from threes.testing.source import SourceContract, run_once
 
 
 def source_pipeline(kafka: Any, conn: RdsConnection, **source: Any) -> Any:

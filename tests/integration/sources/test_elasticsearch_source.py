@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from tests.integration.sources.contract import SourceContract, run_once, topic_state
 from threes.config import pipeline_from_dict
+from threes.testing.source import SourceContract, run_once, topic_state
 
 MAPPING = {"properties": {"code": {"type": "keyword"}, "name": {"type": "text"}, "amount": {"type": "double"},
                           "seats": {"type": "integer"}, "updated_at": {"type": "date"},

@@ -25,8 +25,8 @@ from connectors.topics import end_offsets
 from connectors.updates import VERSION_HEADER, decode_version
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
-from tests.integration.sources.contract import run_once
 from tests.integration.sources.rds import source_pipeline
+from threes.testing.source import run_once
 
 
 def changes(kafka_conf: dict[str, Any], topic: str, isolation: str = "read_uncommitted") -> list[tuple[Any, ...]]:

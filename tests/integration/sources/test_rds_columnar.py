@@ -14,8 +14,8 @@ from connectors.rds.connection import RdsConnection
 from connectors.rds.source import RdsSource
 from connectors.runtime.columnar import ColumnarEncoder
 from schemas.serde import AvroSerializer
-from tests.integration.sources.contract import run_once, topic_state
 from tests.integration.sources.rds import source_pipeline
+from threes.testing.source import run_once, topic_state
 
 UTC = dt.UTC
 ROWS = 2_500  # more than one page of batch_records

@@ -24,8 +24,8 @@ from sqlalchemy.engine import make_url
 from connectors.exceptions import SetupError
 from connectors.rds.connection import RdsConnection
 from connectors.rds.source import RdsSource
-from tests.integration.sources.contract import run_once, topic_state
 from tests.integration.sources.rds import source_pipeline
+from threes.testing.source import run_once, topic_state
 
 PASSWORD = "unprivileged-pw"
 

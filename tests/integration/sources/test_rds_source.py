@@ -38,8 +38,8 @@ from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.runtime.offsets import OffsetStore
 from connectors.topics import ensure_compacted_topic
 from tests.conftest import ROOT
-from tests.integration.sources.contract import count_records, run_once, topic_state
 from tests.integration.sources.rds import RdsSourceContract, late_commit, source_pipeline
+from threes.testing.source import count_records, run_once, topic_state
 
 UTC = dt.UTC
 

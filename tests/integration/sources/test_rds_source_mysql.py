@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import text
 
 from connectors.rds.connection import RdsConnection
-from tests.integration.sources.contract import run_once, topic_state
 from tests.integration.sources.rds import RdsSourceContract, late_commit, source_pipeline
+from threes.testing.source import run_once, topic_state
 
 UTC = dt.UTC
 

@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from schemas.serde import split
 from schemas.store import SchemaStore
-from tests.integration.sources.contract import run_once
+from threes.testing.source import run_once
 
 pytestmark = pytest.mark.spark
 

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from connectors.runtime.standalone import SourceWorker, task_specs
-from tests.integration.sources.contract import SourceContract, run_once, topic_state
 from threes.config import pipeline_from_dict
+from threes.testing.source import SourceContract, run_once, topic_state
 
 SCHEMA = {
     "type": "record", "name": "item", "fields": [

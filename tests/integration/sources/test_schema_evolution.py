@@ -22,8 +22,8 @@ from connectors.exceptions import ConfigError
 from connectors.topics import end_offsets
 from schemas.serde import MARKER
 from schemas.store import SchemaStore
-from tests.integration.sources.contract import count_records, run_once, topic_state
 from tests.integration.sources.rds import source_pipeline
+from threes.testing.source import count_records, run_once, topic_state
 
 D = decimal.Decimal
 

@@ -17,8 +17,8 @@ from connectors.topics import watermark_offsets
 from connectors.updates import encode_version
 from schemas.serde import AvroSerializer
 from schemas.store import SchemaStore
-from tests.integration.sync.contract import ITEM_SCHEMA, item
 from threes.config import pipeline_from_dict
+from threes.testing.sink import ITEM_SCHEMA, item
 
 
 def create_topic(kafka_conf: dict[str, Any], topic: str, partitions: int) -> None:

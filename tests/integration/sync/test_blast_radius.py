@@ -31,7 +31,6 @@ from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.rds.connection import RdsConnection
 from connectors.topics import watermark_offsets
 from sync_service.service import SyncService
-from tests.integration.sync.contract import item
 from tests.integration.sync.helpers import (
     UpdateProducer,
     create_topic,
@@ -41,6 +40,7 @@ from tests.integration.sync.helpers import (
     run_in_thread,
     wait_until,
 )
+from threes.testing.sink import item
 
 HOLD_S = float(os.environ.get("THREES_BLOCKED_TARGET_S", "3"))
 RECORDS = int(os.environ.get("THREES_BLAST_RECORDS", "1000"))

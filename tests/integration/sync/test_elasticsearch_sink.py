@@ -11,7 +11,7 @@ from elasticsearch import helpers
 from connectors.elasticsearch.config import ElasticsearchSinkConfig
 from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.elasticsearch.sink import ElasticsearchSink
-from tests.integration.sync.contract import SinkContract, batch, record
+from threes.testing.sink import SinkContract, batch, record
 
 
 def make_config(index: str, **extra: Any) -> ElasticsearchSinkConfig:

@@ -11,7 +11,6 @@ from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.rds.connection import RdsConnection
 from connectors.redact import install_log_redaction
 from sync_service.service import SyncService
-from tests.integration.sync.contract import item
 from tests.integration.sync.helpers import (
     UpdateProducer,
     create_topic,
@@ -21,6 +20,7 @@ from tests.integration.sync.helpers import (
     run_in_thread,
     wait_until,
 )
+from threes.testing.sink import item
 
 ES_SECRET, S3_SECRET = "EsUserinfoSecret-4711", "S3SecretKey-4711"
 

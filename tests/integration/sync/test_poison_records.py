@@ -11,7 +11,6 @@ from connectors.dlq import DeadLetter
 from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.rds.connection import RdsConnection
 from sync_service.service import SyncService
-from tests.integration.sync.contract import item
 from tests.integration.sync.helpers import (
     UpdateProducer,
     create_topic,
@@ -21,6 +20,7 @@ from tests.integration.sync.helpers import (
     run_in_thread,
     wait_until,
 )
+from threes.testing.sink import item
 
 N = 10_000
 MALFORMED, UNDECODABLE, ES_REJECTS, DB_REFUSES = 1_000, 2_000, 3_000, 4_000

@@ -14,7 +14,7 @@ from connectors.rds.config import RdsSinkConfig
 from connectors.rds.connection import RdsConnection
 from connectors.rds.sink import RdsSink
 from sync_service.isolation import write_isolating
-from tests.integration.sync.contract import SinkContract, batch, record
+from threes.testing.sink import SinkContract, batch, record
 
 
 def rds_state(sink: RdsSink) -> dict[str, tuple[int, dict[str, Any]]]:
@@ -211,7 +211,6 @@ def test_sync_service_into_mysql_dead_letters_a_refused_row(
     """Through the sync service: upserts, newer versions, a tombstone, and one row MariaDB refuses -> the DLQ."""
     from connectors.dlq import DeadLetter
     from sync_service.service import SyncService
-    from tests.integration.sync.contract import item
     from tests.integration.sync.helpers import (
         UpdateProducer,
         create_topic,
@@ -221,6 +220,7 @@ def test_sync_service_into_mysql_dead_letters_a_refused_row(
         run_in_thread,
         wait_until,
     )
+    from threes.testing.sink import item
 
     topic, dlq, table = f"updates.my.{unique}", f"dlq.{unique}", f"my_{unique}"
     create_topic(kafka_conf, topic, 2)

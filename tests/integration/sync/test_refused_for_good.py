@@ -17,7 +17,6 @@ from connectors.config.models import KafkaConfig
 from connectors.dlq import DeadLetter
 from connectors.rds.connection import RdsConnection
 from sync_service.service import SyncService
-from tests.integration.sync.contract import item
 from tests.integration.sync.helpers import (
     UpdateProducer,
     create_topic,
@@ -27,6 +26,7 @@ from tests.integration.sync.helpers import (
     run_in_thread,
     wait_until,
 )
+from threes.testing.sink import item
 
 N = 600
 TOO_BIG, CHECK_FAILS = 100, 400

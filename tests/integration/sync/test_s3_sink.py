@@ -15,7 +15,7 @@ from connectors.exceptions import FatalError, SinkBlockedError
 from connectors.s3.config import S3SinkConfig
 from connectors.s3.connection import S3Connection
 from connectors.s3.sink import S3Sink, object_key
-from tests.integration.sync.contract import SinkContract, batch, record
+from threes.testing.sink import SinkContract, batch, record
 
 
 def make_config(bucket: str, fmt: str, **extra: Any) -> S3SinkConfig:

@@ -1,7 +1,8 @@
-"""``SinkContract``: what every sink must do, against the real target.
+"""``SinkContract``: what every sink must do, against its real target.
 
 A sink test subclasses :class:`SinkContract` and provides two fixtures and one
-method:
+method (Kafka is not needed: the contract hands the sink batches as the sync
+service would):
 
 * ``sink``: an opened sink writing to a fresh table/index/prefix;
 * ``bad_sink``: the same sink with wrong credentials or address (not opened);
@@ -10,6 +11,18 @@ method:
 The contract (CONVENTIONS.md, ``connectors/updates.py``): a batch is written
 once; a replayed batch changes nothing; a tombstone deletes; an older version
 never overwrites a newer one; ``check()`` fails fast on bad credentials.
+
+The batches hold ``ITEM_SCHEMA`` records (:func:`item`); keys are the ints ``0..keys-1``,
+and ``state`` keys them by ``str(key)``. Example::
+
+    from threes.testing.sink import SinkContract
+
+    class TestMySinkContract(SinkContract):
+        @pytest.fixture
+        def sink(self, tmp_path): ...        # opened, writing to a fresh target
+        @pytest.fixture
+        def bad_sink(self, tmp_path): ...    # wrong credentials, not opened
+        def state(self, sink): ...           # {str(key): (version, value)}
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ from connectors.api.sink import Sink, SinkBatch, SinkRecord
 from connectors.exceptions import SetupError
 from schemas.serde import fingerprint
 
-ITEM_SCHEMA = {
+ITEM_SCHEMA: dict[str, Any] = {
     "type": "record",
     "name": "Item",
     "namespace": "threes.test",
@@ -36,9 +49,11 @@ ITEM_SCHEMA = {
         {"name": "note", "type": ["null", "string"], "default": None},
     ],
 }
+"""The Avro value schema of the contract's update records."""
 PARSED = fastavro.parse_schema(ITEM_SCHEMA)
 FP = fingerprint(ITEM_SCHEMA)
 BASE_TIME = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+"""``updated_at`` of version 0; version ``v`` is ``v`` seconds later."""
 
 
 def item(key: int, version: int, qty: int | None = None) -> dict[str, Any]:
@@ -54,6 +69,7 @@ def item(key: int, version: int, qty: int | None = None) -> dict[str, Any]:
 
 def record(key: int, version: int, offset: int, *, delete: bool = False, topic: str = "updates.items",
            partition: int = 0) -> SinkRecord:
+    """An update record of ``key`` at ``version`` (a tombstone with ``delete``), as the sync service decodes it."""
     value = None if delete else item(key, version)
     return SinkRecord(
         topic=topic, partition=partition, offset=offset, key=key, value=value, version=version,
@@ -63,10 +79,12 @@ def record(key: int, version: int, offset: int, *, delete: bool = False, topic: 
 
 
 def batch(records: list[SinkRecord]) -> SinkBatch:
+    """One batch of ``records`` (of one topic partition), covering their offsets."""
     return SinkBatch(records[0].topic, records[0].partition, records[0].offset, records[-1].offset, records)
 
 
 def expected(key: int, version: int) -> dict[str, Any]:
+    """The value the target must hold for ``key`` at ``version``."""
     return item(key, version)
 
 
@@ -76,6 +94,7 @@ class SinkContract:
     keys = 40
 
     def state(self, sink: Sink) -> dict[str, tuple[int, dict[str, Any]]]:  # pragma: no cover - abstract
+        """The target's live entities: ``str(key)`` -> ``(version, value)``; deleted keys absent."""
         raise NotImplementedError
 
     def artifacts(self, sink: Sink) -> Any:
@@ -83,10 +102,12 @@ class SinkContract:
         return None
 
     def assert_value(self, got: dict[str, Any], want: dict[str, Any]) -> None:
+        """Assert that a value read back from the target equals the one written (override for lossy targets)."""
         for field in ("id", "name", "qty", "note"):
             assert got[field] == want[field], (field, got, want)
 
     def test_batch_is_written_once(self, sink: Sink) -> None:
+        """A batch's records are all in the target, each once, with its version."""
         recs = [record(k, 1, k) for k in range(self.keys)]
         assert sink.write(batch(recs)) == []
         state = self.state(sink)
@@ -97,6 +118,7 @@ class SinkContract:
             self.assert_value(value, expected(k, 1))
 
     def test_replayed_batch_changes_nothing(self, sink: Sink) -> None:
+        """Batches written again after newer ones change neither the state nor the artifacts."""
         first = [record(k, 2, k) for k in range(self.keys)]
         second = [record(k, 3, self.keys + k) for k in range(0, self.keys, 2)]
         sink.write(batch(first))
@@ -109,12 +131,14 @@ class SinkContract:
         assert before["0"][0] == 3 and before["1"][0] == 2
 
     def test_tombstone_deletes(self, sink: Sink) -> None:
+        """A newer tombstone deletes its key."""
         sink.write(batch([record(k, 1, k) for k in range(10)]))
         sink.write(batch([record(k, 2, 10 + k, delete=True) for k in range(0, 10, 3)]))
         state = self.state(sink)
         assert sorted(state, key=int) == [str(k) for k in range(10) if k % 3]
 
     def test_stale_tombstone_does_not_delete(self, sink: Sink) -> None:
+        """A tombstone older than the row it would delete is ignored."""
         sink.write(batch([record(k, 5, k) for k in range(4)]))
         sink.write(batch([record(k, 4, 4 + k, delete=True) for k in range(4)]))
         state = self.state(sink)
@@ -122,6 +146,7 @@ class SinkContract:
         assert all(v == 5 for v, _ in state.values())
 
     def test_update_older_than_a_delete_never_recreates_the_key(self, sink: Sink) -> None:
+        """A late update older than a delete does not bring its key back."""
         sink.write(batch([record(k, 1, k) for k in range(4)]))
         sink.write(batch([record(k, 3, 4 + k, delete=True) for k in range(4)]))
         sink.write(batch([record(k, 2, 8 + k) for k in range(4)]))  # late, older than the delete
@@ -136,6 +161,7 @@ class SinkContract:
         assert self.state(sink)["1"][0] == 4
 
     def test_older_version_never_overwrites_newer(self, sink: Sink) -> None:
+        """The newest version wins, across batches and within one."""
         sink.write(batch([record(k, 7, k) for k in range(6)]))
         sink.write(batch([record(k, 6, 6 + k) for k in range(6)]))
         # out of order inside one batch too: the newer version wins whatever the offsets
@@ -148,5 +174,6 @@ class SinkContract:
         self.assert_value(state["10"][1], expected(10, 9))
 
     def test_check_fails_fast_on_bad_credentials(self, bad_sink: Sink) -> None:
+        """``check()`` raises ``SetupError`` on wrong credentials."""
         with pytest.raises(SetupError):
             bad_sink.check()

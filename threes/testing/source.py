@@ -1,7 +1,7 @@
-"""SourceContract: what every source connector must do, against the real system and Kafka.
+"""SourceContract: what every source connector must do, against its real system and a real Kafka.
 
 A subclass says how to create, change and read its system (a table, an index, a
-bucket prefix); the contract then checks, for every source:
+bucket prefix, a folder); the contract then checks, for every source:
 
 * a first run snapshots the system: the topic's latest value per key equals the
   system's current state, compared row by row;
@@ -11,6 +11,22 @@ bucket prefix); the contract then checks, for every source:
   replay is harmless), and the stored position is not moved backwards;
 * ``threes offsets reset`` makes the next run re-snapshot;
 * bad credentials fail the task with a clear error that holds no secret.
+
+Kafka comes from the kit's plugin (:mod:`threes.testing.plugin`: ``--threes-kafka`` or
+``THREES_KAFKA_BOOTSTRAP``); the system is the subclass's business (its own fixtures,
+reached through ``ctx["request"].getfixturevalue``). Example::
+
+    from threes.testing.source import SourceContract
+
+    class TestMySourceContract(SourceContract):
+        def setup_system(self, ctx): ...      # create the table/index/prefix, names into ctx
+        def connections(self, ctx): ...       # the `connections:` mapping
+        def bad_connections(self, ctx): ...   # wrong credentials + the secret that must not leak
+        def source_config(self, ctx): ...     # the source entry (name=ctx["name"], topic=ctx["topic"])
+        def make_row(self, i, version=0): ... # entity i in its version-th state
+        def upsert(self, ctx, rows): ...
+        def delete(self, ctx, keys): ...
+        def system_state(self, ctx): ...      # {key tuple: value as the topic must hold it}
 """
 
 from __future__ import annotations
@@ -22,16 +38,29 @@ from typing import Any
 import pytest
 
 from connectors.committed import latest_per_key
+from connectors.config.models import KafkaConfig, RetryPolicy
 from connectors.runtime.offsets import OffsetStore
 from connectors.runtime.standalone import SourceWorker, task_specs
 from connectors.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
-from threes.config import pipeline_from_dict
+from threes.config import PipelineBase, pipeline_from_dict
 
 
-def run_once(pipeline: Any, offsets_topic: str = "_threes_offsets", retry: Any = None) -> dict[str, Any]:
-    """Run every source of ``pipeline`` until caught up; returns stats per task key."""
+def run_once(
+    pipeline: PipelineBase, offsets_topic: str = "_threes_offsets", retry: RetryPolicy | None = None
+) -> dict[str, Any]:
+    """Run every source of ``pipeline`` once, until each task caught up or failed.
+
+    Args:
+        pipeline: a validated pipeline; its ``sources`` run.
+        offsets_topic: the compacted topic of the source positions.
+        retry: the retry policy of transient failures; the worker's default when ``None``.
+
+    Returns:
+        Task key (``name`` or ``name#i``) -> the task's stats (``state``, ``error``, ``acked``,
+        ``tombstones``, ``rows_read``...).
+    """
     worker = SourceWorker(pipeline, offsets_topic=offsets_topic, retry=retry)
     for spec in task_specs(pipeline.sources):
         worker.start(spec, once=True)
@@ -40,7 +69,10 @@ def run_once(pipeline: Any, offsets_topic: str = "_threes_offsets", retry: Any =
 
 
 def topic_state(kafka_conf: Mapping[str, Any], topic: str) -> dict[tuple, dict[str, Any]]:
-    """Latest decoded value per decoded key (key as a tuple of its field values, in schema order)."""
+    """Latest decoded value per decoded key (key as a tuple of its field values, in schema order).
+
+    Read ``read_committed`` to the topic's end offsets; tombstoned keys are absent.
+    """
     de = AvroDeserializer(SchemaStore(dict(kafka_conf)))
     out: dict[tuple, dict[str, Any]] = {}
     for k, v in latest_per_key(dict(kafka_conf), topic).items():  # read_committed
@@ -103,29 +135,36 @@ class SourceContract:
     # -- fixtures ------------------------------------------------------------------------------------
 
     @pytest.fixture
-    def ctx(self, request: pytest.FixtureRequest, unique: str, kafka_conf: dict[str, Any]) -> dict[str, Any]:
-        ctx: dict[str, Any] = {"unique": unique, "topic": f"state.test.{unique}", "name": f"src-{unique}",
-                               "kafka_conf": kafka_conf, "request": request}
+    def ctx(
+        self, request: pytest.FixtureRequest, threes_unique: str, threes_kafka_conf: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The test's context: ``unique``, ``topic``, ``name``, ``kafka_conf``, ``request``, then the system's names."""
+        ctx: dict[str, Any] = {"unique": threes_unique, "topic": f"state.test.{threes_unique}",
+                               "name": f"src-{threes_unique}", "kafka_conf": threes_kafka_conf, "request": request}
         self.setup_system(ctx)
         return ctx
 
-    def pipeline(self, ctx: dict[str, Any], kafka: Any, connections: dict[str, Any] | None = None,
-                 **overrides: Any) -> Any:
+    def pipeline(self, ctx: dict[str, Any], kafka: KafkaConfig, connections: dict[str, Any] | None = None,
+                 **overrides: Any) -> PipelineBase:
+        """A pipeline of the source under test on ``kafka`` (its whole config: security settings included)."""
         source = {**self.source_config(ctx), **overrides}
-        return pipeline_from_dict({
+        pipeline = pipeline_from_dict({
             "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
             "connections": connections or self.connections(ctx),
             "sources": [source],
         })
+        return pipeline.model_copy(update={"kafka": kafka})
 
     def assert_topic_equals_system(self, ctx: dict[str, Any]) -> None:
+        """Assert that the topic's live keys and latest values equal the system's entities."""
         expected = self.system_state(ctx)
         actual = topic_state(ctx["kafka_conf"], ctx["topic"])
         assert sorted(actual) == sorted(expected), "live keys of the topic differ from the system's keys"
         for key, row in expected.items():
             assert actual[key] == row, f"key {key}: topic holds {actual[key]!r}, system holds {row!r}"
 
-    def run_ok(self, pipeline: Any) -> Any:
+    def run_ok(self, pipeline: PipelineBase) -> Any:
+        """Run the source once and assert it caught up; returns its task's stats."""
         stats = run_once(pipeline)
         (s,) = stats.values()
         assert s.state == "caught_up", s.error
@@ -133,11 +172,12 @@ class SourceContract:
 
     # -- the contract --------------------------------------------------------------------------------
 
-    def test_snapshot_then_inserts_updates_deletes(self, ctx: dict[str, Any], kafka: Any) -> None:
+    def test_snapshot_then_inserts_updates_deletes(self, ctx: dict[str, Any], threes_kafka: KafkaConfig) -> None:
+        """A first run snapshots; inserts, updates and deletes follow as records and tombstones."""
         n = self.initial_rows
         self.upsert(ctx, [self.make_row(i) for i in range(n)])
         self.settle(ctx)
-        pipeline = self.pipeline(ctx, kafka)
+        pipeline = self.pipeline(ctx, threes_kafka)
         first = self.run_ok(pipeline)
         assert first.acked >= n
         self.assert_topic_equals_system(ctx)
@@ -154,10 +194,13 @@ class SourceContract:
         assert count_records(ctx["kafka_conf"], ctx["topic"]) > before
         self.assert_topic_equals_system(ctx)
 
-    def test_replay_is_harmless_and_position_only_moves_forward(self, ctx: dict[str, Any], kafka: Any) -> None:
+    def test_replay_is_harmless_and_position_only_moves_forward(
+        self, ctx: dict[str, Any], threes_kafka: KafkaConfig
+    ) -> None:
+        """A second run with nothing changed changes no value and deletes nothing."""
         self.upsert(ctx, [self.make_row(i) for i in range(self.initial_rows)])
         self.settle(ctx)
-        pipeline = self.pipeline(ctx, kafka)
+        pipeline = self.pipeline(ctx, threes_kafka)
         self.run_ok(pipeline)
         store = OffsetStore(ctx["kafka_conf"])
         stored = store.load(ctx["name"])
@@ -169,26 +212,28 @@ class SourceContract:
         assert store.load(ctx["name"]) is not None
         self.assert_topic_equals_system(ctx)
 
-    def test_offsets_reset_resnapshots(self, ctx: dict[str, Any], kafka: Any) -> None:
+    def test_offsets_reset_resnapshots(self, ctx: dict[str, Any], threes_kafka: KafkaConfig) -> None:
+        """``threes offsets reset`` makes the next run read every entity again."""
         from connectors import clients
 
         n = self.initial_rows
         self.upsert(ctx, [self.make_row(i) for i in range(n)])
         self.settle(ctx)
-        pipeline = self.pipeline(ctx, kafka)
+        pipeline = self.pipeline(ctx, threes_kafka)
         self.run_ok(pipeline)
         written = count_records(ctx["kafka_conf"], ctx["topic"])
         store = OffsetStore(ctx["kafka_conf"])
-        store.reset([ctx["name"]], clients.kafka_producer(kafka))
+        store.reset([ctx["name"]], clients.kafka_producer(threes_kafka))
         assert store.load(ctx["name"]) is None
         again = self.run_ok(pipeline)
         assert again.rows_read >= n, "a reset position must re-read every entity"
         assert count_records(ctx["kafka_conf"], ctx["topic"]) >= written + n
         self.assert_topic_equals_system(ctx)
 
-    def test_bad_credentials_fail_clearly(self, ctx: dict[str, Any], kafka: Any) -> None:
+    def test_bad_credentials_fail_clearly(self, ctx: dict[str, Any], threes_kafka: KafkaConfig) -> None:
+        """Wrong credentials fail the task with an error naming it and holding no secret."""
         connections, secret = self.bad_connections(ctx)
-        pipeline = self.pipeline(ctx, kafka, connections=connections)
+        pipeline = self.pipeline(ctx, threes_kafka, connections=connections)
         # one attempt: a refused login is not worth retrying in a test
         stats = _run_once_no_retry(pipeline)
         (s,) = stats.values()
@@ -201,7 +246,5 @@ class SourceContract:
         return (next(iter(row.values())),)
 
 
-def _run_once_no_retry(pipeline: Any) -> dict[str, Any]:
-    from connectors.config.models import RetryPolicy
-
+def _run_once_no_retry(pipeline: PipelineBase) -> dict[str, Any]:
     return run_once(pipeline, retry=RetryPolicy(max_attempts=1))
