@@ -207,9 +207,10 @@ class RegistrySerializer:
         if obj is None:
             return None
         try:
-            return self._serializer(obj, ctx or self._ctx)
+            encoded: bytes | None = self._serializer(obj, ctx or self._ctx)
         except Exception as exc:  # SerializationError, fastavro's ValueError/TypeError
             raise SerdeError(f"value does not match schema {self.schema.get('name', '')!s}: {exc}") from exc
+        return encoded
 
 
 class RegistryBridge:

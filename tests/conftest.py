@@ -269,3 +269,19 @@ def spark_sessions(stack: Any) -> SparkSessions:
 def spark(spark_sessions: SparkSessions) -> Any:
     """The local[2] SparkSession of the test session, with the Kafka and Avro connectors (started once)."""
     return spark_sessions.get(SparkSessions.LOCAL)
+
+
+@pytest.fixture(autouse=True)
+def _pandas_allowed_after_each_test() -> Iterator[None]:
+    """Undo ``keep_pandas_out`` after a test that ran a sync service's entry point in this process.
+
+    The finder it installs refuses ``import pandas`` for the rest of the process (what a sync service
+    wants); a later test in the same pytest worker that needs pandas through pyarrow would fail
+    depending on the order the workers were given.
+    """
+    yield
+    import sys
+
+    from connectors.runtime.process import _KeptOut
+
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _KeptOut)]
