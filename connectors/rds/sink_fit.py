@@ -21,6 +21,11 @@ letter queue) naming the field, the column's SQL type and the record's Avro
 type. With ``evolve_table: true`` a narrower ``numeric`` column is widened
 instead (:attr:`FitPlan.widen`), before anything is written.
 
+A field of the writer schema the table has no column for is listed in
+:attr:`FitPlan.add`; with ``evolve_table: true`` the sink adds the column (as
+Kafka Connect's JDBC sink does with ``auto.evolve``), else every record of that
+writer schema blocks the sink (a target error, see :mod:`sync_service.isolation`).
+
 Avro ``float``/``double`` values into a ``numeric`` column are not checked
 (binary floating point has no exact decimal scale to compare).
 
@@ -87,6 +92,26 @@ class FieldCheck:
         )
 
 
+@dataclass(frozen=True)
+class NewField:
+    """A field of the writer schema the table has no column for (``evolve_table`` adds one).
+
+    Attributes:
+        name: the Avro field (= new column) name.
+        avro_type: the field's Avro type as the schema declares it (a name, a dict or a union list).
+        nullable: whether the type is a union with null.
+        has_default: whether the field declares a ``default`` (Avro schema resolution fills it
+            for records written without the field: the value existing rows get).
+        default: the declared default (``None`` when there is none, or when it is null).
+    """
+
+    name: str
+    avro_type: Any
+    nullable: bool
+    has_default: bool = False
+    default: Any = None
+
+
 @dataclass
 class FitPlan:
     """What one writer schema needs against one table (see :func:`plan_fit`).
@@ -96,12 +121,14 @@ class FitPlan:
         widen: ``(column, wider numeric type)`` that ``evolve_table`` may apply instead of checking.
         absent_required: required columns the writer schema has no field for (NULL is written).
         absent: every column (key and version columns aside) the writer schema has no field for.
+        add: fields of the writer schema the table has no column for, in schema order.
     """
 
     checks: list[FieldCheck] = field(default_factory=list)
     widen: list[tuple[str, Numeric]] = field(default_factory=list)
     absent_required: list[str] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)
+    add: list[NewField] = field(default_factory=list)
 
 
 def _non_null(avro: Any) -> tuple[Any, bool]:
@@ -201,6 +228,10 @@ def plan_fit(
                 plan.widen.append((column.name, Numeric(wide_p, wide_s)))
         elif _is_string(avro) and isinstance(t, sqltypes.String) and getattr(t, "length", None):
             plan.checks.append(FieldCheck(column.name, sql, "string", max_length=int(t.length), nullable=nullable))
+    for name, f in fields.items():
+        if name not in table.c and name not in skip:
+            nullable = _non_null(f["type"])[1]
+            plan.add.append(NewField(name, f["type"], nullable, "default" in f, f.get("default")))
     return plan
 
 

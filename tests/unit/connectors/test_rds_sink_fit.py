@@ -54,3 +54,14 @@ def test_misfits_are_computed_on_columns() -> None:
     assert misfits(longs, checks["n"]).to_pylist() == [False, True, False, False, True]
     assert misfits(pa.array(["abc", "abcd", "été", None]), checks["code"]).to_pylist() == [False, True, False, False]
     assert misfits(pa.chunked_array([pa.array([40000, 5], pa.int64())]), checks["small"]).to_pylist() == [True, False]
+
+
+def test_plan_lists_the_fields_the_table_has_no_column_for() -> None:
+    evolved = {**SCHEMA, "fields": [*SCHEMA["fields"],
+                                    {"name": "note", "type": ["null", "string"], "default": None},
+                                    {"name": "qty", "type": "int", "default": 7},
+                                    {"name": "weight", "type": "long"}]}
+    plan = plan_fit(evolved, table(), postgresql.dialect(), skip={"id", "_version"})
+    assert [(f.name, f.nullable, f.has_default, f.default) for f in plan.add] == [
+        ("note", True, True, None), ("qty", False, True, 7), ("weight", False, False, None)]
+    assert plan_fit(SCHEMA, table(), postgresql.dialect(), skip={"id", "_version"}).add == []
