@@ -427,12 +427,16 @@ class RdsSink(Sink):
 
     # -- exact values (connectors.rds.sink_fit) -------------------------------------------------------
 
-    def _fit(self, batch: SinkBatch, records: list[SinkRecord]) -> tuple[list[SinkRecord], list[RecordFailure]]:
+    def _fit(
+        self, batch: SinkBatch, records: list[SinkRecord], *, reflected: bool = False
+    ) -> tuple[list[SinkRecord], list[RecordFailure]]:
         """Drop the upserts with a value their column cannot hold exactly; they become record failures.
 
         The writer schema's plan says which fields to check (usually none); those are checked on
         the batch's Arrow columns, or on an array made of the records' values when the batch was
-        decoded per record.
+        decoded per record. Before refusing a record the table is reflected again (once per call):
+        a column widened by hand since the plan was made then takes the value, and dead letters
+        replayed after that fix (``threes dlq replay``) are written without restarting the sink.
 
         Returns:
             ``(records to write, failures)``.
@@ -466,7 +470,31 @@ class RdsSink(Sink):
                             f"{record.where()}: table {self._qualified()!r}: {check.reason()}")))
         if not failures:
             return records, []
+        if not reflected and self._table_changed():
+            return self._fit(batch, records, reflected=True)
         return [r for r in records if id(r) not in refused], failures
+
+    def _table_changed(self) -> bool:
+        """Reflect the table again; when its columns changed, use it (and plan every writer schema anew).
+
+        Returns:
+            Whether the columns (names, types, nullability) differ from the table in use.
+        """
+        def signature(t: Table | None) -> list[tuple[str, str, bool]]:
+            return [(c.name, repr(c.type), bool(c.nullable)) for c in t.c] if t is not None else []
+
+        with self._lock:
+            try:
+                fresh = self._reflect()
+            except SQLAlchemyError as exc:
+                raise self._classify(exc) from exc
+            if fresh is None or signature(fresh) == signature(self.table):
+                return False
+            log.info("sink=%s table=%s columns changed since they were read: planning writer schemas again",
+                     self.name, self._qualified())
+            self.table = fresh
+            self._plans, self._plans_of = {}, fresh
+            return True
 
     def _misfit_rows(self, table: Any, group: list[SinkRecord], check: Any) -> list[int]:
         """Positions in ``group`` of the values of ``check.field`` that do not fit (see :func:`misfits`)."""
