@@ -208,6 +208,10 @@ class RdsSink(Sink):
     ``DEFAULT``, so existing rows hold it). Replicas racing on it are safe (the
     second ``ALTER`` is a no-op). A new field that is required without a default
     blocks the sink with an error naming it: existing rows would have no value.
+    So does, with ``evolve_table``, a writer schema that changes a field's type
+    to one its column cannot take (a ``string`` into ``BIGINT``) or drops a
+    required field: the error names the columns, the writer schema and the one
+    that required the field; the table is migrated by a person.
     Without ``evolve_table`` such a writer schema blocks the sink (a target
     error): nothing is dead-lettered, the column may be added by hand.
 
@@ -241,6 +245,7 @@ class RdsSink(Sink):
         self._plans: dict[Any, FitPlan] = {}  # per writer schema version, for ``_plans_of``
         self._plans_of: Table | None = None
         self._required_seen: set[str] = set()  # fields a writer schema of the topic declared non-null
+        self._required_in: dict[str, str] = {}  # field -> the first writer schema that declared it non-null
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -524,12 +529,37 @@ class RdsSink(Sink):
                 self._plans, self._plans_of = {}, self.table
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._new_plan(schema, label)
+                plan = self._new_plan(schema, label, key)
                 self._plans[key] = plan
         return plan
 
-    def _new_plan(self, schema: Any, label: str) -> FitPlan:
-        """Compare a new writer schema with the table: widen (``evolve_table``), warn about required columns."""
+    def _refuse_change(self, plan: FitPlan, schema: Any, label: str) -> None:
+        """``evolve_table``: a type change or a dropped required field is an error naming the columns and schemas.
+
+        Raises:
+            SinkBlockedError: always (the partitions pause; a person migrates the column or the producer).
+        """
+        named = f"{label} ({_schema_name(schema)})"
+        problems = [f"column {r.field!r} is {r.sql_type} but the field's Avro type is now {r.avro_type}"
+                    for r in plan.retyped]
+        for column in plan.absent_required:
+            why = self._required_in.get(column) or (
+                "the schema the table was created from" if self.table is not None
+                and self.table.c[column].comment == REQUIRED_COMMENT else "the column is NOT NULL")
+            problems.append(f"required column {column!r} has no field in it (required by {why})")
+        raise SinkBlockedError(
+            f"sink {self.name!r}: table {self._qualified()!r} cannot take the {named}: " + "; ".join(problems)
+            + ". evolve_table adds columns and widens numeric ones, it changes no column's type and drops no "
+            "requirement: migrate the table (or fix the producer's schema), then the sink goes on"
+        )
+
+    def _new_plan(self, schema: Any, label: str, key: Any = None) -> FitPlan:
+        """Compare a new writer schema with the table: evolve it (``evolve_table``), warn about required columns.
+
+        Raises:
+            SinkBlockedError: with ``evolve_table``, a writer schema that needs a column the table cannot get
+                (a new required field without a default), changes a column's type or drops a required field.
+        """
         assert self.table is not None
         skip = {*self.config.key, self.config.version_column}
 
@@ -550,6 +580,12 @@ class RdsSink(Sink):
                 self.table = self._reflect()
                 plan = fit()
             self._plans, self._plans_of = {}, self.table
+        if evolvable and (plan.retyped or plan.absent_required) and key != "value_schema":
+            self._refuse_change(plan, schema, label)
+        for r in plan.retyped:
+            log.warning("sink=%s table=%s column=%s (%s) cannot take field %s (Avro %s) of the %s: the database "
+                        "refuses (or converts) its values", self.name, self._qualified(), r.field, r.sql_type,
+                        r.field, r.avro_type, label)
         for column in plan.absent_required:
             log.warning(
                 "sink=%s table=%s column=%s is required (NOT NULL, or a non-null field when the table was created "
@@ -566,7 +602,10 @@ class RdsSink(Sink):
         if others:
             log.info("sink=%s table=%s columns=%s are not in the %s: upserts write NULL there",
                      self.name, self._qualified(), others, label)
-        self._required_seen |= required_fields_of(schema)
+        required = required_fields_of(schema)
+        self._required_seen |= required
+        for name in required:
+            self._required_in.setdefault(name, f"{label} ({_schema_name(schema)})")
         return plan
 
     def _add_columns(self, fields: list[NewField], schema: Any, label: str) -> None:

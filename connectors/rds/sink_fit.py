@@ -29,6 +29,11 @@ writer schema blocks the sink (a target error, see :mod:`sync_service.isolation`
 Avro ``float``/``double`` values into a ``numeric`` column are not checked
 (binary floating point has no exact decimal scale to compare).
 
+A field whose Avro type the column's SQL type cannot take at all (a ``string``
+field into a ``BIGINT`` column, a ``long`` into a ``DATE``) is listed in
+:attr:`FitPlan.retyped`: ``evolve_table`` changes no column's type, and the sink
+then blocks with an error naming the column and the schemas.
+
 A column the writer schema does not carry receives NULL on every upsert
 (the sink writes whole rows); when the column is required (``NOT NULL``, or
 created by the sink from a required Avro field, see
@@ -112,6 +117,21 @@ class NewField:
     default: Any = None
 
 
+@dataclass(frozen=True)
+class Retyped:
+    """A field whose Avro type its column cannot take (a type change of the writer schema).
+
+    Attributes:
+        field: the Avro field (= column) name.
+        sql_type: the column's SQL type as the dialect writes it.
+        avro_type: the field's Avro type family (``string``, ``integer``, ``timestamp``...).
+    """
+
+    field: str
+    sql_type: str
+    avro_type: str
+
+
 @dataclass
 class FitPlan:
     """What one writer schema needs against one table (see :func:`plan_fit`).
@@ -122,6 +142,7 @@ class FitPlan:
         absent_required: required columns the writer schema has no field for (NULL is written).
         absent: every column (key and version columns aside) the writer schema has no field for.
         add: fields of the writer schema the table has no column for, in schema order.
+        retyped: fields whose Avro type their column's SQL type cannot take.
     """
 
     checks: list[FieldCheck] = field(default_factory=list)
@@ -129,6 +150,7 @@ class FitPlan:
     absent_required: list[str] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)
     add: list[NewField] = field(default_factory=list)
+    retyped: list[Retyped] = field(default_factory=list)
 
 
 def _non_null(avro: Any) -> tuple[Any, bool]:
@@ -159,6 +181,56 @@ def _is_string(avro: Any) -> bool:
     if isinstance(avro, dict):
         return avro.get("type") == "string" or avro.get("type") == "enum"
     return avro == "string"
+
+
+_AVRO_FAMILIES = {"boolean": "boolean", "int": "integer", "long": "integer", "float": "float", "double": "float",
+                  "bytes": "binary", "string": "string"}
+_LOGICAL_FAMILIES = {"decimal": "decimal", "date": "date", "time-millis": "time", "time-micros": "time",
+                     "timestamp-millis": "timestamp", "timestamp-micros": "timestamp", "timestamp-nanos": "timestamp",
+                     "local-timestamp-millis": "timestamp", "local-timestamp-micros": "timestamp",
+                     "local-timestamp-nanos": "timestamp", "uuid": "uuid"}
+# which column families take a field's values (what the sink's writes and the databases' assignment casts accept)
+_TAKES = {
+    "boolean": {"boolean", "integer"},  # MySQL's BOOLEAN is TINYINT(1)
+    "integer": {"integer", "decimal", "float"},
+    "float": {"float", "decimal"},
+    "decimal": {"decimal", "float"},
+    "string": {"string", "json", "uuid", "date", "time", "timestamp"},  # text the database parses
+    "uuid": {"uuid", "string"},
+    "binary": {"binary"},
+    "date": {"date", "timestamp"},
+    "time": {"time"},
+    "timestamp": {"timestamp"},
+    "json": {"json", "string"},
+}
+
+
+def _avro_family(avro: Any) -> str | None:
+    """The kind of value an Avro type holds (a key of ``_TAKES``); ``None``: not judged (a union, a named ref)."""
+    if isinstance(avro, dict):
+        logical = avro.get("logicalType")
+        if logical is not None:
+            return _LOGICAL_FAMILIES.get(logical)
+        kind = avro.get("type")
+        if kind in ("record", "map", "array"):
+            return "json"
+        if kind == "enum":
+            return "string"
+        if kind == "fixed":
+            return "binary"
+        return _avro_family(kind)
+    return _AVRO_FAMILIES.get(avro) if isinstance(avro, str) else None
+
+
+def _column_family(t: sqltypes.TypeEngine) -> str | None:
+    """The kind of value a reflected column type holds; ``None``: not judged (intervals, arrays, geometry...)."""
+    for cls, family in ((sqltypes.Boolean, "boolean"), (sqltypes.Integer, "integer"), (sqltypes.Float, "float"),
+                        (sqltypes.Numeric, "decimal"), (sqltypes.JSON, "json"), (sqltypes.Uuid, "uuid"),
+                        (sqltypes.String, "string"), (sqltypes._Binary, "binary"), (sqltypes.DateTime, "timestamp"),
+                        (sqltypes.Date, "date"), (sqltypes.Time, "time")):
+        if isinstance(t, cls):
+            return family
+    return None
 
 
 def _integer_range(t: sqltypes.TypeEngine) -> tuple[int, int]:
@@ -207,6 +279,10 @@ def plan_fit(
         avro, nullable = _non_null(f["type"])
         t = column.type
         sql = str(t.compile(dialect=dialect))
+        family, takes = _avro_family(avro), _column_family(t)
+        if family is not None and takes is not None and takes not in _TAKES[family]:
+            plan.retyped.append(Retyped(column.name, sql, family))
+            continue
         source = _avro_numeric(avro)
         if source is not None and isinstance(t, sqltypes.Integer):
             name, _p, s, lo, hi = source

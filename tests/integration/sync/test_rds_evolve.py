@@ -229,3 +229,27 @@ def test_two_replicas_add_two_columns_mid_stream_nothing_dead_lettered(
     finally:
         drop(engine, table)
         engine.dispose()
+
+
+def test_a_type_change_or_a_dropped_required_field_blocks_naming_column_and_schemas(db: RdsConnection,
+                                                                                    unique: str) -> None:
+    sink = make_sink(db, f"evchg_{unique}", evolve_table=True)
+    try:
+        weight = {"name": "weight", "type": "long"}
+        assert sink.write(per_record(schema(weight), [(1, 1)])) == []
+        as_text = {**schema(), "fields": [*BASE, {"name": "weight", "type": "string"}]}
+        with pytest.raises(SinkBlockedError) as info:
+            sink.write(per_record(as_text, [(2, 2)]))
+        message = str(info.value)
+        assert "column 'weight' is BIGINT" in message and "Avro type is now string" in message, message
+        assert f"fingerprint {fingerprint(as_text).hex()}" in message
+        # the field dropped: the column was created from a required field
+        with pytest.raises(SinkBlockedError) as info:
+            sink.write(per_record(schema(), [(3, 3)]))
+        message = str(info.value)
+        assert "required column 'weight' has no field" in message and "required by" in message, message
+        assert f"fingerprint {fingerprint(schema()).hex()}" in message
+        assert set(rows_of(sink.engine, sink.config.table)) == {1}
+    finally:
+        drop(sink.engine, sink.config.table)
+        sink.close()
