@@ -162,3 +162,40 @@ def test_dead_letters_replayed_after_the_column_is_widened_equal_the_oracle(
         thread.join(60)
         for name in (table, f"{table}__deleted"):
             Table(name, MetaData()).drop(pg_engine, checkfirst=True)
+
+
+def test_a_column_widened_by_hand_is_used_before_a_value_is_refused(pg: RdsConnection, pg_engine: Any,
+                                                                    unique: str) -> None:
+    # a replayed record in a batch with others: the sink must not refuse it on its old view of the column
+    # (a batch of refused records only would block and reopen the sink, which reflects the table anyway)
+    import fastavro
+
+    from connectors.api.sink import SinkBatch, SinkRecord
+    from connectors.rds.config import RdsSinkConfig
+    from connectors.rds.sink import RdsSink
+    from schemas.serde import fingerprint
+
+    table = f"widen_{unique}"
+    with pg_engine.begin() as conn:
+        conn.execute(text(f"CREATE TABLE {table} (id bigint PRIMARY KEY, name varchar(5), _version bigint NOT NULL)"))
+    parsed, fp = fastavro.parse_schema(SCHEMA), fingerprint(SCHEMA)
+
+    def batch(first: int) -> SinkBatch:
+        records = [SinkRecord("t", 0, first + i, k, {"id": k, "name": n}, first + i + 1, 0, 100, parsed, fp)
+                   for i, (k, n) in enumerate([(1, "short"), (2, "much-too-long")])]
+        return SinkBatch("t", 0, first, first + 1, records)
+
+    sink = RdsSink(RdsSinkConfig(name="s", type="rds_sink", connection="db", topics=["t"], table=table,
+                                 key=["id"]), pg)
+    sink.open()
+    try:
+        assert [f.record.key for f in sink.write(batch(0))] == [2]
+        with pg_engine.begin() as conn:
+            conn.execute(text(f"ALTER TABLE {table} ALTER COLUMN name TYPE varchar(50)"))
+        assert sink.write(batch(2)) == []
+        with pg_engine.connect() as conn:
+            assert dict(conn.execute(text(f"SELECT id, name FROM {table}")).all()) == {1: "short", 2: "much-too-long"}
+    finally:
+        sink.close()
+        for name in (table, f"{table}__deleted"):
+            Table(name, MetaData()).drop(pg_engine, checkfirst=True)
