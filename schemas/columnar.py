@@ -374,8 +374,8 @@ class ColumnarDecoder:
             raise UnsupportedAvroType("the value is not a record")
         _reject_unreadable(schema)
         struct = arrow_type(parsed)
-        wrapper = dict(schema)
-        wrapper["fields"] = [*schema["fields"], {"name": ROW_FIELD, "type": "long"}]
+        wrapper = _without_defaults(schema)
+        wrapper["fields"] = [*wrapper["fields"], {"name": ROW_FIELD, "type": "long"}]
         header = io.BytesIO()
         fastavro.schemaless_writer(
             header,
@@ -439,6 +439,21 @@ class ColumnarDecoder:
             )
         columns = [conform(table.column(f.name), f.type) for f in schema]
         return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _without_defaults(schema: Any) -> Any:
+    """A copy of ``schema`` without ``default`` attributes (of fields and enums).
+
+    polars 2.1's Avro reader refuses a block whose schema has a non-null field default
+    (``avro-error: OutOfSpec``, seen with ``{"type": "int", "default": 7}``); defaults only
+    matter when a reader schema resolves a writer's, and the block is read with its own writer
+    schema, so dropping them changes no value.
+    """
+    if isinstance(schema, dict):
+        return {k: _without_defaults(v) for k, v in schema.items() if k != "default"}
+    if isinstance(schema, list):
+        return [_without_defaults(v) for v in schema]
+    return schema
 
 
 def _reject_unreadable(schema: Any, in_union: bool = False) -> None:

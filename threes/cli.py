@@ -1,7 +1,7 @@
 """The ``threes`` command line (typer + rich).
 
 Commands of every part hang off one app: ``validate``, ``check``, ``schema``,
-``local`` (the native local stack); the sources, the stream job and the sync
+``local`` (the native local stack), ``dlq`` (dead letters); the sources, the stream job and the sync
 service add their own groups. Errors of threes print as one red line that says
 what is wrong and what to do, never a stack trace (``--debug`` shows one).
 """
@@ -142,6 +142,7 @@ def _mount_subcommands() -> None:
     # libraries (pyspark, clients) inside the commands, so `threes --help` stays fast.
     from threes import status
     from threes.demo import cli as demo
+    from threes.dlq import dlq_app
     from threes.local.cli import local_app
     from threes.pipeline import cli as pipeline
     from threes.source import offsets_app, source_app
@@ -153,6 +154,7 @@ def _mount_subcommands() -> None:
     app.add_typer(offsets_app, name="offsets")
     app.add_typer(stream_cli, name="stream")
     app.add_typer(sync_app, name="sync")
+    app.add_typer(dlq_app, name="dlq")
     status.register(app)  # status
     demo.register(app)  # replay, demo, docs
     pipeline.register(app)  # run

@@ -159,9 +159,14 @@ class RdsSinkConfig(SinkConnectorConfig):
     create_table: bool = Field(False, description="create the table from the Avro schema if missing")
     evolve_table: bool = Field(
         False,
-        description="widen a numeric column whose precision or scale is smaller than the writer schema's decimal "
-        "(ALTER TABLE ... ALTER COLUMN ... TYPE numeric(p,s)) instead of sending the values it cannot hold exactly "
-        "to the dead letter queue; PostgreSQL and MySQL/MariaDB",
+        description="evolve the table with the update topic's writer schemas, once per schema version: add a column "
+        "for a new nullable field or one with a default (ALTER TABLE ... ADD COLUMN IF NOT EXISTS, typed as "
+        "create_table does) instead of blocking the sink, and widen a numeric column whose precision or scale is "
+        "smaller than the writer schema's decimal (ALTER TABLE ... ALTER COLUMN ... TYPE numeric(p,s)) instead of "
+        "sending the values it cannot hold exactly to the dead letter queue; a new required field without a default "
+        "blocks the sink (what would existing rows hold?), and so does a field whose type changed to one its column "
+        "cannot take, or a required field dropped (an error naming the columns and the schemas); PostgreSQL and "
+        "MySQL/MariaDB",
     )
     value_schema: SchemaRef | None = Field(
         None, description="Avro schema (.avsc path relative to the config file's folder, or shipped name) to create "

@@ -26,6 +26,7 @@ from sqlalchemy import (
     tuple_,
 )
 from sqlalchemy.exc import DBAPIError, NoSuchTableError, SQLAlchemyError
+from sqlalchemy.schema import CreateColumn
 
 from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
 from connectors.exceptions import (
@@ -40,8 +41,16 @@ from connectors.exceptions import (
 from connectors.rds.connection import sql_engine
 from connectors.rds.errors import classify as classify_db_error
 from connectors.rds.reading import MYSQL_DIALECTS, utc_sessions
-from connectors.rds.sink_fit import FitPlan, arrow_type, misfits, plan_fit, required_fields_of
-from connectors.rds.sink_types import table_from_avro
+from connectors.rds.sink_fit import (
+    REQUIRED_COMMENT,
+    FitPlan,
+    NewField,
+    arrow_type,
+    misfits,
+    plan_fit,
+    required_fields_of,
+)
+from connectors.rds.sink_types import sql_type, table_from_avro
 from connectors.redact import redact
 
 log = logging.getLogger(__name__)
@@ -88,6 +97,54 @@ class _RecordProblem(BatchRefusedError):
 
 class _NotColumns(ValueError):
     """An upsert's value has fields the table has no column for."""
+
+
+def _schema_name(schema: Any) -> str:
+    """``<full name>, fingerprint <hex>`` of a writer schema, to name it in errors and logs."""
+    from schemas.serde import fingerprint
+
+    name = schema.get("name", "?") if isinstance(schema, dict) else "?"
+    try:
+        return f"{name}, fingerprint {fingerprint(schema).hex()}"
+    except Exception:  # noqa: BLE001 - a name is enough to find it
+        return str(name)
+
+
+def _sql_literal(value: Any, dialect: Any, typ: Any = None) -> str:
+    """``value`` as a SQL literal of ``dialect``."""
+    return str(literal(value, typ).compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+
+
+_DEFAULTABLE = ("boolean", "int", "long", "float", "double", "string")
+
+
+def _default_sql(f: NewField, typ: Any, dialect: Any) -> Any:
+    """The ``DEFAULT`` of a new column: the field's Avro default when it is a scalar SQL can state.
+
+    Returns:
+        A ``text()`` for ``server_default``, or ``None``: no default (a null default, or one of a
+        type whose Avro JSON encoding is not its SQL value: bytes, decimals, dates, records...).
+    """
+    from sqlalchemy import text
+
+    if not f.has_default or f.default is None:
+        return None
+    avro = f.avro_type
+    if isinstance(avro, list):  # the default is of the union's first branch (Avro 1.11 "Unions")
+        avro = avro[0]
+    if isinstance(avro, dict) and avro.get("logicalType") is None and avro.get("type") in (*_DEFAULTABLE, "enum"):
+        avro = avro["type"]
+    if avro not in (*_DEFAULTABLE, "enum") and not (isinstance(avro, dict) and avro.get("type") == "enum"):
+        return None
+    return text(_sql_literal(f.default, dialect, typ))
+
+
+def _duplicate_column(exc: BaseException) -> bool:
+    """Whether the database said the column exists already (PostgreSQL 42701, MySQL/MariaDB 1060)."""
+    orig = getattr(exc, "orig", None) or exc
+    state = getattr(orig, "sqlstate", None) or getattr(getattr(orig, "diag", None), "sqlstate", None)
+    args = getattr(orig, "args", ())
+    return state == "42701" or bool(args and args[0] == 1060)
 
 
 class RdsSink(Sink):
@@ -143,6 +200,21 @@ class RdsSink(Sink):
     (``ALTER TABLE ... ALTER COLUMN ... TYPE numeric(p,s)``; on MySQL/MariaDB
     ``MODIFY COLUMN``, which keeps nullability and comment but not a default).
 
+    Schema evolution (``evolve_table: true``, as Kafka Connect JDBC's
+    ``auto.evolve``): a writer schema with a field the table has no column for
+    adds the column, once per writer schema version, before its records are
+    written (``ALTER TABLE ... ADD COLUMN IF NOT EXISTS``, typed as
+    ``create_table`` would; a scalar Avro default becomes the column's
+    ``DEFAULT``, so existing rows hold it). Replicas racing on it are safe (the
+    second ``ALTER`` is a no-op). A new field that is required without a default
+    blocks the sink with an error naming it: existing rows would have no value.
+    So does, with ``evolve_table``, a writer schema that changes a field's type
+    to one its column cannot take (a ``string`` into ``BIGINT``) or drops a
+    required field: the error names the columns, the writer schema and the one
+    that required the field; the table is migrated by a person.
+    Without ``evolve_table`` such a writer schema blocks the sink (a target
+    error): nothing is dead-lettered, the column may be added by hand.
+
     A column the writer schema has no field for gets NULL on every upsert
     (whole rows are written). When that column is required (``NOT NULL``, or
     created from a non-null Avro field, or non-null in an earlier writer
@@ -173,6 +245,7 @@ class RdsSink(Sink):
         self._plans: dict[Any, FitPlan] = {}  # per writer schema version, for ``_plans_of``
         self._plans_of: Table | None = None
         self._required_seen: set[str] = set()  # fields a writer schema of the topic declared non-null
+        self._required_in: dict[str, str] = {}  # field -> the first writer schema that declared it non-null
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -359,12 +432,16 @@ class RdsSink(Sink):
 
     # -- exact values (connectors.rds.sink_fit) -------------------------------------------------------
 
-    def _fit(self, batch: SinkBatch, records: list[SinkRecord]) -> tuple[list[SinkRecord], list[RecordFailure]]:
+    def _fit(
+        self, batch: SinkBatch, records: list[SinkRecord], *, reflected: bool = False
+    ) -> tuple[list[SinkRecord], list[RecordFailure]]:
         """Drop the upserts with a value their column cannot hold exactly; they become record failures.
 
         The writer schema's plan says which fields to check (usually none); those are checked on
         the batch's Arrow columns, or on an array made of the records' values when the batch was
-        decoded per record.
+        decoded per record. Before refusing a record the table is reflected again (once per call):
+        a column widened by hand since the plan was made then takes the value, and dead letters
+        replayed after that fix (``threes dlq replay``) are written without restarting the sink.
 
         Returns:
             ``(records to write, failures)``.
@@ -398,7 +475,31 @@ class RdsSink(Sink):
                             f"{record.where()}: table {self._qualified()!r}: {check.reason()}")))
         if not failures:
             return records, []
+        if not reflected and self._table_changed():
+            return self._fit(batch, records, reflected=True)
         return [r for r in records if id(r) not in refused], failures
+
+    def _table_changed(self) -> bool:
+        """Reflect the table again; when its columns changed, use it (and plan every writer schema anew).
+
+        Returns:
+            Whether the columns (names, types, nullability) differ from the table in use.
+        """
+        def signature(t: Table | None) -> list[tuple[str, str, bool]]:
+            return [(c.name, repr(c.type), bool(c.nullable)) for c in t.c] if t is not None else []
+
+        with self._lock:
+            try:
+                fresh = self._reflect()
+            except SQLAlchemyError as exc:
+                raise self._classify(exc) from exc
+            if fresh is None or signature(fresh) == signature(self.table):
+                return False
+            log.info("sink=%s table=%s columns changed since they were read: planning writer schemas again",
+                     self.name, self._qualified())
+            self.table = fresh
+            self._plans, self._plans_of = {}, fresh
+            return True
 
     def _misfit_rows(self, table: Any, group: list[SinkRecord], check: Any) -> list[int]:
         """Positions in ``group`` of the values of ``check.field`` that do not fit (see :func:`misfits`)."""
@@ -428,12 +529,37 @@ class RdsSink(Sink):
                 self._plans, self._plans_of = {}, self.table
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._new_plan(schema, label)
+                plan = self._new_plan(schema, label, key)
                 self._plans[key] = plan
         return plan
 
-    def _new_plan(self, schema: Any, label: str) -> FitPlan:
-        """Compare a new writer schema with the table: widen (``evolve_table``), warn about required columns."""
+    def _refuse_change(self, plan: FitPlan, schema: Any, label: str) -> None:
+        """``evolve_table``: a type change or a dropped required field is an error naming the columns and schemas.
+
+        Raises:
+            SinkBlockedError: always (the partitions pause; a person migrates the column or the producer).
+        """
+        named = f"{label} ({_schema_name(schema)})"
+        problems = [f"column {r.field!r} is {r.sql_type} but the field's Avro type is now {r.avro_type}"
+                    for r in plan.retyped]
+        for column in plan.absent_required:
+            why = self._required_in.get(column) or (
+                "the schema the table was created from" if self.table is not None
+                and self.table.c[column].comment == REQUIRED_COMMENT else "the column is NOT NULL")
+            problems.append(f"required column {column!r} has no field in it (required by {why})")
+        raise SinkBlockedError(
+            f"sink {self.name!r}: table {self._qualified()!r} cannot take the {named}: " + "; ".join(problems)
+            + ". evolve_table adds columns and widens numeric ones, it changes no column's type and drops no "
+            "requirement: migrate the table (or fix the producer's schema), then the sink goes on"
+        )
+
+    def _new_plan(self, schema: Any, label: str, key: Any = None) -> FitPlan:
+        """Compare a new writer schema with the table: evolve it (``evolve_table``), warn about required columns.
+
+        Raises:
+            SinkBlockedError: with ``evolve_table``, a writer schema that needs a column the table cannot get
+                (a new required field without a default), changes a column's type or drops a required field.
+        """
         assert self.table is not None
         skip = {*self.config.key, self.config.version_column}
 
@@ -442,14 +568,24 @@ class RdsSink(Sink):
             return plan_fit(schema, self.table, self.engine.dialect, skip=skip, required_fields=self._required_seen)
 
         plan = fit()
-        if plan.widen and self.config.evolve_table and self._dialect in ("postgresql", *MYSQL_DIALECTS):
-            self.table = self._reflect()  # another replica may have widened it already
+        evolvable = self.config.evolve_table and self._dialect in ("postgresql", *MYSQL_DIALECTS)
+        if (plan.widen or plan.add) and evolvable:
+            self.table = self._reflect()  # another replica may have evolved it already
             plan = fit()
+            if plan.add:
+                self._add_columns(plan.add, schema, label)
             if plan.widen:
                 self._widen(plan.widen, label)
+            if plan.add or plan.widen:
                 self.table = self._reflect()
                 plan = fit()
             self._plans, self._plans_of = {}, self.table
+        if evolvable and (plan.retyped or plan.absent_required) and key != "value_schema":
+            self._refuse_change(plan, schema, label)
+        for r in plan.retyped:
+            log.warning("sink=%s table=%s column=%s (%s) cannot take field %s (Avro %s) of the %s: the database "
+                        "refuses (or converts) its values", self.name, self._qualified(), r.field, r.sql_type,
+                        r.field, r.avro_type, label)
         for column in plan.absent_required:
             log.warning(
                 "sink=%s table=%s column=%s is required (NOT NULL, or a non-null field when the table was created "
@@ -466,8 +602,91 @@ class RdsSink(Sink):
         if others:
             log.info("sink=%s table=%s columns=%s are not in the %s: upserts write NULL there",
                      self.name, self._qualified(), others, label)
-        self._required_seen |= required_fields_of(schema)
+        required = required_fields_of(schema)
+        self._required_seen |= required
+        for name in required:
+            self._required_in.setdefault(name, f"{label} ({_schema_name(schema)})")
         return plan
+
+    def _add_columns(self, fields: list[NewField], schema: Any, label: str) -> None:
+        """``evolve_table``: add a column for each new field of a writer schema (``ADD COLUMN IF NOT EXISTS``).
+
+        The column's type is the one ``create_table`` gives the field (:func:`sql_type`); it is
+        nullable, with :data:`REQUIRED_COMMENT` when the field is not, as ``create_table`` makes
+        it. A field with a scalar default gets it as the column's ``DEFAULT``, so existing rows
+        hold what Avro schema resolution gives a record written without the field; any other
+        new field leaves existing rows NULL. Replicas racing on the same column are safe:
+        PostgreSQL and MariaDB skip a column that exists (``IF NOT EXISTS``), and MySQL's
+        duplicate-column error (1060) is taken as the other replica's success.
+
+        Args:
+            fields: the new fields (:attr:`FitPlan.add`).
+            schema: the writer schema (named in errors).
+            label: which writer schema, for logs and errors (``writer schema of <record>``).
+
+        Raises:
+            SinkBlockedError: a new field is required and has no default (existing rows would have
+                no value for it), or its Avro type has no column type; the sink waits for a person.
+            SinkBackpressureError: a lock on the table outlasted ``lock_timeout_s`` (retried later).
+            RetriableError: the connection was lost.
+            FatalError: the database refused (no privilege to alter the table...).
+        """
+        assert self.table is not None
+        named = f"{label} ({_schema_name(schema)})"
+        refused = [f.name for f in fields if not f.nullable and not f.has_default]
+        if refused:
+            raise SinkBlockedError(
+                f"sink {self.name!r}: the {named} has new required field(s) {refused} without a default: "
+                f"evolve_table cannot add column(s) to {self._qualified()!r} for them (what would existing rows "
+                "hold?); give the field(s) a default or a union with null, or add the column(s) by hand"
+            )
+        dialect = self.engine.dialect
+        prep = dialect.identifier_preparer
+        target = prep.format_table(self.table)
+        # MySQL proper has no ADD COLUMN IF NOT EXISTS (MariaDB 10.0.2+ and PostgreSQL 9.6+ do)
+        if_not_exists = "" if self._dialect in MYSQL_DIALECTS and not getattr(dialect, "is_mariadb", False) else (
+            "IF NOT EXISTS ")
+        for f in fields:
+            try:
+                typ, nullable = sql_type(f.avro_type)
+            except FatalError as exc:
+                raise SinkBlockedError(f"sink {self.name!r}: the {named}: field {f.name!r}: {exc}") from exc
+            comment = None if nullable else REQUIRED_COMMENT
+            default = _default_sql(f, typ, dialect)
+            column = Column(f.name, typ, nullable=True, server_default=default,
+                            comment=comment if self._dialect in MYSQL_DIALECTS else None)
+            ddl = [f"ALTER TABLE {target} ADD COLUMN {if_not_exists}{CreateColumn(column).compile(dialect=dialect)}"]
+            if comment and self._dialect == "postgresql":  # PostgreSQL has no inline column comment
+                ddl.append(f"COMMENT ON COLUMN {target}.{prep.quote(f.name)} IS {_sql_literal(comment, dialect)}")
+            try:
+                # one transaction per column: MySQL commits each DDL anyway, and a replica's column is no loss
+                with self.engine.begin() as conn:
+                    if self._dialect == "postgresql":
+                        conn.execute(select(
+                            func.set_config("lock_timeout", f"{int(self.config.lock_timeout_s * 1000)}ms", True)))
+                    for statement in ddl:
+                        # no parameters: the driver must not read a '%' of a default as a placeholder
+                        conn.execution_options(no_parameters=True).exec_driver_sql(statement)
+            except Exception as exc:  # noqa: BLE001 - classified: busy is backpressure, the rest stops the sink
+                if _duplicate_column(exc):
+                    log.info("sink=%s table=%s column=%s was added by another replica", self.name,
+                             self._qualified(), f.name)
+                    continue
+                error = self._classify(exc)
+                if isinstance(error, _RecordProblem):
+                    error = FatalError(f"sink {self.name!r}: cannot add column {f.name!r} to {self._qualified()!r} "
+                                       f"for the {named}: {error}")
+                raise error from exc
+            log.warning(
+                "sink=%s table=%s added column=%s %s%s for the %s (evolve_table; IF NOT EXISTS: a replica racing "
+                "on it logs this too, one of them altered the table)",
+                self.name,
+                self._qualified(),
+                f.name,
+                typ.compile(dialect=dialect),
+                f" DEFAULT {default.text}" if default is not None else "",
+                named,
+            )
 
     def _widen(self, widen: list[tuple[str, Any]], label: str) -> None:
         """``evolve_table``: give narrower ``numeric`` columns the writer schema's precision and scale.
@@ -587,7 +806,8 @@ class RdsSink(Sink):
         if not names.issuperset(record.value):
             unknown = sorted(set(record.value) - names)
             raise _NotColumns(f"field(s) {unknown} of {record.where()} are not columns of table "
-                              f"{self._qualified()!r}")
+                              f"{self._qualified()!r}" + ("" if self.config.evolve_table else
+                                                          " (evolve_table: true on the sink adds them)"))
         row = nulls.copy()
         row.update(record.value)
         row.update(keys)

@@ -21,8 +21,18 @@ letter queue) naming the field, the column's SQL type and the record's Avro
 type. With ``evolve_table: true`` a narrower ``numeric`` column is widened
 instead (:attr:`FitPlan.widen`), before anything is written.
 
+A field of the writer schema the table has no column for is listed in
+:attr:`FitPlan.add`; with ``evolve_table: true`` the sink adds the column (as
+Kafka Connect's JDBC sink does with ``auto.evolve``), else every record of that
+writer schema blocks the sink (a target error, see :mod:`sync_service.isolation`).
+
 Avro ``float``/``double`` values into a ``numeric`` column are not checked
 (binary floating point has no exact decimal scale to compare).
+
+A field whose Avro type the column's SQL type cannot take at all (a ``string``
+field into a ``BIGINT`` column, a ``long`` into a ``DATE``) is listed in
+:attr:`FitPlan.retyped`: ``evolve_table`` changes no column's type, and the sink
+then blocks with an error naming the column and the schemas.
 
 A column the writer schema does not carry receives NULL on every upsert
 (the sink writes whole rows); when the column is required (``NOT NULL``, or
@@ -87,6 +97,41 @@ class FieldCheck:
         )
 
 
+@dataclass(frozen=True)
+class NewField:
+    """A field of the writer schema the table has no column for (``evolve_table`` adds one).
+
+    Attributes:
+        name: the Avro field (= new column) name.
+        avro_type: the field's Avro type as the schema declares it (a name, a dict or a union list).
+        nullable: whether the type is a union with null.
+        has_default: whether the field declares a ``default`` (Avro schema resolution fills it
+            for records written without the field: the value existing rows get).
+        default: the declared default (``None`` when there is none, or when it is null).
+    """
+
+    name: str
+    avro_type: Any
+    nullable: bool
+    has_default: bool = False
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class Retyped:
+    """A field whose Avro type its column cannot take (a type change of the writer schema).
+
+    Attributes:
+        field: the Avro field (= column) name.
+        sql_type: the column's SQL type as the dialect writes it.
+        avro_type: the field's Avro type family (``string``, ``integer``, ``timestamp``...).
+    """
+
+    field: str
+    sql_type: str
+    avro_type: str
+
+
 @dataclass
 class FitPlan:
     """What one writer schema needs against one table (see :func:`plan_fit`).
@@ -96,12 +141,16 @@ class FitPlan:
         widen: ``(column, wider numeric type)`` that ``evolve_table`` may apply instead of checking.
         absent_required: required columns the writer schema has no field for (NULL is written).
         absent: every column (key and version columns aside) the writer schema has no field for.
+        add: fields of the writer schema the table has no column for, in schema order.
+        retyped: fields whose Avro type their column's SQL type cannot take.
     """
 
     checks: list[FieldCheck] = field(default_factory=list)
     widen: list[tuple[str, Numeric]] = field(default_factory=list)
     absent_required: list[str] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)
+    add: list[NewField] = field(default_factory=list)
+    retyped: list[Retyped] = field(default_factory=list)
 
 
 def _non_null(avro: Any) -> tuple[Any, bool]:
@@ -132,6 +181,56 @@ def _is_string(avro: Any) -> bool:
     if isinstance(avro, dict):
         return avro.get("type") == "string" or avro.get("type") == "enum"
     return avro == "string"
+
+
+_AVRO_FAMILIES = {"boolean": "boolean", "int": "integer", "long": "integer", "float": "float", "double": "float",
+                  "bytes": "binary", "string": "string"}
+_LOGICAL_FAMILIES = {"decimal": "decimal", "date": "date", "time-millis": "time", "time-micros": "time",
+                     "timestamp-millis": "timestamp", "timestamp-micros": "timestamp", "timestamp-nanos": "timestamp",
+                     "local-timestamp-millis": "timestamp", "local-timestamp-micros": "timestamp",
+                     "local-timestamp-nanos": "timestamp", "uuid": "uuid"}
+# which column families take a field's values (what the sink's writes and the databases' assignment casts accept)
+_TAKES = {
+    "boolean": {"boolean", "integer"},  # MySQL's BOOLEAN is TINYINT(1)
+    "integer": {"integer", "decimal", "float"},
+    "float": {"float", "decimal"},
+    "decimal": {"decimal", "float"},
+    "string": {"string", "json", "uuid", "date", "time", "timestamp"},  # text the database parses
+    "uuid": {"uuid", "string"},
+    "binary": {"binary"},
+    "date": {"date", "timestamp"},
+    "time": {"time"},
+    "timestamp": {"timestamp"},
+    "json": {"json", "string"},
+}
+
+
+def _avro_family(avro: Any) -> str | None:
+    """The kind of value an Avro type holds (a key of ``_TAKES``); ``None``: not judged (a union, a named ref)."""
+    if isinstance(avro, dict):
+        logical = avro.get("logicalType")
+        if logical is not None:
+            return _LOGICAL_FAMILIES.get(logical)
+        kind = avro.get("type")
+        if kind in ("record", "map", "array"):
+            return "json"
+        if kind == "enum":
+            return "string"
+        if kind == "fixed":
+            return "binary"
+        return _avro_family(kind)
+    return _AVRO_FAMILIES.get(avro) if isinstance(avro, str) else None
+
+
+def _column_family(t: sqltypes.TypeEngine) -> str | None:
+    """The kind of value a reflected column type holds; ``None``: not judged (intervals, arrays, geometry...)."""
+    for cls, family in ((sqltypes.Boolean, "boolean"), (sqltypes.Integer, "integer"), (sqltypes.Float, "float"),
+                        (sqltypes.Numeric, "decimal"), (sqltypes.JSON, "json"), (sqltypes.Uuid, "uuid"),
+                        (sqltypes.String, "string"), (sqltypes._Binary, "binary"), (sqltypes.DateTime, "timestamp"),
+                        (sqltypes.Date, "date"), (sqltypes.Time, "time")):
+        if isinstance(t, cls):
+            return family
+    return None
 
 
 def _integer_range(t: sqltypes.TypeEngine) -> tuple[int, int]:
@@ -180,6 +279,10 @@ def plan_fit(
         avro, nullable = _non_null(f["type"])
         t = column.type
         sql = str(t.compile(dialect=dialect))
+        family, takes = _avro_family(avro), _column_family(t)
+        if family is not None and takes is not None and takes not in _TAKES[family]:
+            plan.retyped.append(Retyped(column.name, sql, family))
+            continue
         source = _avro_numeric(avro)
         if source is not None and isinstance(t, sqltypes.Integer):
             name, _p, s, lo, hi = source
@@ -201,6 +304,10 @@ def plan_fit(
                 plan.widen.append((column.name, Numeric(wide_p, wide_s)))
         elif _is_string(avro) and isinstance(t, sqltypes.String) and getattr(t, "length", None):
             plan.checks.append(FieldCheck(column.name, sql, "string", max_length=int(t.length), nullable=nullable))
+    for name, f in fields.items():
+        if name not in table.c and name not in skip:
+            nullable = _non_null(f["type"])[1]
+            plan.add.append(NewField(name, f["type"], nullable, "default" in f, f.get("default")))
     return plan
 
 

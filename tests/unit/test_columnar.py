@@ -146,6 +146,19 @@ def test_columnar_equals_per_record_for_every_mapped_type() -> None:
     assert [r["dec"] for r in table.to_pylist()] == [v["dec"] for v in values]
 
 
+def test_fields_with_defaults_decode_columnar() -> None:
+    # polars' reader refused a block whose schema had a non-null default (avro-error: OutOfSpec)
+    schema = {"type": "record", "name": "D", "fields": [
+        {"name": "a", "type": "long"}, {"name": "n", "type": "int", "default": 7},
+        {"name": "s", "type": "string", "default": "x"}, {"name": "o", "type": ["null", "long"], "default": None},
+        {"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["P", "Q"], "default": "P"}, "default": "Q"}]}
+    values = [{"a": n, "n": n * 2, "s": f"s{n}", "o": n if n % 2 else None, "e": "PQ"[n % 2]} for n in range(5)]
+    store, fp, messages = encode(schema, values)
+    decoder = ColumnarDecoder(store)
+    assert decoder.supports(fp)
+    assert decoder.decode(fp, [split(m)[1] for m in messages]).to_pylist() == values
+
+
 def test_a_body_with_extra_bytes_is_caught_not_shifted() -> None:
     # only longs: a shifted read still decodes, so only the row numbers can tell
     schema = {"type": "record", "name": "L", "fields": [{"name": "a", "type": "long"}, {"name": "b", "type": "long"}]}

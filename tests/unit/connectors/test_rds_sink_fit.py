@@ -54,3 +54,33 @@ def test_misfits_are_computed_on_columns() -> None:
     assert misfits(longs, checks["n"]).to_pylist() == [False, True, False, False, True]
     assert misfits(pa.array(["abc", "abcd", "été", None]), checks["code"]).to_pylist() == [False, True, False, False]
     assert misfits(pa.chunked_array([pa.array([40000, 5], pa.int64())]), checks["small"]).to_pylist() == [True, False]
+
+
+def test_plan_lists_the_fields_the_table_has_no_column_for() -> None:
+    evolved = {**SCHEMA, "fields": [*SCHEMA["fields"],
+                                    {"name": "note", "type": ["null", "string"], "default": None},
+                                    {"name": "qty", "type": "int", "default": 7},
+                                    {"name": "weight", "type": "long"}]}
+    plan = plan_fit(evolved, table(), postgresql.dialect(), skip={"id", "_version"})
+    assert [(f.name, f.nullable, f.has_default, f.default) for f in plan.add] == [
+        ("note", True, True, None), ("qty", False, True, 7), ("weight", False, False, None)]
+    assert plan_fit(SCHEMA, table(), postgresql.dialect(), skip={"id", "_version"}).add == []
+
+
+def test_plan_names_fields_whose_type_their_column_cannot_take() -> None:
+    from sqlalchemy import JSON, Date, DateTime
+
+    t = Table("t", MetaData(), Column("id", BigInteger, primary_key=True), Column("n", BigInteger),
+              Column("d", Date), Column("s", Text), Column("j", JSON), Column("at", DateTime(timezone=True)),
+              Column("_version", BigInteger, nullable=False))
+    ts = {"type": "long", "logicalType": "timestamp-micros"}
+    changed = {"type": "record", "name": "R", "fields": [
+        {"name": "id", "type": "long"}, {"name": "n", "type": ["null", "string"]}, {"name": "d", "type": "long"},
+        {"name": "s", "type": "string"}, {"name": "j", "type": {"type": "array", "items": "long"}},
+        {"name": "at", "type": ts}]}
+    plan = plan_fit(changed, t, postgresql.dialect(), skip={"id", "_version"})
+    assert [(r.field, r.sql_type, r.avro_type) for r in plan.retyped] == [("n", "BIGINT", "string"),
+                                                                          ("d", "DATE", "integer")]
+    # what the columns take: no change
+    same = {**changed, "fields": [f for f in changed["fields"] if f["name"] not in ("n", "d")]}
+    assert plan_fit(same, t, postgresql.dialect(), skip={"id", "_version"}).retyped == []
