@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -146,7 +146,14 @@ def read_latest_per_key(
         raise SetupError(str(exc)) from exc
 
 
-def internal_topic_options(kafka: Any) -> dict[str, int | None]:
+class InternalTopicOptions(TypedDict):
+    """Keyword arguments of :func:`ensure_internal_topic` (and the stores built on it) from a ``KafkaConfig``."""
+
+    replication_factor: int | None
+    min_insync_replicas: int | None
+
+
+def internal_topic_options(kafka: Any) -> InternalTopicOptions:
     """``replication_factor`` / ``min_insync_replicas`` keyword arguments from a ``KafkaConfig``."""
     return {
         "replication_factor": getattr(kafka, "internal_replication_factor", None),

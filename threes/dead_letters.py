@@ -161,11 +161,12 @@ def read_letters(kafka: Any, topics: Sequence[str], *, since_ms: int | None = No
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     pending.discard((msg.topic(), msg.partition()))
                     continue
-                raise SetupError(f"reading dead letter topic {msg.topic()}: {msg.error()}")
+                raise SetupError(f"reading dead letter topic {msg.topic()}: {error}")
             out.append(_letter(msg))
         return sorted(out, key=lambda letter: (letter.dlq_topic, letter.partition, letter.offset))
     finally:
@@ -300,8 +301,11 @@ def replay(kafka: Any, letters: Sequence[Letter], *, to: str | None = None, dry_
     result = ReplayResult(dry_run=dry_run)
     if dry_run:
         for letter in letters:
-            target = to or letter.context.topic  # type: ignore[union-attr] - orphans need --to (above)
-            result.sent.append((letter.id, target, -1 if to else letter.context.partition, -1))  # type: ignore
+            if to:
+                result.sent.append((letter.id, to, -1, -1))
+            else:
+                assert letter.context is not None  # orphans need --to (above)
+                result.sent.append((letter.id, letter.context.topic, letter.context.partition, -1))
         return result
     if not letters:
         return result
@@ -318,8 +322,10 @@ def replay(kafka: Any, letters: Sequence[Letter], *, to: str | None = None, dry_
 
     for letter in letters:
         headers = [*letter.original_headers(), (REPLAYED_FROM, letter.id.encode())]
-        target: dict[str, Any] = {"topic": to} if to else {"topic": letter.context.topic,  # type: ignore[union-attr]
-                                                            "partition": letter.context.partition}  # type: ignore
+        target: dict[str, Any] = {"topic": to}
+        if not to:
+            assert letter.context is not None  # orphans need --to (above)
+            target = {"topic": letter.context.topic, "partition": letter.context.partition}
         while True:
             try:
                 producer.produce(key=letter.key, value=letter.value, headers=headers,

@@ -207,8 +207,7 @@ def replay(
     table = Table(title=f"{verb} {len(rows)} dead letter(s)", title_justify="left")
     for name in ("id", "to", "partition", "offset"):
         table.add_column(name)
-    for r in rows:
-        table.add_row(r["id"], r["to"], "" if r["partition"] < 0 else str(r["partition"]),
-                      "" if r["offset"] < 0 else str(r["offset"]))
+    for letter_id, to, partition, offset in result.sent:
+        table.add_row(letter_id, to, "" if partition < 0 else str(partition), "" if offset < 0 else str(offset))
     out.print(table)
     console.print(f"note: {IDEMPOTENCE_NOTE}", highlight=False, soft_wrap=True)
