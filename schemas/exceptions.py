@@ -73,6 +73,9 @@ class SetupError(ThreesError):
         hint: what to do about it, e.g. ``"start it with `threes local up`"``.
     """
 
+    refused: bool = False
+    """``True`` when the system answered and refused (credentials, certificate): waiting cannot help."""
+
     def __init__(self, message: str, hint: str | None = None):
         self.hint = hint
         super().__init__(f"{message}. {hint}" if hint else message)

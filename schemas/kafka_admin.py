@@ -62,7 +62,8 @@ def cluster_metadata(kafka_config: Mapping[str, Any], timeout_s: float = 10.0) -
             refused.append(err)
 
     # log_level 0: the failure is reported once, by us, not as librdkafka log lines on stderr
-    admin = AdminClient({**kafka_config, "error_cb": on_error, "log_level": 0})
+    conf: dict[str, Any] = {**kafka_config, "error_cb": on_error, "log_level": 0}
+    admin = AdminClient(conf)
     bootstrap = kafka_config.get("bootstrap.servers")
     deadline = time.monotonic() + timeout_s
     while True:
@@ -129,7 +130,7 @@ def _refused_error(kafka_config: Mapping[str, Any], err: Any) -> SetupError:
             f"TLS with Kafka at {bootstrap} failed: {detail}",
             "check kafka.ssl_ca_location and that the broker's certificate names the host in kafka.bootstrap_servers",
         )
-    error.refused = True  # type: ignore[attr-defined] - read by check_credentials: waiting cannot help
+    error.refused = True  # read by check_credentials: waiting cannot help
     return error
 
 

@@ -281,12 +281,13 @@ class SchemaStore(InMemorySchemaStore):
                     break
                 if msg.error():
                     raise KafkaException(msg.error())
-                position = msg.offset() + 1
-                if msg.value() is None:
+                offset, value, raw_key = msg.offset(), msg.value(), msg.key()
+                position = (offset if offset is not None else position) + 1
+                if value is None or raw_key is None:
                     continue
-                key = msg.key().decode()
+                key = raw_key.decode()
                 if key.startswith(SUBJECT_PREFIX):
-                    doc = json.loads(msg.value())
+                    doc = json.loads(value)
                     with self._lock:
                         self._subjects.setdefault(doc["subject"], {})[int(doc["version"])] = bytes.fromhex(
                             doc["fingerprint"])
@@ -294,8 +295,8 @@ class SchemaStore(InMemorySchemaStore):
                 fp = bytes.fromhex(key)
                 with self._lock:
                     if fp not in self._schemas:
-                        self._schemas[fp] = parse(msg.value().decode())
-                        self._json[fp] = msg.value().decode()
+                        self._schemas[fp] = parse(value.decode())
+                        self._json[fp] = value.decode()
         finally:
             consumer.close()
         return len(self._schemas)

@@ -569,8 +569,9 @@ class SyncService:
             for slot in self._by_topic.get(tp[0], ()):
                 buf = slot.buffers.get(tp)
                 offsets.append(buf.safe_offset() if buf is not None else None)
-            if offsets and all(o is not None for o in offsets):
-                out[tp] = min(offsets)  # type: ignore[type-var]
+            known = [o for o in offsets if o is not None]
+            if offsets and len(known) == len(offsets):
+                out[tp] = min(known)
         return out
 
     def _commit(self, asynchronous: bool, tps: set[TP] | None = None) -> None:
@@ -605,6 +606,7 @@ class SyncService:
                 retry.append((tp, p.offset))
         if retry:  # (a refused synchronous commit raised in _commit, which logged it)
             error = err if err is not None else failed[0].error
+            assert error is not None  # a failed partition carries its error
             # a commit made while the group rebalances is refused as a matter of course: not a warning;
             # a refusal that lasts (say, an ACL) is made again every turn but logged once per interval
             level = logging.INFO if error.code() in _REBALANCE_CODES else logging.WARNING

@@ -45,7 +45,7 @@ class ServiceSupervisor:
         self.connections = connections
         self.metrics = SyncMetrics(config.name)
         self.backoff = RestartBackoff(errors or ErrorPolicy())
-        self.serve_addr = serve_addr or getattr(config, "metrics_host", "127.0.0.1")
+        self.serve_addr: str = serve_addr or getattr(config, "metrics_host", None) or "127.0.0.1"
         self.service: SyncService | None = None
         self.state = "starting"
         self.server: Any = None

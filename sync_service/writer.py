@@ -69,6 +69,12 @@ class Outcome:
     tolerated: BaseException | None = None
 
 
+def _encoded(record: SinkRecord) -> bytes:
+    """The record's value as consumed (only upserts are decoded: theirs is never ``None``)."""
+    assert record.encoded is not None
+    return record.encoded
+
+
 def _is_transient(exc: BaseException) -> bool:
     # backpressure is not retried here: the runtime pauses the partitions and
     # writes the batch again later, without a bound (quix-streams does the same)
@@ -142,15 +148,15 @@ class BatchWriter:
         """
         batch = SinkBatch(job.topic, job.partition, job.first_offset, job.last_offset)
         batch.records, by_schema = self._decode_heads(job)
-        bad: list[SinkRecord] = []
+        bad: list[tuple[SinkRecord, BaseException]] = []
         for fp, records in by_schema.items():
             bad += self._decode_values(batch, fp, records)
         if bad:
             by_offset = {m.offset(): m for m in job.raw}
             dropped = set()
-            for record in bad:
+            for record, error in bad:
                 dropped.add(record.offset)
-                self._skip(job, by_offset[record.offset], record.value)  # the error is kept in value
+                self._skip(job, by_offset[record.offset], error)
             batch.records = [r for r in batch.records if r.offset not in dropped]
         return batch
 
@@ -160,22 +166,21 @@ class BatchWriter:
         else:
             log.debug("sink=%s skips %s (dead-lettered by another sink of the topic)", self.sink.name, exc)
 
-    def _decode_values(self, batch: SinkBatch, fp: bytes, records: list[SinkRecord]) -> list[SinkRecord]:
-        """Decode the values of one writer schema; returns the records whose body does not decode.
-
-        A returned record carries its error in ``value`` (it never reaches a sink).
-        """
+    def _decode_values(
+        self, batch: SinkBatch, fp: bytes, records: list[SinkRecord]
+    ) -> list[tuple[SinkRecord, BaseException]]:
+        """Decode the values of one writer schema; returns the records whose body does not decode, with why."""
         if self.columnar.supports(fp):
             try:
-                table = self.columnar.decode(fp, [r.encoded[HEADER_BYTES:] for r in records])
+                table = self.columnar.decode(fp, [_encoded(r)[HEADER_BYTES:] for r in records])
             except ColumnarDecodeError as exc:
                 log.warning("sink=%s topic=%s partition=%d: %s; decoding that block record by record",
                             self.sink.name, batch.topic, batch.partition, exc)
                 bad = self._decode_each(fp, records)
-                failed = {id(r) for r in bad}
+                failed = {id(r) for r, _error in bad}
                 records = [r for r in records if id(r) not in failed]
                 try:
-                    table = self.columnar.decode(fp, [r.encoded[HEADER_BYTES:] for r in records])
+                    table = self.columnar.decode(fp, [_encoded(r)[HEADER_BYTES:] for r in records])
                 except ColumnarDecodeError:
                     return bad  # the rest keep the values fastavro decoded
             else:
@@ -187,22 +192,21 @@ class BatchWriter:
         return self._decode_each(fp, records)
 
     @staticmethod
-    def _decode_each(fp: bytes, records: list[SinkRecord]) -> list[SinkRecord]:
-        """fastavro, one record at a time (the exact per-record path); returns the undecodable ones."""
-        bad = []
+    def _decode_each(fp: bytes | None, records: list[SinkRecord]) -> list[tuple[SinkRecord, BaseException]]:
+        """fastavro, one record at a time (the exact per-record path); returns the undecodable ones, with why."""
+        bad: list[tuple[SinkRecord, BaseException]] = []
         for record in records:
             try:
                 value = record.value
             except Exception as exc:  # noqa: BLE001 - fastavro raises many kinds; the dead letter names it
-                record.value = SerdeError(f"{record.where()}: cannot decode Avro body with writer schema "
-                                          f"{fp.hex()}: {exc}")
-                bad.append(record)
+                schema = fp.hex() if fp is not None else "?"
+                bad.append((record, SerdeError(f"{record.where()}: cannot decode Avro body with writer schema "
+                                               f"{schema}: {exc}")))
                 continue
             if not isinstance(value, dict):
-                record.value = SkippableRecordError(
+                bad.append((record, SkippableRecordError(
                     f"{record.where()}: value is Avro {type(value).__name__}, a record is expected"
-                )
-                bad.append(record)
+                )))
         return bad
 
     def _decode_heads(self, job: Job) -> tuple[list[SinkRecord], dict[bytes, list[SinkRecord]]]:
@@ -222,7 +226,7 @@ class BatchWriter:
             records = self._decode_heads_each(job)
             groups: dict[bytes, list[SinkRecord]] = {}
             for record in records:
-                if record.encoded is not None:
+                if record.encoded is not None and record.value_fingerprint is not None:
                     groups.setdefault(record.value_fingerprint, []).append(record)
             return records, groups
         return heads
@@ -241,15 +245,15 @@ class BatchWriter:
             return [], {}
         keys = [m.key() for m in raw]
         values = [m.value() for m in raw]
-        header_lists = [m.headers() or () for m in raw]
+        header_lists: list[list[tuple[str, bytes]]] = [m.headers() or [] for m in raw]
         headers: list[dict[str, Any]] = []
         if set(map(len, header_lists)) == {1} and {h[0][0] for h in header_lists} == {VERSION_HEADER}:
-            versions_raw = [h[0][1] for h in header_lists]  # the common shape: the version header alone
+            versions_raw: list[Any] = [h[0][1] for h in header_lists]  # the common shape: the version header alone
         else:
             headers = [dict(h) for h in header_lists]
             if sum(map(len, headers)) != sum(map(len, header_lists)):
                 return None  # a header name twice: the per-message path keeps the first version header
-            versions_raw = [h.get(VERSION_HEADER) for h in headers]
+            versions_raw = [h.get(VERSION_HEADER) for h in headers]  # None: off the shape, below
         try:
             if set(map(len, versions_raw)) != {8}:
                 return None
@@ -300,7 +304,7 @@ class BatchWriter:
             groups[head[2:]] = [r for r in records if r.encoded is not None]
         else:
             for record in records:
-                if record.encoded is not None:
+                if record.encoded is not None and record.value_fingerprint is not None:
                     groups.setdefault(record.value_fingerprint, []).append(record)
         return records, groups
 
@@ -426,7 +430,7 @@ class BatchWriter:
         if record.encoded is not None:
             bad = self._decode_each(record.value_fingerprint, [record])
             if bad:
-                raise record.value  # the error _decode_each stored
+                raise bad[0][1]
         return record
 
     # -- write --------------------------------------------------------------------------------

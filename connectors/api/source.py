@@ -117,7 +117,7 @@ class TopicState:
     """
 
     live: Any
-    encode_key: Callable[[Mapping[str, Any]], bytes]
+    encode_key: Callable[[Mapping[str, Any]], bytes | None]
     end_offsets: dict[int, int] = field(default_factory=dict)
 
 

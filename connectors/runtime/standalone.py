@@ -182,7 +182,7 @@ class SourceWorker:
         log.info("started source task=%s", spec.key)
         return runner
 
-    def _run_one(self, spec: TaskSpec, runner: TaskRunner, stop: threading.Event, once: bool) -> None:
+    def _run_one(self, spec: TaskSpec, runner: TaskRunner | _FailedRunner, stop: threading.Event, once: bool) -> None:
         """Run a task and restart it with backoff each time it fails, until ``stop`` (the supervisor).
 
         A restarted task is a new :class:`TaskRunner` (new producer, new

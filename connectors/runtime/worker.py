@@ -571,9 +571,10 @@ class TaskRunner:
             queued = self._producer.produce_batch(self.config.topic, messages, on_delivery=pending.ack)
             if queued != len(messages):
                 failed = [m["_error"] for m in messages if "_error" in m]
+                first_error = str(failed[0]) if failed else "unknown"  # a KafkaError
                 error = FatalError(
                     f"source {self._label!r} (topic {self.config.topic!r}): {len(failed)} record(s) of a batch "
-                    f"refused by the producer, first: {failed[0] if failed else 'unknown'}"
+                    f"refused by the producer, first: {first_error}"
                 )
                 # the refused records and the parts not produced owe no acknowledgement; the batch never commits
                 self._tracker.abandon(pending, len(values) - first - queued, str(error))
@@ -592,7 +593,7 @@ class TaskRunner:
         self._tracker.abandon(pending, unsent, str(error))
         return error
 
-    def _produce_when_room(self, topic: str, value: bytes | None, key: bytes, **kwargs: Any) -> None:
+    def _produce_when_room(self, topic: str, value: bytes | None, key: bytes | None, **kwargs: Any) -> None:
         """Produce after the local queue was found full: serve delivery reports until there is room; never drop."""
         self.stats.queue_full += 1
         metrics.QUEUE_FULL.labels(self._label).inc()
