@@ -9,6 +9,8 @@
 ``threes_stream_batch_seconds``              time of a micro-batch, refresh to written records
 ``threes_stream_records_total``              records read/written per ``kind`` (``events``,
                                              ``enriched``, ``dead_letters``, ``updates``)
+``threes_stream_as_of_too_old_total``        events of an ``as_of`` lookup older than its
+                                             snapshot's retention (no version joined), per snapshot
 =========================================== =====================================================
 """
 
@@ -46,6 +48,12 @@ LATE_EVENTS = Counter(
     "threes_stream_late_events_total",
     "Enriched events an aggregation dropped because they were older than its watermark",
     ["job", "topic"],
+)
+
+AS_OF_TOO_OLD = Counter(
+    "threes_stream_as_of_too_old_total",
+    "Events of an as_of lookup older than the snapshot's retention horizon: no version was joined",
+    ["job", "snapshot"],
 )
 
 
