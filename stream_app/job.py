@@ -53,6 +53,7 @@ from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, sou
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import write_records
 from stream_app.snapshot.engines import DeadLetterProducer
+from stream_app.snapshot.query import SnapshotQueries
 from stream_app.snapshot.runtime import Snapshot
 from stream_app.updates import aggregate, aggregation_input, aggregation_input_fields, aggregation_records, output_mode
 from stream_app.writers import WriterSchemas
@@ -100,6 +101,7 @@ class StreamJob:
         self._offsets_log: BatchOffsetsLog | None = None
         self._options = spark_kafka_options(kafka)
         self._late: _LateEvents | None = None
+        self.http: Any = None  # the metrics port's server (metrics, status, interactive queries)
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -153,7 +155,11 @@ class StreamJob:
             raise self._bootstrap_error
         if cfg.metrics_port:  # answers once the snapshots passed the readiness gate: the job is ready
             token = cfg.metrics_token
-            metrics.serve(cfg.metrics_port, cfg.metrics_host, token.get_secret_value() if token is not None else None)
+            # interactive queries of the snapshots on the same port, read-only (stream_app.snapshot.query)
+            queries = SnapshotQueries(self.snapshots)
+            self.http = metrics.serve(cfg.metrics_port, cfg.metrics_host,
+                                      token.get_secret_value() if token is not None else None,
+                                      routes={"/snapshots": queries.handle})
         aggregations = [u for u in plan.updates if u.config.kind == "aggregation"]
         if aggregations and available_now:
             # the aggregations read the enriched topic: let it be complete first
@@ -461,6 +467,9 @@ class StreamJob:
                 )
             self.spark.streams.removeListener(self._late)
             self._late = None
+        if self.http is not None:
+            self.http.close()
+            self.http = None
         self._reporter.shutdown(wait=True)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         for snapshot in self.snapshots.values():

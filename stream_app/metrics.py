@@ -109,13 +109,15 @@ def status_document() -> dict[str, Any]:
             "endpoints": []}
 
 
-def serve(port: int, host: str = "127.0.0.1", token: str | None = None) -> Any:
+def serve(port: int, host: str = "127.0.0.1", token: str | None = None, routes: dict[str, Any] | None = None) -> Any:
     """Serve ``/metrics``, ``/status`` and ``/status.json`` on ``port``.
 
     Args:
         port: TCP port (``stream.metrics_port``).
         host: the address to bind (``stream.metrics_host``, loopback by default).
         token: bearer token of every request (``stream.metrics_token``); required off loopback.
+        routes: more read-only JSON routes, prefix -> ``(path, query) -> (status, document)``
+            (the job's interactive queries, ``/snapshots``).
 
     Returns:
         The :class:`~connectors.status.http.StatusServer`.
@@ -126,5 +128,7 @@ def serve(port: int, host: str = "127.0.0.1", token: str | None = None) -> Any:
     from connectors.status.http import StatusServer
 
     server = StatusServer(status_document, title="threes stream job")
+    for prefix, route in (routes or {}).items():
+        server.add_route(prefix, route)
     server.serve(port, host, token)
     return server
