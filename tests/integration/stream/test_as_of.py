@@ -10,6 +10,7 @@ between the changes keeps the versions even when Kafka no longer holds them.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections import Counter
 from typing import Any
 
@@ -31,16 +32,23 @@ T_A, T1, T2 = ms(1), ms(5), ms(10)  # versions: A from Jan 1 (Kafka timestamp), 
 RETENTION = "30 days"  # horizon: Jan 10 - 30 days = Dec 11, 2012
 
 
-def put_version(env: Any, name: str, at_ms: int, header: bool = True, delete: bool = False) -> None:
-    """EWR as ``name`` from ``at_ms``: the ``threes.source_ts`` header, or only the Kafka record timestamp."""
-    value = None if delete else env.airport_ser(airport("EWR", name))
+def put_version(
+    env: Any, name: str | None, at_ms: int, header: bool = True, faa: str = "EWR"
+) -> tuple[int, int]:
+    """``faa`` as ``name`` (``None``: a tombstone) from ``at_ms``: the ``threes.source_ts`` header, or only
+    the Kafka record timestamp. Returns its (partition, offset)."""
+    value = None if name is None else env.airport_ser(airport(faa, name))
+    acked: list[Any] = []
     if header:
         # a Kafka timestamp far from the source time: the header must win
-        env.producer.produce(env.airports, key=env.key_ser({"faa": "EWR"}), value=value,
-                             headers=with_source_ts(None, at_ms), timestamp=ms(1, 6, 2020))
+        env.producer.produce(env.airports, key=env.key_ser({"faa": faa}), value=value,
+                             headers=with_source_ts(None, at_ms), timestamp=ms(1, 6, 2020),
+                             on_delivery=lambda err, msg: acked.append(msg))
     else:
-        env.producer.produce(env.airports, key=env.key_ser({"faa": "EWR"}), value=value, timestamp=at_ms)
+        env.producer.produce(env.airports, key=env.key_ser({"faa": faa}), value=value, timestamp=at_ms,
+                             on_delivery=lambda err, msg: acked.append(msg))
     assert env.producer.flush(10) == 0
+    return acked[0].partition(), acked[0].offset()
 
 
 def at(i: int, when: dt.datetime) -> dict[str, Any]:
@@ -125,7 +133,7 @@ def test_the_same_events_twice_give_byte_identical_update_records(spark, env) ->
 
 @pytest.mark.parametrize("engine", ["broadcast", "partitioned"])
 def test_a_restart_between_the_changes_keeps_the_versions_kafka_no_longer_has(spark, env, engine) -> None:
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
     from connectors import clients
@@ -143,14 +151,24 @@ def test_a_restart_between_the_changes_keeps_the_versions_kafka_no_longer_has(sp
 
     ends = end_offsets(env.conf, env.airports)
     admin = clients.kafka_admin(env.kafka)
-    # DeleteRecords needs the delete policy too; the snapshot still reads the topic (compact,delete)
+    # DeleteRecords needs the delete policy too; the snapshot still reads the topic (compact,delete). No
+    # time-based retention: the records' timestamps are years old, the broker would delete them all
     resource = ConfigResource(ResourceType.TOPIC, env.airports, incremental_configs=[
+        ConfigEntry("retention.ms", "-1", incremental_operation=AlterConfigOpType.SET),
         ConfigEntry("cleanup.policy", "compact,delete", incremental_operation=AlterConfigOpType.SET)])
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(10)
-    futures = admin.delete_records([TopicPartition(env.airports, p, o) for p, o in ends.items() if o > 0])
-    for future in futures.values():
-        future.result(10)
+    deadline = time.monotonic() + 60
+    while True:  # the broker applies the new policy shortly after the change is accepted
+        futures = admin.delete_records([TopicPartition(env.airports, p, o) for p, o in ends.items() if o > 0])
+        try:
+            for future in futures.values():
+                future.result(10)
+            break
+        except KafkaException as exc:
+            if "POLICY_VIOLATION" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     put_version(env, "C", T2)
     env.put_flights([at(i, EVENTS[i]) for i in (2, 3, 4)])
     job = run_once(env, spark, config, 3)
