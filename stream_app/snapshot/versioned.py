@@ -181,6 +181,8 @@ class VersionedStore:
         checkpoint: the snapshot's :class:`~stream_app.checkpoint.SnapshotCheckpoint`, or ``None``
             (the table is then kept cached by the executors, and lost on restart).
         schema_id: identity of the snapshot's schemas (a manifest of others is ignored).
+        read_only: load from the checkpoint but never write it (``threes query`` beside a running
+            job): newer records are merged into a table the executors cache.
     """
 
     def __init__(
@@ -195,12 +197,13 @@ class VersionedStore:
         broadcast_max_rows: int,
         checkpoint: Any = None,
         schema_id: str = "",
+        read_only: bool = False,
     ):
         self.spark, self.kafka, self.name = spark, kafka, name
         self.retention_ms, self.value_type, self.decoder = retention_ms, value_type, decoder
         self.value_columns = list(value_type.fieldNames())
         self.partitions, self.broadcast_max_rows = partitions, broadcast_max_rows
-        self.checkpoint, self.schema_id = checkpoint, schema_id
+        self.checkpoint, self.schema_id, self.read_only = checkpoint, schema_id, read_only
         self.offsets: Offsets = {}
         self.stream_time_ms: int | None = None
         self.df: Any = None
@@ -317,11 +320,11 @@ class VersionedStore:
         old_df, old_table = self.df, self._table
         layout = merged.repartition(self.partitions, LK)
         written = Observation(f"versions-{self.name}-{time.monotonic_ns()}")
-        if self.checkpoint is None:
+        if self.checkpoint is None or self.read_only:  # cached only: queries read it with Spark, not files
             df = layout.sortWithinPartitions(LK, FROM).observe(written, f.count(f.lit(1)).alias("rows"))
             df = df.persist()
             df.count()
-            self.df, self.rows = df, int(written.get["rows"])
+            self.df, self.rows, self.version = df, int(written.get["rows"]), None
             self._release(old_df, None)
             return
         version = f"v{int(time.time() * 1000):015d}"
