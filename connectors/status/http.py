@@ -60,6 +60,12 @@ def require_token_off_loopback(addr: str, token: str | None, option: str) -> Non
         )
 
 
+class _Server(ThreadingHTTPServer):
+    # the listen backlog: socketserver's 5 makes a burst of clients (interactive queries) wait for
+    # SYN retries (1 s, 3 s, 7 s...) before a thread even accepts them
+    request_queue_size = 256
+
+
 class StatusServer:
     """Serve a registry's metrics and a status document over HTTP.
 
@@ -155,7 +161,7 @@ class StatusServer:
             def log_message(self, fmt: str, *args: Any) -> None:
                 log.debug("http %s", fmt % args)
 
-        self.httpd = ThreadingHTTPServer((addr, port), Handler)
+        self.httpd = _Server((addr, port), Handler)
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, name=f"status-http-{port}", daemon=True).start()
         bound = self.httpd.server_address[1]

@@ -33,7 +33,7 @@ def free_port() -> int:
 
 def get(port: int, path: str) -> tuple[int, Any]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=120) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
