@@ -204,6 +204,28 @@ def rows_of_key(table: pa.Table | None, lk: str) -> pa.Table | None:
     return table.filter(pc.equal(table.column(LK), lk))
 
 
+_INDEXES: dict[int, tuple[pa.Table, dict[str, int]]] = {}
+
+
+def base_rows_of_key(table: pa.Table | None, lk: str) -> pa.Table | None:
+    """The row of a key in a driver's base table, through a ``__lk`` -> row index built once per table.
+
+    A base is immutable (a merge installs a new table), so its index is built at the first query
+    after the change (~30 ms per 100k keys) and each query then costs a dict look-up, not a scan.
+    Indexes of the few latest tables are kept (one per snapshot); a race only rebuilds one.
+    """
+    if table is None or table.num_rows == 0:
+        return None
+    held = _INDEXES.get(id(table))
+    if held is None or held[0] is not table:
+        held = (table, {k: i for i, k in enumerate(table.column(LK).to_pylist())})
+        if len(_INDEXES) >= 16:
+            _INDEXES.clear()
+        _INDEXES[id(table)] = held
+    i = held[1].get(lk)
+    return None if i is None else table.slice(i, 1)
+
+
 def read_bucket(folder: str, partitions: int, lk: str, columns: list[str] | None = None) -> pa.Table | None:
     """The rows of one key from a table bucketed by ``__lk`` (one file read, filtered by row-group statistics)."""
     paths = bucket_files(folder, spark_bucket(lk, partitions))
@@ -316,7 +338,7 @@ def lookup(snapshot: Any, lk: str, as_of_ms: int | None) -> tuple[int, dict[str,
             raise QueryError(503, f"snapshot {snapshot.name!r} is partitioned without written versions: not queryable")
         rows = read_bucket(_local(store.versions.version_path(store.version)), store.partitions, lk, values)
     else:
-        rows = rows_of_key(base.table, lk)
+        rows = base_rows_of_key(base.table, lk)
     if rows is None or rows.num_rows == 0:
         return 404, {**answer, "error": "absent"}
     return 200, {**answer, "value": {n: jsonable(v) for n, v in rows.select(values).to_pylist()[0].items()}}

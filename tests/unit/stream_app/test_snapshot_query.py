@@ -16,6 +16,7 @@ from connectors.status.http import StatusServer
 from stream_app.snapshot.query import (
     QueryError,
     SnapshotQueries,
+    base_rows_of_key,
     jsonable,
     key_of,
     newest_in_log,
@@ -74,6 +75,11 @@ def test_times_values_and_versions() -> None:
     log = pa.table({"__lk": ["k", "j", "k"], "__deleted": [False, False, True], "v": ["A", "J", None]})
     assert newest_in_log(log, "k")["__deleted"] and newest_in_log(log, "j")["v"] == "J"
     assert newest_in_log(log, "z") is None
+    base = pa.table({"__lk": ["a", "b", "c"], "v": [1, 2, 3]})
+    assert base_rows_of_key(base, "b").to_pylist() == [{"__lk": "b", "v": 2}]
+    assert base_rows_of_key(base, "z") is None
+    newer = pa.table({"__lk": ["b"], "v": [20]})  # a new base: its own index
+    assert base_rows_of_key(newer, "b").to_pylist() == [{"__lk": "b", "v": 20}]
 
 
 def get(port: int, path: str) -> tuple[int, Any]:
