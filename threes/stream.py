@@ -126,6 +126,9 @@ def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | Non
 
     pipeline = _stream(config)
     stream = pipeline.stream
+    names = sorted(s.name for s in stream.snapshots)
+    if snapshot not in names:  # before a SparkSession takes seconds to start
+        raise fail(ThreesError(f"{config}: no snapshot {snapshot!r} in stream.snapshots (have: {names})"))
     settings = stream.spark.model_copy(update={"master": "local[1]", "app_name": "threes-query"})
     try:
         spark = spark_session(settings, _jars(), _s3a_jars(stream.checkpoint_location))

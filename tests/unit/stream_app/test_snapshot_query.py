@@ -7,6 +7,7 @@ import decimal
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -109,3 +110,15 @@ def test_the_route_answers_4xx_with_a_message_never_a_traceback() -> None:
         assert exc.value.code == 500 and b"secret" not in exc.value.read()
     finally:
         server.close()
+
+
+def test_threes_query_names_an_unknown_snapshot_in_one_line_before_starting_spark() -> None:
+    from typer.testing import CliRunner
+
+    from threes.cli import app
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "pipeline.yaml"
+    result = CliRunner().invoke(app, ["query", str(example), "nosuch", "42"])
+    assert result.exit_code == 1
+    assert "no snapshot 'nosuch' in stream.snapshots (have: ['customers'])" in result.output
+    assert "Traceback" not in result.output
