@@ -231,6 +231,25 @@ class SnapshotConfig(StrictModel):
         "keep it at least that, or Spark reshuffles the snapshot instead of the events)",
     )
 
+    retention: str | None = Field(
+        None,
+        description="keep the snapshot's versions per key whose validity reaches back this long (e.g. '7 days'), "
+        "counted back from the newest source timestamp the snapshot has seen: lookups with `as_of` then get the "
+        "version valid at the event's time (a versioned state store, like Kafka Streams' KIP-889 stores)",
+    )
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, value: str | None) -> str | None:
+        if value is not None and duration_s(value) == 0:
+            raise ValueError("a retention lasts more than 0 seconds")
+        return None if value is None else value.strip()
+
+    @property
+    def retention_ms(self) -> int | None:
+        """``retention`` in milliseconds (``None``: not versioned)."""
+        return None if self.retention is None else duration_s(self.retention) * 1000
+
     @model_validator(mode="after")
     def _key_format(self) -> SnapshotConfig:
         if self.key_format == "avro":
@@ -258,6 +277,17 @@ class LookupConfig(StrictModel):
     how: Literal["left", "inner"] = "left"
     prefix: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="prefix of the joined columns, e.g. origin_")
     fields: list[str] | None = Field(None, min_length=1, description="snapshot value fields to join (default all)")
+    as_of: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="an event-time column (timestamp or date: an event field, a derive column or an earlier "
+        "lookup's column): join the snapshot's version valid at that time instead of its latest value (a temporal "
+        "join, Flink SQL's FOR SYSTEM_TIME AS OF); the snapshot needs `retention`",
+    )
+
+    def columns(self) -> list[str]:
+        """The columns this lookup reads from the event: ``on``'s, then ``as_of``."""
+        return [*self.on, *([self.as_of] if self.as_of is not None else [])]
 
 
 class UpdateConfig(StrictModel):
@@ -604,6 +634,12 @@ class StreamJobConfig(StrictModel):
             if lookup.snapshot not in names:
                 raise ValueError(
                     f"lookups[{i}].snapshot: no snapshot named {lookup.snapshot!r} (have: {sorted(names)})"
+                )
+            snapshot = next(s for s in self.snapshots if s.name == lookup.snapshot)
+            if lookup.as_of is not None and snapshot.retention is None:
+                raise ValueError(
+                    f"lookups[{i}].as_of: snapshot {lookup.snapshot!r} keeps no versions: give it a `retention` "
+                    "(e.g. retention: 7 days)"
                 )
         prefixes = [lk.prefix for lk in self.lookups]
         if len(set(prefixes)) != len(prefixes):

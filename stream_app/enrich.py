@@ -42,6 +42,7 @@ from stream_app.expressions import column
 from stream_app.snapshot.data import DELETED, LK, SnapshotView, event_lookup_key
 from stream_app.snapshot.indexed import MATCHED, ArrowLookup, lookup_udf_function
 from stream_app.snapshot.mapped import MappedLookup, mapped_udf_function
+from stream_app.snapshot.versioned import event_time_ms, join_as_of
 from stream_app.stages import DeriveStep, LookupStep, Step
 
 
@@ -56,6 +57,7 @@ class BoundLookup:
 
     config: LookupConfig
     view: SnapshotView
+    too_old: Any = None  # as_of: an Observation of the events older than the retention (``too_old``)
 
     def value_columns(self) -> list[str]:
         """The snapshot fields this lookup joins."""
@@ -125,11 +127,14 @@ def enrich(
               for i, _lookup in numbered]
     # two projections: the hash reads the key computed by the first
     df = cache.select(cache.select(events, [star, *keys]), [star, *hashes])
-    indexed = [(i, lk) for i, lk in numbered if _in_python(lk.view)]
+    # as_of lookups join the versions table by Spark whatever the engine of the latest values
+    indexed = [(i, lk) for i, lk in numbered if _in_python(lk.view) and lk.config.as_of is None]
     if indexed:
         df = _indexed_lookups(df, indexed, passthrough)
     for i, lookup in numbered:
-        if not _in_python(lookup.view):
+        if lookup.config.as_of is not None:
+            df = _as_of_lookup(df, i, lookup, passthrough)
+        elif not _in_python(lookup.view):
             df = _spark_lookup(df, i, lookup, passthrough, cache)
     out = cache.get(
         ("enriched columns", columns, tuple(fld.name for lookup in lookups for fld in joined_fields(lookup))),
@@ -256,6 +261,21 @@ def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None,
     if cols.keep is not None:
         df = df.filter(cols.keep)
     return cache.select(df, [star, *cols.expanded])
+
+
+def _as_of_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None) -> Any:
+    """One ``as_of`` lookup: the version valid at the event's time (:mod:`stream_app.snapshot.versioned`)."""
+    from pyspark.sql import functions as f
+
+    view = lookup.view
+    if view.versions is None:
+        raise ValueError(f"lookup on {view.name!r} has as_of, but the snapshot keeps no versions (retention)")
+    as_of = lookup.config.as_of
+    at = event_time_ms(f.col(as_of), df.schema[as_of].dataType)
+    values = lookup.value_columns()
+    joined, value_cols = join_as_of(df, i, f"__lk{i}", at, view.versions, values, lookup.config.how, passthrough,
+                                    lookup.too_old)
+    return joined.select("*", *[c.alias(fld.name) for c, fld in zip(value_cols, joined_fields(lookup), strict=True)])
 
 
 def apply_steps(

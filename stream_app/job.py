@@ -53,6 +53,7 @@ from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, sou
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import write_records
 from stream_app.snapshot.engines import DeadLetterProducer
+from stream_app.snapshot.query import SnapshotQueries
 from stream_app.snapshot.runtime import Snapshot
 from stream_app.updates import aggregate, aggregation_input, aggregation_input_fields, aggregation_records, output_mode
 from stream_app.writers import WriterSchemas
@@ -93,12 +94,14 @@ class StreamJob:
         self._ready = threading.Event()
         self._bootstrap_error: BaseException | None = None
         self.counts: dict[int, dict[str, int]] = {}  # batch id -> records read and written (filled a bit later)
+        self.too_old: dict[str, int] = {}  # snapshot -> as_of events older than its retention (no version)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         self._watermarks: TopicWatermarks | None = None
         self._writers: WriterSchemas | None = None  # set by start(); stop() after a failed start must not need it
         self._offsets_log: BatchOffsetsLog | None = None
         self._options = spark_kafka_options(kafka)
         self._late: _LateEvents | None = None
+        self.http: Any = None  # the metrics port's server (metrics, status, interactive queries)
 
     # -- start-up ---------------------------------------------------------------------------
 
@@ -152,7 +155,11 @@ class StreamJob:
             raise self._bootstrap_error
         if cfg.metrics_port:  # answers once the snapshots passed the readiness gate: the job is ready
             token = cfg.metrics_token
-            metrics.serve(cfg.metrics_port, cfg.metrics_host, token.get_secret_value() if token is not None else None)
+            # interactive queries of the snapshots on the same port, read-only (stream_app.snapshot.query)
+            queries = SnapshotQueries(self.snapshots)
+            self.http = metrics.serve(cfg.metrics_port, cfg.metrics_host,
+                                      token.get_secret_value() if token is not None else None,
+                                      routes={"/snapshots": queries.handle})
         aggregations = [u for u in plan.updates if u.config.kind == "aggregation"]
         if aggregations and available_now:
             # the aggregations read the enriched topic: let it be complete first
@@ -342,7 +349,11 @@ class StreamJob:
         if not self._batch.one_record_per_event:
             seen_in = Observation(f"in-{batch_id}-{uuid.uuid4().hex[:6]}")
             frame = frame.observe(seen_in, counted_in)
-        lookups = [BoundLookup(lookup, views[lookup.snapshot]) for lookup in cfg.lookups]
+        lookups = [
+            BoundLookup(lookup, views[lookup.snapshot],
+                        Observation(f"asof-{batch_id}-{uuid.uuid4().hex[:6]}") if lookup.as_of is not None else None)
+            for lookup in cfg.lookups
+        ]
         filtered = Observation(f"where-{batch_id}-{uuid.uuid4().hex[:6]}") if cfg.where is not None else None
         records = self._batch.records(frame, lookups, views, filtered)
         seen_out = Observation(f"out-{batch_id}-{uuid.uuid4().hex[:6]}")
@@ -361,7 +372,8 @@ class StreamJob:
         # Spark delivers observed metrics through its asynchronous listener bus, seconds late on a busy
         # driver: the batch does not wait for them, a reporter thread logs them when they arrive.
         timings = (ready - gate, refreshed - ready, planned - refreshed, written - planned, written - started)
-        self._reporter.submit(self._report, batch_id, replay, views, seen_in, seen_out, timings, filtered)
+        too_old = [(lk.config.snapshot, lk.too_old) for lk in lookups if lk.too_old is not None]
+        self._reporter.submit(self._report, batch_id, replay, views, seen_in, seen_out, timings, filtered, too_old)
 
     def _report(
         self,
@@ -372,6 +384,7 @@ class StreamJob:
         seen_out: Any,
         timings: tuple[float, ...],
         filtered: Any = None,
+        too_old: Sequence[tuple[str, Any]] = (),
     ) -> None:
         """Log a micro-batch's summary line and count its records (reporter thread)."""
         cfg = self.config
@@ -382,6 +395,7 @@ class StreamJob:
             if filtered is not None:
                 counts.update(observed(filtered, ("filtered",)))
             counts.setdefault("events", counts["records"])
+            old_events = [(snapshot, observed(seen, ("too_old",))["too_old"]) for snapshot, seen in too_old]
         except Exception as exc:  # the session stopped before the metrics arrived
             log.debug("job=%s batch=%d: no counts (%s)", cfg.name, batch_id, exc)
             return
@@ -390,6 +404,12 @@ class StreamJob:
             metrics.RECORDS.labels(cfg.name, kind).inc(counts[kind])
         if "filtered" in counts:
             metrics.FILTERED.labels(cfg.name).inc(counts["filtered"])
+        for snapshot, n in old_events:
+            if n:
+                metrics.AS_OF_TOO_OLD.labels(cfg.name, snapshot).inc(n)
+                self.too_old[snapshot] = self.too_old.get(snapshot, 0) + n
+                log.warning("job=%s batch=%d snapshot=%s: %d events older than the retention got no version",
+                            cfg.name, batch_id, snapshot, n)
         self.counts[batch_id] = counts
         log.info(
             "job=%s batch=%d events=%d filtered=%d enriched=%d dead_letters=%d updates=%d replay=%s snapshots=%s "
@@ -447,6 +467,9 @@ class StreamJob:
                 )
             self.spark.streams.removeListener(self._late)
             self._late = None
+        if self.http is not None:
+            self.http.close()
+            self.http = None
         self._reporter.shutdown(wait=True)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         for snapshot in self.snapshots.values():

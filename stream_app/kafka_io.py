@@ -203,7 +203,7 @@ def count_between(start: Mapping[str, Mapping[int, int]], end: Mapping[str, Mapp
     return sum(max(0, o - start.get(t, {}).get(p, 0)) for t, parts in end.items() for p, o in parts.items())
 
 
-def read_range(spark: Any, kafka: KafkaConfig, start: Offsets | None, end: Offsets) -> Any:
+def read_range(spark: Any, kafka: KafkaConfig, start: Offsets | None, end: Offsets, headers: bool = False) -> Any:
     """Batch-read the records in ``[start, end)`` of some topics with Spark's Kafka source.
 
     Args:
@@ -213,10 +213,11 @@ def read_range(spark: Any, kafka: KafkaConfig, start: Offsets | None, end: Offse
             A partition missing from ``start`` is read from its earliest offset.
         end: offsets to stop before (exclusive); partitions with nothing to read
             are skipped.
+        headers: also read the records' headers (column ``headers``).
 
     Returns:
         Spark's Kafka DataFrame (``key, value, topic, partition, offset,
-        timestamp, timestampType``), or ``None`` when the range is empty.
+        timestamp, timestampType[, headers]``), or ``None`` when the range is empty.
     """
     start = start or {}
     wanted: Offsets = {}
@@ -239,6 +240,7 @@ def read_range(spark: Any, kafka: KafkaConfig, start: Offsets | None, end: Offse
         .option("endingOffsets", offsets_json(wanted))
         # compaction deletes offsets inside a range: that is expected, not data loss
         .option("failOnDataLoss", "false")
+        .option("includeHeaders", str(headers).lower())
         .load()
     )
 

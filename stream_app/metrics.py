@@ -9,6 +9,8 @@
 ``threes_stream_batch_seconds``              time of a micro-batch, refresh to written records
 ``threes_stream_records_total``              records read/written per ``kind`` (``events``,
                                              ``enriched``, ``dead_letters``, ``updates``)
+``threes_stream_as_of_too_old_total``        events of an ``as_of`` lookup older than its
+                                             snapshot's retention (no version joined), per snapshot
 =========================================== =====================================================
 """
 
@@ -46,6 +48,12 @@ LATE_EVENTS = Counter(
     "threes_stream_late_events_total",
     "Enriched events an aggregation dropped because they were older than its watermark",
     ["job", "topic"],
+)
+
+AS_OF_TOO_OLD = Counter(
+    "threes_stream_as_of_too_old_total",
+    "Events of an as_of lookup older than the snapshot's retention horizon: no version was joined",
+    ["job", "snapshot"],
 )
 
 
@@ -101,13 +109,15 @@ def status_document() -> dict[str, Any]:
             "endpoints": []}
 
 
-def serve(port: int, host: str = "127.0.0.1", token: str | None = None) -> Any:
+def serve(port: int, host: str = "127.0.0.1", token: str | None = None, routes: dict[str, Any] | None = None) -> Any:
     """Serve ``/metrics``, ``/status`` and ``/status.json`` on ``port``.
 
     Args:
         port: TCP port (``stream.metrics_port``).
         host: the address to bind (``stream.metrics_host``, loopback by default).
         token: bearer token of every request (``stream.metrics_token``); required off loopback.
+        routes: more read-only JSON routes, prefix -> ``(path, query) -> (status, document)``
+            (the job's interactive queries, ``/snapshots``).
 
     Returns:
         The :class:`~connectors.status.http.StatusServer`.
@@ -118,5 +128,7 @@ def serve(port: int, host: str = "127.0.0.1", token: str | None = None) -> Any:
     from connectors.status.http import StatusServer
 
     server = StatusServer(status_document, title="threes stream job")
+    for prefix, route in (routes or {}).items():
+        server.add_route(prefix, route)
     server.serve(port, host, token)
     return server

@@ -510,6 +510,9 @@ def build_plan(
             config, {n: f["type"] for n, f in fields_of(event).items()}, joined, problem, typer
         )
 
+    if event is not None:
+        _check_as_of(config, {n: f["type"] for n, f in fields_of(event).items()}, derived, joined, problem)
+
     enriched: dict[str, Any] | None = None
     if event is not None:
         try:
@@ -650,6 +653,31 @@ def _transformed(spark: Any, enriched: dict[str, Any], fn: Transform, timestamp:
 
 
 _AVRO_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_as_of(
+    config: StreamJobConfig,
+    event_fields: dict[str, Any],
+    derived: dict[str, Any],
+    joined: dict[int, dict[str, Any] | None],
+    problem: Callable[[str, str], None],
+) -> None:
+    """``as_of`` of a lookup names a timestamp or date column (event field, derive column or looked-up column).
+
+    A column whose type is unknown here (a lookup whose snapshot schemas only the topics know) is
+    not checked; a column that exists nowhere is reported by :func:`~stream_app.stages.order_steps`.
+    """
+    columns = {**event_fields, **derived}
+    for cols in joined.values():
+        columns.update(cols or {})
+    for i, lookup in enumerate(config.lookups):
+        if lookup.as_of is None or lookup.as_of not in columns or columns[lookup.as_of] is None:
+            continue
+        kind = columns[lookup.as_of]
+        if not (_is_timestamp(kind) or is_date(kind)):
+            problem(f"lookups[{i}].as_of", f"column {lookup.as_of!r} is not a timestamp or a date "
+                                           f"(an Avro timestamp-millis/micros or date): it cannot say when an event "
+                                           f"happened")
 
 
 def _update_plan(

@@ -163,7 +163,7 @@ def order_steps(
             if placed:
                 steps.append(DeriveStep(tuple(placed)))
             continue
-        ready = [i for i in pending_lookup if all(known(c) for c in config.lookups[i].on)]
+        ready = [i for i in pending_lookup if all(known(c) for c in config.lookups[i].columns())]
         if ready:
             for i in ready:
                 pending_lookup.remove(i)
@@ -183,9 +183,10 @@ def order_steps(
         missing = sorted(c for c in derives[name].columns if not known(c))
         problem(f"derive.{name}", _missing(missing, produced, available))
     for i in pending_lookup:
-        for column in config.lookups[i].on:
+        for column in config.lookups[i].columns():
             if not known(column):
-                problem(f"lookups[{i}].on.{column}", _missing([column], produced, available))
+                path = f"lookups[{i}].on.{column}" if column in config.lookups[i].on else f"lookups[{i}].as_of"
+                problem(path, _missing([column], produced, available))
     if not where_done and where is not None:
         problem("where", _missing(sorted(c for c in where.columns if not known(c)), produced, available))
     return steps, derived

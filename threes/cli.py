@@ -137,6 +137,22 @@ def schema(
         print(text)
 
 
+@app.command()
+def query(
+    config: ConfigArg,
+    snapshot: Annotated[str, typer.Argument(help="the snapshot's name (stream.snapshots[].name)")],
+    key: Annotated[list[str], typer.Argument(help="the key: its value, or field=value per field of a composite key")],
+    as_of: Annotated[
+        str | None, typer.Option("--as-of", help="the version valid at this time (ISO-8601 or epoch ms; needs "
+                                                 "retention)")
+    ] = None,
+) -> None:
+    """Print one key of a snapshot as JSON without a running job (newest checkpoint plus the topics' tail)."""
+    from threes.stream import query_snapshot
+
+    query_snapshot(config, snapshot, key, as_of)
+
+
 def _mount_subcommands() -> None:
     # Each part owns its command group; the modules import their heavy
     # libraries (pyspark, clients) inside the commands, so `threes --help` stays fast.

@@ -116,3 +116,35 @@ def schemas(config: ConfigArg) -> None:
     for update in plan.updates:
         out[update.config.topic] = {"key": update.key.avro, "value": update.value.avro}
     typer.echo(json.dumps(out, indent=2))
+
+
+def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | None) -> None:
+    """``threes query``: print one key of a snapshot as JSON (exit 1 when absent, 2 for a bad query).
+
+    Loads the snapshot as the job does, from its newest checkpoint plus the topics' tail, in a
+    SparkSession of its own (``local[1]``), and reads the checkpoint location only.
+    """
+    from stream_app.session import spark_session
+    from stream_app.snapshot.query import QueryError, query_offline
+    from threes.console import fail
+
+    pipeline = _stream(config)
+    stream = pipeline.stream
+    names = sorted(s.name for s in stream.snapshots)
+    if snapshot not in names:  # before a SparkSession takes seconds to start
+        raise fail(ThreesError(f"{config}: no snapshot {snapshot!r} in stream.snapshots (have: {names})"))
+    settings = stream.spark.model_copy(update={"master": "local[1]", "app_name": "threes-query"})
+    try:
+        spark = spark_session(settings, _jars(), _s3a_jars(stream.checkpoint_location))
+        code, doc = query_offline(stream, pipeline.kafka, spark, config.parent, snapshot, key, as_of)
+    except QueryError as exc:
+        raise fail(ThreesError(str(exc))) from None
+    except ConfigError as exc:
+        from connectors.config.loader import locate
+
+        raise fail(ConfigError(locate(exc.problems, config))) from None
+    except ThreesError as exc:
+        raise fail(exc) from None
+    typer.echo(json.dumps(doc, indent=2))
+    if code != 200:
+        raise typer.Exit(1 if code == 404 else 2)

@@ -1,5 +1,8 @@
 """The HTTP endpoint of a long-running process: ``/metrics``, ``/status``, ``/status.json``, ``/healthz``.
 
+A process may add read-only JSON routes (:meth:`StatusServer.add_route`): the stream
+job answers interactive queries of its snapshots under ``/snapshots``.
+
 A :class:`http.server.ThreadingHTTPServer` on a daemon thread, like
 prometheus-client's own ``start_http_server``, with the status page next to the
 metrics so one port serves both (Kubernetes probes use ``/healthz``).
@@ -32,6 +35,8 @@ from connectors.status.page import render_page
 log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], dict[str, Any]]
+RouteFn = Callable[[str, dict[str, list[str]]], tuple[int, Any]]
+"""``(path, query parameters) -> (HTTP status, JSON document)``: a read-only route a process adds."""
 
 LOOPBACK = "127.0.0.1"
 """The default address of every status and metrics endpoint."""
@@ -55,6 +60,12 @@ def require_token_off_loopback(addr: str, token: str | None, option: str) -> Non
         )
 
 
+class _Server(ThreadingHTTPServer):
+    # the listen backlog: socketserver's 5 makes a burst of clients (interactive queries) wait for
+    # SYN retries (1 s, 3 s, 7 s...) before a thread even accepts them
+    request_queue_size = 256
+
+
 class StatusServer:
     """Serve a registry's metrics and a status document over HTTP.
 
@@ -76,6 +87,16 @@ class StatusServer:
         self.title = title
         self.refresh_s = refresh_s
         self.httpd: ThreadingHTTPServer | None = None
+        self.routes: dict[str, RouteFn] = {}
+
+    def add_route(self, prefix: str, route: RouteFn) -> None:
+        """Answer ``GET`` requests under ``prefix`` (e.g. ``/snapshots``) with ``route`` (JSON).
+
+        The process registers what it can answer (the stream job: interactive queries of its
+        snapshots) without this framework knowing it. A route's exception is a ``500`` with its
+        class name only: no traceback reaches the client.
+        """
+        self.routes[prefix.rstrip("/")] = route
 
     def serve(self, port: int, addr: str = LOOPBACK, token: str | None = None) -> int:
         """Start serving on a daemon thread; returns the bound port (``0`` picks a free one).
@@ -117,6 +138,12 @@ class StatusServer:
                         self._send(200, "text/html; charset=utf-8", html.encode())
                     elif path == "/healthz":
                         self._send(200, "text/plain", b"ok\n")
+                    elif (route := server._route(path)) is not None:
+                        from urllib.parse import parse_qs, urlsplit
+
+                        query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+                        code, doc = route(path, query)
+                        self._send(code, "application/json", json.dumps(doc, default=str).encode())
                     else:
                         self._send(404, "text/plain", b"not found: try /status, /status.json or /metrics\n")
                 except Exception as exc:  # noqa: BLE001 - a broken status must not kill the server thread
@@ -134,13 +161,19 @@ class StatusServer:
             def log_message(self, fmt: str, *args: Any) -> None:
                 log.debug("http %s", fmt % args)
 
-        self.httpd = ThreadingHTTPServer((addr, port), Handler)
+        self.httpd = _Server((addr, port), Handler)
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, name=f"status-http-{port}", daemon=True).start()
         bound = self.httpd.server_address[1]
         log.info("status and metrics on http://%s:%d/status (/status.json, /metrics)%s", addr, bound,
                  " (bearer token required)" if token else "")
         return int(bound)
+
+    def _route(self, path: str) -> RouteFn | None:
+        for prefix, route in self.routes.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return route
+        return None
 
     @property
     def address(self) -> tuple[str, int] | None:

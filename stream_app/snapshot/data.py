@@ -122,6 +122,7 @@ def record_decoder(
     key_type: Any,
     topic_rank: Mapping[str, int],
     key_format: str = "avro",
+    carry: Sequence[str] = (),
 ) -> Any:
     """The decoding of compacted-topic records as a function of Spark's Kafka rows (columns built once).
 
@@ -139,6 +140,8 @@ def record_decoder(
             or ``string``: plain UTF-8 keys (Kafka Streams' ``Serdes.String()``),
             taken as the one string field of ``key_type`` by Spark's binary to
             string cast (invalid UTF-8 becomes U+FFFD, as in Java's ``String``).
+        carry: more columns of the raw rows kept as they are, last (the versioned
+            store's record time, :mod:`stream_app.snapshot.versioned`).
 
     Returns:
         ``decode(raw) -> DataFrame``, see :func:`decode_records`.
@@ -159,6 +162,7 @@ def record_decoder(
         f.col("offset").alias(OFFSET),
         key.alias("__k"),
         decode_avro(f.col("value"), writers, value_schema_json).alias("__v"),
+        *carry,
     ]
     second = [
         "key",
@@ -168,6 +172,7 @@ def record_decoder(
         OFFSET,
         corrupt_to_null(f.col("__k"), key_schema_json).alias("__k"),
         corrupt_to_null(f.col("__v"), value_schema_json).alias("__v"),
+        *carry,
     ]
     rank = f.lit(0)
     for topic, position in sorted(topic_rank.items(), key=lambda kv: kv[1]):
@@ -190,6 +195,7 @@ def record_decoder(
         "key",
         "value",
         "__v",
+        *carry,
     ]
 
     def decode(raw: Any) -> Any:
@@ -402,6 +408,9 @@ class SnapshotView:
             lookup files (:mod:`stream_app.snapshot.mapped`), searched per event
             by the Python workers instead of a join; ``None``: Spark joins.
         partitions: partitioned mode: the base's buckets.
+        versions: a versioned snapshot (``retention``): its versions as of this
+            view (:class:`~stream_app.snapshot.versioned.VersionsView`), what
+            ``as_of`` lookups join; ``None`` otherwise.
     """
 
     name: str
@@ -416,6 +425,7 @@ class SnapshotView:
     overlay: pa.Table | None = None
     lookup_files: str | None = None
     partitions: int = 0
+    versions: Any = None
     _overlay_ipc: bytes | None = field(default=None, repr=False)
     _overlay_df: Any = field(default=None, repr=False)
 

@@ -71,6 +71,7 @@ from stream_app.snapshot.data import (
 )
 from stream_app.snapshot.delta import DriverDecoder, simple_key_field, supported_schema
 from stream_app.snapshot.engines import DeadLetterProducer, SnapshotBase
+from stream_app.snapshot.versioned import TS, VersionedStore
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,12 @@ class Snapshot:
         # who decoded the last read (a refresh, or a bootstrap from the topics): "driver" (fastavro) or "spark"
         self.decoded_by = ""
         self._metrics = metrics.snapshot_metrics(job, self.name, lambda: time.time() - self.caught_up_at)
+        self.versions: VersionedStore | None = None  # with ``retention``: the versions of as-of lookups
+        if self.cfg.retention_ms is not None:
+            self.versions = VersionedStore(
+                spark, kafka, self.name, self.cfg.retention_ms, plan.value.spark_type, self._versions_decoder,
+                self.base.store.partitions, self.cfg.broadcast_max_rows, checkpoint, plan.schema_id,
+            )
 
     # -- reading Kafka ------------------------------------------------------------------------
 
@@ -147,6 +154,11 @@ class Snapshot:
             )
             self._decoder = (frozenset(relevant), decode)
         return self._decoder[1](raw)
+
+    def _versions_decoder(self) -> Callable[[Any], Any]:
+        """The record decoder of the versioned store: the snapshot's, carrying the records' time (``__ts``)."""
+        return record_decoder(self._relevant_writers(), self.plan.key.json, self.plan.value.json,
+                              self.plan.key.spark_type, self.rank, self.cfg.key_format, carry=(TS,))
 
     def _empty_base(self) -> pa.Table:
         from pyspark.sql import types as T
@@ -325,6 +337,8 @@ class Snapshot:
             self.base_offsets = {t: dict(p) for t, p in ends.items()}
             self.caught_up_at = now
             source = "topics"
+        if self.versions is not None:
+            self.versions.bootstrap(self.watermarks.start_offsets(self.cfg.topics), self.offsets)
         loaded_at = time.monotonic()
         # part of "loaded": the Python workers hold the base's index before the gate opens (indexed engine)
         self.base.wait_warm()
@@ -433,7 +447,10 @@ class Snapshot:
             self._update_metrics()
             return 0
         with job_description(self.spark, f"threes snapshot {self.name}: refresh"):
-            return self._read_pending(ends, at, merge, pending)
+            read = self._read_pending(ends, at, merge, pending)
+        if self.versions is not None and self.versions.ready:
+            self.versions.catch_up(self.offsets)
+        return read
 
     def _read_pending(self, ends: Offsets, at: float, merge: bool, pending: int) -> int:
         started = time.monotonic()
@@ -561,6 +578,7 @@ class Snapshot:
             overlay=overlay if overlay is not None and overlay.num_rows else None,
             lookup_files=self.base.lookup_folder,
             partitions=self.base.store.partitions,
+            versions=self.versions.view() if self.versions is not None else None,
         )
 
     def maybe_checkpoint(self, force: bool = False, final: bool = False) -> bool:
@@ -642,6 +660,8 @@ class Snapshot:
         self.wait_checkpoint()
         self._ranges.close()
         self.base.release()
+        if self.versions is not None:
+            self.versions.release()
 
     def _update_metrics(self) -> None:
         self._metrics.keys.set(self.base_rows)

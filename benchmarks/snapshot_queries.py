@@ -1,0 +1,138 @@
+"""Interactive queries while the job runs: p50/p99 latency at a fixed rate (issue #39).
+
+Run: ``python benchmarks/snapshot_queries.py`` (starts Kafka from the local stack if needed).
+
+A job with a ``THREES_BENCH_QUERY_KEYS``-key snapshot (default 10,000; ``retention`` set, so
+its versions are written too) enriches ``THREES_BENCH_EVENTS`` events (default 500,000, in
+micro-batches of ``THREES_BENCH_BATCH``) while a client in another process (no shared GIL)
+sends ``GET /snapshots/airports/{key}`` at ``THREES_BENCH_QUERY_RATE`` queries/s (default
+1,000) for ``THREES_BENCH_QUERY_S`` seconds (default 20), random keys. Each query's latency
+counts from the time it was *scheduled* (no coordinated omission: a slow answer delays the
+next ones and they count it). Target: p99 <= 20 ms. The last line is the JSON of the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import random
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT.parent))
+
+KEYS = int(os.environ.get("THREES_BENCH_QUERY_KEYS", "10000"))
+RATE = int(os.environ.get("THREES_BENCH_QUERY_RATE", "1000"))
+SECONDS = float(os.environ.get("THREES_BENCH_QUERY_S", "20"))
+EVENTS = int(os.environ.get("THREES_BENCH_EVENTS", "500000"))
+log = logging.getLogger("snapshot_queries")
+
+
+def client(port: int, keys: int, rate: int, seconds: float, out: Any) -> None:
+    """Send queries at ``rate``/s from 64 threads; put ``(latencies_ms, errors)`` on ``out``."""
+    import urllib.error
+    import urllib.request
+
+    n = int(rate * seconds)
+    start = time.monotonic() + 0.5
+    rng = random.Random(7)
+    plan = [(start + i / rate, f"K{rng.randrange(keys):07d}") for i in range(n)]
+
+    def one(item: tuple[float, str]) -> tuple[float, bool]:
+        due, key = item
+        time.sleep(max(0.0, due - time.monotonic()))
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/snapshots/airports/{key}", timeout=30) as resp:
+                ok = resp.status == 200 and json.loads(resp.read())["value"]["faa"] == key
+        except (urllib.error.URLError, OSError, KeyError, ValueError):
+            ok = False
+        return (time.monotonic() - due) * 1000, ok
+
+    with ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(one, plan))
+    out.put(([ms for ms, _ok in results], sum(not ok for _ms, ok in results)))
+
+
+def main() -> None:
+    import tempfile
+    import uuid
+
+    from stream_join import EVENT, KEY, VALUE, write_events_topic, write_snapshot_topic
+
+    from connectors.config.models import KafkaConfig
+    from schemas.store import SchemaStore
+    from stream_app.config import SparkSettings, StreamJobConfig
+    from stream_app.job import StreamJob
+    from stream_app.session import spark_session
+    from threes.local import LocalStack
+
+    stack = LocalStack()  # Kafka must be running (threes local up): nothing is started here
+    kafka = KafkaConfig(bootstrap_servers=stack.endpoints().kafka_bootstrap)
+    spark = spark_session(SparkSettings(master="local[2]", app_name="threes-bench-queries", driver_memory="2g"),
+                          stack.spark_jars())
+    tmp = Path(tempfile.mkdtemp(prefix="threes-bench-queries-"))
+    store = SchemaStore(kafka.librdkafka_config(), kafka.schema_topic)
+    for schema, name in ((KEY, "key"), (VALUE, "value"), (EVENT, "event")):
+        store.register(schema)
+        (tmp / f"{name}.avsc").write_text(json.dumps(schema))
+    run = uuid.uuid4().hex[:8]
+    snapshot_topic, events_topic = f"bench.qsnap.{run}", f"bench.qevents.{run}"
+    write_snapshot_topic(spark, kafka, snapshot_topic, KEYS)
+    write_events_topic(spark, kafka, events_topic, EVENTS, stride=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    config = StreamJobConfig.model_validate({
+        "name": f"bench-queries-{run}",
+        "events": {"topic": events_topic, "value_schema": "event.avsc", "starting_offsets": "earliest",
+                   "max_offsets_per_trigger": 20_000},
+        "snapshots": [{"name": "airports", "topics": [snapshot_topic], "key_schema": "key.avsc",
+                       "value_schema": "value.avsc", "retention": "7 days"}],
+        "lookups": [{"snapshot": "airports", "on": {"origin": "faa"}, "prefix": "origin_"}],
+        "enriched_topic": f"bench.qenriched.{run}", "dead_letter_topic": f"bench.qdlq.{run}",
+        "trigger_interval_s": 1, "checkpoint_location": str(tmp / "checkpoint"), "metrics_port": port,
+    })
+    job = StreamJob(config, kafka, spark, base_dir=tmp)
+    job.start()
+    batches_before = job.batches
+    out: Any = multiprocessing.get_context("spawn").Queue()
+    proc = multiprocessing.get_context("spawn").Process(target=client, args=(port, KEYS, RATE, SECONDS, out))
+    proc.start()
+    latencies, errors = out.get(timeout=SECONDS * 10 + 120)
+    proc.join()
+    batches = job.batches - batches_before
+    job.stop(checkpoint=False)
+    spark.stop()
+    from connectors import clients
+
+    topics = [snapshot_topic, events_topic, config.enriched_topic, config.dead_letter_topic]
+    for future in clients.kafka_admin(kafka).delete_topics(topics).values():
+        try:
+            future.result(30)
+        except Exception as exc:  # noqa: BLE001 - a topic never created: nothing to delete
+            log.debug("topic not deleted: %s", exc)
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))]
+
+    figures = {"benchmark": "snapshot_queries", "keys": KEYS, "rate_per_s": RATE, "seconds": SECONDS,
+               "queries": len(latencies), "errors": errors, "batches_meanwhile": batches,
+               "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": latencies[-1]}
+    print(f"\nsnapshot_queries benchmark: {KEYS:,} keys, {RATE:,} queries/s for {SECONDS:.0f} s while the job "
+          f"ran {batches} micro-batches: p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms "
+          f"(target <= 20 ms), {errors} errors")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=os.environ.get("THREES_BENCH_LOG", "WARNING"), format="%(asctime)s %(name)s %(message)s")
+    main()

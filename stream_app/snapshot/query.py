@@ -1,0 +1,481 @@
+"""Interactive queries: a snapshot's value for one key, read from outside the micro-batches.
+
+Kafka Streams' interactive queries let a service ask a running application for
+the value of key K instead of keeping a second database; here the stream job
+answers on its metrics port (``GET /snapshots/{name}/{key}``, served by
+:class:`~connectors.status.http.StatusServer` through a route the job
+registers) and ``threes query`` answers from the checkpoint without a job.
+
+A read never takes a lock a micro-batch waits for and never runs a Spark job:
+
+* the broadcast and indexed engines: the driver's Arrow base is filtered for
+  the key (the table is immutable; a merge installs a new one);
+* the partitioned engine: the one Parquet file of the version the key hashes
+  to (Spark's bucket, ``pmod(murmur3(__lk), P)``, :func:`spark_bucket`) is read
+  with a filter on ``__lk``, which its row-group statistics narrow to the row
+  groups that can hold it (the file is sorted by ``__lk``): the base is never
+  collected;
+* in both, the overlay's newest record of the key wins (a tombstone: absent);
+* ``as_of`` (a versioned snapshot): the versions table's bucket file, the
+  version whose ``[__from, __to)`` holds the time.
+
+Answers are JSON: decimals as strings, timestamps as ISO-8601 UTC, bytes as
+base64, with the snapshot's offsets at the time of the read.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from stream_app.kafka_io import offsets_json
+from stream_app.snapshot.data import DELETED, LK
+from stream_app.snapshot.versioned import FROM, TO
+
+log = logging.getLogger(__name__)
+
+_M = 0xFFFFFFFF
+_BUCKET_FILE = re.compile(r"_(\d{5})(?:\.c\d+)?\.")
+
+
+class QueryError(Exception):
+    """A query the client got wrong (HTTP 4xx): an unknown snapshot, a malformed key or time.
+
+    Attributes:
+        status: the HTTP status (400 malformed, 404 unknown snapshot or absent key).
+    """
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M
+
+
+def _mix_k1(k1: int) -> int:
+    return (_rotl((k1 * 0xCC9E2D51) & _M, 15) * 0x1B873593) & _M
+
+
+def _mix_h1(h1: int, k1: int) -> int:
+    return (_rotl(h1 ^ k1, 13) * 5 + 0xE6546B64) & _M
+
+
+def spark_murmur3(data: bytes, seed: int = 42) -> int:
+    """Spark's ``hash()`` of a string's UTF-8 bytes (``Murmur3_x86_32.hashUnsafeBytes``), a signed int32.
+
+    Spark's variant mixes each trailing byte (past the last 4-byte block) as a
+    block of its own (a signed byte), unlike the reference MurmurHash3; its
+    bucketing and hash partitioning use it with seed 42.
+    """
+    h1 = seed & _M
+    aligned = len(data) - len(data) % 4
+    for i in range(0, aligned, 4):
+        h1 = _mix_h1(h1, _mix_k1(int.from_bytes(data[i : i + 4], "little")))
+    for b in data[aligned:]:
+        h1 = _mix_h1(h1, _mix_k1((b - 256 if b > 127 else b) & _M))
+    h1 ^= len(data)
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & _M
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & _M
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def spark_bucket(lookup_key: str, buckets: int) -> int:
+    """The bucket (and hash partition) Spark gives a lookup key: ``pmod(murmur3(__lk), buckets)``."""
+    return spark_murmur3(lookup_key.encode()) % buckets
+
+
+def bucket_files(folder: str, bucket: int) -> list[str]:
+    """The Parquet files of one bucket of a bucketed table's folder (Spark names them ``..._<bucket>.c000...``)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        m = _BUCKET_FILE.search(name)
+        if name.endswith(".parquet") and m is not None and int(m.group(1)) == bucket:
+            found.append(os.path.join(folder, name))
+    return found
+
+
+# -- keys and times ------------------------------------------------------------------------------
+
+
+_INTEGRAL = ("IntegerType", "LongType", "ShortType", "ByteType")
+
+
+def key_of(key_type: Any, parts: Mapping[str, str]) -> str:
+    """The lookup key (``__lk``) of a key given as text, per key field, as :func:`~stream_app.snapshot.data.lookup_key`.
+
+    Args:
+        key_type: the snapshot key's Spark ``StructType``.
+        parts: key field -> its text (the URL's path segment for a one-field key, else query parameters).
+
+    Raises:
+        QueryError: a key field is missing, unknown, or not of its type; or a composite key has a field
+            type this reader does not render (only string, integral and boolean fields).
+    """
+    names = [fld.name for fld in key_type.fields]
+    unknown = sorted(set(parts) - set(names))
+    missing = [n for n in names if n not in parts]
+    if unknown or missing:
+        raise QueryError(400, f"the key has fields {names}; missing {missing}, unknown {unknown}")
+    values: dict[str, Any] = {}
+    for fld in key_type.fields:
+        text, kind = parts[fld.name], type(fld.dataType).__name__
+        if kind in _INTEGRAL:
+            try:
+                values[fld.name] = int(text)
+            except ValueError:
+                raise QueryError(400, f"key field {fld.name!r} is an integer, got {text!r}") from None
+        elif kind == "StringType":
+            values[fld.name] = text
+        elif kind == "BooleanType" and len(names) > 1 and text in ("true", "false"):
+            values[fld.name] = text == "true"
+        else:
+            raise QueryError(400, f"key field {fld.name!r} of type {fld.dataType.simpleString()} cannot be queried")
+    if len(names) == 1:
+        return str(values[names[0]])
+    # Spark's to_json of the key struct: fields in key order, no spaces, non-ASCII unescaped
+    return json.dumps(values, separators=(",", ":"), ensure_ascii=False)
+
+
+def parse_time_ms(text: str) -> int:
+    """A time given as epoch milliseconds or ISO-8601 (no zone: UTC), in epoch ms.
+
+    Raises:
+        QueryError: neither.
+    """
+    text = text.strip()
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise QueryError(400, f"as_of {text!r} is neither epoch milliseconds nor ISO-8601") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp() * 1000)
+
+
+def jsonable(value: Any) -> Any:
+    """A value of an Arrow row as JSON: decimals as strings, timestamps ISO-8601 UTC, bytes base64."""
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime):
+        when = value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+        return when.isoformat().replace("+00:00", "Z")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        if all(isinstance(p, tuple) and len(p) == 2 for p in value):  # an Arrow map: [(key, value)]
+            return {str(k): jsonable(v) for k, v in value}
+        return [jsonable(v) for v in value]
+    return value
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+def rows_of_key(table: pa.Table | None, lk: str) -> pa.Table | None:
+    """The rows of ``table`` whose ``__lk`` is ``lk`` (``None`` for no table)."""
+    if table is None or table.num_rows == 0:
+        return None
+    return table.filter(pc.equal(table.column(LK), lk))
+
+
+_INDEXES: dict[int, tuple[pa.Table, dict[str, int]]] = {}
+
+
+def base_rows_of_key(table: pa.Table | None, lk: str) -> pa.Table | None:
+    """The row of a key in a driver's base table, through a ``__lk`` -> row index built once per table.
+
+    A base is immutable (a merge installs a new table), so its index is built at the first query
+    after the change (~30 ms per 100k keys) and each query then costs a dict look-up, not a scan.
+    Indexes of the few latest tables are kept (one per snapshot); a race only rebuilds one.
+    """
+    if table is None or table.num_rows == 0:
+        return None
+    held = _INDEXES.get(id(table))
+    if held is None or held[0] is not table:
+        held = (table, {k: i for i, k in enumerate(table.column(LK).to_pylist())})
+        if len(_INDEXES) >= 16:
+            _INDEXES.clear()
+        _INDEXES[id(table)] = held
+    i = held[1].get(lk)
+    return None if i is None else table.slice(i, 1)
+
+
+def read_bucket(folder: str, partitions: int, lk: str, columns: list[str] | None = None) -> pa.Table | None:
+    """The rows of one key from a table bucketed by ``__lk`` (one file read, filtered by row-group statistics)."""
+    paths = bucket_files(folder, spark_bucket(lk, partitions))
+    if not paths:
+        return None
+    return pa.concat_tables([pq.read_table(p, columns=columns, filters=[(LK, "=", lk)]) for p in paths])
+
+
+def newest_in_log(log_table: pa.Table | None, lk: str) -> dict[str, Any] | None:
+    """The overlay's last record of the key (a row dict with ``__deleted``), ``None`` when it has none."""
+    rows = rows_of_key(log_table, lk)
+    if rows is None or rows.num_rows == 0:
+        return None
+    return rows.slice(rows.num_rows - 1).to_pylist()[0]
+
+
+def version_at(versions: pa.Table | None, at_ms: int) -> dict[str, Any] | None:
+    """The row of a key's versions whose ``[__from, __to)`` holds ``at_ms``."""
+    if versions is None:
+        return None
+    for row in versions.to_pylist():
+        if row[FROM] <= at_ms and (row[TO] is None or at_ms < row[TO]):
+            return row
+    return None
+
+
+class SnapshotQueries:
+    """Answers interactive queries against the live snapshots of a job.
+
+    Args:
+        snapshots: name -> :class:`~stream_app.snapshot.runtime.Snapshot` (read, never changed).
+    """
+
+    def __init__(self, snapshots: Mapping[str, Any]):
+        self.snapshots = snapshots
+
+    def handle(self, path: str, query: Mapping[str, list[str]]) -> tuple[int, dict[str, Any]]:
+        """Answer ``/snapshots/{name}`` or ``/snapshots/{name}/{key}`` (``?as_of=``, key fields as parameters).
+
+        Returns:
+            ``(HTTP status, JSON document)``; a client error is a 4xx with ``{"error": ...}``.
+        """
+        from urllib.parse import unquote
+
+        parts = [unquote(p) for p in path.strip("/").split("/")]
+        try:
+            if len(parts) < 2 or parts[0] != "snapshots" or len(parts) > 3:
+                raise QueryError(404, "try /snapshots/{name}, /snapshots/{name}/{key} or /snapshots/{name}?field=...")
+            snapshot = self.snapshots.get(parts[1])
+            if snapshot is None:
+                raise QueryError(404, f"no snapshot {parts[1]!r} (have: {sorted(self.snapshots)})")
+            single = {k: v[-1] for k, v in query.items() if k != "as_of"}
+            as_of = query.get("as_of", [None])[-1]
+            if len(parts) == 2 and not single:
+                return 200, describe(snapshot)
+            names = list(snapshot.plan.key.spark_type.fieldNames())
+            if len(parts) == 3:
+                if len(names) != 1:
+                    example = "&".join(f"{n}=..." for n in names)
+                    raise QueryError(400, f"snapshot {parts[1]!r} has a composite key {names}: give its fields as "
+                                          f"query parameters, /snapshots/{parts[1]}?{example}")
+                single = {names[0]: parts[2]}
+            lk = key_of(snapshot.plan.key.spark_type, single)
+            return lookup(snapshot, lk, None if as_of is None else parse_time_ms(as_of))
+        except QueryError as exc:
+            return exc.status, {"error": str(exc)}
+
+
+def describe(snapshot: Any) -> dict[str, Any]:
+    """``GET /snapshots/{name}``: keys, offsets, engine, versions retained."""
+    versions = snapshot.versions
+    return {
+        "snapshot": snapshot.name,
+        "keys": snapshot.live_keys(),
+        "offsets": json.loads(offsets_json(snapshot.offsets)),
+        "engine": snapshot.mode,
+        "retention": snapshot.cfg.retention,
+        "versions": None if versions is None else versions.rows,
+        "stream_time_ms": None if versions is None else versions.stream_time_ms,
+    }
+
+
+def lookup(snapshot: Any, lk: str, as_of_ms: int | None) -> tuple[int, dict[str, Any]]:
+    """The value of one key of a live snapshot, now or as of a time (see module docstring)."""
+    offsets = json.loads(offsets_json(snapshot.offsets))
+    values = list(snapshot.value_names)
+    answer: dict[str, Any] = {"snapshot": snapshot.name, "key": lk, "offsets": offsets}
+    if as_of_ms is not None:
+        versions = snapshot.versions
+        if versions is None:
+            raise QueryError(400, f"snapshot {snapshot.name!r} keeps no versions (no retention): as_of does not apply")
+        horizon = versions.horizon_ms
+        answer["as_of_ms"] = as_of_ms
+        if horizon is not None and as_of_ms < horizon:
+            return 404, {**answer, "error": f"{as_of_ms} is older than the retention (horizon {horizon} ms)"}
+        row = version_at(_versions_of(versions, lk), as_of_ms)
+        if row is None:
+            return 404, {**answer, "error": "no version of this key at that time"}
+        return 200, {**answer, "valid_from_ms": row[FROM], "valid_to_ms": row[TO],
+                     "value": {n: jsonable(row[n]) for n in values}}
+    newest = newest_in_log(snapshot._log, lk)
+    if newest is not None:
+        if newest[DELETED]:
+            return 404, {**answer, "error": "deleted (tombstone)"}
+        return 200, {**answer, "value": {n: jsonable(newest[n]) for n in values}}
+    base = snapshot.base
+    if base.mode == "partitioned":
+        store = base.store
+        if store.version is None or snapshot.checkpoint is None:
+            raise QueryError(503, f"snapshot {snapshot.name!r} is partitioned without written versions: not queryable")
+        rows = read_bucket(_local(store.versions.version_path(store.version)), store.partitions, lk, values)
+    else:
+        rows = base_rows_of_key(base.table, lk)
+    if rows is None or rows.num_rows == 0:
+        return 404, {**answer, "error": "absent"}
+    return 200, {**answer, "value": {n: jsonable(v) for n, v in rows.select(values).to_pylist()[0].items()}}
+
+
+def _versions_of(versions: Any, lk: str) -> pa.Table | None:
+    if versions.version is None:
+        if versions.df is None:
+            return None
+        if not versions.read_only:  # a job without written versions: no Spark job from the HTTP thread
+            raise QueryError(503, "the versions are not written to a checkpoint: not queryable")
+        from pyspark.sql import functions as f
+
+        return versions.df.filter(f.col(LK) == lk).toArrow()  # threes query: its own SparkSession
+    folder = _local(f"{versions.checkpoint.spark_folder}/versions/{versions.version}/data")
+    return read_bucket(folder, versions.partitions, lk)
+
+
+def _local(path: str) -> str:
+    """A Spark path of a local checkpoint as a file system path (other file systems: not yet queryable)."""
+    if path.startswith("file://"):
+        return path.removeprefix("file://")
+    if "://" in path:
+        raise QueryError(503, f"interactive queries read local checkpoints only, not {path.split('://')[0]}://")
+    return path
+
+
+def query_offline(
+    config: Any, kafka: Any, spark: Any, base_dir: Any, name: str, key: Mapping[str, str] | list[str],
+    as_of: str | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """``threes query``: one key of a snapshot without a running job, by the job's own code path.
+
+    The snapshot is loaded as the job loads it (its newest checkpointed version, then the
+    topics' tail, read into the overlay) and asked as the HTTP route asks it; the checkpoint
+    location is only read (a running job may own it): the tail is merged in memory, and a
+    snapshot without a usable checkpoint is built in a scratch folder.
+
+    Args:
+        config: the ``stream:`` section.
+        kafka: the pipeline's Kafka config.
+        spark: a SparkSession.
+        base_dir: the config file's folder (relative schema paths).
+        name: the snapshot.
+        key: the key: one value for a one-field key, else ``field=value`` texts, or a mapping.
+        as_of: a time (ISO-8601 or epoch ms) for a versioned snapshot.
+
+    Returns:
+        ``(HTTP status, document)`` as ``GET /snapshots/{name}/{key}`` answers.
+
+    Raises:
+        QueryError: an unknown snapshot, a malformed key or time.
+        ConfigError: the config does not fit the schemas.
+    """
+    import tempfile
+
+    from stream_app.checkpoint import child, open_checkpoint_location
+    from stream_app.kafka_io import TopicWatermarks
+    from stream_app.plan import build_plan
+    from stream_app.snapshot.engines import DeadLetterProducer
+    from stream_app.snapshot.runtime import Snapshot
+    from stream_app.writers import WriterSchemas
+
+    snapshots = {s.name: s for s in config.snapshots}
+    if name not in snapshots:
+        raise QueryError(404, f"no snapshot {name!r} (have: {sorted(snapshots)})")
+    # no lookup files, no merge of the tail into a new base: nothing is written beside the job's versions
+    offline = snapshots[name].model_copy(update={"partitioned_join": "sort_merge", "overlay_max_rows": 10**9})
+    config = config.model_copy(update={"snapshots": [offline], "lookups": [], "updates": [], "where": None,
+                                       "derive": {}})
+    watermarks = TopicWatermarks(kafka)
+    writers = WriterSchemas(kafka, watermarks)
+    snapshot = None
+    try:
+        plan = build_plan(config, spark, base_dir, writers.store.version_schemas)
+        assert plan is not None
+        snap_plan = plan.snapshots[name]
+        fs = open_checkpoint_location(config.checkpoint_location, spark)
+        with tempfile.TemporaryDirectory(prefix="threes-query-") as scratch:
+            # duck-typed: what Snapshot reads of a SnapshotCheckpoint, never writing
+            checkpoint: Any = ReadOnlyCheckpoint(fs, name, snap_plan.schema_id, child(config.checkpoint_location,
+                                                                                  "snapshots", name), scratch)
+            snapshot = Snapshot(spark, kafka, snap_plan, writers, watermarks, checkpoint,
+                                DeadLetterProducer(kafka, config.dead_letter_topic, f"{config.name}-query"),
+                                f"{config.name}-query")
+            if snapshot.versions is not None:
+                snapshot.versions.read_only = True
+            snapshot.bootstrap()
+            names = list(snap_plan.key.spark_type.fieldNames())
+            if isinstance(key, Mapping):
+                parts = dict(key)
+            elif len(key) == 1 and "=" not in key[0] and len(names) == 1:
+                parts = {names[0]: key[0]}
+            else:
+                bad = [k for k in key if "=" not in k]
+                if bad:
+                    raise QueryError(400, f"give a composite key as field=value ({', '.join(names)}), got {bad}")
+                parts = dict(k.split("=", 1) for k in key)
+            lk = key_of(snap_plan.key.spark_type, parts)
+            try:
+                return lookup(snapshot, lk, None if as_of is None else parse_time_ms(as_of))
+            except QueryError as exc:
+                return exc.status, {"error": str(exc)}
+            finally:
+                snapshot.close(checkpoint=False)
+    finally:
+        writers.close()
+        watermarks.close()
+
+
+class ReadOnlyCheckpoint:
+    """A snapshot's checkpoints, read but never written (``threes query`` beside a running job).
+
+    Loads what :class:`~stream_app.checkpoint.SnapshotCheckpoint` loads; a version the query builds
+    itself (no usable checkpoint) goes to a scratch folder, and no manifest is written.
+    """
+
+    def __init__(self, fs: Any, name: str, schema_id: str, spark_folder: str, scratch: str):
+        from stream_app.checkpoint import SnapshotCheckpoint
+
+        self._real = SnapshotCheckpoint(fs, name, schema_id, spark_folder=spark_folder)
+        self.fs, self.folder, self.spark_folder, self.schema_id = fs, self._real.folder, spark_folder, schema_id
+        self.scratch = scratch
+
+    def load(self) -> Any:
+        """The newest valid version (see :meth:`SnapshotCheckpoint.load`)."""
+        return self._real.load()
+
+    def version_path(self, version: str) -> str:
+        """A written version's data folder; a new one's in the scratch folder."""
+        if self.fs.read(f"{self.folder}/{version}/_manifest.json") is not None:
+            return self._real.version_path(version)
+        return f"{self.scratch}/{version}/data"
+
+    def save(self, table: Any, offsets: Any) -> str:
+        """Nothing is written."""
+        return ""
+
+    def save_partitioned(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing is written."""
