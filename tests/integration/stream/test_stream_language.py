@@ -1,0 +1,195 @@
+"""The stream's language in Spark, against real Kafka: ``where`` (counted) and ``derive`` over every Avro type.
+
+The unit tests (tests/unit/stream_app/test_stream_language.py) parse, type and order the
+expressions without a JVM; here they run as Catalyst columns in micro-batches, and the
+enriched records are compared with a Python oracle.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from schemas.serde import AvroDeserializer
+
+from .conftest import flight
+from .language_helpers import produce, totals, write_schema
+
+pytestmark = pytest.mark.spark
+
+# where before the lookups (it reads an event field) and after them (it reads a looked-up one; an unknown
+# destination gives a null name, and null counts as false)
+WHERES = {
+    "event field": ("flight_id % 3 <> 0", lambda i: "LAX"),
+    "looked-up field": ("dest_name <> 'Chicago Ohare Intl'", lambda i: ("ORD", "SFO")[i % 2] if i % 3 == 0 else "LAX"),
+}
+
+
+@pytest.mark.parametrize("case", list(WHERES))
+def test_where_drops_and_counts_a_third_and_never_hides_dead_letters(spark, env, case):
+    where, dest = WHERES[case]
+    for faa in ("EWR", "LAX", "ORD"):
+        env.put_airport(faa)
+    flights = [flight(i, "EWR", dest(i)) for i in range(1, 31)]
+    env.put_flights(flights[:15])
+    env.put_raw_event(b"bad-1", b"plain text")  # not Avro: the decode fails, every field is null
+    env.put_raw_event(b"bad-2", None)
+    env.put_flights(flights[15:])
+    updates = [{"topic": env.updates, "kind": "projection", "key": ["flight_id"], "version": "offset"}]
+    job = env.start(spark, env.config(where=where, updates=updates), available_now=True)
+    assert job.await_termination(180)
+
+    kept = {i for i in range(1, 31) if i % 3 != 0}
+    got = env.consume(env.enriched, lambda rs: len(rs) >= len(kept))
+    assert sorted(r["value"]["flight_id"] for r in got) == sorted(kept)  # exactly the kept ones, once each
+    ups = env.consume(env.updates, lambda rs: len(rs) >= len(kept))
+    assert len(ups) == len(kept)
+    letters = env.consume(env.dlq, lambda rs: len(rs) >= 2, deserialize=False)
+    assert sorted(r["key"] for r in letters) == [b"bad-1", b"bad-2"]  # the where did not drop them
+    assert all(r["headers"]["dlq.stage"] == b"decode" for r in letters)
+    counts = totals(job, 32)
+    assert counts == {"events": 32, "filtered": 10, "enriched": 20, "dead_letters": 2, "updates": 20}
+    assert REGISTRY.get_sample_value("threes_stream_filtered_events_total", {"job": job.config.name}) == 10
+
+
+DECIMAL = {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}
+TYPED = {
+    "type": "record",
+    "name": "Typed",
+    "namespace": "threes.test.language",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "i", "type": "int"},
+        {"name": "l", "type": "long"},
+        {"name": "f", "type": "float"},
+        {"name": "d", "type": "double"},
+        {"name": "b", "type": "boolean"},
+        {"name": "s", "type": "string"},
+        {"name": "by", "type": "bytes"},
+        {"name": "price", "type": DECIMAL},
+        {"name": "qty", "type": "int"},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "ts_ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "ts_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "opt_l", "type": ["null", "long"], "default": None},
+        {"name": "opt_s", "type": ["null", "string"], "default": None},
+        {"name": "opt_price", "type": ["null", DECIMAL], "default": None},
+    ],
+}
+DERIVE = {
+    "i_next": "i + 1",
+    "l_double": "l * 2",
+    "f_half": "f / 2",
+    "d_sq": "d * d",
+    "not_b": "NOT b",
+    "s_upper": "upper(s)",
+    "by_hex": "hex(by)",
+    "by_len": "length(by)",
+    "amount": "price * qty",
+    "taxed": "price * 1.25",
+    "ts_day": "to_date(ts_ms)",
+    "next_day": "date_add(day, 1)",
+    "us_hour": "hour(ts_us)",
+    "us_later": "ts_us + INTERVAL 90 MINUTES",
+    "epoch_ms": "unix_millis(ts_ms)",
+    "opt_next": "opt_l + 1",
+    "opt_label": "concat(s, '-', opt_s)",
+    "opt_default": "coalesce(opt_s, 'none')",
+    "opt_total": "opt_price + price",
+    "chained": "amount + opt_total",
+}
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def typed_event(n: int) -> dict[str, Any]:
+    return {
+        "id": n,
+        "i": n - 5,
+        "l": n * 10**12,
+        "f": n + 0.5,  # exact in binary: f / 2 is exact too
+        "d": n / 4,
+        "b": n % 2 == 0,
+        "s": f"s{n}",
+        "by": bytes([n, 0, 255]),
+        "price": Decimal("19.99") + n,
+        "qty": n % 4,
+        "day": dt.date(2024, 2, 27) + dt.timedelta(days=n),  # over the leap day
+        # 23:30 UTC: a date taken in any zone east of UTC would be the next day
+        "ts_ms": dt.datetime(2024, 12, 31, 23, 30, n, n * 1000, tzinfo=dt.UTC),
+        "ts_us": dt.datetime(2024, 1, 1, 22, 45, 0, n * 7 + 1, tzinfo=dt.UTC),
+        "opt_l": None if n % 3 == 0 else n,
+        "opt_s": None if n % 4 == 0 else f"o{n}",
+        "opt_price": None if n % 5 == 0 else Decimal("0.01") * n,
+    }
+
+
+def oracle(e: dict[str, Any]) -> dict[str, Any]:
+    """The derive columns as Spark SQL defines them, computed in Python (nulls propagate)."""
+    amount = e["price"] * e["qty"]
+    total = None if e["opt_price"] is None else e["opt_price"] + e["price"]
+    ts_ms = e["ts_ms"]
+    return {
+        **e,
+        "i_next": e["i"] + 1,
+        "l_double": e["l"] * 2,
+        "f_half": e["f"] / 2,
+        "d_sq": e["d"] * e["d"],
+        "not_b": not e["b"],
+        "s_upper": e["s"].upper(),
+        "by_hex": e["by"].hex().upper(),
+        "by_len": len(e["by"]),
+        "amount": amount,
+        "taxed": e["price"] * Decimal("1.25"),
+        "ts_day": ts_ms.date(),
+        "next_day": e["day"] + dt.timedelta(days=1),
+        "us_hour": e["ts_us"].hour,
+        "us_later": e["ts_us"] + dt.timedelta(minutes=90),
+        "epoch_ms": (ts_ms - EPOCH) // dt.timedelta(milliseconds=1),
+        "opt_next": None if e["opt_l"] is None else e["opt_l"] + 1,
+        "opt_label": None if e["opt_s"] is None else f"{e['s']}-{e['opt_s']}",
+        "opt_default": e["opt_s"] if e["opt_s"] is not None else "none",
+        "opt_total": total,
+        "chained": None if total is None else amount + total,
+    }
+
+
+def test_derived_columns_over_every_avro_type_equal_a_python_oracle(spark, env):
+    write_schema(env, "typed.avsc", TYPED)
+    events = [typed_event(n) for n in range(12)]
+    produce(env, env.events, [(str(e["id"]).encode(), e) for e in events], TYPED)
+    config = env.config(
+        events={"topic": env.events, "value_schema": "typed.avsc", "starting_offsets": "earliest"},
+        snapshots=[],
+        lookups=[],
+        derive=DERIVE,
+    )
+    job = env.start(spark, config, available_now=True)
+    assert job.await_termination(180)
+
+    enriched = job.plan.enriched
+    types = {fld["name"]: fld["type"] for fld in enriched.avro["fields"]}
+    # the enriched schema: event fields, then the derive columns in YAML order, typed by Spark
+    assert list(types) == [fld["name"] for fld in TYPED["fields"]] + list(DERIVE)
+    assert types["amount"] == ["null", {"type": "bytes", "logicalType": "decimal", "precision": 21, "scale": 2}]
+    assert types["taxed"] == ["null", {"type": "bytes", "logicalType": "decimal", "precision": 14, "scale": 4}]
+    assert types["ts_day"] == ["null", {"type": "int", "logicalType": "date"}]
+    assert types["us_later"] == ["null", {"type": "long", "logicalType": "timestamp-micros"}]
+    assert types["f_half"] == ["null", "double"] and types["by_len"] == ["null", "int"]
+
+    got = env.consume(env.enriched, lambda rs: len(rs) >= len(events), deserialize=False)
+    assert len(got) == len(events)
+    assert all(r["raw"][2:10] == enriched.fingerprint for r in got)  # written under the plan's enriched schema
+    decode = AvroDeserializer(env.store, enriched.avro)
+    by_id = {rec["id"]: rec for rec in (decode(r["raw"]) for r in got)}
+    for e in events:
+        want, have = oracle(e), by_id[e["id"]]
+        assert have == want, {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
+    # decimals exact (Decimal, not float), and the scale Spark computes
+    assert by_id[7]["amount"] == Decimal("80.97") and by_id[7]["taxed"] == Decimal("33.7375")
+    assert by_id[7]["chained"] == Decimal("80.97") + Decimal("0.07") + Decimal("26.99")
+    # 23:30 UTC on New Year's Eve is still the 31st
+    assert all(r["ts_day"] == dt.date(2024, 12, 31) for r in by_id.values())
