@@ -1,0 +1,125 @@
+"""Chained lookups in Spark: line -> order -> customer -> (derive) -> nation, on every join engine.
+
+A lookup's ``on`` names an earlier lookup's prefixed column (``order_customer_id``) or a derive
+column computed from one (``nation_code = upper(customer_nation)``). A missing middle key
+(an order whose customer does not exist) gives nulls below it with ``how: left`` and drops
+the event with ``how: inner``; the result must not depend on the engine that joins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .language_helpers import produce, state_topic, write_schema
+
+pytestmark = pytest.mark.spark
+
+NS = "threes.test.chain"
+
+
+def record(name: str, *fields: tuple[str, Any]) -> dict[str, Any]:
+    return {"type": "record", "name": name, "namespace": NS, "fields": [{"name": n, "type": t} for n, t in fields]}
+
+
+LINE = record("Line", ("line_id", "long"), ("order_id", "long"), ("sku", "string"), ("qty", "int"))
+ORDER_KEY = record("OrderKey", ("order_id", "long"))
+ORDER = record("Order", ("order_id", "long"), ("customer_id", "long"), ("channel", "string"))
+CUSTOMER_KEY = record("CustomerKey", ("customer_id", "long"))
+CUSTOMER = record("Customer", ("customer_id", "long"), ("name", "string"), ("nation", "string"))
+NATION_KEY = record("NationKey", ("code", "string"))
+NATION = record("Nation", ("code", "string"), ("region", "string"))
+
+ORDERS = {1: (10, "web"), 2: (20, "shop"), 3: (99, "web"), 4: (30, "phone")}  # order 3: customer 99 is missing
+CUSTOMERS = {10: ("Ada", "fr"), 20: ("Bo", "de"), 30: ("Cy", "xx")}  # nation XX is missing
+NATIONS = {"FR": "Europe", "DE": "Europe", "JP": "Asia"}
+LINES = {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 1, 7: 3, 8: 2}  # line -> order; order 5 is missing
+
+ENGINES = {
+    "broadcast": {},
+    "partitioned-lookup": {"broadcast_max_rows": 0, "partitioned_join": "lookup"},
+    "partitioned-sort_merge": {"broadcast_max_rows": 0, "partitioned_join": "sort_merge"},
+}
+
+
+def expected(how: str) -> dict[int, dict[str, Any]]:
+    """The enriched lines, computed in Python: left joins give nulls, the inner customer lookup drops.
+
+    Fields: the event's, then each lookup's in YAML order (nation_, customer_, order_), then the derive column.
+    """
+    out = {}
+    for line_id, order_id in LINES.items():
+        event = {"line_id": line_id, "order_id": order_id, "sku": f"sku{line_id}", "qty": line_id}
+        order = ORDERS.get(order_id)
+        customer_id = order[0] if order else None
+        customer = CUSTOMERS.get(customer_id) if customer_id is not None else None
+        if customer is None and how == "inner":
+            continue
+        nation_key = customer[1].upper() if customer else None
+        region = NATIONS.get(nation_key) if nation_key is not None else None
+        out[line_id] = {
+            **event,
+            "nation_code": nation_key if region is not None else None,
+            "nation_region": region,
+            "customer_customer_id": customer_id if customer else None,
+            "customer_name": customer[0] if customer else None,
+            "customer_nation": customer[1] if customer else None,
+            "order_order_id": order_id if order else None,
+            "order_customer_id": customer_id,
+            "order_channel": order[1] if order else None,
+            "nation_key": nation_key,
+        }
+    return out
+
+
+@pytest.mark.parametrize("how", ["left", "inner"])
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_three_hop_chain_with_a_missing_middle_key(spark, env, engine, how):
+    schemas = {"line": LINE, "order_key": ORDER_KEY, "order": ORDER, "customer_key": CUSTOMER_KEY,
+               "customer": CUSTOMER, "nation_key": NATION_KEY, "nation": NATION}
+    for name, schema in schemas.items():
+        write_schema(env, f"{name}.avsc", schema)
+    topics = {name: state_topic(env, name) for name in ("orders", "customers", "nations")}
+    produce(env, topics["orders"], [({"order_id": o}, {"order_id": o, "customer_id": c, "channel": ch})
+                                    for o, (c, ch) in ORDERS.items()], ORDER, ORDER_KEY)
+    produce(env, topics["customers"], [({"customer_id": c}, {"customer_id": c, "name": n, "nation": nat})
+                                       for c, (n, nat) in CUSTOMERS.items()], CUSTOMER, CUSTOMER_KEY)
+    produce(env, topics["nations"], [({"code": c}, {"code": c, "region": r}) for c, r in NATIONS.items()],
+            NATION, NATION_KEY)
+    produce(env, env.events, [(str(line).encode(), {"line_id": line, "order_id": order, "sku": f"sku{line}",
+                                                    "qty": line}) for line, order in LINES.items()], LINE)
+    snapshots = [
+        {"name": name, "topics": [topics[name]], "key_schema": f"{kind}_key.avsc", "value_schema": f"{kind}.avsc",
+         **ENGINES[engine]}
+        for name, kind in (("orders", "order"), ("customers", "customer"), ("nations", "nation"))
+    ]
+    lookups = [
+        # in reverse order of the chain: the job orders them by the columns they read (a DAG)
+        {"snapshot": "nations", "on": {"nation_key": "code"}, "prefix": "nation_"},
+        {"snapshot": "customers", "on": {"order_customer_id": "customer_id"}, "prefix": "customer_", "how": how},
+        {"snapshot": "orders", "on": {"order_id": "order_id"}, "prefix": "order_"},
+    ]
+    config = env.config(
+        events={"topic": env.events, "value_schema": "line.avsc", "starting_offsets": "earliest"},
+        snapshots=snapshots,
+        lookups=lookups,
+        derive={"nation_key": "upper(customer_nation)"},
+    )
+    job = env.start(spark, config, available_now=True)
+    mode = "broadcast" if engine == "broadcast" else "partitioned"
+    assert {s.mode for s in job.snapshots.values()} == {mode}
+    if engine == "partitioned-lookup":
+        assert all(s.view().lookup_files is not None for s in job.snapshots.values())
+    assert job.await_termination(180)
+
+    want = expected(how)
+    got = env.consume(env.enriched, lambda rs: len(rs) >= len(want))
+    assert [fld["name"] for fld in job.plan.enriched.avro["fields"]] == list(next(iter(want.values())))
+    by_line = {r["value"]["line_id"]: r["value"] for r in got}
+    assert len(got) == len(want) and by_line == want
+    if how == "left":  # the missing customer: nulls below it, the order above it kept
+        assert by_line[3]["order_channel"] == "web" and by_line[3]["customer_name"] is None
+        assert by_line[3]["nation_region"] is None
+    else:
+        assert set(by_line) == {1, 2, 4, 6, 8}
