@@ -29,8 +29,8 @@ WHERES = {
 }
 
 
-@pytest.mark.parametrize("case", list(WHERES))
-def test_where_drops_and_counts_a_third_and_never_hides_dead_letters(spark, env, case):
+@pytest.mark.parametrize(("case", "projection"), [(c, True) for c in WHERES] + [("event field", False)])
+def test_where_drops_and_counts_a_third_and_never_hides_dead_letters(spark, env, case, projection):
     where, dest = WHERES[case]
     for faa in ("EWR", "LAX", "ORD"):
         env.put_airport(faa)
@@ -39,20 +39,24 @@ def test_where_drops_and_counts_a_third_and_never_hides_dead_letters(spark, env,
     env.put_raw_event(b"bad-1", b"plain text")  # not Avro: the decode fails, every field is null
     env.put_raw_event(b"bad-2", None)
     env.put_flights(flights[15:])
-    updates = [{"topic": env.updates, "kind": "projection", "key": ["flight_id"], "version": "offset"}]
+    # without update records every event gives one record (enriched or dead letter) unless the where drops it
+    updates = [{"topic": env.updates, "kind": "projection", "key": ["flight_id"], "version": "offset"}] * projection
     job = env.start(spark, env.config(where=where, updates=updates), available_now=True)
     assert job.await_termination(180)
 
     kept = {i for i in range(1, 31) if i % 3 != 0}
     got = env.consume(env.enriched, lambda rs: len(rs) >= len(kept))
     assert sorted(r["value"]["flight_id"] for r in got) == sorted(kept)  # exactly the kept ones, once each
-    ups = env.consume(env.updates, lambda rs: len(rs) >= len(kept))
-    assert len(ups) == len(kept)
+    if projection:
+        ups = env.consume(env.updates, lambda rs: len(rs) >= len(kept))
+        assert len(ups) == len(kept)
     letters = env.consume(env.dlq, lambda rs: len(rs) >= 2, deserialize=False)
     assert sorted(r["key"] for r in letters) == [b"bad-1", b"bad-2"]  # the where did not drop them
     assert all(r["headers"]["dlq.stage"] == b"decode" for r in letters)
     counts = totals(job, 32)
-    assert counts == {"events": 32, "filtered": 10, "enriched": 20, "dead_letters": 2, "updates": 20}
+    assert counts == {"events": 32, "filtered": 10, "enriched": 20, "dead_letters": 2, "updates": 20 * projection}
+    labels = {"job": job.config.name, "kind": "events"}
+    assert REGISTRY.get_sample_value("threes_stream_records_total", labels) == 32
     assert REGISTRY.get_sample_value("threes_stream_filtered_events_total", {"job": job.config.name}) == 10
 
 
