@@ -40,6 +40,7 @@ ENGINES = {
     "broadcast": {},
     "partitioned-lookup": {"broadcast_max_rows": 0, "partitioned_join": "lookup"},
     "partitioned-sort_merge": {"broadcast_max_rows": 0, "partitioned_join": "sort_merge"},
+    "indexed": {"index_min_rows": 0},  # the opt-in engine: a hash index in the Python workers
 }
 
 
@@ -107,7 +108,7 @@ def test_three_hop_chain_with_a_missing_middle_key(spark, env, engine, how):
         derive={"nation_key": "upper(customer_nation)"},
     )
     job = env.start(spark, config, available_now=True)
-    mode = "broadcast" if engine == "broadcast" else "partitioned"
+    mode = engine.split("-")[0]
     assert {s.mode for s in job.snapshots.values()} == {mode}
     if engine == "partitioned-lookup":
         assert all(s.view().lookup_files is not None for s in job.snapshots.values())
