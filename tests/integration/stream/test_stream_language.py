@@ -197,3 +197,59 @@ def test_derived_columns_over_every_avro_type_equal_a_python_oracle(spark, env):
     assert by_id[7]["chained"] == Decimal("80.97") + Decimal("0.07") + Decimal("26.99")
     # 23:30 UTC on New Year's Eve is still the 31st
     assert all(r["ts_day"] == dt.date(2024, 12, 31) for r in by_id.values())
+
+
+SALE = {
+    "type": "record",
+    "name": "Sale",
+    "namespace": "threes.test.language",
+    "fields": [
+        {"name": "sale_id", "type": "long"},
+        {"name": "at", "type": "string"},  # a text time stamp: derive makes it the event time
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 8, "scale": 2}},
+    ],
+}
+
+
+def test_derive_columns_as_update_key_version_group_and_event_time(spark, env):
+    write_schema(env, "sale.avsc", SALE)
+    sales = [{"sale_id": n, "at": f"2024-05-01 {10 + n % 3}:{n:02d}:00", "amount": Decimal("2.50") * n}
+             for n in range(1, 13)]
+    produce(env, env.events, [(str(s["sale_id"]).encode(), s) for s in sales], SALE)
+    updates = [
+        {"topic": env.updates, "kind": "projection", "key": ["sale_key"], "version": "revision",
+         "fields": ["sale_key", "amount"], "where": "amount >= 10"},
+        {"topic": env.delays, "kind": "aggregation", "group_by": ["parity"], "event_time": "at_ts",
+         "window": "1 hour", "watermark": "1 day", "aggregations": {"sales": "count", "total": "sum(amount)"},
+         "where": "parity = 'odd' OR amount > 25"},
+    ]
+    derive = {"sale_key": "concat('s-', sale_id)", "revision": "sale_id * 1000", "at_ts": "to_timestamp(at)",
+              "parity": "CASE WHEN sale_id % 2 = 0 THEN 'even' ELSE 'odd' END"}
+    config = env.config(
+        events={"topic": env.events, "value_schema": "sale.avsc", "starting_offsets": "earliest"},
+        snapshots=[], lookups=[], derive=derive, updates=updates,
+    )
+    job = env.start(spark, config, available_now=True)
+    assert job.await_termination(240)
+
+    from connectors.updates import decode_version
+
+    kept = [s for s in sales if s["amount"] >= 10]
+    projected = env.consume(env.updates, lambda rs: len(rs) >= len(kept))
+    got = {r["value"]["sale_key"]: (r["value"]["amount"], decode_version(r["headers"]["version"])) for r in projected}
+    assert got == {f"s-{s['sale_id']}": (s["amount"], s["sale_id"] * 1000) for s in kept}
+
+    want: dict[tuple[str, dt.datetime], tuple[int, Decimal]] = {}
+    for s in sales:
+        parity = "even" if s["sale_id"] % 2 == 0 else "odd"
+        if parity == "odd" or s["amount"] > 25:
+            hour = dt.datetime(2024, 5, 1, 10 + s["sale_id"] % 3, tzinfo=dt.UTC)
+            n, total = want.get((parity, hour), (0, Decimal(0)))
+            want[(parity, hour)] = (n + 1, total + s["amount"])
+    aggregated = env.consume(env.delays, lambda rs: {(r["value"]["parity"], r["value"]["window_start"])
+                                                     for r in rs} >= set(want))
+    latest: dict[tuple[str, dt.datetime], tuple[int, Decimal]] = {}
+    for r in aggregated:  # an update per change: the last one per window holds
+        v = r["value"]
+        latest[(v["parity"], v["window_start"])] = (v["sales"], v["total"])
+    assert latest == want
