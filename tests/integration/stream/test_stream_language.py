@@ -8,6 +8,7 @@ enriched records are compared with a Python oracle.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from decimal import Decimal
 from typing import Any
 
@@ -79,6 +80,10 @@ TYPED = {
         {"name": "day", "type": {"type": "int", "logicalType": "date"}},
         {"name": "ts_ms", "type": {"type": "long", "logicalType": "timestamp-millis"}},
         {"name": "ts_us", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        # what the RDS source writes for a timestamp without time zone, a time and a uuid
+        {"name": "local_ts", "type": {"type": "long", "logicalType": "local-timestamp-micros"}},
+        {"name": "t", "type": {"type": "long", "logicalType": "time-micros"}},
+        {"name": "uid", "type": {"type": "string", "logicalType": "uuid"}},
         {"name": "opt_l", "type": ["null", "long"], "default": None},
         {"name": "opt_s", "type": ["null", "string"], "default": None},
         {"name": "opt_price", "type": ["null", DECIMAL], "default": None},
@@ -100,6 +105,10 @@ DERIVE = {
     "us_hour": "hour(ts_us)",
     "us_later": "ts_us + INTERVAL 90 MINUTES",
     "epoch_ms": "unix_millis(ts_ms)",
+    "local_day": "to_date(local_ts)",
+    "local_later": "local_ts + INTERVAL 1 DAY",
+    "t_seconds": "t DIV 1000000",
+    "uid_upper": "upper(uid)",
     "opt_next": "opt_l + 1",
     "opt_label": "concat(s, '-', opt_s)",
     "opt_default": "coalesce(opt_s, 'none')",
@@ -125,6 +134,9 @@ def typed_event(n: int) -> dict[str, Any]:
         # 23:30 UTC: a date taken in any zone east of UTC would be the next day
         "ts_ms": dt.datetime(2024, 12, 31, 23, 30, n, n * 1000, tzinfo=dt.UTC),
         "ts_us": dt.datetime(2024, 1, 1, 22, 45, 0, n * 7 + 1, tzinfo=dt.UTC),
+        "local_ts": dt.datetime(2024, 6, 30, 23, 59, 59, n),
+        "t": dt.time(23, 30, n, n),
+        "uid": uuid.UUID(int=n * 2**100 + n),
         "opt_l": None if n % 3 == 0 else n,
         "opt_s": None if n % 4 == 0 else f"o{n}",
         "opt_price": None if n % 5 == 0 else Decimal("0.01") * n,
@@ -153,6 +165,10 @@ def oracle(e: dict[str, Any]) -> dict[str, Any]:
         "us_hour": e["ts_us"].hour,
         "us_later": e["ts_us"] + dt.timedelta(minutes=90),
         "epoch_ms": (ts_ms - EPOCH) // dt.timedelta(milliseconds=1),
+        "local_day": e["local_ts"].date(),
+        "local_later": e["local_ts"] + dt.timedelta(days=1),
+        "t_seconds": e["t"].hour * 3600 + e["t"].minute * 60 + e["t"].second,
+        "uid_upper": str(e["uid"]).upper(),
         "opt_next": None if e["opt_l"] is None else e["opt_l"] + 1,
         "opt_label": None if e["opt_s"] is None else f"{e['s']}-{e['opt_s']}",
         "opt_default": e["opt_s"] if e["opt_s"] is not None else "none",
