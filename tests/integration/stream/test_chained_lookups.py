@@ -128,3 +128,63 @@ def test_three_hop_chain_with_a_missing_middle_key(spark, env, engine, how):
     else:
         assert set(by_line) == {1, 2, 4, 6}
     assert totals(job, len(LINES))["filtered"] == 1
+
+
+def _setup(env: Any, engine: str) -> Any:
+    """Schemas, snapshot topics with ORDERS/CUSTOMERS/NATIONS, and the left chain's config on ``engine``."""
+    schemas = {"line": LINE, "order_key": ORDER_KEY, "order": ORDER, "customer_key": CUSTOMER_KEY,
+               "customer": CUSTOMER, "nation_key": NATION_KEY, "nation": NATION}
+    for name, schema in schemas.items():
+        write_schema(env, f"{name}.avsc", schema)
+    topics = {name: state_topic(env, name) for name in ("orders", "customers", "nations")}
+    produce(env, topics["orders"], [({"order_id": o}, {"order_id": o, "customer_id": c, "channel": ch})
+                                    for o, (c, ch) in ORDERS.items()], ORDER, ORDER_KEY)
+    produce(env, topics["customers"], [({"customer_id": c}, {"customer_id": c, "name": n, "nation": nat})
+                                       for c, (n, nat) in CUSTOMERS.items()], CUSTOMER, CUSTOMER_KEY)
+    produce(env, topics["nations"], [({"code": c}, {"code": c, "region": r}) for c, r in NATIONS.items()],
+            NATION, NATION_KEY)
+    snapshots = [
+        {"name": name, "topics": [topics[name]], "key_schema": f"{kind}_key.avsc", "value_schema": f"{kind}.avsc",
+         **ENGINES[engine]}
+        for name, kind in (("orders", "order"), ("customers", "customer"), ("nations", "nation"))
+    ]
+    lookups = [
+        {"snapshot": "orders", "on": {"order_id": "order_id"}, "prefix": "order_"},
+        {"snapshot": "customers", "on": {"order_customer_id": "customer_id"}, "prefix": "customer_"},
+        {"snapshot": "nations", "on": {"nation_key": "code"}, "prefix": "nation_"},
+    ]
+    config = env.config(
+        events={"topic": env.events, "value_schema": "line.avsc", "starting_offsets": "earliest"},
+        snapshots=snapshots, lookups=lookups, derive={"nation_key": "upper(customer_nation)"},
+    )
+    return topics, config
+
+
+def line(line_id: int, order_id: int) -> tuple[bytes, dict[str, Any]]:
+    return str(line_id).encode(), {"line_id": line_id, "order_id": order_id, "sku": f"sku{line_id}", "qty": 1}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_a_change_of_the_middle_snapshot_reaches_the_rest_of_the_chain(spark, env, engine):
+    topics, config = _setup(env, engine)
+    job = env.start(spark, config)
+    assert {s.mode for s in job.snapshots.values()} == {engine.split("-")[0]}
+    produce(env, env.events, [line(1, 3), line(2, 1)], LINE)
+    env.consume(env.enriched, lambda rs: len(rs) >= 2, timeout_s=120)
+    # the missing customer arrives, an existing one is deleted: later events see both (the snapshots' overlays)
+    produce(env, topics["customers"], [({"customer_id": 99}, {"customer_id": 99, "name": "Di", "nation": "jp"}),
+                                       ({"customer_id": 10}, None)], CUSTOMER, CUSTOMER_KEY)
+    produce(env, topics["nations"], [({"code": "JP"}, {"code": "JP", "region": "Asia and Pacific"})],
+            NATION, NATION_KEY)
+    # no wait: the micro-batch of the next events catches every snapshot up to its end offsets before it joins
+    produce(env, env.events, [line(3, 3), line(4, 1)], LINE)
+    got = {r["value"]["line_id"]: r["value"] for r in env.consume(env.enriched, lambda rs: len(rs) >= 4,
+                                                                   timeout_s=120)}
+    summary = {i: (v["order_customer_id"], v["customer_name"], v["nation_key"], v["nation_region"])
+               for i, v in got.items()}
+    assert summary == {
+        1: (99, None, None, None),  # customer 99 missing at first
+        2: (10, "Ada", "FR", "Europe"),
+        3: (99, "Di", "JP", "Asia and Pacific"),  # inserted, and its nation changed: both seen
+        4: (10, None, None, None),  # deleted: nulls down the chain
+    }

@@ -269,3 +269,32 @@ def test_derive_columns_as_update_key_version_group_and_event_time(spark, env):
         v = r["value"]
         latest[(v["parity"], v["window_start"])] = (v["sales"], v["total"])
     assert latest == want
+
+
+def test_derived_arrays_structs_and_maps(spark, env):
+    write_schema(env, "typed.avsc", TYPED)
+    events = [typed_event(n) for n in range(1, 4)]
+    produce(env, env.events, [(str(e["id"]).encode(), e) for e in events], TYPED)
+    derive = {
+        "parts": "split(concat(s, ',', coalesce(opt_s, 'x')), ',')",
+        "pair": "named_struct('n', i, 'label', upper(s), 'when', ts_us)",
+        "pairs": "array(named_struct('n', i), named_struct('n', i + 1))",
+        "counts": "map(s, l, 'qty', CAST(qty AS BIGINT))",
+        "first_part": "split(s, '1')[0]",
+    }
+    config = env.config(
+        events={"topic": env.events, "value_schema": "typed.avsc", "starting_offsets": "earliest"},
+        snapshots=[], lookups=[], derive=derive,
+    )
+    job = env.start(spark, config, available_now=True)
+    assert job.await_termination(180)
+    got = env.consume(env.enriched, lambda rs: len(rs) >= len(events), deserialize=False)
+    decode = AvroDeserializer(env.store, job.plan.enriched.avro)
+    by_id = {rec["id"]: rec for rec in (decode(r["raw"]) for r in got)}
+    for e in events:
+        have = by_id[e["id"]]
+        assert have["parts"] == [e["s"], e["opt_s"] or "x"]
+        assert have["pair"] == {"n": e["i"], "label": e["s"].upper(), "when": e["ts_us"]}
+        assert have["pairs"] == [{"n": e["i"]}, {"n": e["i"] + 1}]
+        assert have["counts"] == {e["s"]: e["l"], "qty": e["qty"]}
+        assert have["first_part"] == e["s"].split("1")[0]
