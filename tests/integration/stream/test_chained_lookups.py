@@ -42,6 +42,22 @@ ENGINES = {
     "partitioned-sort_merge": {"broadcast_max_rows": 0, "partitioned_join": "sort_merge"},
     "indexed": {"index_min_rows": 0},  # the opt-in engine: a hash index in the Python workers
 }
+# one engine per hop: a partitioned (lookup files), a broadcast and an indexed snapshot in one chain
+MIXED = {"orders": ENGINES["partitioned-lookup"], "customers": ENGINES["broadcast"], "nations": ENGINES["indexed"]}
+ENGINES_AND_MIXED = [*ENGINES, "mixed"]
+
+
+def settings(engine: str, snapshot: str) -> dict[str, Any]:
+    """The snapshot config of ``snapshot`` on ``engine``."""
+    return MIXED[snapshot] if engine == "mixed" else ENGINES[engine]
+
+
+def modes(engine: str) -> dict[str, str]:
+    """The mode each snapshot has on ``engine``."""
+    names = ("orders", "customers", "nations")
+    if engine == "mixed":
+        return {"orders": "partitioned", "customers": "broadcast", "nations": "indexed"}
+    return dict.fromkeys(names, engine.split("-")[0])
 
 
 def expected(how: str) -> dict[int, dict[str, Any]]:
@@ -77,7 +93,7 @@ def expected(how: str) -> dict[int, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("how", ["left", "inner"])
-@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("engine", ENGINES_AND_MIXED)
 def test_three_hop_chain_with_a_missing_middle_key(spark, env, engine, how):
     schemas = {"line": LINE, "order_key": ORDER_KEY, "order": ORDER, "customer_key": CUSTOMER_KEY,
                "customer": CUSTOMER, "nation_key": NATION_KEY, "nation": NATION}
@@ -94,7 +110,7 @@ def test_three_hop_chain_with_a_missing_middle_key(spark, env, engine, how):
                                                     "qty": line}) for line, order in LINES.items()], LINE)
     snapshots = [
         {"name": name, "topics": [topics[name]], "key_schema": f"{kind}_key.avsc", "value_schema": f"{kind}.avsc",
-         **ENGINES[engine]}
+         **settings(engine, name)}
         for name, kind in (("orders", "order"), ("customers", "customer"), ("nations", "nation"))
     ]
     lookups = [
@@ -111,10 +127,11 @@ def test_three_hop_chain_with_a_missing_middle_key(spark, env, engine, how):
         where="coalesce(customer_name, '') <> 'Bo' OR line_id <> 8",
     )
     job = env.start(spark, config, available_now=True)
-    mode = engine.split("-")[0]
-    assert {s.mode for s in job.snapshots.values()} == {mode}
+    assert {n: s.mode for n, s in job.snapshots.items()} == modes(engine)
     if engine == "partitioned-lookup":
         assert all(s.view().lookup_files is not None for s in job.snapshots.values())
+    if engine == "mixed":
+        assert job.snapshots["orders"].view().lookup_files is not None
     assert job.await_termination(180)
 
     want = expected(how)
@@ -145,7 +162,7 @@ def _setup(env: Any, engine: str) -> Any:
             NATION, NATION_KEY)
     snapshots = [
         {"name": name, "topics": [topics[name]], "key_schema": f"{kind}_key.avsc", "value_schema": f"{kind}.avsc",
-         **ENGINES[engine]}
+         **settings(engine, name)}
         for name, kind in (("orders", "order"), ("customers", "customer"), ("nations", "nation"))
     ]
     lookups = [
@@ -164,11 +181,11 @@ def line(line_id: int, order_id: int) -> tuple[bytes, dict[str, Any]]:
     return str(line_id).encode(), {"line_id": line_id, "order_id": order_id, "sku": f"sku{line_id}", "qty": 1}
 
 
-@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("engine", ENGINES_AND_MIXED)
 def test_a_change_of_the_middle_snapshot_reaches_the_rest_of_the_chain(spark, env, engine):
     topics, config = _setup(env, engine)
     job = env.start(spark, config)
-    assert {s.mode for s in job.snapshots.values()} == {engine.split("-")[0]}
+    assert {n: s.mode for n, s in job.snapshots.items()} == modes(engine)
     produce(env, env.events, [line(1, 3), line(2, 1)], LINE)
     env.consume(env.enriched, lambda rs: len(rs) >= 2, timeout_s=120)
     # the missing customer arrives, an existing one is deleted: later events see both (the snapshots' overlays)
