@@ -177,6 +177,15 @@ class BatchPlan:
         """Whether every event gives exactly one output record (enriched or dead letter): no update records."""
         return not self._updates
 
+    @property
+    def drops_events(self) -> bool:
+        """Whether some events may give no record at all: the stream's ``where`` or an inner lookup drops them.
+
+        Then the records written do not count the events read, even with :attr:`one_record_per_event`.
+        """
+        cfg = self.plan.config
+        return cfg.where is not None or any(lookup.how == "inner" for lookup in cfg.lookups)
+
     def _record_rows(self, views: Mapping[str, SnapshotView]) -> Any:
         """The generator of every output record (:func:`~stream_app.records.record_rows`).
 

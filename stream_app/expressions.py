@@ -115,7 +115,21 @@ _PRIMITIVES = {"int": "INT", "long": "BIGINT", "float": "FLOAT", "double": "DOUB
                "string": "STRING", "bytes": "BINARY", "null": "VOID"}
 
 
+UNKNOWN_MARK = "threes.sql_type"
+"""An Avro attribute marking a derive column whose type the checker could not infer (``"unknown"``)."""
+
+
+def is_unknown(avro_type: AvroType) -> bool:
+    """Whether an Avro type is a derive column's type the checker could not infer (:func:`avro_type`)."""
+    if isinstance(avro_type, list):
+        rest = [b for b in avro_type if b != "null"]
+        return len(rest) == 1 and is_unknown(rest[0])
+    return isinstance(avro_type, dict) and avro_type.get(UNKNOWN_MARK) == "unknown"
+
+
 def _sql_type_text(t: AvroType) -> str:
+    if is_unknown(t):
+        return "UNKNOWN"
     if isinstance(t, list):
         rest = [b for b in t if b != "null"]
         return _sql_type_text(rest[0]) if len(rest) == 1 else "UNKNOWN"
@@ -216,7 +230,12 @@ def avro_type(dt: exp.DataType) -> AvroType:
     """A nullable Avro type for a checked expression's type, as ``threes validate`` reports it.
 
     The job writes Spark's own result type instead (exact decimal precision); this one is for
-    checks without a JVM. ``UNKNOWN`` becomes ``string``, the loosest.
+    checks without a JVM. ``UNKNOWN`` (a function sqlglot does not type, such as
+    ``timestamp_seconds``, ``xxhash64`` or ``upper``) and types not modelled here become ``string``
+    marked unknown (:func:`is_unknown`):
+    checks that need a column's type accept it, as Spark types it only when the job starts.
+    Unmarked, it was taken for a string: ``threes validate`` refused such a column as an
+    event time, a version or a number in a later expression, which the job accepted.
     """
     kind = dt.this
     t = exp.DataType.Type
@@ -234,8 +253,10 @@ def avro_type(dt: exp.DataType) -> AvroType:
         base = {"type": "long", "logicalType": "timestamp-micros"}
     elif kind == t.TIMESTAMPNTZ:
         base = {"type": "long", "logicalType": "local-timestamp-micros"}
-    else:
+    elif type_class(dt) == "string":
         base = "string"
+    else:  # UNKNOWN, or a type this mapping does not model (interval, array...): Spark's, when the job starts
+        base = {"type": "string", UNKNOWN_MARK: "unknown"}
     return ["null", base]
 
 

@@ -345,8 +345,10 @@ class StreamJob:
         frame = self._batch.frame(batch, self._writers())
         seen_in = None
         # One record per event: the events are the records. Else counted as they enter: an observation
-        # is a stage of its own (it breaks the whole-stage code generation), so only when needed.
-        if not self._batch.one_record_per_event:
+        # is a stage of its own (it breaks the whole-stage code generation), so only when needed. A where
+        # or an inner lookup drops events without a record: counted as they enter too (records alone
+        # undercounted the events by the dropped ones)
+        if not self._batch.one_record_per_event or self._batch.drops_events:
             seen_in = Observation(f"in-{batch_id}-{uuid.uuid4().hex[:6]}")
             frame = frame.observe(seen_in, counted_in)
         lookups = [

@@ -33,7 +33,7 @@ from stream_app.avro_schemas import (
     with_derived,
 )
 from stream_app.config import SnapshotConfig, StreamJobConfig, UpdateConfig, parse_aggregation
-from stream_app.expressions import Expression, ExpressionError, check, parse, type_class
+from stream_app.expressions import Expression, ExpressionError, check, is_unknown, parse, type_class
 from stream_app.stages import Step, order_steps
 from stream_app.transform import INTERNAL_PREFIX, Transform, internal_fields, load_transform, output_type
 
@@ -723,7 +723,8 @@ def _update_plan(
         need("fields", list(update.fields or []))
         if update.version not in ("offset", "timestamp"):
             need("version", [update.version])
-            if update.version in available and not _is_numeric(available[update.version]["type"]):
+            version_type = available[update.version]["type"] if update.version in available else None
+            if version_type is not None and not (_is_numeric(version_type) or is_unknown(version_type)):
                 problem("version", f"field {update.version!r} is not numeric (int, long, float, double)")
                 ok = False
         if not ok:
@@ -735,8 +736,10 @@ def _update_plan(
     group_by = list(update.group_by or [])
     need("group_by", group_by)
     need("event_time", [update.event_time or ""])
+    # a derive column sqlglot could not type (is_unknown) is checked by Spark when the job starts
     if update.event_time in available and not (
         _is_timestamp(available[update.event_time]["type"]) or is_date(available[update.event_time]["type"])
+        or is_unknown(available[update.event_time]["type"])
     ):
         problem("event_time", f"field {update.event_time!r} is not an Avro timestamp-millis/micros or date")
         ok = False
@@ -756,6 +759,9 @@ def _update_plan(
         if source not in available:
             continue  # reported by need(), or a field of a lookup not joined (validate without a connection)
         source_type = available[source]["type"]
+        if is_unknown(source_type):  # typed by Spark when the job starts; here the loosest output type
+            extra.append(nullable({"name": out, "type": "long" if fn.endswith("count_distinct") else "string"}))
+            continue
         if fn in _NUMERIC_ONLY and not (_is_numeric(source_type) or decimal_of(source_type)):
             problem(f"aggregations.{out}", f"field {source!r} is not numeric (int, long, float, double, decimal): "
                                            f"{fn} needs numbers")

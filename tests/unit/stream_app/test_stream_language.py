@@ -141,6 +141,28 @@ def test_update_where_and_delete_when_are_boolean_expressions_over_the_enriched_
     assert any(p.startswith("stream.updates[0].where: 'nosuch = 1': no column 'nosuch'") for p in found), found
 
 
+def test_a_derive_column_sqlglot_cannot_type_is_left_to_spark(tmp_path):
+    """``timestamp_seconds`` / ``xxhash64`` have no type in sqlglot: validate must not take them for strings.
+
+    The job types derive columns with Spark and accepts them as event time, version and numbers; validate
+    refused the same config ("not an Avro timestamp", "not numeric", "is not arithmetic on numbers").
+    """
+    derive = {"at": "timestamp_seconds(qty)", "rev": "xxhash64(sku)", "bucket": "rev % 10", "amount": "price * qty"}
+    updates = [
+        {"topic": "u1", "kind": "projection", "key": ["line_id"], "version": "rev"},
+        {"topic": "u2", "kind": "aggregation", "group_by": ["bucket"], "event_time": "at", "window": "1 hour",
+         "aggregations": {"n": "count", "top": "max(rev)"}},
+    ]
+    plan = plan_of(tmp_path, where=None, derive=derive, lookups=[], snapshots=[], updates=updates)
+    assert plan is not None
+    types = {f["name"]: f["type"] for f in plan.enriched.avro["fields"]}
+    assert types["amount"] == ["null", {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}]
+    # still a string where sqlglot knows it is one
+    found = problems(tmp_path, where=None, derive={"at": "cast(qty AS STRING)"}, lookups=[], snapshots=[],
+                     updates=[updates[1] | {"group_by": ["sku"], "aggregations": {"n": "count"}}])
+    assert any("stream.updates[0].event_time" in p for p in found), found
+
+
 def test_delete_when_is_for_projections_only():
     with pytest.raises(ValueError, match="delete_when not allowed for kind aggregation"):
         StreamJobConfig.model_validate({
