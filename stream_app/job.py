@@ -93,6 +93,8 @@ class StreamJob:
         self.gate_wait_s = 0.0  # how long micro-batches waited at the readiness gate (the first one, in practice)
         self._ready = threading.Event()
         self._bootstrap_error: BaseException | None = None
+        self.stop_requested = threading.Event()  # SIGTERM/Ctrl-C (run() sets it): start-up waits end on it
+        self.interrupted = False  # the start-up was stopped before the snapshots loaded: no checkpoint to write
         self.counts: dict[int, dict[str, int]] = {}  # batch id -> records read and written (filled a bit later)
         self.too_old: dict[str, int] = {}  # snapshot -> as_of events older than its retention (no version)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
@@ -149,7 +151,8 @@ class StreamJob:
         self._batch = BatchPlan(plan)
         self._counted: tuple[Any, list[Any]] | None = None  # the observed counts, built at the first batch
         self.queries.append(self._start_enrich(available_now))
-        loading.join()
+        if not self._wait_loaded(loading):
+            return
         if self._bootstrap_error is not None:
             self.stop(checkpoint=False)
             raise self._bootstrap_error
@@ -176,6 +179,25 @@ class StreamJob:
                 query = self._start_aggregation(update, available_now)
                 self._late.watch(query, update.config.topic)
                 self.queries.append(query)
+
+    def _wait_loaded(self, loading: threading.Thread, poll_s: float = 0.2) -> bool:
+        """Wait for the snapshots to load (the readiness gate), or for a stop; ``False`` when stopped first.
+
+        A large snapshot takes minutes to load, and a Kafka that does not answer makes it wait as long
+        as its clients' timeouts: a SIGTERM in the meantime ends the wait within ``poll_s``. The gate is
+        then opened with an error, so a micro-batch waiting at it ends instead of holding the stop;
+        the loading thread (a daemon) ends with the process.
+        """
+        while loading.is_alive():
+            loading.join(poll_s)
+            if self.stop_requested.is_set() and loading.is_alive():
+                log.info("job=%s stop requested while the snapshots load: stopping without a checkpoint",
+                         self.config.name)
+                self.interrupted = True
+                self._bootstrap_error = FatalError("the job was stopped while its snapshots loaded")
+                self._ready.set()
+                return False
+        return True
 
     def _bootstrap(self, started: float) -> None:
         """Load every snapshot (the readiness gate), then open the gate; a failure is kept for start()."""
@@ -490,7 +512,7 @@ class StreamJob:
         Raises:
             FatalError: a query failed (the checkpoint lets a restart resume).
         """
-        stopping = threading.Event()
+        stopping = self.stop_requested
         previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in (signal.SIGINT, signal.SIGTERM)}
         restore_jvm = _jvm_ignores_sigterm(self.spark)
         try:
@@ -504,7 +526,7 @@ class StreamJob:
                 stopping.wait(1.0)
         finally:
             try:
-                self.stop()
+                self.stop(checkpoint=not self.interrupted)
             finally:
                 restore_jvm()
                 for sig, handler in previous.items():
