@@ -470,37 +470,7 @@ def build_plan(
         elif writer_versions is None and (snap.value_schema is None or snap.key_schema is None):
             unknown.add(snap.name)
 
-    joins: list[JoinedFields] = []
-    joined: dict[int, dict[str, Any] | None] = {}  # per lookup, the columns it adds (None: schemas unknown here)
-    open_prefixes: list[str] = []  # lookups not joined (unknown snapshot or problems): their fields go unchecked
-    for i, lookup in enumerate(config.lookups):
-        before = len(problems)
-        if lookup.snapshot not in snaps or event is None:
-            open_prefixes.append(lookup.prefix)
-            joined[i] = None
-            continue
-        key, value = snaps[lookup.snapshot]
-        key_fields, value_fields = fields_of(key), fields_of(value)
-        for ev, kf in lookup.on.items():
-            if kf not in key_fields:
-                problem(f"lookups[{i}].on.{ev}", f"no field {kf!r} in the key schema of snapshot {lookup.snapshot}")
-        missing = sorted(set(key_fields) - set(lookup.on.values()))
-        if missing:
-            problem(f"lookups[{i}].on", f"map every key field of snapshot {lookup.snapshot}; missing {missing}")
-        for name in lookup.fields or []:
-            if name not in value_fields:
-                problem(f"lookups[{i}].fields", f"no field {name!r} in the value schema of snapshot {lookup.snapshot}")
-        if len(problems) > before:
-            open_prefixes.append(lookup.prefix)
-            joined[i] = None
-        else:
-            join = JoinedFields(lookup.prefix, value, lookup.fields, lookup.how == "left")
-            joins.append(join)
-            joined[i] = {
-                f"{lookup.prefix}{name}": (nullable({"name": "_", "type": value_fields[name]["type"]})["type"]
-                                           if join.optional else value_fields[name]["type"])
-                for name in (lookup.fields or list(value_fields))
-            }
+    joins, joined, open_prefixes = _plan_lookups(config, event, snaps, problem)
 
     steps: list[Step] = []
     derived: dict[str, Any] = {}
@@ -520,25 +490,7 @@ def build_plan(
         except ValueError as exc:
             problem("lookups", str(exc))
     if enriched is not None and config.transform is not None:
-        if spark is None or transform is None or open_prefixes:
-            open_prefixes.append("")  # its output is unknown here: any field the updates name may be one it adds
-        else:
-            try:
-                transformed: dict[str, Any] | None = _transformed(spark, enriched, transform, _kafka_timestamp(config))
-            except ValueError as exc:
-                problem("transform", str(exc))
-                transformed = None
-            if transformed is not None:
-                # a column the updates read that the function dropped: its fault, said at its key
-                dropped = set(fields_of(enriched)) - set(fields_of(transformed))
-                for j, update in enumerate(config.updates):
-                    for attr, names in _update_reads(update).items():
-                        gone = [n for n in names if n in dropped]
-                        if gone:
-                            problem("transform", f"the function drops {gone}, which stream.updates[{j}].{attr} "
-                                                 f"reads: keep them (a transform adds columns and filters rows)")
-                            transformed = None
-            enriched = transformed
+        enriched = _apply_transform(config, spark, transform, enriched, open_prefixes, problem)
     if enriched is not None and open_prefixes:
         # every problem at once: the updates are checked against what is known, a field under the prefix
         # of a lookup that could not be joined is accepted (its schema is unknown here)
@@ -562,17 +514,7 @@ def build_plan(
         return None  # only without writer versions: a snapshot's schemas are known at start-up
     assert event is not None and enriched is not None  # no problems: both were loaded
 
-    snapshot_plans = {
-        snap.name: SnapshotPlan(
-            snap,
-            _schema(snaps[snap.name][0]),
-            _schema(snaps[snap.name][1]),
-            hashlib.sha256((schema_json(snaps[snap.name][0]) + schema_json(snaps[snap.name][1])).encode()).hexdigest()[
-                :16
-            ],
-        )
-        for snap in config.snapshots
-    }
+    snapshot_plans = {snap.name: _snapshot_plan(snap, *snaps[snap.name]) for snap in config.snapshots}
     plan = JobPlan(config, _schema(event), snapshot_plans, _schema(enriched), updates, steps, transform)
     if spark is not None:
         plan.events.spark_type = spark_type(spark, plan.events)
@@ -581,6 +523,104 @@ def build_plan(
             snap.key.spark_type = spark_type(spark, snap.key)
             snap.value.spark_type = spark_type(spark, snap.value)
     return plan
+
+
+def _snapshot_plan(config: SnapshotConfig, key: dict[str, Any], value: dict[str, Any]) -> SnapshotPlan:
+    """A snapshot's schemas, and the id of the pair (an older checkpoint of other reader schemas is not used)."""
+    schema_id = hashlib.sha256((schema_json(key) + schema_json(value)).encode()).hexdigest()[:16]
+    return SnapshotPlan(config, _schema(key), _schema(value), schema_id)
+
+
+def _plan_lookups(
+    config: StreamJobConfig,
+    event: dict[str, Any] | None,
+    snaps: dict[str, tuple[dict[str, Any], dict[str, Any]]],
+    problem: Callable[[str, str], None],
+) -> tuple[list[JoinedFields], dict[int, dict[str, Any] | None], list[str]]:
+    """Check each lookup against its snapshot's key and value schemas.
+
+    Returns:
+        What each joinable lookup adds (for the enriched schema), the columns each lookup adds by index
+        (``None`` when its snapshot's schemas are unknown here or it has problems), and the prefixes
+        of those lookups, whose columns the later checks accept unchecked.
+    """
+    joins: list[JoinedFields] = []
+    joined: dict[int, dict[str, Any] | None] = {}  # per lookup, the columns it adds (None: schemas unknown here)
+    open_prefixes: list[str] = []  # lookups not joined (unknown snapshot or problems): their fields go unchecked
+    for i, lookup in enumerate(config.lookups):
+        if lookup.snapshot not in snaps or event is None:
+            open_prefixes.append(lookup.prefix)
+            joined[i] = None
+            continue
+        key, value = snaps[lookup.snapshot]
+        value_fields = fields_of(value)
+        found = _lookup_problems(i, lookup, key, value)
+        for path, message in found:
+            problem(path, message)
+        if found:
+            open_prefixes.append(lookup.prefix)
+            joined[i] = None
+        else:
+            join = JoinedFields(lookup.prefix, value, lookup.fields, lookup.how == "left")
+            joins.append(join)
+            joined[i] = {
+                f"{lookup.prefix}{name}": (nullable({"name": "_", "type": value_fields[name]["type"]})["type"]
+                                           if join.optional else value_fields[name]["type"])
+                for name in (lookup.fields or list(value_fields))
+            }
+    return joins, joined, open_prefixes
+
+
+def _lookup_problems(i: int, lookup: Any, key: dict[str, Any], value: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(path, message)`` for each field of lookup ``i`` its snapshot's key or value schema lacks."""
+    found: list[tuple[str, str]] = []
+    key_fields, value_fields = fields_of(key), fields_of(value)
+    for ev, kf in lookup.on.items():
+        if kf not in key_fields:
+            found.append((f"lookups[{i}].on.{ev}", f"no field {kf!r} in the key schema of snapshot {lookup.snapshot}"))
+    missing = sorted(set(key_fields) - set(lookup.on.values()))
+    if missing:
+        found.append((f"lookups[{i}].on", f"map every key field of snapshot {lookup.snapshot}; missing {missing}"))
+    for name in lookup.fields or []:
+        if name not in value_fields:
+            found.append((f"lookups[{i}].fields",
+                          f"no field {name!r} in the value schema of snapshot {lookup.snapshot}"))
+    return found
+
+
+def _apply_transform(
+    config: StreamJobConfig,
+    spark: Any,
+    transform: Transform | None,
+    enriched: dict[str, Any],
+    open_prefixes: list[str],
+    problem: Callable[[str, str], None],
+) -> dict[str, Any] | None:
+    """The enriched schema after ``stream.transform`` (its output, known only with Spark).
+
+    Without Spark (``validate``), or when lookups could not be planned, the output is unknown:
+    ``""`` joins ``open_prefixes`` (any field an update names may be one the function adds) and
+    ``enriched`` is returned as it is. ``None`` after a problem (reported at ``stream.transform``).
+    """
+    if spark is None or transform is None or open_prefixes:
+        open_prefixes.append("")  # its output is unknown here: any field the updates name may be one it adds
+        return enriched
+    try:
+        transformed: dict[str, Any] | None = _transformed(spark, enriched, transform, _kafka_timestamp(config))
+    except ValueError as exc:
+        problem("transform", str(exc))
+        transformed = None
+    if transformed is not None:
+        # a column the updates read that the function dropped: its fault, said at its key
+        dropped = set(fields_of(enriched)) - set(fields_of(transformed))
+        for j, update in enumerate(config.updates):
+            for attr, names in _update_reads(update).items():
+                gone = [n for n in names if n in dropped]
+                if gone:
+                    problem("transform", f"the function drops {gone}, which stream.updates[{j}].{attr} "
+                                         f"reads: keep them (a transform adds columns and filters rows)")
+                    transformed = None
+    return transformed
 
 
 def _kafka_timestamp(config: StreamJobConfig) -> bool:
