@@ -69,7 +69,7 @@ docs or bytes and pay no decode at all, so a sink's ratio to them is conservativ
     default stdlib ``json`` writer refuses the ``datetime`` values, and orjson is
     the faster choice for quixstreams). quixstreams' ``ElasticsearchSink.setup()``
     calls ``GET /``, which the minimal integ-test Elasticsearch server answers
-    405 (STACK.md): a subclass replaces that one call by a cluster health check;
+    405: a subclass replaces that one call by a cluster health check;
     the write path is quixstreams' own.
   - Values for quixstreams: it has no single-object Avro deserializer, so the
     quixstreams process uses a custom ``quixstreams.models.serializers.Deserializer`` that
