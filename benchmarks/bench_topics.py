@@ -2,12 +2,11 @@
 
 Every benchmark writes its data to new ``bench.*`` topics (fresh names per run,
 so runs never read each other's records). Left behind, they pile up on the
-local stack's broker: after a few weeks of runs it held ~1,000 topics and 25 GB,
-spent ~18 % of a core with nothing running, and every later figure on this
-2-core machine was measured next to it (within the hour after they were deleted,
-the raw S3 upload baseline of ``sync_sinks.py`` went from 59.9 to 117.6 MB/s).
-So each benchmark deletes, when it ends, the ``bench.``
-topics that appeared while it ran; ``THREES_BENCH_KEEP_TOPICS=1`` keeps them
+local stack's broker, which then holds hundreds of topics and gigabytes of logs,
+spends part of a core with nothing running, and every figure on a 2-core machine
+is measured next to it (``bench_topics/stale_topics`` in ``RESULTS.md``). So
+each benchmark deletes, when it ends, the ``bench.`` topics that appeared while
+it ran; ``THREES_BENCH_KEEP_TOPICS=1`` keeps them
 (to run a scratch harness on the same topics again).
 
 Do not run two benchmarks at once against one broker (their figures would be

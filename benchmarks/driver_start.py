@@ -1,4 +1,4 @@
-"""A driver's start with and without class data sharing (``stream_app.class_data_sharing``, session 15).
+"""A driver's start with and without class data sharing (``stream_app.class_data_sharing``).
 
 Run: ``python benchmarks/driver_start.py`` (Spark only; no other service).
 

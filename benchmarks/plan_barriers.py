@@ -1,4 +1,4 @@
-"""A filter Spark pushes below expensive columns, against ``stream_app.columns.rows_where`` (session 14).
+"""A filter Spark pushes below expensive columns, against ``stream_app.columns.rows_where``.
 
 Run: ``python benchmarks/plan_barriers.py`` (Spark only, local[2]; no other service).
 

@@ -1,4 +1,4 @@
-"""A task's fixed cost in a Spark Python worker, with and without ``stream_app.python_worker.prepare`` (session 15).
+"""A task's fixed cost in a Spark Python worker, with and without ``stream_app.python_worker.prepare``.
 
 Run: ``python benchmarks/python_worker.py`` (Spark only; no other service).
 

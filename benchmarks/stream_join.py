@@ -25,7 +25,7 @@ side by side on the same events:
    1M keys (``THREES_BENCH_KS_KEYS``, default ``10000,1000000``) with
    ``THREES_BENCH_KS_EVENTS`` events (default 2,000,000: the E of the reference's own
    figures, ``RESULTS.md``; a longer run also weighs each side's JIT warm-up as a job
-   that runs for hours does, and was 500,000 before session 24). The Kafka Streams GlobalKTable
+   that runs for hours does). The Kafka Streams GlobalKTable
    reference application (``../shared/anchors/kstreams-ref``, built when its jar is
    missing into ``.threes/kstreams-ref`` with its own Maven command; never copied
    here) loads its topics with its own loader (``ref.Main load``: a compacted

@@ -26,14 +26,11 @@ docs or bytes and pay no decode at all, so a sink's ratio to them is conservativ
   ``COPY`` of the rows as tuples into a temp table then ``INSERT ... SELECT ... ON
   CONFLICT DO UPDATE``, same rows, same 10k-row transactions.
 * S3: MB/s of ``S3Sink`` in JSON Lines (decode, encoding, upload) vs boto3
-  ``upload_fileobj`` of the same bytes already encoded. What bounds the ratio here
-  (session 25, 50k records = 15.1 MB, one thread, medians of five, GC as in the service):
-  keys, headers and records 70-120 ms, the values in columns ~40 ms, objects and
-  their JSON-ready columns ~45 ms, the NDJSON bodies ~100 ms (polars' writer ~60 of them),
-  against ~150 ms for ``put_object`` of the finished bodies: ~255-305 ms of the sink's
-  own work per ~150 ms of upload, on a machine whose other core runs the S3 server. Even
-  fully overlapped with the uploads, that keeps the sink near half the baseline (0.36-0.52
-  measured), not 0.9.
+  ``upload_fileobj`` of the same bytes already encoded. What bounds the ratio here: the
+  sink's own work (keys, headers and records, the values in columns, the NDJSON bodies)
+  takes longer than ``put_object`` of the finished bodies, on a machine whose other core
+  runs the S3 server, so even fully overlapped with the uploads the sink stays near half
+  the baseline, not 0.9 (the breakdown: ``sync_sinks/s3_breakdown`` in ``RESULTS.md``).
 * S3 Parquet (``--only s3pq``): records/s on records shaped like the demo's (the
   51-field enriched flight), in small objects (~150 rows, 67 ``dt=`` folders per
   batch) and large ones (25k rows). "after" is the service now (values decoded in
@@ -69,7 +66,7 @@ docs or bytes and pay no decode at all, so a sink's ratio to them is conservativ
     default stdlib ``json`` writer refuses the ``datetime`` values, and orjson is
     the faster choice for quixstreams). quixstreams' ``ElasticsearchSink.setup()``
     calls ``GET /``, which the minimal integ-test Elasticsearch server answers
-    405 (STACK.md): a subclass replaces that one call by a cluster health check;
+    405: a subclass replaces that one call by a cluster health check;
     the write path is quixstreams' own.
   - Values for quixstreams: it has no single-object Avro deserializer, so the
     quixstreams process uses a custom ``quixstreams.models.serializers.Deserializer`` that

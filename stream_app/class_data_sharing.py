@@ -4,8 +4,8 @@ A new driver JVM loads, parses and verifies ~15,000 classes from Spark's jars
 before and during its first query; most of a session's start and of the first
 micro-batch's planning is that. A JDK *dynamic archive* (JEP 350, JDK 13+)
 holds those classes already parsed and verified, and a later JVM maps it
-(``-XX:SharedArchiveFile``). Measured here (``local[2]``, JDK 17, alternating
-runs): a new SparkSession 4.2-4.3 s -> 2.5 s, its first query 2.7 s -> 1.55 s.
+(``-XX:SharedArchiveFile``): a session and its first query start sooner
+(``driver_start`` in benchmarks/RESULTS.md).
 
 How an archive comes to exist (no command to run):
 

@@ -487,10 +487,11 @@ class SparkSettings(StrictModel):
     class_data_sharing: bool = Field(
         True,
         description="map Spark's classes into the driver's JVM from an archive of an earlier run (JDK class data "
-        "sharing, kept under $THREES_CACHE_DIR or ~/.cache/threes): a session starts ~1.7 s sooner and its first "
-        "query ~1 s sooner; the first run of an installation writes the archive when it exits (~7 s, once). "
+        "sharing, kept under $THREES_CACHE_DIR or ~/.cache/threes): a session and its first query start sooner "
+        "(driver_start in benchmarks/RESULTS.md); the first run of an installation writes the archive when it exits "
+        "(once). "
         "Also the executors' JVMs on a standalone master at 127.0.0.1/localhost (workers on this host): the first "
-        "application records their classes, and its exit dumps an archive in the background (~30 s, once)",
+        "application records their classes, and its exit dumps an archive in the background (once)",
     )
 
     @model_validator(mode="after")
@@ -601,8 +602,8 @@ class StreamJobConfig(StrictModel):
         """``file:/x`` (one slash, which Hadoop accepts) becomes ``file:///x``, ``file:x`` the relative path ``x``.
 
         Every part of the job (Spark, the snapshot checkpoints, the choice of the
-        checkpoint manager) then reads the location as the same local folder; before,
-        a one-slash ``file:`` URI was taken for a relative path named ``file:``.
+        checkpoint manager) then reads the location as the same local folder, and a
+        one-slash ``file:`` URI is never taken for a relative path named ``file:``.
         """
         if location.startswith("file:") and not location.startswith("file://"):
             rest = location.removeprefix("file:")

@@ -1,6 +1,6 @@
 """SparkSession construction: the one place the stream job's Spark settings are applied.
 
-Spark binds to a non-loopback address unless told otherwise (STACK.md), so a
+Spark binds to a non-loopback address unless told otherwise, so a
 ``local[...]`` master, or a cluster master on the loopback address (the local
 stack's standalone cluster), pins the driver to 127.0.0.1; another cluster
 master keeps Spark's own networking. The Kafka and Avro connectors come either

@@ -104,14 +104,8 @@ class ElasticsearchSink(Sink):
     after ``item_retries``, and slow answers, which also lower the concurrency
     limit. Uses only APIs the minimal integ-test server has (bulk, cluster health).
 
-    Example::
-
-        - name: flights-search
-          type: elasticsearch_sink
-          connection: elasticsearch
-          topics: [updates.flights]
-          index: flights
-          max_concurrency: 4
+    YAML: see :class:`~connectors.elasticsearch.config.ElasticsearchSinkConfig`
+    (its example is rendered in docs/config-reference.md).
     """
 
     splits_requests = True

@@ -86,18 +86,8 @@ class ElasticsearchSource(SourceTask):
     Backpressure: one page (``page_size`` documents) is read at a time; while
     the producer's queue is full no new page is requested.
 
-    Example::
-
-        sources:
-          - name: products
-            type: elasticsearch_source
-            connection: elasticsearch
-            topic: state.products
-            index: products
-            mode: incremental
-            updated_field: updated_at
-            commit_delay_s: 5
-            reconcile_interval_s: 300
+    YAML: see :class:`~connectors.elasticsearch.config.ElasticsearchSourceConfig`
+    (its example is rendered in docs/config-reference.md).
     """
 
     config: ElasticsearchSourceConfig

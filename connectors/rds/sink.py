@@ -222,15 +222,8 @@ class RdsSink(Sink):
     (for ``value_schema``) and on every new writer schema; a ``NOT NULL``
     column then refuses each record, which goes to the dead letter topic.
 
-    Example::
-
-        - name: flights-db
-          type: rds_sink
-          connection: postgres
-          topics: [updates.flights]
-          table: flights_enriched
-          key: [flight_id]
-          create_table: true
+    YAML: see :class:`~connectors.rds.config.RdsSinkConfig`
+    (its example is rendered in docs/config-reference.md).
     """
 
     default_max_record_bytes = 1024**3  # PostgreSQL's limit of one field value (1 GiB)

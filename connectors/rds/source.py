@@ -112,19 +112,8 @@ class RdsSource(SourceTask):
     have no dead letter topic; cast the column in a ``mode: query`` SELECT
     (``NULLIF(amount, 'NaN')``) to choose otherwise.
 
-    Example::
-
-        sources:
-          - name: customers
-            type: rds_source
-            connection: postgres
-            topic: state.customers
-            table: customers
-            mode: timestamp+incrementing
-            timestamp_column: updated_at
-            incrementing_column: id
-            commit_delay_s: 5
-            reconcile_interval_s: 300
+    YAML: see :class:`~connectors.rds.config.RdsSourceConfig`
+    (its example is rendered in docs/config-reference.md).
     """
 
     config: RdsSourceConfig

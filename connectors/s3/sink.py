@@ -85,17 +85,8 @@ class S3Sink(Sink):
     ``{topic, partition, offset, timestamp_ms, key, version, deleted, value}``.
     Parquet and Avro objects hold records of one writer schema each.
 
-    Example::
-
-        - name: flights-archive
-          type: s3_sink
-          connection: s3
-          topics: [updates.flights]
-          bucket: lake
-          prefix: flights/
-          format: parquet
-          rotate_records: 100000
-          rotate_interval_s: 60
+    YAML: see :class:`~connectors.s3.config.S3SinkConfig`
+    (its example is rendered in docs/config-reference.md).
     """
 
     def __init__(self, config: Any, connection: Any, **kwargs: Any):

@@ -81,18 +81,8 @@ class S3Source(SourceTask):
     Backpressure: rows are read in batches of ``batch_records``; while the
     producer's queue is full the worker stops reading (the GET stream waits).
 
-    Example::
-
-        sources:
-          - name: regions
-            type: s3_source
-            connection: s3
-            topic: state.regions
-            bucket: reference
-            prefix: regions/
-            format: csv
-            key: [region_id]
-            tombstones_on_delete: true
+    YAML: see :class:`~connectors.s3.config.S3SourceConfig`
+    (its example is rendered in docs/config-reference.md).
     """
 
     config: S3SourceConfig

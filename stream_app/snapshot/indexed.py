@@ -2,8 +2,8 @@
 
 Why not Spark's own broadcast join: every micro-batch is a new plan, and a
 broadcast exchange is rebuilt (collected, shipped, hashed) for every plan, so
-each batch pays for the whole snapshot (STACK.md: 1.85 s per 50k-event batch
-at 1M keys against 0.44 s at 10k). Here the snapshot's *base* is a Spark
+each batch pays for the whole snapshot (its cost per batch grows with the
+snapshot's keys, see ``broadcast_join_per_batch`` in benchmarks/RESULTS.md). Here the snapshot's *base* is a Spark
 broadcast variable of Arrow IPC bytes, created once per base; each Python
 worker deserializes it and builds a hash index (pandas ``Index`` over the
 64-bit ``__lh``) once, and keeps both across tasks and micro-batches (workers

