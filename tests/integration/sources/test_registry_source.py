@@ -22,8 +22,8 @@ from connectors.config.models import RetryPolicy  # noqa: E402
 from schemas.registry import RegistryBridge, registry_client  # noqa: E402
 from schemas.serde import AvroDeserializer  # noqa: E402
 from schemas.store import InMemorySchemaStore  # noqa: E402
-from tests.integration.sources.contract import count_records, run_once  # noqa: E402
 from threes.config import pipeline_from_dict  # noqa: E402
+from threes.testing.source import count_records, run_once  # noqa: E402
 
 
 def _run(kafka: Any, pg: Any, unique: str, table: str) -> Any:
