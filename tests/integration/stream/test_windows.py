@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from connectors.updates import VERSION_HEADER, decode_version
+from tests.integration.stream.test_typed_aggregations import ORDER  # the same orders
 
 pytestmark = pytest.mark.spark
 
@@ -234,15 +235,6 @@ def test_session_windows_match_a_pandas_oracle_and_a_late_event_moves_the_start_
     assert late_events.dropped[env.delays] == 1
 
 
-ORDER = {
-    "type": "record", "name": "Order", "namespace": "threes.test",
-    "fields": [
-        {"name": "order_id", "type": "long"},
-        {"name": "shop", "type": "string"},
-        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
-        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
-    ],
-}
 
 
 def test_new_functions_keep_decimal_and_date_types_over_hopping_days(spark, tmp_path):
