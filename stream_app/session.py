@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SPARK_VERSION = "4.0.0"
+SPARK_VERSION = "4.2.0"
+"""The Spark of ``pyspark==4.2.0`` (pyproject.toml): the Kafka and Avro connectors must match it exactly."""
 SPARK_PACKAGES = (
     f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
     f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
