@@ -129,7 +129,9 @@ def enrich(
     if indexed:
         df = _indexed_lookups(df, indexed, passthrough)
     for i, lookup in numbered:
-        if not _in_python(lookup.view):
+        if lookup.view.mode == "jvm":
+            df = _jvm_lookup(df, i, lookup, passthrough, cache)
+        elif not _in_python(lookup.view):
             df = _spark_lookup(df, i, lookup, passthrough, cache)
     out = cache.get(
         ("enriched columns", columns, tuple(fld.name for lookup in lookups for fld in joined_fields(lookup))),
@@ -256,6 +258,47 @@ def _spark_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None,
     if cols.keep is not None:
         df = df.filter(cols.keep)
     return cache.select(df, [star, *cols.expanded])
+
+
+def _jvm_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None, cache: ColumnCache) -> Any:
+    """One lookup into the executors' JVM store of a snapshot (real-time mode, :mod:`stream_app.realtime`).
+
+    The key is the struct of the snapshot's key fields (the event columns cast to their types), encoded
+    with the reader key schema; a string key is its UTF-8 bytes. A null key field matches nothing
+    (``__lk`` is null then), as in the other engines.
+    """
+    from pyspark.sql import functions as f
+
+    from stream_app.realtime import lookup_column
+
+    assert lookup.view.jvm is not None
+    udf_name, key_json, value_json = lookup.view.jvm
+
+    def columns() -> tuple[Any, Any, list[Any]]:
+        by_key = {k: e for e, k in lookup.config.on.items()}
+        fields = lookup.view.key_type.fields
+        if key_json is None:  # key_format string: one string field
+            key = f.col(by_key[fields[0].name]).cast("string")
+        else:
+            key = f.struct(*[f.col(by_key[fld.name]).cast(fld.dataType).alias(fld.name) for fld in fields])
+        found = lookup_column(udf_name, key, key_json, value_json)
+        values = lookup.value_columns()
+        value = f.when(f.col(f"__lk{i}").isNotNull(), found).alias(f"__v{i}")
+        keep = None
+        if lookup.config.how == "inner":
+            keep = f.col(f"__v{i}").isNotNull()
+            if passthrough is not None:
+                keep = keep | f.col(passthrough).isNotNull()
+        expanded = [f.col(f"__v{i}")[name].alias(fld.name)
+                    for name, fld in zip(values, joined_fields(lookup), strict=True)]
+        return value, keep, expanded
+
+    value, keep, expanded = cache.get(("jvm lookup", i, id(lookup.config), udf_name, passthrough), columns)
+    star = cache.col("*")
+    df = cache.select(df, [star, value])
+    if keep is not None:
+        df = df.filter(keep)
+    return cache.select(df, [star, *expanded])
 
 
 def apply_steps(

@@ -83,7 +83,12 @@ def run(
         from stream_app.job import check_input_topics
 
         check_input_topics(pipeline.stream, meta.topics)  # a missing input topic: one line, before Spark starts
-        spark = spark_session(settings, _jars(), _s3a_jars(pipeline.stream.checkpoint_location))
+        extra = None
+        if pipeline.stream.mode == "realtime":  # the snapshot lookups run in the JVM: the component's jar
+            from stream_app.realtime import lookup_jar
+
+            extra = [lookup_jar()]
+        spark = spark_session(settings, _jars(), _s3a_jars(pipeline.stream.checkpoint_location), extra)
         StreamJob(pipeline.stream, pipeline.kafka, spark, base_dir=config.parent).run(available_now)
     except ConfigError as exc:  # the plan's problems (schemas, lookups): with the file and line of each key
         from connectors.config.loader import locate

@@ -402,6 +402,9 @@ class SnapshotView:
             lookup files (:mod:`stream_app.snapshot.mapped`), searched per event
             by the Python workers instead of a join; ``None``: Spark joins.
         partitions: partitioned mode: the base's buckets.
+        jvm: ``"jvm"`` mode (real-time mode, :mod:`stream_app.realtime`): the lookup UDF's name and the
+            reader key (``None`` for string keys) and value schema JSON; the table lives in the executors'
+            JVMs, the view holds no data.
     """
 
     name: str
@@ -416,6 +419,7 @@ class SnapshotView:
     overlay: pa.Table | None = None
     lookup_files: str | None = None
     partitions: int = 0
+    jvm: tuple[str, str | None, str] | None = None
     _overlay_ipc: bytes | None = field(default=None, repr=False)
     _overlay_df: Any = field(default=None, repr=False)
 
