@@ -140,6 +140,7 @@ DRIVER_JAVA_OPTIONS = os.environ.get("THREES_BENCH_DRIVER_JAVA_OPTIONS", "")
 KS_ANCHOR = Path(os.environ.get("THREES_KSTREAMS_REF", str(ROOT.parent / "shared" / "anchors" / "kstreams-ref")))
 KS_DIR = ROOT / ".threes" / "kstreams-ref"
 LATENCY_20K = 20_000
+LOOKUP = ROOT / "stream_app" / "jars" / "threes-lookup.jar"
 STRIDE = max(1, KEYS // SMALL)  # events reference keys 0, STRIDE, 2*STRIDE...: present in every snapshot
 
 KEY = {
@@ -317,6 +318,8 @@ class Bench:
                 conf={"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS} if DRIVER_JAVA_OPTIONS else {},
             ),
             stack.spark_jars(),
+            # real-time mode's JVM lookups (parts latency_rt*), when `make jvm` built them
+            extra_jars=[LOOKUP] if LOOKUP.is_file() else None,
         )
         self.run_id = uuid.uuid4().hex[:8]
         self.tmp = Path(tempfile.mkdtemp(prefix="threes-bench-"))
@@ -656,11 +659,14 @@ class Bench:
             )
         producer.flush(30)
 
-    def latency(self, large: str, rate: int) -> None:
+    def latency(self, large: str, rate: int, mode: str = "microbatch") -> None:
         """p50/p99 of enriched.timestamp - event.timestamp (both CreateTime, this machine's clock).
 
         The job joins the ``KEYS``-key snapshot ``large``; the events reference
-        ``SMALL`` of its keys (every ``STRIDE``-th). The label names both.
+        ``SMALL`` of its keys (every ``STRIDE``-th). The label names both. ``mode``
+        ``realtime`` runs the same job in Spark's real-time mode (``stream.mode: realtime``,
+        checkpoint interval 30 s, lookups in the executors' JVM stores; parts ``latency_rt5k``,
+        ``latency_rt20k``), beside micro-batch mode at the same rates (``latency5k``, ``latency20k``).
         """
         from confluent_kafka import Consumer, Producer
         from confluent_kafka.admin import AdminClient, NewTopic
@@ -669,7 +675,11 @@ class Bench:
         admin = AdminClient(self.conf)
         for fut in admin.create_topics([NewTopic(events, num_partitions=2)]).values():
             fut.result(30)
-        config = self.config(events, large, self.tmp / f"latency-{rate}")
+        config = self.config(events, large, self.tmp / f"latency-{mode}-{rate}")
+        if mode == "realtime":
+            data = config.model_dump()
+            data["events"]["max_offsets_per_trigger"] = None  # no micro-batches to bound
+            config = StreamJobConfig.model_validate({**data, "mode": "realtime", "checkpoint_interval": "30 seconds"})
         job = self.job(config)
         job.start()
         ser = AvroSerializer(EVENT)
@@ -720,7 +730,15 @@ class Bench:
         warm = sorted(lat[len(lat) // 10 :])  # the first 10 % include the start-up
         p50, p99 = warm[len(warm) // 2], warm[int(len(warm) * 0.99)]
         name = "latency" if rate == RATE else f"latency_{rate // 1000}k"
+        if mode == "realtime":
+            name = f"latency_realtime_{rate // 1000}k"
+            self.results[f"latency_p50_ms_realtime_{rate // 1000}k"] = round(p50 * 1000, 1)
+            self.results[f"latency_p99_ms_realtime_{rate // 1000}k"] = round(p99 * 1000, 1)
+        elif rate != RATE:
+            self.results[f"latency_p50_ms_microbatch_{rate // 1000}k"] = round(p50 * 1000, 1)
+            self.results[f"latency_p99_ms_microbatch_{rate // 1000}k"] = round(p99 * 1000, 1)
         self.results[name] = {
+            "mode": mode,
             "snapshot_keys": KEYS,
             "keys_referenced": SMALL,
             "rate_per_s": rate,
@@ -730,13 +748,16 @@ class Bench:
             "p99_s": p99,
             "trigger_s": config.trigger_interval_s,
         }
-        if rate == LATENCY_20K:
+        if rate == LATENCY_20K and mode == "microbatch":
             self.results["latency_p99_s_20k"] = p99
+        realtime = mode == "realtime"
+        target = " (target <= 100 ms)" if realtime and rate == LATENCY_20K else ""
+        target = " (target <= 2 s)" if not realtime and rate == LATENCY_20K else target
         self.rows.append(
             (
-                f"latency at {rate:,}/s, snapshot of {KEYS:,} keys ({SMALL:,} referenced)",
-                f"p50 {p50:.2f} s",
-                f"p99 {p99:.2f} s{' (target <= 2 s)' if rate == LATENCY_20K else ''}, trigger 1 s, "
+                f"latency {mode} at {rate:,}/s, snapshot of {KEYS:,} keys ({SMALL:,} referenced)",
+                f"p50 {p50 * 1000:.0f} ms",
+                f"p99 {p99 * 1000:.0f} ms{target}, {'checkpoint 30 s' if realtime else 'trigger 1 s'}, "
                 f"{len(seen)}/{sent} enriched",
             )
         )
@@ -1068,7 +1089,7 @@ class Bench:
             self.write_snapshot(small, SMALL, stride=STRIDE)  # exactly the keys the events reference
         if "bootstrap" in parts:
             self.write_snapshot(medium, MEDIUM)
-        if parts & {"throughput", "bootstrap", "restart", "latency", "latency20k"}:
+        if parts & {"throughput", "bootstrap", "restart", "latency", "latency20k", *LATENCY_PARTS}:
             self.write_snapshot(large, KEYS)
         if "throughput" in parts:
             self.write_events(events, EVENTS)
@@ -1085,6 +1106,9 @@ class Bench:
             self.latency(large, RATE)
         if "latency20k" in parts:
             self.latency(large, LATENCY_20K)
+        for part, (rate, mode) in LATENCY_PARTS.items():  # real-time mode beside micro-batch mode
+            if part in parts:
+                self.latency(large, rate, mode)
         if "scale" in parts:  # 10M keys on the standalone cluster, each driver a 1 GB child process
             from snapshot_scale import run_scale
 
@@ -1123,6 +1147,11 @@ class Bench:
         self.topics.drop()
 
 
+LATENCY_PARTS = {
+    "latency5k": (5_000, "microbatch"),
+    "latency_rt5k": (5_000, "realtime"),
+    "latency_rt20k": (LATENCY_20K, "realtime"),
+}
 DEFAULT_PARTS = "throughput,bootstrap,restart,latency,latency20k,kstreams,scale"
 
 
