@@ -671,7 +671,7 @@ class Bench:
         from confluent_kafka import Consumer, Producer
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        events = self.topic(f"latency.{rate}")
+        events = self.topic(f"latency.{mode}.{rate}")
         admin = AdminClient(self.conf)
         for fut in admin.create_topics([NewTopic(events, num_partitions=2)]).values():
             fut.result(30)

@@ -26,6 +26,9 @@ Engines, chosen per snapshot by its size:
   (:mod:`stream_app.snapshot.indexed`); only the keys cross into Python, but
   each worker holds a copy outside the JVM's memory accounting.
 
+* **jvm** (``stream.mode: realtime`` only): a JVM UDF reads the executor's GlobalKTable-like store of
+  the snapshot (:mod:`stream_app.realtime`); no join, no Python, no data on the driver.
+
 In the Spark engines the small overlay of newer changes is joined by
 broadcast after the base, and its rows (tombstones included) win.
 """

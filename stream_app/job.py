@@ -279,7 +279,12 @@ class StreamJob:
             ConfigError: ``--available-now`` (real-time mode runs until stopped).
             SetupError: the lookup component's jar was not built (``make jvm``).
         """
-        from stream_app.realtime import checkpoint_interval_s, consumer_properties, lookup_jar, register_lookup
+        from stream_app.realtime import (
+            checkpoint_interval_s,
+            consumer_properties,
+            lookup_jar,
+            register_lookup,
+        )
         from stream_app.snapshot.data import SnapshotView
 
         cfg, plan = self.config, self.plan
@@ -320,6 +325,8 @@ class StreamJob:
         interval = checkpoint_interval_s(cfg)
         self.queries.append(writer.trigger(realTime=f"{interval} seconds").start())
         self._ready.set()
+        for name in views:  # `threes status` and /metrics: the keys of this JVM's store (local[*]: every executor's)
+            metrics.SNAPSHOT_KEYS.labels(cfg.name, name).set_function(lambda name=name: _store_keys(self.spark, name))
         log.info("job=%s mode=realtime checkpoint_interval_s=%d snapshots=%s", cfg.name, interval, sorted(views))
         if cfg.metrics_port:
             token = cfg.metrics_token
@@ -551,6 +558,16 @@ class StreamJob:
                 restore_jvm()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
+
+
+def _store_keys(spark: Any, snapshot: str) -> float:
+    """Keys in this JVM's real-time stores of ``snapshot``; NaN once the session is gone (a scrape after a stop)."""
+    from stream_app.realtime import store_status
+
+    try:
+        return float(sum(s["keys"] for i, s in store_status(spark).items() if i.startswith(f"{snapshot}@")))
+    except Exception:  # noqa: BLE001 - a metric read must never fail the scrape
+        return float("nan")
 
 
 def observed(observation: Any, names: Sequence[str]) -> dict[str, Any]:

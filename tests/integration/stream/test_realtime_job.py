@@ -69,6 +69,12 @@ def test_realtime_gives_the_enriched_events_and_updates_of_microbatch(spark, env
             break
         i += 1
 
+    # threes status: the store's keys, read from the driver's JVM (local[2]: the executors are in it)
+    from stream_app.metrics import status_document
+
+    (row,) = [r for r in status_document()["snapshots"] if r["job"] == config.name]
+    assert row["snapshot"] == "airports" and row["keys"] == 3
+
     # a stop and a restart from the checkpoint: the events written while stopped are all enriched
     job.stop()
     env.put_flights([flight(500 + n, "LAX", "JFK") for n in range(10)])
