@@ -117,9 +117,10 @@ def lookup_jar() -> Path:
 def consumer_properties(librdkafka: dict[str, Any]) -> str:
     """Java Kafka consumer settings (``java.util.Properties`` text) from the pipeline's librdkafka settings.
 
-    Only the connection is carried over: bootstrap servers and, when set, the security protocol and
-    SASL mechanism with a JAAS line for its user. TLS trust material stays with the executors' JVM
-    defaults (a custom CA is a limitation of this first version).
+    Only the connection is carried over: bootstrap servers and, when set, the security protocol, the
+    SASL mechanism with a JAAS line for its user, and the CA file (``ssl.ca.location``) as a PEM trust
+    store (Kafka's ``ssl.truststore.type=PEM``, KIP-651), which must be at the same path on every
+    executor host.
 
     Args:
         librdkafka: :meth:`connectors.config.models.KafkaConfig.librdkafka_config`.
@@ -138,11 +139,18 @@ def consumer_properties(librdkafka: dict[str, Any]) -> str:
             if mechanism == "PLAIN"
             else "org.apache.kafka.common.security.scram.ScramLoginModule"
         )
-        user = str(librdkafka.get("sasl.username", "")).replace('"', '\\"')
-        password = str(librdkafka.get("sasl.password", "")).replace('"', '\\"')
+        user, password = (_jaas_quoted(librdkafka.get(k, "")) for k in ("sasl.username", "sasl.password"))
         out["sasl.jaas.config"] = f'{module} required username="{user}" password="{password}";'
+    if "ssl.ca.location" in librdkafka:
+        out["ssl.truststore.type"] = "PEM"
+        out["ssl.truststore.location"] = str(librdkafka["ssl.ca.location"])
     # Properties text: escape what Properties.load reads specially
     return "\n".join(f"{k}={_escape(v)}" for k, v in out.items()) + "\n"
+
+
+def _jaas_quoted(value: Any) -> str:
+    """A JAAS option value inside double quotes: Kafka's JaasConfig tokenizer unescapes backslash escapes."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _escape(value: str) -> str:

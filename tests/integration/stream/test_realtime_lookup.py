@@ -91,3 +91,37 @@ def test_lookups_in_a_realtime_query_see_reference_changes_and_tombstones(spark,
         assert status["bytes"] <= status["max_bytes"] == snapshot.max_bytes
     finally:
         query.stop()
+
+
+def test_the_jvm_store_reads_its_topics_over_sasl_ssl_with_the_pipelines_ca(spark, env, endpoints):
+    """The executors' consumer gets the pipeline's SASL login and CA file (PEM trust store)."""
+    import io
+    import uuid
+
+    import fastavro
+
+    from connectors.config.models import KafkaConfig
+    from threes.local.kafka import upsert_scram_user
+
+    lookup_jar()
+    user, password = f"rt-{uuid.uuid4().hex[:8]}", 'p"w\\d x'  # a quote and a backslash, JAAS-escaped
+    upsert_scram_user(endpoints.kafka_bootstrap, user, password)
+    secure = KafkaConfig.model_validate({
+        "bootstrap_servers": endpoints.kafka_sasl_bootstrap, "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": user, "sasl_password": password,
+        "ssl_ca_location": endpoints.tls_ca_location, "schema_topic": env.kafka.schema_topic,
+    })
+    env.put_airport("EWR")
+    jvm = spark.sparkContext._jvm
+    spec = jvm.threes.lookup.StoreSpec(f"tls-{env.unique}", consumer_properties(secure.librdkafka_config()),
+                                       env.airports, secure.schema_topic, schema_json(AIRPORT_KEY),
+                                       schema_json(AIRPORT), 1 << 20, 120_000, "")
+    store = jvm.threes.lookup.SnapshotStore.forSpec(spec)
+    try:
+        key = io.BytesIO()
+        fastavro.schemaless_writer(key, fastavro.parse_schema(AIRPORT_KEY), {"faa": "EWR"})
+        value = store.lookup(bytearray(key.getvalue()))  # waits at the readiness gate
+        record = fastavro.schemaless_reader(io.BytesIO(bytes(value)), fastavro.parse_schema(AIRPORT))
+        assert record["name"] == "Newark Liberty Intl" and store.table().size() == 1
+    finally:
+        store.close()

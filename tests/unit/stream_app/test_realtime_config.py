@@ -60,6 +60,7 @@ def test_validate_reports_them_with_their_paths_under_stream():
 def test_the_java_consumer_gets_the_connection_and_a_jaas_line_for_sasl():
     text = consumer_properties({"bootstrap.servers": "127.0.0.1:19094", "security.protocol": "sasl_ssl",
                                 "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "threes",
-                                "sasl.password": "s3cret"})
+                                "sasl.password": "s3cret", "ssl.ca.location": "/srv/tls/ca.pem"})
     assert "bootstrap.servers=127.0.0.1\\:19094" in text and "security.protocol=SASL_SSL" in text
     assert "ScramLoginModule required username\\=\"threes\" password\\=\"s3cret\";" in text
+    assert "ssl.truststore.type=PEM" in text and "ssl.truststore.location=/srv/tls/ca.pem" in text
