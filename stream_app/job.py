@@ -46,6 +46,7 @@ from stream_app.checkpoint import (
     checkpoint_conf,
     child,
     default_fs,
+    is_local_path,
     open_checkpoint_location,
 )
 from stream_app.config import StreamJobConfig
@@ -294,12 +295,18 @@ class StreamJob:
                                                             "is for mode microbatch")])
         lookup_jar()  # a missing jar: SetupError naming `make jvm`, not a ClassNotFoundException from py4j
         consumer = consumer_properties(self.kafka.librdkafka_config())
+        # the stores' tables and offsets beside the checkpoint when it is local (a restart reads only the
+        # tail); on a remote file system every start reads the compacted topics
+        location = cfg.checkpoint_location
+        state_dir = None
+        if is_local_path(location, default_fs(self.spark)):
+            state_dir = str(Path(location.removeprefix("file://")).resolve() / "realtime-stores")
         views: dict[str, SnapshotView] = {}
         for name, snap in plan.snapshots.items():
             key_json = None if snap.config.key_format == "string" else snap.key.json
             udf = register_lookup(
                 self.spark, re.sub(r"\W", "_", f"threes_lookup_{cfg.name}_{name}"), snap.config, key_json,
-                snap.value.json, consumer, self.kafka.schema_topic,
+                snap.value.json, consumer, self.kafka.schema_topic, state_dir=state_dir,
             )
             views[name] = SnapshotView(name, snap.key.spark_type, snap.value.spark_type, {}, "jvm", 0,
                                        jvm=(udf, key_json, snap.value.json))
@@ -521,6 +528,13 @@ class StreamJob:
                 )
             self.spark.streams.removeListener(self._late)
             self._late = None
+        if realtime:  # each store writes its table and offsets (local[*]: the executors are this JVM)
+            from stream_app.realtime import close_stores
+
+            try:
+                close_stores(self.spark)
+            except Exception:  # noqa: BLE001 - a stop goes on; the next start reads more of the topics
+                log.warning("job=%s could not close the snapshot stores", self.config.name, exc_info=True)
         self._reporter.shutdown(wait=True)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         for snapshot in self.snapshots.values():

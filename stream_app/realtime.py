@@ -166,6 +166,7 @@ def register_lookup(
     consumer_config: str,
     schema_topic: str,
     start_offsets: dict[tuple[str, int], int] | None = None,
+    state_dir: str | None = None,
 ) -> str:
     """Register the lookup UDF of one snapshot in ``spark`` (``binary -> binary``), named ``udf_name``.
 
@@ -179,6 +180,9 @@ def register_lookup(
         schema_topic: the topic of the writer schemas.
         start_offsets: ``(topic, partition) -> offset`` to start each store from; from the beginning
             when ``None``.
+        state_dir: a local folder (the same path on every executor host) where each store keeps its
+            table and offsets, written every minute and when it closes; a restarted JVM loads them and
+            reads only the topics' tail. ``None``: every start reads the topics from their beginning.
 
     Returns:
         ``udf_name``.
@@ -195,6 +199,7 @@ def register_lookup(
         snapshot.max_bytes,
         READY_TIMEOUT_MS,
         offsets,
+        state_dir,
     )
     udf = jvm.threes.lookup.LookupUdf(spec)
     binary = jvm.org.apache.spark.sql.types.DataTypes.BinaryType
@@ -225,12 +230,17 @@ def lookup_column(udf_name: str, key: Any, key_schema_json: str | None, value_sc
     return from_avro(f.call_function(udf_name, body), value_schema_json)
 
 
+def close_stores(spark: Any) -> None:
+    """Close the stores of the driver's JVM (in ``local[*]`` the executors'), each writing its state file."""
+    spark.sparkContext._jvm.threes.lookup.SnapshotStore.closeAll()
+
+
 def store_status(spark: Any) -> dict[str, dict[str, Any]]:
     """The stores of the driver's JVM (in ``local[*]`` the executors' too), for status and metrics.
 
     Returns:
         ``{snapshot spec id: {keys, bytes, max_bytes, applied, tombstones, bad_records, ready,
-        last_applied_timestamp_ms}}``.
+        last_applied_timestamp_ms, loaded_from_file}}`` (``loaded_from_file`` -1: started without one).
     """
     jvm = spark.sparkContext._jvm
     out: dict[str, dict[str, Any]] = {}
@@ -247,5 +257,6 @@ def store_status(spark: Any) -> dict[str, dict[str, Any]]:
             "bad_records": store.badRecords(),
             "ready": store.isReady(),
             "last_applied_timestamp_ms": store.lastAppliedTimestampMs(),
+            "loaded_from_file": store.loadedFromFile(),
         }
     return out

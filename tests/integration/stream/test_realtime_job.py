@@ -82,3 +82,9 @@ def test_realtime_gives_the_enriched_events_and_updates_of_microbatch(spark, env
     want = set(range(500, 510))
     got = _by_id(env.consume(enriched_rt_topic, lambda rs: want <= set(_by_id(rs)), timeout_s=180))
     assert {got[n]["origin_name"] for n in want} == {"Los Angeles Intl"}
+    # no full reload: the store came back from the file the stop wrote, and had no tail to read
+    from stream_app.realtime import store_status
+
+    (restarted,) = [s for s in store_status(spark).values() if s["loaded_from_file"] >= 0]
+    assert restarted["loaded_from_file"] == 3 and restarted["applied"] == 0 and restarted["keys"] == 3
+    assert len(list((env.tmp / "rt" / "realtime-stores").glob("airports@*.store"))) == 1

@@ -115,7 +115,7 @@ def test_the_jvm_store_reads_its_topics_over_sasl_ssl_with_the_pipelines_ca(spar
     jvm = spark.sparkContext._jvm
     spec = jvm.threes.lookup.StoreSpec(f"tls-{env.unique}", consumer_properties(secure.librdkafka_config()),
                                        env.airports, secure.schema_topic, schema_json(AIRPORT_KEY),
-                                       schema_json(AIRPORT), 1 << 20, 120_000, "")
+                                       schema_json(AIRPORT), 1 << 20, 120_000, "", None)
     store = jvm.threes.lookup.SnapshotStore.forSpec(spec)
     try:
         key = io.BytesIO()

@@ -1,5 +1,8 @@
 package threes.lookup;
 
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -44,6 +47,9 @@ public final class SnapshotStore implements AutoCloseable {
   private static final Logger LOG = Logger.getLogger(SnapshotStore.class.getName());
   private static final Map<String, SnapshotStore> STORES = new ConcurrentHashMap<>();
 
+  /** How often a store with a state folder writes its {@link StoreFile}, in milliseconds (and at close). */
+  static final long WRITE_INTERVAL_MS = 60_000;
+
   private final StoreSpec spec;
   private final SnapshotTable table;
   private final CountDownLatch ready = new CountDownLatch(1);
@@ -53,6 +59,7 @@ public final class SnapshotStore implements AutoCloseable {
   private final AtomicLong badRecords = new AtomicLong();
   private final Map<String, Long> positions = new ConcurrentHashMap<>();
   private volatile long lastAppliedTimestampMs = -1;
+  private volatile long loadedFromFile = -1;
   private volatile Throwable failure;
   private volatile boolean closing;
   private volatile KafkaConsumer<byte[], byte[]> consumer;
@@ -73,6 +80,14 @@ public final class SnapshotStore implements AutoCloseable {
           store.thread.start();
           return store;
         });
+  }
+
+  /** Stop and forget the store of {@code spec} in this JVM, if any (its state file is written first). */
+  public static void closeStore(StoreSpec spec) {
+    SnapshotStore store = STORES.remove(spec.storeId());
+    if (store != null) {
+      store.close();
+    }
   }
 
   /** Stop and forget every store of this JVM (a stopping job, tests). */
@@ -129,6 +144,11 @@ public final class SnapshotStore implements AutoCloseable {
   /** The table (sizes, bytes). */
   public SnapshotTable table() {
     return table;
+  }
+
+  /** Keys loaded from the state file at start; -1 when the store started without one. */
+  public long loadedFromFile() {
+    return loadedFromFile;
   }
 
   /** Records applied (upserts and tombstones). */
@@ -200,6 +220,18 @@ public final class SnapshotStore implements AutoCloseable {
       }
       c.assign(partitions);
       Map<String, Long> start = spec.startOffsetMap();
+      Path file = spec.stateDir() == null || spec.stateDir().isBlank() ? null : StoreFile.path(spec.stateDir(), spec);
+      if (file != null && Files.exists(file)) {
+        try {
+          start = StoreFile.read(file, table);
+          loadedFromFile = table.size();
+          LOG.info(String.format("snapshot %s: %d keys loaded from %s, reading the tail from %s", spec.name(),
+              table.size(), file, start));
+        } catch (IOException e) {
+          table.clear();
+          LOG.log(Level.WARNING, "snapshot " + spec.name() + ": unreadable " + file + ", reading the topics", e);
+        }
+      }
       List<TopicPartition> fromBeginning = new ArrayList<>();
       for (TopicPartition tp : partitions) {
         Long offset = start.get(tp.topic() + ":" + tp.partition());
@@ -209,25 +241,41 @@ public final class SnapshotStore implements AutoCloseable {
           c.seek(tp, offset);
         }
       }
-      c.seekToBeginning(fromBeginning);
+      if (!fromBeginning.isEmpty()) { // an empty collection would mean every assigned partition
+        c.seekToBeginning(fromBeginning);
+      }
       Map<TopicPartition, Long> end = new HashMap<>(c.endOffsets(partitions, timeout));
       long began = System.nanoTime();
-      while (!closing) {
-        if (ready.getCount() > 0 && SchemaTopic.reached(c, end)) {
-          LOG.info(String.format("snapshot %s ready: %d keys, %d bytes, %d records in %d ms", spec.name(),
-              table.size(), table.bytes(), applied.get(), (System.nanoTime() - began) / 1_000_000));
-          ready.countDown();
+      long written = System.currentTimeMillis();
+      try {
+        while (!closing) {
+          if (ready.getCount() > 0 && SchemaTopic.reached(c, end)) {
+            LOG.info(String.format("snapshot %s ready: %d keys, %d bytes, %d records in %d ms", spec.name(),
+                table.size(), table.bytes(), applied.get(), (System.nanoTime() - began) / 1_000_000));
+            ready.countDown();
+          }
+          ConsumerRecords<byte[], byte[]> batch = c.poll(Duration.ofMillis(ready.getCount() > 0 ? 100 : 50));
+          for (ConsumerRecord<byte[], byte[]> record : batch) {
+            apply(record, keys, values);
+          }
+          for (TopicPartition tp : batch.partitions()) {
+            positions.put(tp.topic() + ":" + tp.partition(), c.position(tp));
+          }
+          if (file != null && ready.getCount() == 0 && System.currentTimeMillis() - written >= WRITE_INTERVAL_MS) {
+            try {
+              save(c, partitions, file);
+            } catch (IOException e) { // the lookups go on; a restart reads more of the topics
+              LOG.log(Level.WARNING, "snapshot " + spec.name() + ": cannot write " + file, e);
+            }
+            written = System.currentTimeMillis();
+          }
         }
-        ConsumerRecords<byte[], byte[]> batch = c.poll(Duration.ofMillis(ready.getCount() > 0 ? 100 : 50));
-        for (ConsumerRecord<byte[], byte[]> record : batch) {
-          apply(record, keys, values);
-        }
-        for (TopicPartition tp : batch.partitions()) {
-          positions.put(tp.topic() + ":" + tp.partition(), c.position(tp));
-        }
+      } catch (WakeupException e) {
+        // close(): the consumer was woken to stop
       }
-    } catch (WakeupException e) {
-      // close(): the consumer was woken to stop
+      if (file != null && ready.getCount() == 0) {
+        save(c, partitions, file); // a restart then reads only what came after
+      }
     } catch (Throwable e) {
       failure = e;
       LOG.log(Level.SEVERE, "snapshot " + spec.name() + " failed", e);
@@ -235,6 +283,17 @@ public final class SnapshotStore implements AutoCloseable {
       consumer = null;
       ready.countDown();
     }
+  }
+
+  private void save(KafkaConsumer<byte[], byte[]> c, List<TopicPartition> partitions, Path file) throws IOException {
+    Map<String, Long> offsets = new HashMap<>();
+    for (TopicPartition tp : partitions) {
+      offsets.put(tp.topic() + ":" + tp.partition(), c.position(tp));
+    }
+    long t0 = System.nanoTime();
+    StoreFile.write(file, table, offsets);
+    LOG.info(String.format("snapshot %s: %d keys written to %s in %d ms", spec.name(), table.size(), file,
+        (System.nanoTime() - t0) / 1_000_000));
   }
 
   private void apply(ConsumerRecord<byte[], byte[]> record, SingleObjectCodec keys, SingleObjectCodec values)

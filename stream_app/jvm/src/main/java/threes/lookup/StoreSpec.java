@@ -24,6 +24,8 @@ import java.util.Properties;
  * @param readyTimeoutMs how long the first lookup waits for the store's first load, in milliseconds
  * @param startOffsets where to start reading ({@code topic:partition=offset}, comma-separated), e.g.
  *     from a checkpoint whose table was loaded beforehand; empty reads each topic from its beginning
+ * @param stateDir a local folder where the store keeps its table and offsets ({@link StoreFile}), so a
+ *     restarted JVM loads them and reads only the topics' tail; null or empty keeps nothing
  */
 public record StoreSpec(
     String name,
@@ -34,7 +36,8 @@ public record StoreSpec(
     String valueSchema,
     long maxBytes,
     long readyTimeoutMs,
-    String startOffsets)
+    String startOffsets,
+    String stateDir)
     implements Serializable {
 
   /** The consumer settings. */

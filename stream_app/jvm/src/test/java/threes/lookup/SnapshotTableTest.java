@@ -99,6 +99,24 @@ class SnapshotTableTest {
   }
 
   @Test
+  void aStoreFileGivesBackTheTableAndItsOffsets(@org.junit.jupiter.api.io.TempDir java.nio.file.Path dir)
+      throws Exception {
+    SnapshotTable table = new SnapshotTable("airports", 1 << 20);
+    table.apply(new byte[] {6, 'E', 'W', 'R'}, new byte[] {1, 2});
+    table.apply(new byte[] {6, 'J', 'F', 'K'}, new byte[] {3});
+    java.nio.file.Path file = dir.resolve("airports.store");
+    StoreFile.write(file, table, Map.of("state.airports:0", 7L, "state.airports:1", 3L));
+    SnapshotTable loaded = new SnapshotTable("airports", 1 << 20);
+    assertEquals(Map.of("state.airports:0", 7L, "state.airports:1", 3L), StoreFile.read(file, loaded));
+    assertEquals(2, loaded.size());
+    assertEquals(table.bytes(), loaded.bytes());
+    assertArrayEquals(new byte[] {1, 2}, loaded.get(new byte[] {6, 'E', 'W', 'R'}));
+    // a table that no longer fits its bound is refused while loading, with the numbers
+    assertThrows(SnapshotTable.SnapshotTooLargeException.class,
+        () -> StoreFile.read(file, new SnapshotTable("airports", 150)));
+  }
+
+  @Test
   void aSnapshotThatDoesNotFitIsRefusedWithTheNumbers() throws Exception {
     long max = 3 * (4 + 10 + SnapshotTable.ENTRY_OVERHEAD_BYTES);
     SnapshotTable table = new SnapshotTable("airports", max);
