@@ -226,6 +226,29 @@ def decode(data: bytes | None, deserializer: Any) -> tuple[str, Any]:
     return "hex", data.hex()
 
 
+CONFLUENT_MAGIC = b"\x00"
+
+
+def registry_decoder(deserializer: Any, bridge: Any) -> Any:
+    """A decoder for :func:`decode` that also reads the Confluent wire format (magic byte 0, schema id).
+
+    Args:
+        deserializer: the single-object decoder (``schemas.serde.AvroDeserializer`` over the store).
+        bridge: a :class:`schemas.registry.RegistryBridge`: it fetches the writer schema of a Confluent
+            prefix from the registry and turns the bytes into single-object ones.
+
+    Returns:
+        ``bytes -> value``: Confluent-framed bytes through the registry, others as before.
+    """
+
+    def read(data: bytes) -> Any:
+        if data[:1] == CONFLUENT_MAGIC and len(data) >= 5:
+            return deserializer(bridge.to_single_object(data))
+        return deserializer(data)
+
+    return read
+
+
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))
 

@@ -134,6 +134,12 @@ def show(config: ConfigArg, letter_id: Annotated[str, typer.Argument(help="<dlq 
         store = SchemaStore(pipeline.kafka.librdkafka_config(), pipeline.kafka.schema_topic,
                             **internal_topic_options(pipeline.kafka))
         deserializer: Any = AvroDeserializer(store)
+        if pipeline.kafka.schema_registry is not None:  # values written in the Confluent wire format too
+            from schemas.registry import RegistryBridge, registry_client
+            from threes.dead_letters import registry_decoder
+
+            client = registry_client(pipeline.kafka.schema_registry.client_config())
+            deserializer = registry_decoder(deserializer, RegistryBridge(client, store))
         replayed = replayed_ids(pipeline.kafka)
     except ThreesError as exc:
         console.print(f"[yellow]warning[/yellow] {exc}: values shown as hex", highlight=False, soft_wrap=True)

@@ -126,3 +126,16 @@ def test_consumed_messages_are_rewritten_for_the_sync_services_decoders():
     assert all(m.key()[:2] == b"\xc3\x01" for m in msgs)
     table = ColumnarDecoder(store).decode(fingerprint(V1), [m.value()[10:] for m in (msgs[0], msgs[1], msgs[3])])
     assert table.column("name").to_pylist() == ["n0", "n1", "n3"]
+
+
+def test_dlq_show_decodes_a_dead_letter_written_in_the_registry_format():
+    """``threes dlq show`` on a pipeline with a registry: Confluent-framed bytes decode, not hex."""
+    from threes.dead_letters import decode, registry_decoder
+
+    client = _client()
+    framed = RegistrySerializer(client, "updates.customers", V1)({"id": 7, "name": "Ada"})
+    store = InMemorySchemaStore()
+    plain = AvroDeserializer(store)
+    assert decode(framed, plain)[0] == "hex"  # without the registry: shown as bytes
+    assert decode(framed, registry_decoder(plain, RegistryBridge(client, store))) == (
+        "avro", {"id": 7, "name": "Ada"})
