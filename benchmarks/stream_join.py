@@ -677,9 +677,7 @@ class Bench:
             fut.result(30)
         config = self.config(events, large, self.tmp / f"latency-{mode}-{rate}")
         if mode == "realtime":
-            data = config.model_dump()
-            data["events"]["max_offsets_per_trigger"] = None  # no micro-batches to bound
-            config = StreamJobConfig.model_validate({**data, "mode": "realtime", "checkpoint_interval": "30 seconds"})
+            config = realtime_config(config)
         job = self.job(config)
         job.start()
         ser = AvroSerializer(EVENT)
@@ -761,6 +759,81 @@ class Bench:
                 f"{len(seen)}/{sent} enriched",
             )
         )
+
+    def freshness(self, large: str, rate: int = 5_000, changes: int = 30) -> None:
+        """Real-time mode: a reference change -> the first event joined with it, p50/p99 (part ``freshness``).
+
+        The job runs over the ``KEYS``-key snapshot ``large`` with events at ``rate``/s (as in
+        :meth:`latency`) plus a probe event every 2 ms whose key is ``K0000000``; once a second that
+        key's name changes (``changes`` times, after 5 s of warm-up). A change's freshness is the
+        append time of the first enriched event carrying the new name minus the change's own
+        CreateTime (one clock, this machine's); the probes bound it to 2 ms of resolution.
+        """
+        from confluent_kafka import Consumer, Producer
+
+        from schemas.serde import AvroDeserializer
+
+        events = self.topic("freshness")
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient(self.conf)  # held: a collected client fails its futures (_DESTROY)
+        for fut in admin.create_topics([NewTopic(events, num_partitions=2)]).values():
+            fut.result(30)
+        config = realtime_config(self.config(events, large, self.tmp / "freshness"))
+        job = self.job(config)
+        job.start()
+        key_ser, value_ser, event_ser = AvroSerializer(KEY, self.store), AvroSerializer(VALUE, self.store), \
+            AvroSerializer(EVENT)
+        producer = Producer({**self.conf, "linger.ms": 0})
+        written: dict[str, int] = {}
+        probe = {"flight_id": 0, "origin": "K0000000", "dest": "K0000000", "dep_delay": 1.0, "time_hour": 0}
+        sent = probes = changed = 0
+        started = time.monotonic()
+        next_change = started + 5
+        while changed < changes:
+            now = time.monotonic()
+            while sent < int((now - started) * rate):
+                origin = f"K{(sent % SMALL) * STRIDE:07d}"
+                producer.produce(events, value=event_ser({**probe, "flight_id": sent, "origin": origin}))
+                sent += 1
+            while probes < int((now - started) * 500):
+                producer.produce(events, value=event_ser({**probe, "flight_id": 10**12 + probes}))
+                probes += 1
+            if now >= next_change:
+                name = f"fresh-{self.run_id}-{changed}"
+                producer.produce(
+                    large, key=key_ser({"faa": "K0000000"}),
+                    value=value_ser({"faa": "K0000000", "name": name, "lat": 0.0, "lon": 0.0, "alt": 0, "tz": -5}),
+                    on_delivery=lambda err, msg, name=name: written.__setitem__(name, msg.timestamp()[1]),
+                )
+                changed += 1
+                next_change += 1.0
+            producer.poll(0)
+            time.sleep(0.001)
+        producer.flush(30)
+        des = AvroDeserializer(self.store)
+        consumer = Consumer({**self.conf, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})
+        consumer.subscribe([config.enriched_topic])
+        first: dict[str, int] = {}
+        marker = f"fresh-{self.run_id}-".encode()
+        deadline = time.monotonic() + 120
+        while len(first) < len(written) and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() or marker not in (msg.value() or b""):
+                continue
+            name = des(msg.value())["origin_name"]
+            first[name] = min(first.get(name, msg.timestamp()[1]), msg.timestamp()[1])
+        consumer.close()
+        job.stop(checkpoint=False)
+        fresh = sorted(first[n] - written[n] for n in written if n in first)
+        p50, p99 = fresh[len(fresh) // 2], fresh[min(len(fresh) - 1, int(len(fresh) * 0.99))]
+        self.results["freshness_realtime"] = {"changes": len(written), "seen": len(fresh), "rate_per_s": rate,
+                                              "p50_ms": p50, "p99_ms": p99, "max_ms": fresh[-1]}
+        self.results["freshness_p50_ms_realtime"], self.results["freshness_p99_ms_realtime"] = p50, p99
+        self.rows.append((
+            f"freshness realtime at {rate:,}/s: reference change -> first event joined with it",
+            f"p50 {p50} ms", f"p99 {p99} ms, max {fresh[-1]} ms, {len(fresh)}/{len(written)} changes seen",
+        ))
 
     # -- Kafka Streams side by side (part 6) --------------------------------------------------------
 
@@ -1089,7 +1162,7 @@ class Bench:
             self.write_snapshot(small, SMALL, stride=STRIDE)  # exactly the keys the events reference
         if "bootstrap" in parts:
             self.write_snapshot(medium, MEDIUM)
-        if parts & {"throughput", "bootstrap", "restart", "latency", "latency20k", *LATENCY_PARTS}:
+        if parts & {"throughput", "bootstrap", "restart", "latency", "latency20k", "freshness", *LATENCY_PARTS}:
             self.write_snapshot(large, KEYS)
         if "throughput" in parts:
             self.write_events(events, EVENTS)
@@ -1109,6 +1182,8 @@ class Bench:
         for part, (rate, mode) in LATENCY_PARTS.items():  # real-time mode beside micro-batch mode
             if part in parts:
                 self.latency(large, rate, mode)
+        if "freshness" in parts:
+            self.freshness(large)
         if "scale" in parts:  # 10M keys on the standalone cluster, each driver a 1 GB child process
             from snapshot_scale import run_scale
 
@@ -1145,6 +1220,13 @@ class Bench:
         self.spark.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.topics.drop()
+
+
+def realtime_config(config: StreamJobConfig) -> StreamJobConfig:
+    """The same job in real-time mode (checkpoint interval 30 s; no micro-batches to bound)."""
+    data = config.model_dump()
+    data["events"]["max_offsets_per_trigger"] = None
+    return StreamJobConfig.model_validate({**data, "mode": "realtime", "checkpoint_interval": "30 seconds"})
 
 
 LATENCY_PARTS = {
