@@ -13,8 +13,8 @@ import java.util.concurrent.atomic.AtomicLong;
  * value without a lock, as a Kafka Streams global store gives its readers.
  *
  * <p><b>Memory.</b> An entry is counted as its key and value bytes plus {@link #ENTRY_OVERHEAD_BYTES}
- * (the hash map's node, a {@link ByteBuffer} around the key, two array headers: measured on a 64-bit
- * HotSpot with compressed pointers). A put that takes the total over {@code maxBytes} is refused with
+ * (the hash map's node, a {@link ByteBuffer} around the key, two array headers: an estimate for a 64-bit
+ * HotSpot with compressed pointers, not measured yet). A put that takes the total over {@code maxBytes} is refused with
  * {@link SnapshotTooLargeException}, naming both numbers: a snapshot that cannot fit stops the job at
  * start, not an executor with an {@link OutOfMemoryError} later.
  */
