@@ -172,6 +172,18 @@ def parsing_fingerprint(schema: Schema) -> bytes:
     return bytes.fromhex(_fastavro_fingerprint(pcf, "CRC-64-AVRO"))
 
 
+def non_null_type(avro_type: Any) -> tuple[Any, bool]:
+    """The type a field's values have, and whether it may be null: ``["null", T]`` gives ``(T, True)``.
+
+    Returns:
+        ``(T, nullable)``; ``T`` is ``None`` for a union of several non-null branches.
+    """
+    if isinstance(avro_type, list):
+        branches = [b for b in avro_type if b != "null"]
+        return (branches[0] if len(branches) == 1 else None), len(branches) < len(avro_type)
+    return avro_type, False
+
+
 def schema_json(schema: Schema) -> str:
     """The schema as compact JSON, logical types and defaults kept (what readers need)."""
     if isinstance(schema, str) and schema.lstrip().startswith(("{", "[", '"')):

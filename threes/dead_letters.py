@@ -249,7 +249,8 @@ def registry_decoder(deserializer: Any, bridge: Any) -> Any:
     return read
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON types: bytes as hex, other non-JSON values (Decimal, datetime) as ``str``."""
     return json.loads(json.dumps(value, default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))
 
 

@@ -118,7 +118,7 @@ def show(config: ConfigArg, letter_id: Annotated[str, typer.Argument(help="<dlq 
     """Show one dead letter: its headers, the reason in full, its key and value decoded (else hex)."""
     from schemas.serde import AvroDeserializer
     from schemas.store import SchemaStore
-    from threes.dead_letters import decode, replayed_ids
+    from threes.dead_letters import decode, jsonable, replayed_ids
 
     try:
         _split_id(letter_id)
@@ -149,7 +149,7 @@ def show(config: ConfigArg, letter_id: Annotated[str, typer.Argument(help="<dlq 
     doc = {**_summary(letter, replayed),
            "headers": {k: redact(v.decode(errors="replace")) for k, v in letter.headers},
            "key": {"as": key_as, "value": key}, "value": {"as": value_as, "value": value}}
-    doc = json.loads(json.dumps(doc, default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))
+    doc = jsonable(doc)
     if as_json:
         print(json.dumps(doc, indent=2))
         return

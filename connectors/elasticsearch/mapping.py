@@ -34,17 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from connectors.exceptions import ConfigError, ConfigProblem
+from schemas.serde import non_null_type
 
 _PRIMITIVE = {"boolean": "boolean", "int": "integer", "long": "long", "float": "float", "double": "double"}
 DATE_TIME_FORMAT = "strict_date_optional_time||epoch_millis"
 DATE_FORMAT = "strict_date||epoch_millis"
-
-
-def _non_null(t: Any) -> Any:
-    if isinstance(t, list):
-        rest = [b for b in t if b != "null"]
-        return rest[0] if len(rest) == 1 else None  # a real union: left to dynamic mapping
-    return t
 
 
 def _string(string_mapping: str) -> dict[str, Any]:
@@ -66,7 +60,7 @@ def field_mapping(
         string_mapping: ``keyword``, ``text`` or ``text_and_keyword``.
         decimal_mapping: ``scaled_float``, ``double`` or ``keyword``.
     """
-    t = _non_null(avro_type)
+    t, _nullable = non_null_type(avro_type)  # None for a real union: left to dynamic mapping
     if t is None:
         return None
     if isinstance(t, str):

@@ -50,6 +50,8 @@ from typing import Any
 from sqlalchemy import Numeric, Table
 from sqlalchemy import types as sqltypes
 
+from schemas.serde import non_null_type
+
 REQUIRED_COMMENT = "threes: required (non-null) field of the Avro schema this column was created from"
 """The comment ``create_table`` puts on a column made from a non-nullable Avro field (columns are created
 nullable so that a field removed by a compatible schema change still writes): how a restarted sink
@@ -151,13 +153,6 @@ class FitPlan:
     absent: list[str] = field(default_factory=list)
     add: list[NewField] = field(default_factory=list)
     retyped: list[Retyped] = field(default_factory=list)
-
-
-def _non_null(avro: Any) -> tuple[Any, bool]:
-    if isinstance(avro, list):
-        branches = [b for b in avro if b != "null"]
-        return (branches[0] if len(branches) == 1 else None), len(branches) < len(avro)
-    return avro, False
 
 
 def _avro_numeric(avro: Any) -> tuple[str, int, int, int, int] | None:
@@ -276,7 +271,7 @@ def plan_fit(
             if not_null or column.name in required_fields or column.comment == REQUIRED_COMMENT:
                 plan.absent_required.append(column.name)
             continue
-        avro, nullable = _non_null(f["type"])
+        avro, nullable = non_null_type(f["type"])
         t = column.type
         sql = str(t.compile(dialect=dialect))
         family, takes = _avro_family(avro), _column_family(t)
@@ -306,14 +301,14 @@ def plan_fit(
             plan.checks.append(FieldCheck(column.name, sql, "string", max_length=int(t.length), nullable=nullable))
     for name, f in fields.items():
         if name not in table.c and name not in skip:
-            nullable = _non_null(f["type"])[1]
+            nullable = non_null_type(f["type"])[1]
             plan.add.append(NewField(name, f["type"], nullable, "default" in f, f.get("default")))
     return plan
 
 
 def required_fields_of(schema: dict[str, Any]) -> set[str]:
     """The fields of a record schema that are not a union with null (a value is always there)."""
-    return {f["name"] for f in schema.get("fields", []) if not _non_null(f["type"])[1]}
+    return {f["name"] for f in schema.get("fields", []) if not non_null_type(f["type"])[1]}
 
 
 def misfits(values: Any, check: FieldCheck) -> Any:
@@ -379,7 +374,7 @@ def arrow_type(schema: dict[str, Any], name: str) -> Any:
 
     for f in schema.get("fields", []):
         if f["name"] == name:
-            avro, _ = _non_null(f["type"])
+            avro, _ = non_null_type(f["type"])
             source = _avro_numeric(avro)
             if source is not None and source[0].startswith("decimal"):
                 p, s = source[1], source[2]
