@@ -7,9 +7,30 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv stack test drills demo down lint docs clean
+.PHONY: venv jvm stack test drills demo down lint docs clean
 
-venv: $(VENV)/.installed
+venv: jvm $(VENV)/.installed
+
+# The snapshot lookups of the stream job's real-time mode (stream.mode: realtime) run in the JVM: a small
+# Java component (stream_app/jvm, Java 17, Maven; its unit tests run in the build) packaged as
+# stream_app/jars/threes-lookup.jar, which ships in the wheel and reaches the executors through spark.jars.
+# Maven's repository is the project-local one of the local stack (.threes/m2).
+LOOKUP_JAR := stream_app/jars/threes-lookup.jar
+M2         ?= $(CURDIR)/.threes/m2
+JVM_LOG    ?= .threes/logs/maven-threes-lookup.log
+MVN_FLAGS  ?=
+
+jvm: $(LOOKUP_JAR)
+
+$(LOOKUP_JAR): stream_app/jvm/pom.xml $(shell find stream_app/jvm/src -name '*.java' 2>/dev/null)
+	@command -v mvn >/dev/null || { echo "make jvm: Maven (mvn) is not installed: apt-get install -y maven (and a JDK 17)" >&2; exit 1; }
+	@mkdir -p $(dir $(JVM_LOG)) $(dir $@)
+	@echo "make jvm: building the Java lookup component (stream_app/jvm) with Maven, log in $(JVM_LOG)"
+	@mvn -B -Dstyle.color=never -Dmaven.repo.local=$(M2) $(MVN_FLAGS) -f stream_app/jvm/pom.xml package >$(JVM_LOG) 2>&1 || { \
+	  echo "make jvm: FAILED to build the Java lookup component of stream.mode realtime (stream_app/jvm); Maven said:" >&2; \
+	  grep -E "ERROR|FAIL|Tests run:.*Fail" $(JVM_LOG) | head -n 20 >&2; \
+	  echo "make jvm: full log: $(JVM_LOG)" >&2; exit 1; }
+	cp stream_app/jvm/target/threes-lookup.jar $@
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "threes needs Python >= 3.11 (found %s); set PYTHON=python3.11" % sys.version.split()[0])'

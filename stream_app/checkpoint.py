@@ -423,7 +423,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 #: Spark's checkpoint file manager over Hadoop's ``FileSystem`` API (rename by ``File.renameTo``).
-FILE_SYSTEM_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+#: (in ``...streaming.checkpointing`` since Spark 4.1, which split the streaming execution package).
+FILE_SYSTEM_CHECKPOINT_MANAGER = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
 CHECKPOINT_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
 
 

@@ -122,6 +122,10 @@ _SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 8
 SESSION = "session"
 
 
+REALTIME_MIN_CHECKPOINT_S = 5
+"""The shortest interval of Spark's ``trigger(realTime=...)`` (its batch duration), seconds."""
+
+
 def duration_s(text: str) -> int:
     """Seconds of a duration of the config (``'1 day'``, ``'15 minutes'``).
 
@@ -249,6 +253,13 @@ class SnapshotConfig(StrictModel):
     def retention_ms(self) -> int | None:
         """``retention`` in milliseconds (``None``: not versioned)."""
         return None if self.retention is None else duration_s(self.retention) * 1000
+
+    max_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1,
+        description="mode realtime: the heap the snapshot's entries may take in each executor JVM, bytes (key and "
+        "value bodies plus 112 bytes per key); a snapshot that needs more stops the job at start, naming both numbers",
+    )
 
     @model_validator(mode="after")
     def _key_format(self) -> SnapshotConfig:
@@ -581,6 +592,19 @@ class StreamJobConfig(StrictModel):
     updates: list[UpdateConfig] = Field(default_factory=list)
     dead_letter_topic: TopicName
     trigger_interval_s: float = Field(1.0, gt=0)
+    mode: Literal["microbatch", "realtime"] = Field(
+        "microbatch",
+        description="microbatch: a micro-batch every trigger_interval_s, snapshots joined as Spark DataFrames; "
+        "realtime: Spark's real-time mode (one long-running query, each event enriched as it arrives, snapshot "
+        "lookups in the JVM, eventually fresh like a GlobalKTable): no aggregation updates, no transform, no "
+        "max_offsets_per_trigger (threes validate names what is used)",
+    )
+    checkpoint_interval: str = Field(
+        "30 seconds",
+        description="mode realtime: how often the query checkpoints its offsets (Spark's trigger(realTime=...)), "
+        "at least 5 seconds; not a latency: events flow through continuously in between, and a restart replays "
+        "at most this much",
+    )
     checkpoint_location: str = Field(description="Spark checkpoint folder (any Hadoop file system URL)")
     metrics_port: int | None = Field(None, ge=1, le=65535, description="serve Prometheus metrics on this port")
     metrics_host: str = Field("127.0.0.1", description="address metrics_port binds; any other than loopback needs "
@@ -609,6 +633,16 @@ class StreamJobConfig(StrictModel):
             rest = location.removeprefix("file:")
             return f"file://{rest}" if rest.startswith("/") else rest
         return location
+
+    @field_validator("checkpoint_interval")
+    @classmethod
+    def _checkpoint_interval(cls, value: str) -> str:
+        if duration_s(value) < REALTIME_MIN_CHECKPOINT_S:
+            raise ValueError(
+                f"{value!r}: real-time mode checkpoints at most every {REALTIME_MIN_CHECKPOINT_S} seconds (Spark's "
+                "minimum); it is not a latency, events flow through in between"
+            )
+        return value
 
     @field_validator("transform")
     @classmethod

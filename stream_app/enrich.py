@@ -26,6 +26,9 @@ Engines, chosen per snapshot by its size:
   (:mod:`stream_app.snapshot.indexed`); only the keys cross into Python, but
   each worker holds a copy outside the JVM's memory accounting.
 
+* **jvm** (``stream.mode: realtime`` only): a JVM UDF reads the executor's GlobalKTable-like store of
+  the snapshot (:mod:`stream_app.realtime`); no join, no Python, no data on the driver.
+
 In the Spark engines the small overlay of newer changes is joined by
 broadcast after the base, and its rows (tombstones included) win.
 """
@@ -134,6 +137,8 @@ def enrich(
     for i, lookup in numbered:
         if lookup.config.as_of is not None:
             df = _as_of_lookup(df, i, lookup, passthrough)
+        elif lookup.view.mode == "jvm":
+            df = _jvm_lookup(df, i, lookup, passthrough, cache)
         elif not _in_python(lookup.view):
             df = _spark_lookup(df, i, lookup, passthrough, cache)
     out = cache.get(
@@ -276,6 +281,47 @@ def _as_of_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None)
     joined, value_cols = join_as_of(df, i, f"__lk{i}", at, view.versions, values, lookup.config.how, passthrough,
                                     lookup.too_old)
     return joined.select("*", *[c.alias(fld.name) for c, fld in zip(value_cols, joined_fields(lookup), strict=True)])
+
+
+def _jvm_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None, cache: ColumnCache) -> Any:
+    """One lookup into the executors' JVM store of a snapshot (real-time mode, :mod:`stream_app.realtime`).
+
+    The key is the struct of the snapshot's key fields (the event columns cast to their types), encoded
+    with the reader key schema; a string key is its UTF-8 bytes. A null key field matches nothing
+    (``__lk`` is null then), as in the other engines.
+    """
+    from pyspark.sql import functions as f
+
+    from stream_app.realtime import lookup_column
+
+    assert lookup.view.jvm is not None
+    udf_name, key_json, value_json = lookup.view.jvm
+
+    def columns() -> tuple[Any, Any, list[Any]]:
+        by_key = {k: e for e, k in lookup.config.on.items()}
+        fields = lookup.view.key_type.fields
+        if key_json is None:  # key_format string: one string field
+            key = f.col(by_key[fields[0].name]).cast("string")
+        else:
+            key = f.struct(*[f.col(by_key[fld.name]).cast(fld.dataType).alias(fld.name) for fld in fields])
+        found = lookup_column(udf_name, key, key_json, value_json)
+        values = lookup.value_columns()
+        value = f.when(f.col(f"__lk{i}").isNotNull(), found).alias(f"__v{i}")
+        keep = None
+        if lookup.config.how == "inner":
+            keep = f.col(f"__v{i}").isNotNull()
+            if passthrough is not None:
+                keep = keep | f.col(passthrough).isNotNull()
+        expanded = [f.col(f"__v{i}")[name].alias(fld.name)
+                    for name, fld in zip(values, joined_fields(lookup), strict=True)]
+        return value, keep, expanded
+
+    value, keep, expanded = cache.get(("jvm lookup", i, id(lookup.config), udf_name, passthrough), columns)
+    star = cache.col("*")
+    df = cache.select(df, [star, value])
+    if keep is not None:
+        df = df.filter(keep)
+    return cache.select(df, [star, *expanded])
 
 
 def apply_steps(

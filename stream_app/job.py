@@ -20,6 +20,7 @@ identical and the update versions make them harmless to the sinks.
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 import time
@@ -45,6 +46,7 @@ from stream_app.checkpoint import (
     checkpoint_conf,
     child,
     default_fs,
+    is_local_path,
     open_checkpoint_location,
 )
 from stream_app.config import StreamJobConfig
@@ -134,6 +136,9 @@ class StreamJob:
         for schema in [plan.enriched] + [s for u in plan.updates for s in (u.key, u.value)]:
             writers.register(schema.avro)
         fs = open_checkpoint_location(cfg.checkpoint_location, self.spark)  # unusable: an error, never "no checkpoints"
+        if cfg.mode == "realtime":
+            self._start_realtime(available_now)
+            return
         self._offsets_log = BatchOffsetsLog(fs)
         dead_letters = DeadLetterProducer(self.kafka, cfg.dead_letter_topic, cfg.name)
         for snap_plan in plan.snapshots.values():
@@ -291,6 +296,77 @@ class StreamJob:
             .queryName(f"{self.config.name}-enrich-{uuid.uuid4().hex[:6]}")
         )
         return self._trigger(writer, available_now).start()
+
+    def _start_realtime(self, available_now: bool) -> None:
+        """Real-time mode: one query, Kafka -> decode -> where/derive -> JVM lookups -> encode -> Kafka.
+
+        Every stage is a Catalyst expression or the JVM lookup UDF (:mod:`stream_app.realtime`), which
+        real-time mode allows; the snapshots live in the executors' JVM stores, which pass their own
+        readiness gate on their first lookup. Delivery into Kafka is at least once: a restart replays
+        from the last checkpoint (at most ``checkpoint_interval`` of events), as a micro-batch replay does.
+
+        Raises:
+            ConfigError: ``--available-now`` (real-time mode runs until stopped).
+            SetupError: the lookup component's jar was not built (``make jvm``).
+        """
+        from stream_app.realtime import (
+            checkpoint_interval_s,
+            consumer_properties,
+            lookup_jar,
+            register_lookup,
+        )
+        from stream_app.snapshot.data import SnapshotView
+
+        cfg, plan = self.config, self.plan
+        assert plan is not None and self._writers is not None
+        if available_now:
+            raise ConfigError([ConfigProblem("stream.mode", "real-time mode runs until stopped; --available-now "
+                                                            "is for mode microbatch")])
+        lookup_jar()  # a missing jar: SetupError naming `make jvm`, not a ClassNotFoundException from py4j
+        consumer = consumer_properties(self.kafka.librdkafka_config())
+        # the stores' tables and offsets beside the checkpoint when it is local (a restart reads only the
+        # tail); on a remote file system every start reads the compacted topics
+        location = cfg.checkpoint_location
+        state_dir = None
+        if is_local_path(location, default_fs(self.spark)):
+            state_dir = str(Path(location.removeprefix("file://")).resolve() / "realtime-stores")
+        views: dict[str, SnapshotView] = {}
+        for name, snap in plan.snapshots.items():
+            key_json = None if snap.config.key_format == "string" else snap.key.json
+            udf = register_lookup(
+                self.spark, re.sub(r"\W", "_", f"threes_lookup_{cfg.name}_{name}"), snap.config, key_json,
+                snap.value.json, consumer, self.kafka.schema_topic, state_dir=state_dir,
+            )
+            views[name] = SnapshotView(name, snap.key.spark_type, snap.value.spark_type, {}, "jvm", 0,
+                                       jvm=(udf, key_json, snap.value.json))
+        self._batch = BatchPlan(plan)
+        events = cfg.events
+        stream = (
+            self._read_stream(events.topic, events.starting_offsets)
+            .option("includeHeaders", "true")
+            .option("failOnDataLoss", str(events.fail_on_data_loss).lower())
+            .load()
+        )
+        # the events' writer schemas known now; one registered later is dead-lettered until a restart
+        records = self._batch.records(
+            self._batch.frame(stream, self._writers()), [BoundLookup(lk, views[lk.snapshot]) for lk in cfg.lookups],
+            views,
+        )
+        writer = records.writeStream.format("kafka").outputMode("update")
+        for key, value in sink_options(self._options).items():
+            writer = writer.option(key, value)
+        writer = writer.option("checkpointLocation", child(cfg.checkpoint_location, "realtime")).queryName(
+            f"{cfg.name}-realtime-{uuid.uuid4().hex[:6]}"
+        )
+        interval = checkpoint_interval_s(cfg)
+        self.queries.append(writer.trigger(realTime=f"{interval} seconds").start())
+        self._ready.set()
+        for name in views:  # `threes status` and /metrics: the keys of this JVM's store (local[*]: every executor's)
+            metrics.SNAPSHOT_KEYS.labels(cfg.name, name).set_function(lambda name=name: _store_keys(self.spark, name))
+        log.info("job=%s mode=realtime checkpoint_interval_s=%d snapshots=%s", cfg.name, interval, sorted(views))
+        if cfg.metrics_port:
+            token = cfg.metrics_token
+            metrics.serve(cfg.metrics_port, cfg.metrics_host, token.get_secret_value() if token is not None else None)
 
     def _start_aggregation(self, update: Any, available_now: bool) -> Any:
         # decode only the fields the aggregation reads: same record name, so every enriched writer resolves
@@ -473,9 +549,14 @@ class StreamJob:
             checkpoint: write a last snapshot checkpoint, for a fast restart.
             grace_s: how long to wait for a running micro-batch, seconds.
         """
+        # a real-time query's one long batch is always active: stopped at once, its records since the last
+        # checkpoint are replayed by a restart (at least once)
+        realtime = self.config.mode == "realtime"
         for query in self.queries:
             deadline = time.monotonic() + grace_s
-            while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+            while (
+                not realtime and query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline
+            ):
                 time.sleep(0.1)
             query.stop()
         self.queries = []
@@ -494,6 +575,13 @@ class StreamJob:
         if self.http is not None:
             self.http.close()
             self.http = None
+        if realtime:  # each store writes its table and offsets (local[*]: the executors are this JVM)
+            from stream_app.realtime import close_stores
+
+            try:
+                close_stores(self.spark)
+            except Exception:  # noqa: BLE001 - a stop goes on; the next start reads more of the topics
+                log.warning("job=%s could not close the snapshot stores", self.config.name, exc_info=True)
         self._reporter.shutdown(wait=True)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         for snapshot in self.snapshots.values():
@@ -533,12 +621,23 @@ class StreamJob:
                     signal.signal(sig, handler)
 
 
+def _store_keys(spark: Any, snapshot: str) -> float:
+    """Keys in this JVM's real-time stores of ``snapshot``; NaN once the session is gone (a scrape after a stop)."""
+    from stream_app.realtime import store_status
+
+    try:
+        return float(sum(s["keys"] for i, s in store_status(spark).items() if i.startswith(f"{snapshot}@")))
+    except Exception:  # noqa: BLE001 - a metric read must never fail the scrape
+        return float("nan")
+
+
 def observed(observation: Any, names: Sequence[str]) -> dict[str, Any]:
     """The metrics ``names`` of a PySpark ``Observation``, waiting for them as ``Observation.get`` does.
 
     ``Observation.get`` iterates the JVM's map through py4j, which ends every
     iteration with a Java exception that PySpark converts through a dozen JVM class
     lookups (each a scan of the driver's class path): one ``get`` per name instead.
+    (So in pyspark 4.0; pyspark 4.2's ``get`` no longer raises one, and both read the same counts.)
     """
     jo = getattr(observation, "_jo", None)
     if jo is None:  # not the classic PySpark Observation

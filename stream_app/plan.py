@@ -410,6 +410,11 @@ def build_plan(
     def problem(path: str, message: str) -> None:
         problems.append(ConfigProblem(f"stream.{path}", message))
 
+    from stream_app.realtime import realtime_problems
+
+    for path, message in realtime_problems(config):  # what Spark's real-time mode cannot run (mode: realtime)
+        problem(path, message)
+
     def load(ref: str, path: str) -> dict[str, Any] | None:
         try:
             avro = load_schema(ref, base_dir or Path.cwd())

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SPARK_VERSION = "4.0.0"
+SPARK_VERSION = "4.2.0"
+"""The Spark of ``pyspark==4.2.0`` (pyproject.toml): the Kafka and Avro connectors must match it exactly."""
 SPARK_PACKAGES = (
     f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
     f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",
@@ -76,6 +77,7 @@ def spark_session(
     settings: SparkSettings,
     jars: Sequence[Path | str] | None = None,
     local_jars: Sequence[Path | str] | None = None,
+    extra_jars: Sequence[Path | str] | None = None,
 ) -> Any:
     """Build (or return the running) SparkSession for the stream job.
 
@@ -92,6 +94,9 @@ def spark_session(
             executor of every application (a ``local:`` URI too, in Spark 4.0), and
             ``extraClassPath`` would put the bundle's unshaded slf4j 1.x before Spark's
             and silence Spark's logging.
+        extra_jars: more jar files for ``spark.jars`` (the driver serves them to the executors), with
+            either form of the connectors: the Java lookup component of real-time mode
+            (:func:`stream_app.realtime.lookup_jar`).
 
     Returns:
         A :class:`pyspark.sql.SparkSession`.
@@ -135,10 +140,10 @@ def spark_session(
         entries = [str(Path(j).resolve()) for j in local_jars]
         key = "spark.executorEnv.SPARK_DIST_CLASSPATH"
         builder = builder.config(key, ":".join(filter(None, [settings.conf.get(key), *entries])))
-    if jars:
-        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
-    else:
+    if not jars:
         builder = builder.config("spark.jars.packages", ",".join(SPARK_PACKAGES))
+    if jars or extra_jars:
+        builder = builder.config("spark.jars", ",".join(str(j) for j in [*(jars or []), *(extra_jars or [])]))
     for key, value in settings.conf.items():
         if not (local_jars and key == "spark.executorEnv.SPARK_DIST_CLASSPATH"):
             builder = builder.config(key, value)

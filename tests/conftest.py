@@ -238,9 +238,10 @@ class SparkSessions:
             return self.session
         self.close()
         jars = LocalStack()  # the jars only: resolving them starts no service
+        lookup = Path(__file__).parents[1] / "stream_app" / "jars" / "threes-lookup.jar"  # make jvm (realtime mode)
         self.session = spark_session(
             SparkSettings(master=master, app_name="threes-tests", driver_memory="2g"),
-            jars=jars.spark_jars(),
+            jars=[*jars.spark_jars(), *([lookup] if lookup.is_file() else [])],
             local_jars=jars.spark_s3a_jars(),
         )
         self.master = master

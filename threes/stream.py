@@ -30,15 +30,16 @@ def _stream(config: Path):  # noqa: ANN202 - the pipeline model is built at runt
 def _jars() -> list[Path] | None:
     """The connector jars of the local stack when resolved (offline); else Spark resolves them through Ivy."""
     from threes.local import LocalStack
+    from threes.local.spark import spark_jars_dir
 
     stack = LocalStack()
-    return stack.spark_jars() if (stack.home / "spark-jars").is_dir() else None
+    return stack.spark_jars() if spark_jars_dir(stack.layout).is_dir() else None
 
 
 def _s3a_jars(checkpoint_location: str) -> list[Path] | None:
     """hadoop-aws and the AWS SDK bundle of the local stack for an ``s3a://`` checkpoint, when resolved.
 
-    ``threes local up --service spark`` resolves them (``.threes/spark-s3a-jars``); a
+    ``threes local up --service spark`` resolves them (``.threes/spark-s3a-jars-<hadoop version>``); a
     cluster elsewhere needs them at the same path on every host, or brings its own
     (then the job's start-up check finds S3A on Spark's class path). Never downloaded
     here: 560 MB should not land silently in whatever folder the job runs from.
@@ -46,9 +47,10 @@ def _s3a_jars(checkpoint_location: str) -> list[Path] | None:
     if not checkpoint_location.startswith("s3a://"):
         return None
     from threes.local import LocalStack
+    from threes.local.spark import s3a_jars_dir
 
     stack = LocalStack()
-    return stack.spark_s3a_jars() if (stack.home / "spark-s3a-jars").is_dir() else None
+    return stack.spark_s3a_jars() if s3a_jars_dir(stack.layout).is_dir() else None
 
 
 @stream_cli.command()
@@ -81,7 +83,12 @@ def run(
         from stream_app.job import check_input_topics
 
         check_input_topics(pipeline.stream, meta.topics)  # a missing input topic: one line, before Spark starts
-        spark = spark_session(settings, _jars(), _s3a_jars(pipeline.stream.checkpoint_location))
+        extra = None
+        if pipeline.stream.mode == "realtime":  # the snapshot lookups run in the JVM: the component's jar
+            from stream_app.realtime import lookup_jar
+
+            extra = [lookup_jar()]
+        spark = spark_session(settings, _jars(), _s3a_jars(pipeline.stream.checkpoint_location), extra)
         StreamJob(pipeline.stream, pipeline.kafka, spark, base_dir=config.parent).run(available_now)
     except ConfigError as exc:  # the plan's problems (schemas, lookups): with the file and line of each key
         from connectors.config.loader import locate

@@ -411,6 +411,9 @@ class SnapshotView:
         versions: a versioned snapshot (``retention``): its versions as of this
             view (:class:`~stream_app.snapshot.versioned.VersionsView`), what
             ``as_of`` lookups join; ``None`` otherwise.
+        jvm: ``"jvm"`` mode (real-time mode, :mod:`stream_app.realtime`): the lookup UDF's name and the
+            reader key (``None`` for string keys) and value schema JSON; the table lives in the executors'
+            JVMs, the view holds no data.
     """
 
     name: str
@@ -426,6 +429,7 @@ class SnapshotView:
     lookup_files: str | None = None
     partitions: int = 0
     versions: Any = None
+    jvm: tuple[str, str | None, str] | None = None
     _overlay_ipc: bytes | None = field(default=None, repr=False)
     _overlay_df: Any = field(default=None, repr=False)
 

@@ -156,7 +156,8 @@ def write_lookup_files(spark: Any, data: str, folder: str, partitions: int, sche
         if bucket is None or not 0 <= bucket < partitions:
             raise RuntimeError(f"lookup files: {data}/{name} is not a bucket file of {partitions} buckets")
         files.setdefault(bucket, []).append(os.path.join(data, name))
-    target = nullable_schema(to_arrow_schema(schema))
+    # Spark's timestamps are UTC instants (spark.sql.session.timeZone is UTC): pyspark 4.2 needs the zone named
+    target = nullable_schema(to_arrow_schema(schema, timezone="UTC"))
 
     def write(item: tuple[int, list[str]]) -> int:  # on an executor, per bucket
         import pyarrow.parquet as pq

@@ -167,7 +167,8 @@ class Snapshot:
         spark_type = T.StructType(
             [T.StructField(LK, T.StringType()), T.StructField(LH, T.LongType()), *self.plan.value.spark_type.fields]
         )
-        return nullable_table(to_arrow_schema(spark_type, timestamp_utc=True).empty_table())
+        # timestamps are UTC instants; pyspark 4.2 needs the zone named (4.0 had timestamp_utc=True)
+        return nullable_table(to_arrow_schema(spark_type, timezone="UTC").empty_table())
 
     def _dead_letter_errors(self, decoded: Any, stage: str = "snapshot") -> int:
         # not a filter, which Spark pushed below the decode: every record decoded again per check of the reason

@@ -9,7 +9,7 @@ default)::
       run/         PID records (``<service>.json``) and the stack lock
       logs/        one log per service (``<service>.log``) and Maven's logs
       kafka/ postgres/ elasticsearch/ s3/   installs, configs and data
-      spark-jars/  Spark's Kafka and Avro connectors with their dependencies
+      spark-jars-<version>/  Spark's Kafka and Avro connectors with their dependencies, per Spark version
 """
 
 from __future__ import annotations

@@ -95,7 +95,14 @@ def copy_artifact(layout: Layout, coordinates: str, target: Path, *, log_name: s
     return target
 
 
-def copy_dependencies(layout: Layout, pom_resource: str, target: Path, *, log_name: str) -> Path:
+def copy_dependencies(
+    layout: Layout,
+    pom_resource: str,
+    target: Path,
+    *,
+    log_name: str,
+    properties: dict[str, str] | None = None,
+) -> Path:
     """Copy the (transitive, runtime-scope) dependencies of a packaged pom into ``target``.
 
     Skipped when ``target`` already exists (it is created only on success).
@@ -105,6 +112,7 @@ def copy_dependencies(layout: Layout, pom_resource: str, target: Path, *, log_na
         pom_resource: File name of a pom shipped in this package (``kafka-pom.xml``).
         target: Final folder of jars.
         log_name: Suffix of the Maven log.
+        properties: Maven properties (``-Dname=value``) the pom reads, e.g. ``{"spark.version": "4.2.0"}``.
 
     Returns:
         ``target``.
@@ -129,6 +137,7 @@ def copy_dependencies(layout: Layout, pom_resource: str, target: Path, *, log_na
             f"{DEPENDENCY_PLUGIN}:copy-dependencies",
             f"-DoutputDirectory={out}",
             "-DincludeScope=runtime",
+            *(f"-D{name}={value}" for name, value in (properties or {}).items()),
         ],
         what=f"resolve the jars of {pom_resource} with Maven",
         log_name=log_name,

@@ -1,12 +1,15 @@
-"""Spark's Kafka and Avro connector jars, resolved once into ``.threes/spark-jars``.
+"""Spark's Kafka and Avro connector jars, resolved once into ``.threes/spark-jars-<spark version>``.
 
-``spark-sql-kafka-0-10_2.13`` and ``spark-avro_2.13`` 4.0.0 (matching
-``pyspark==4.0.0``) with their runtime dependencies, minus the jars pyspark
+``spark-sql-kafka-0-10_2.13`` and ``spark-avro_2.13`` of :data:`SPARK_VERSION` (matching
+the pinned ``pyspark``) with their runtime dependencies, minus the jars pyspark
 already ships (see ``spark-pom.xml``). After the first resolution a
-SparkSession needs no network: pass the paths as ``spark.jars``.
+SparkSession needs no network: pass the paths as ``spark.jars``. The folder's name
+carries the Spark version, so that the jars of two Spark versions (two checkouts
+sharing one ``.threes``) live side by side and a pyspark upgrade never picks up the
+connectors of the previous one.
 
 Hadoop's S3A file system (``s3a://`` checkpoints) comes separately into
-``.threes/spark-s3a-jars``: ``hadoop-aws`` pinned to the Hadoop version of
+``.threes/spark-s3a-jars-<hadoop version>``: ``hadoop-aws`` pinned to the Hadoop version of
 pyspark's own ``hadoop-client-api`` jar, and the AWS SDK v2 bundle it needs
 (``spark-s3a-pom.xml``).
 """
@@ -16,19 +19,21 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from stream_app.session import SPARK_VERSION
+
 from .common import HOST, Layout, LocalStackError
 from .maven import copy_dependencies
 
 logger = logging.getLogger(__name__)
 
-SPARK_VERSION = "4.0.0"
-HADOOP_VERSION = "3.4.1"
-"""The Hadoop of pyspark 4.0.0 (``pyspark/jars/hadoop-client-api-3.4.1.jar``): hadoop-aws must match it."""
+__all__ = ["SPARK_VERSION", "resolve_spark_jars", "spark_jars_dir"]
+HADOOP_VERSION = "3.5.0"
+"""The Hadoop of pyspark 4.2.0 (``pyspark/jars/hadoop-client-api-3.5.0.jar``): hadoop-aws must match it."""
 
 
 def spark_jars_dir(layout: Layout) -> Path:
-    """Return the folder of the resolved jars."""
-    return layout.home / "spark-jars"
+    """Return the folder of the resolved jars: ``spark-jars-<SPARK_VERSION>``."""
+    return layout.home / f"spark-jars-{SPARK_VERSION}"
 
 
 def resolve_spark_jars(layout: Layout) -> list[Path]:
@@ -44,7 +49,10 @@ def resolve_spark_jars(layout: Layout) -> list[Path]:
         LocalStackError: If Maven cannot resolve them (e.g. offline on first use).
     """
     layout.create()
-    target = copy_dependencies(layout, "spark-pom.xml", spark_jars_dir(layout), log_name="spark")
+    target = copy_dependencies(
+        layout, "spark-pom.xml", spark_jars_dir(layout), log_name=f"spark-{SPARK_VERSION}",
+        properties={"spark.version": SPARK_VERSION},
+    )
     jars = sorted(target.glob("*.jar"))
     if not any(j.name.startswith("spark-sql-kafka") for j in jars):
         raise LocalStackError(f"{target} lacks spark-sql-kafka; delete that folder and run up again")
@@ -52,8 +60,12 @@ def resolve_spark_jars(layout: Layout) -> list[Path]:
 
 
 def s3a_jars_dir(layout: Layout) -> Path:
-    """Return the folder of hadoop-aws and the AWS SDK bundle."""
-    return layout.home / "spark-s3a-jars"
+    """Return the folder of hadoop-aws and the AWS SDK bundle: ``spark-s3a-jars-<HADOOP_VERSION>``.
+
+    Named by the Hadoop version, like :func:`spark_jars_dir` by Spark's: hadoop-aws must match
+    the installed pyspark's Hadoop exactly, and two checkouts may share one ``.threes``.
+    """
+    return layout.home / f"spark-s3a-jars-{HADOOP_VERSION}"
 
 
 def pyspark_hadoop_version() -> str | None:
@@ -86,7 +98,10 @@ def resolve_s3a_jars(layout: Layout) -> list[Path]:
             "update the pom and HADOOP_VERSION together"
         )
     layout.create()
-    target = copy_dependencies(layout, "spark-s3a-pom.xml", s3a_jars_dir(layout), log_name="spark-s3a")
+    target = copy_dependencies(
+        layout, "spark-s3a-pom.xml", s3a_jars_dir(layout), log_name=f"spark-s3a-{HADOOP_VERSION}",
+        properties={"hadoop.version": HADOOP_VERSION},
+    )
     jars = sorted(target.glob("*.jar"))
     if not any(j.name == f"hadoop-aws-{HADOOP_VERSION}.jar" for j in jars):
         raise LocalStackError(f"{target} lacks hadoop-aws-{HADOOP_VERSION}.jar; delete that folder and run up again")

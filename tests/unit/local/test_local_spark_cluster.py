@@ -8,7 +8,7 @@ from pathlib import Path
 import pyspark
 
 from threes.local.common import Layout
-from threes.local.spark import HADOOP_VERSION, pyspark_hadoop_version
+from threes.local.spark import HADOOP_VERSION, SPARK_VERSION, pyspark_hadoop_version, s3a_jars_dir, spark_jars_dir
 from threes.local.spark_cluster import MASTER_URL, SparkMaster, cluster_services
 
 
@@ -31,7 +31,16 @@ def test_master_and_workers_are_pyspark_launcher_classes_bound_to_loopback(tmp_p
 def test_hadoop_aws_is_pinned_to_pysparks_hadoop():
     assert pyspark_hadoop_version() == HADOOP_VERSION
     pom = (Path(__file__).parents[3] / "threes" / "local" / "spark-s3a-pom.xml").read_text()
-    assert f"<version>{HADOOP_VERSION}</version>" in pom
+    assert f"<hadoop.version>{HADOOP_VERSION}</hadoop.version>" in pom  # Maven is also given it with -D
+
+
+def test_connectors_are_pinned_to_the_installed_pyspark_in_folders_named_by_version(tmp_path):
+    """The jars of two Spark versions (two checkouts sharing one .threes) never mix."""
+    assert pyspark.__version__ == SPARK_VERSION
+    pom = (Path(__file__).parents[3] / "threes" / "local" / "spark-pom.xml").read_text()
+    assert f"<spark.version>{SPARK_VERSION}</spark.version>" in pom
+    assert spark_jars_dir(Layout(tmp_path)) == tmp_path / f"spark-jars-{SPARK_VERSION}"
+    assert s3a_jars_dir(Layout(tmp_path)) == tmp_path / f"spark-s3a-jars-{HADOOP_VERSION}"
 
 
 def test_the_cluster_master_is_exported_only_when_set(monkeypatch) -> None:

@@ -97,7 +97,7 @@ def log_schema(value_type: T.StructType) -> pa.Schema:
             *value_type.fields,
         ]
     )
-    return nullable_schema(to_arrow_schema(spark_schema, timestamp_utc=True))
+    return nullable_schema(to_arrow_schema(spark_schema, timezone="UTC"))
 
 
 def test_driver_decoding_equals_jvm_decoding(spark):

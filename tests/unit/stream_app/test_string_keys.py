@@ -176,7 +176,7 @@ def test_driver_decoding_of_string_keys_equals_jvm_decoding(spark, types):
         (OFFSET, T.LongType()),
     ]
     spark_schema = T.StructType([T.StructField(n, t) for n, t in fields] + list(value_type.fields))
-    schema = nullable_schema(to_arrow_schema(spark_schema, timestamp_utc=True))
+    schema = nullable_schema(to_arrow_schema(spark_schema, timezone="UTC"))
     jvm = record_decoder(writers, key_json, schema_json(REF), key_type, {"ref": 0}, "string")(
         spark.createDataFrame(raw)
     )

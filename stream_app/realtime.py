@@ -1,0 +1,279 @@
+"""Real-time mode (``stream.mode: realtime``): what it can run, and snapshot lookups in the JVM.
+
+Spark 4.1+ runs a streaming query in **real-time mode** (``trigger(realTime=...)``): one long-running
+batch per checkpoint interval whose tasks process each record as it arrives, instead of a micro-batch
+per trigger. Its operator allow-list (Spark 4.2) takes projections, filters, unions, JVM UDFs and
+broadcast-hash joins, and the Kafka, foreach, console and memory sinks, in ``update`` output mode; no
+Python operator (no pandas UDF, no ``foreachBatch``) and no stateful aggregation. A broadcast side is
+rebuilt only at checkpoint boundaries, so the job's snapshots cannot be broadcast DataFrames there.
+
+The lookups run instead in a small Java component shipped with the package
+(``stream_app/jars/threes-lookup.jar``, built by ``make jvm`` from ``stream_app/jvm``): on every
+executor JVM, a GlobalKTable-like store per snapshot, filled by a daemon Kafka consumer that tails
+the compacted topics (what Kafka Streams' global stream thread does, KIP-99), read by a Spark UDF
+(key body -> value body). Its semantics:
+
+* **Readiness gate.** The first lookup in an executor waits until its store has read every topic to
+  the end offsets it saw when it started.
+* **Eventually fresh**, like a GlobalKTable: a reference update is visible once the executor's
+  consumer applied it (tens of milliseconds), with no ordering against the events; a tombstone
+  deletes the key.
+* **Bounded memory.** ``stream.snapshots[].max_bytes`` per snapshot per executor JVM (key and value
+  bodies plus 112 bytes per key); a snapshot that needs more fails the store, and every lookup
+  raises with both numbers.
+
+This module holds the checks (:func:`realtime_problems`, reported by ``threes validate``), the jar
+(:func:`lookup_jar`) and the lookup column (:func:`lookup_column`); no side effect but registering
+a UDF in a session.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from connectors.exceptions import SetupError
+from stream_app.config import SnapshotConfig, StreamJobConfig, duration_s
+
+log = logging.getLogger(__name__)
+
+LOOKUP_JAR = "threes-lookup.jar"
+LOOKUP_UDF_CLASS = "threes.lookup.LookupUdf"
+READY_TIMEOUT_MS = 600_000
+"""How long the first lookup of an executor waits for its store's first load, milliseconds."""
+
+
+def realtime_problems(config: StreamJobConfig) -> list[tuple[str, str]]:
+    """What a ``stream.mode: realtime`` config asks that Spark 4.2's real-time mode cannot run.
+
+    Args:
+        config: the ``stream:`` section.
+
+    Returns:
+        ``(path under stream, message)`` per problem, each naming the reason; empty for a
+        micro-batch config.
+    """
+    if config.mode != "realtime":
+        return []
+    problems: list[tuple[str, str]] = []
+    for j, update in enumerate(config.updates):
+        if update.kind == "aggregation":
+            problems.append(
+                (
+                    f"updates[{j}].kind",
+                    "aggregation cannot run in real-time mode on Spark 4.2 (it allows no stateful aggregation); "
+                    "use stream.mode: microbatch, or a second job in micro-batch mode reading the enriched topic",
+                )
+            )
+    if config.transform is not None:
+        problems.append(
+            (
+                "transform",
+                "a Python transform function cannot run in real-time mode on Spark 4.2 (no Python operator is "
+                "allowed there); say it with where/derive expressions, or use stream.mode: microbatch",
+            )
+        )
+    if config.events.max_offsets_per_trigger is not None:
+        problems.append(
+            (
+                "events.max_offsets_per_trigger",
+                "real-time mode has no micro-batches to bound: each event is processed as it arrives",
+            )
+        )
+    for i, lookup in enumerate(config.lookups):
+        if lookup.as_of is not None:
+            problems.append(
+                (
+                    f"lookups[{i}].as_of",
+                    "as-of lookups join the snapshot's versions table, which real-time mode's JVM store does not "
+                    "keep (it holds the latest value per key); use stream.mode: microbatch for as_of",
+                )
+            )
+    for i, snap in enumerate(config.snapshots):
+        if snap.retention is not None:
+            problems.append(
+                (
+                    f"snapshots[{i}].retention",
+                    "real-time mode's JVM store keeps the latest value per key, not versions; use "
+                    "stream.mode: microbatch for a versioned snapshot",
+                )
+            )
+        if snap.index_min_rows is not None:
+            problems.append(
+                (
+                    f"snapshots[{i}].index_min_rows",
+                    "the indexed engine runs in Python workers, which real-time mode does not allow; its lookups "
+                    "run in the JVM (bounded by max_bytes)",
+                )
+            )
+    return problems
+
+
+def checkpoint_interval_s(config: StreamJobConfig) -> int:
+    """The real-time query's checkpoint interval, seconds (``stream.checkpoint_interval``)."""
+    return duration_s(config.checkpoint_interval)
+
+
+def lookup_jar() -> Path:
+    """The Java lookup component's jar, shipped in this package.
+
+    Raises:
+        SetupError: it was not built (a source checkout before ``make jvm``).
+    """
+    path = Path(str(resources.files("stream_app").joinpath("jars", LOOKUP_JAR)))
+    if not path.is_file():
+        raise SetupError(
+            f"stream.mode realtime needs {path}, the Java lookup component: build it with `make jvm` "
+            "(Maven and a JDK 17)"
+        )
+    return path
+
+
+def consumer_properties(librdkafka: dict[str, Any]) -> str:
+    """Java Kafka consumer settings (``java.util.Properties`` text) from the pipeline's librdkafka settings.
+
+    Only the connection is carried over: bootstrap servers and, when set, the security protocol, the
+    SASL mechanism with a JAAS line for its user, and the CA file (``ssl.ca.location``) as a PEM trust
+    store (Kafka's ``ssl.truststore.type=PEM``, KIP-651), which must be at the same path on every
+    executor host.
+
+    Args:
+        librdkafka: :meth:`connectors.config.models.KafkaConfig.librdkafka_config`.
+
+    Returns:
+        ``key=value`` lines.
+    """
+    out = {"bootstrap.servers": librdkafka["bootstrap.servers"], "client.id": "threes-realtime-snapshot"}
+    if "security.protocol" in librdkafka:
+        out["security.protocol"] = str(librdkafka["security.protocol"]).upper()
+    if "sasl.mechanism" in librdkafka or "sasl.mechanisms" in librdkafka:
+        mechanism = str(librdkafka.get("sasl.mechanism") or librdkafka["sasl.mechanisms"]).upper()
+        out["sasl.mechanism"] = mechanism
+        module = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule"
+            if mechanism == "PLAIN"
+            else "org.apache.kafka.common.security.scram.ScramLoginModule"
+        )
+        user, password = (_jaas_quoted(librdkafka.get(k, "")) for k in ("sasl.username", "sasl.password"))
+        out["sasl.jaas.config"] = f'{module} required username="{user}" password="{password}";'
+    if "ssl.ca.location" in librdkafka:
+        out["ssl.truststore.type"] = "PEM"
+        out["ssl.truststore.location"] = str(librdkafka["ssl.ca.location"])
+    # Properties text: escape what Properties.load reads specially
+    return "\n".join(f"{k}={_escape(v)}" for k, v in out.items()) + "\n"
+
+
+def _jaas_quoted(value: Any) -> str:
+    """A JAAS option value inside double quotes: Kafka's JaasConfig tokenizer unescapes backslash escapes."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:")
+
+
+def register_lookup(
+    spark: Any,
+    udf_name: str,
+    snapshot: SnapshotConfig,
+    key_schema_json: str | None,
+    value_schema_json: str,
+    consumer_config: str,
+    schema_topic: str,
+    start_offsets: dict[tuple[str, int], int] | None = None,
+    state_dir: str | None = None,
+) -> str:
+    """Register the lookup UDF of one snapshot in ``spark`` (``binary -> binary``), named ``udf_name``.
+
+    Args:
+        spark: a SparkSession whose ``spark.jars`` hold :func:`lookup_jar`.
+        udf_name: the SQL function name, e.g. ``threes_lookup_airports``.
+        snapshot: the snapshot's config (name, topics, ``max_bytes``).
+        key_schema_json: the reader key schema; ``None`` for ``key_format: string``.
+        value_schema_json: the reader value schema.
+        consumer_config: :func:`consumer_properties`.
+        schema_topic: the topic of the writer schemas.
+        start_offsets: ``(topic, partition) -> offset`` to start each store from; from the beginning
+            when ``None``.
+        state_dir: a local folder (the same path on every executor host) where each store keeps its
+            table and offsets, written every minute and when it closes; a restarted JVM loads them and
+            reads only the topics' tail. ``None``: every start reads the topics from their beginning.
+
+    Returns:
+        ``udf_name``.
+    """
+    jvm = spark.sparkContext._jvm
+    offsets = ",".join(f"{t}:{p}={o}" for (t, p), o in sorted((start_offsets or {}).items()))
+    spec = jvm.threes.lookup.StoreSpec(
+        snapshot.name,
+        consumer_config,
+        ",".join(snapshot.topics),
+        schema_topic,
+        key_schema_json,
+        value_schema_json,
+        snapshot.max_bytes,
+        READY_TIMEOUT_MS,
+        offsets,
+        state_dir,
+    )
+    udf = jvm.threes.lookup.LookupUdf(spec)
+    binary = jvm.org.apache.spark.sql.types.DataTypes.BinaryType
+    spark._jsparkSession.udf().register(udf_name, udf, binary)
+    log.info("snapshot=%s lookup udf=%s topics=%s max_bytes=%d", snapshot.name, udf_name, snapshot.topics,
+             snapshot.max_bytes)
+    return udf_name
+
+
+def lookup_column(udf_name: str, key: Any, key_schema_json: str | None, value_schema_json: str) -> Any:
+    """The snapshot value of each event's key, as a struct column (null when the snapshot has no such key).
+
+    Args:
+        udf_name: from :func:`register_lookup`.
+        key: the event's lookup key: a struct column of the key schema's fields, cast to its types
+            (:func:`stream_app.snapshot.data.event_lookup_key` builds one), or a string column for
+            ``key_format: string``.
+        key_schema_json: the reader key schema; ``None`` for ``key_format: string``.
+        value_schema_json: the reader value schema.
+
+    Returns:
+        A struct column of the value schema; every stage is a Catalyst expression or the JVM UDF.
+    """
+    from pyspark.sql import functions as f
+    from pyspark.sql.avro.functions import from_avro, to_avro
+
+    body = key.cast("binary") if key_schema_json is None else to_avro(key, key_schema_json)
+    return from_avro(f.call_function(udf_name, body), value_schema_json)
+
+
+def close_stores(spark: Any) -> None:
+    """Close the stores of the driver's JVM (in ``local[*]`` the executors'), each writing its state file."""
+    spark.sparkContext._jvm.threes.lookup.SnapshotStore.closeAll()
+
+
+def store_status(spark: Any) -> dict[str, dict[str, Any]]:
+    """The stores of the driver's JVM (in ``local[*]`` the executors' too), for status and metrics.
+
+    Returns:
+        ``{snapshot spec id: {keys, bytes, max_bytes, applied, tombstones, bad_records, ready,
+        last_applied_timestamp_ms, loaded_from_file}}`` (``loaded_from_file`` -1: started without one).
+    """
+    jvm = spark.sparkContext._jvm
+    out: dict[str, dict[str, Any]] = {}
+    stores = jvm.threes.lookup.SnapshotStore.stores()
+    for store_id in list(stores.keySet().toArray()):
+        store = stores.get(store_id)
+        table = store.table()
+        out[str(store_id)] = {
+            "keys": table.size(),
+            "bytes": table.bytes(),
+            "max_bytes": table.maxBytes(),
+            "applied": store.applied(),
+            "tombstones": store.tombstones(),
+            "bad_records": store.badRecords(),
+            "ready": store.isReady(),
+            "last_applied_timestamp_ms": store.lastAppliedTimestampMs(),
+            "loaded_from_file": store.loadedFromFile(),
+        }
+    return out
