@@ -115,11 +115,15 @@ def test_dockerfile_builds_the_threes_command(services: dict[str, Any]) -> None:
     base = re.search(r"^FROM\s+(\S+)", text, re.M).group(1)
     assert ":" in base and not base.endswith(":latest"), base
     for line in re.findall(r"^COPY\s+(.+)$", text, re.M):
+        if line.startswith("--from="):  # from a build stage of the Dockerfile, not from the repository
+            continue
         *sources, _target = shlex.split(line)
         for src in sources:
             if not src.startswith("--"):
                 assert (ROOT / src).exists(), f"Dockerfile copies {src}, which is not in the repository"
     assert re.search(r'^ENTRYPOINT \["threes"\]', text, re.M)
+    # the real-time mode's lookup jar is built in the image (it is not in the repository)
+    assert re.search(r"^COPY --from=jvm \S+threes-lookup\.jar \S*stream_app/jars/", text, re.M)
     assert "pip install" in text
     ignore = (DOCKER / "Dockerfile.dockerignore").read_text().split()
     assert {".venv", ".threes", ".git"} <= set(ignore)
