@@ -331,11 +331,13 @@ class StreamJob:
         if is_local_path(location, default_fs(self.spark)):
             state_dir = str(Path(location.removeprefix("file://")).resolve() / "realtime-stores")
         views: dict[str, SnapshotView] = {}
+        store_ids: dict[str, str] = {}
         for name, snap in plan.snapshots.items():
             key_json = None if snap.config.key_format == "string" else snap.key.json
-            udf = register_lookup(
-                self.spark, re.sub(r"\W", "_", f"threes_lookup_{cfg.name}_{name}"), snap.config, key_json,
-                snap.value.json, consumer, self.kafka.schema_topic, state_dir=state_dir,
+            udf = re.sub(r"\W", "_", f"threes_lookup_{cfg.name}_{name}")
+            store_ids[name] = register_lookup(
+                self.spark, udf, snap.config, key_json, snap.value.json, consumer, self.kafka.schema_topic,
+                state_dir=state_dir,
             )
             views[name] = SnapshotView(name, snap.key.spark_type, snap.value.spark_type, {}, "jvm", 0,
                                        jvm=(udf, key_json, snap.value.json))
@@ -362,7 +364,9 @@ class StreamJob:
         self.queries.append(writer.trigger(realTime=f"{interval} seconds").start())
         self._ready.set()
         for name in views:  # `threes status` and /metrics: the keys of this JVM's store (local[*]: every executor's)
-            metrics.SNAPSHOT_KEYS.labels(cfg.name, name).set_function(lambda name=name: _store_keys(self.spark, name))
+            metrics.SNAPSHOT_KEYS.labels(cfg.name, name).set_function(
+                lambda store=store_ids[name]: _store_keys(self.spark, store)
+            )
         log.info("job=%s mode=realtime checkpoint_interval_s=%d snapshots=%s", cfg.name, interval, sorted(views))
         if cfg.metrics_port:
             token = cfg.metrics_token
@@ -621,12 +625,15 @@ class StreamJob:
                     signal.signal(sig, handler)
 
 
-def _store_keys(spark: Any, snapshot: str) -> float:
-    """Keys in this JVM's real-time stores of ``snapshot``; NaN once the session is gone (a scrape after a stop)."""
+def _store_keys(spark: Any, store_id: str) -> float:
+    """Keys in this JVM's real-time store ``store_id``; NaN once the session or the store is gone.
+
+    By id, not by snapshot name: another job in the same JVM may have a snapshot of the same name.
+    """
     from stream_app.realtime import store_status
 
     try:
-        return float(sum(s["keys"] for i, s in store_status(spark).items() if i.startswith(f"{snapshot}@")))
+        return float(store_status(spark)[store_id]["keys"])
     except Exception:  # noqa: BLE001 - a metric read must never fail the scrape
         return float("nan")
 

@@ -202,7 +202,8 @@ def register_lookup(
             reads only the topics' tail. ``None``: every start reads the topics from their beginning.
 
     Returns:
-        ``udf_name``.
+        the store's id in this JVM (``<snapshot>@<hash of the spec>``, the key of :func:`store_status`):
+        two jobs' snapshots of one name in one JVM are two stores.
     """
     jvm = spark.sparkContext._jvm
     offsets = ",".join(f"{t}:{p}={o}" for (t, p), o in sorted((start_offsets or {}).items()))
@@ -223,7 +224,7 @@ def register_lookup(
     spark._jsparkSession.udf().register(udf_name, udf, binary)
     log.info("snapshot=%s lookup udf=%s topics=%s max_bytes=%d", snapshot.name, udf_name, snapshot.topics,
              snapshot.max_bytes)
-    return udf_name
+    return str(spec.storeId())
 
 
 def lookup_column(udf_name: str, key: Any, key_schema_json: str | None, value_schema_json: str) -> Any:

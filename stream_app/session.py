@@ -130,6 +130,9 @@ def spark_session(
         # every query execution (two per micro-batch) renders its physical plan for the UI's SQL tab,
         # which is off here: the one-line rendering, not the "formatted" default's numbered operators
         .config("spark.sql.ui.explainMode", "simple")
+        # from_avro reads an Avro time-micros / time-millis as Spark's TIME (Spark 4.1+), which
+        # expressions refuse unless the TIME type is on: hour(t), minute(t), second(t) then work on it
+        .config("spark.sql.timeType.enabled", "true")
     )
     if local or _loopback_master(settings.master):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")

@@ -31,10 +31,12 @@ def test_lookups_in_a_realtime_query_see_reference_changes_and_tombstones(spark,
     config = env.config(mode="realtime", checkpoint_interval="5 seconds")
     snapshot = config.snapshots[0]
     key_json, value_json = schema_json(AIRPORT_KEY), schema_json(AIRPORT)
-    udf = register_lookup(
-        spark, f"threes_lookup_{env.unique.replace('-', '_')}", snapshot, key_json, value_json,
-        consumer_properties(env.kafka.librdkafka_config()), env.kafka.schema_topic,
+    udf = f"threes_lookup_{env.unique.replace('-', '_')}"
+    store_id = register_lookup(
+        spark, udf, snapshot, key_json, value_json, consumer_properties(env.kafka.librdkafka_config()),
+        env.kafka.schema_topic,
     )
+    assert store_id.startswith(f"{snapshot.name}@")
     out_topic = env.enriched
     events = (
         spark.readStream.format("kafka")
@@ -86,8 +88,8 @@ def test_lookups_in_a_realtime_query_see_reference_changes_and_tombstones(spark,
                                 timeout_s=120, deserialize=False))
         assert {got[1000 + n] for n in range(20)} == {"Newark RENAMED"} and got[2000] is None
         # local[2]: the executors are the driver's JVM, whose store counted the records it applied
-        (status,) = [s for s in store_status(spark).values() if s["applied"] and s["keys"] == 2]
-        assert status["tombstones"] == 1 and status["ready"] and status["bad_records"] == 0
+        status = store_status(spark)[store_id]
+        assert status["keys"] == 2 and status["applied"] and status["tombstones"] == 1 and status["ready"] and status["bad_records"] == 0
         assert status["bytes"] <= status["max_bytes"] == snapshot.max_bytes
     finally:
         query.stop()

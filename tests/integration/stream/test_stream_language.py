@@ -135,7 +135,7 @@ DERIVE = {
     "epoch_ms": "unix_millis(ts_ms)",
     "local_day": "to_date(local_ts)",
     "local_later": "local_ts + INTERVAL 1 DAY",
-    "t_seconds": "t DIV 1000000",
+    "t_seconds": "hour(t) * 3600 + minute(t) * 60 + second(t)",  # an Avro time-micros is a Spark TIME
     "uid_upper": "upper(uid)",
     "opt_next": "opt_l + 1",
     "opt_label": "concat(s, '-', opt_s)",

@@ -162,6 +162,18 @@ def test_revoked_privileges_block_the_sink_until_granted_again(
     finally:
         with pg_engine.begin() as conn:
             conn.execute(text(f"DROP TABLE IF EXISTS {table}, {table}__deleted"))
+            # a sink session that has not ended yet still owns its temporary staging table, which a
+            # DROP ROLE refuses: end the role's sessions first (their temp tables go with them)
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :role"),
+                         {"role": role})
+        for _ in range(50):
+            with pg_engine.connect() as conn:
+                left = conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE usename = :role"),
+                                    {"role": role}).scalar()
+            if not left:
+                break
+            time.sleep(0.1)
+        with pg_engine.begin() as conn:
             conn.execute(text(f"DROP ROLE IF EXISTS {role}"))
 
 
