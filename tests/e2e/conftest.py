@@ -32,8 +32,14 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def isolated(workdir: Path, endpoints: Any) -> Iterator[Any]:
-    """The example pipeline with every topic, table, index, prefix, group and port unique to this module.
+def example_yaml(workdir: Path) -> Path:
+    """The pipeline YAML :func:`isolated` copies: the example's; a module overrides it to run a variant."""
+    return EXAMPLE
+
+
+@pytest.fixture(scope="module")
+def isolated(workdir: Path, endpoints: Any, example_yaml: Path) -> Iterator[Any]:
+    """The pipeline of ``example_yaml`` with every topic, table, index, prefix, group and port unique to this module.
 
     Yields:
         ``(config path, pipeline, offsets topic)``; afterwards everything the run created is removed.
@@ -43,7 +49,7 @@ def isolated(workdir: Path, endpoints: Any) -> Iterator[Any]:
         for var, value in endpoints.as_env().items():
             patch.setenv(var, value)  # the children (sources, stream job, sync) inherit them
         patch.setenv("THREES_CHECKPOINTS", str(workdir / "checkpoints"))
-        config = write_isolated(EXAMPLE, workdir / "pipeline.yaml", unique, free_port)
+        config = write_isolated(example_yaml, workdir / "pipeline.yaml", unique, free_port)
         pipeline = load_pipeline(config, environ=_environ(endpoints))
         offsets_topic = f"_threes_offsets.{unique}"
         yield config, pipeline, offsets_topic

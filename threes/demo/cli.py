@@ -318,8 +318,9 @@ def _line_printer(console: Any, every_s: float = 10.0) -> Any:
         if state.state_topics and p is None:
             text += " state topics " + ", ".join(f"{t}={n}" for t, n in sorted(state.state_topics.items()))
         if p is not None:
+            route = "" if p.pg_flights is None else f"route_stats_flights={p.pg_flights} "
             text += (f" events_in={state.events_in}/{state.total} enriched={p.enriched_out} es_docs={p.es_docs} "
-                     f"route_stats_flights={p.pg_flights} s3_objects={p.s3_objects} lag={p.lag}")
+                     f"{route}s3_objects={p.s3_objects} lag={p.lag}")
         if state.message:
             text += f" ({state.message})"
         console.print(text, highlight=False, soft_wrap=True)

@@ -114,6 +114,48 @@ def isolate(document: dict[str, Any], suffix: str, port: Callable[[], int] | Non
     return doc
 
 
+def realtime_variant(document: dict[str, Any], checkpoint_interval: str = "5 seconds") -> dict[str, Any]:
+    """Rewrite a pipeline document (parsed YAML, not validated) to run its stream job in real-time mode.
+
+    Real-time mode cannot run aggregations nor bound micro-batches (``threes validate`` refuses
+    both, see :func:`stream_app.realtime.realtime_problems`), so the copy keeps only the stream's
+    projection updates, drops ``events.max_offsets_per_trigger``, and removes the update topics no longer
+    written from the sinks' topics, then every sink left without a topic (in the example: the
+    ``route_stats`` table) and every sync service left without a sink. Everything else stays as written.
+
+    Args:
+        document: the parsed YAML of a pipeline with a ``stream`` section.
+        checkpoint_interval: the real-time query's checkpoint interval (at least 5 seconds).
+
+    Returns:
+        A new document; ``document`` is not changed.
+
+    Raises:
+        ValueError: the document has no stream job, or no projection update is left.
+    """
+    doc = copy.deepcopy(document)
+    stream = doc.get("stream")
+    if not stream:
+        raise ValueError("the pipeline has no stream job to run in real-time mode")
+    stream["mode"] = "realtime"
+    stream["checkpoint_interval"] = checkpoint_interval
+    stream["events"].pop("max_offsets_per_trigger", None)
+    updates = stream.get("updates") or []
+    dropped = {u["topic"] for u in updates if u.get("kind") == "aggregation"}
+    stream["updates"] = [u for u in updates if u["topic"] not in dropped]
+    if not stream["updates"]:
+        raise ValueError("no projection update is left to run in real-time mode")
+    services = []
+    for service in doc.get("sync") or []:
+        for sink in service.get("sinks") or []:
+            sink["topics"] = [t for t in sink["topics"] if t not in dropped]
+        service["sinks"] = [s for s in service.get("sinks") or [] if s["topics"]]
+        if service["sinks"]:
+            services.append(service)
+    doc["sync"] = services
+    return doc
+
+
 def write_isolated(
     source: str | Path, target: str | Path, suffix: str, port: Callable[[], int] | None = None
 ) -> Path:

@@ -13,6 +13,9 @@ for S3 the archived row (the ``key`` column of each new object); for the
 PostgreSQL ``route_stats`` row, the moment the row of its route and day
 counts at least as many flights as had been replayed for that group when the
 sampled one was. The resolution is the polling interval (about 1 s).
+
+A pipeline without the PostgreSQL sink (no ``route_stats``: for example one in real-time
+mode, which runs no aggregation) is watched and sampled on its other two sinks only.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ class Targets:
         enriched_topic: enriched flights out of the stream job.
         dead_letter_topics: the stream job's and the sync services' dead letter topics.
         es: ``(connection, index)`` of the Elasticsearch sink.
-        pg: ``(connection, table, schema)`` of the RDS sink.
+        pg: ``(connection, table, schema)`` of the RDS sink (``route_stats``); ``None`` when the pipeline
+            has none (its stream has no aggregation update, e.g. in real-time mode).
         s3: ``(connection, bucket, prefix)`` of the S3 sink.
         groups: sync service name -> (consumer group, its topics).
     """
@@ -55,24 +59,27 @@ class Targets:
     enriched_topic: str
     dead_letter_topics: tuple[str, ...]
     es: tuple[Any, str]
-    pg: tuple[Any, str, str | None]
+    pg: tuple[Any, str, str | None] | None
     s3: tuple[Any, str, str]
     groups: dict[str, tuple[str, tuple[str, ...]]]
 
     @classmethod
     def of(cls, pipeline: Any) -> Targets:
-        """Find the stages and the three sinks in a pipeline like the example's.
+        """Find the stages and the sinks in a pipeline like the example's.
+
+        The Elasticsearch and S3 sinks (the enriched flights) are required; the RDS sink
+        (``route_stats``) is optional.
 
         Raises:
-            ValueError: the pipeline lacks a stream job or one of the three sink types.
+            ValueError: the pipeline lacks a stream job, an Elasticsearch sink or an S3 sink.
         """
         if pipeline.stream is None:
             raise ValueError("the pipeline has no stream job")
         sinks = {s.type: s for svc in pipeline.sync for s in svc.sinks}
-        missing = {"elasticsearch_sink", "rds_sink", "s3_sink"} - set(sinks)
+        missing = {"elasticsearch_sink", "s3_sink"} - set(sinks)
         if missing:
             raise ValueError(f"the pipeline has no {', '.join(sorted(missing))}")
-        es, pg, s3 = sinks["elasticsearch_sink"], sinks["rds_sink"], sinks["s3_sink"]
+        es, pg, s3 = sinks["elasticsearch_sink"], sinks.get("rds_sink"), sinks["s3_sink"]
         conn = pipeline.connections
         return cls(
             pipeline=pipeline,
@@ -81,11 +88,16 @@ class Targets:
             dead_letter_topics=tuple(sorted({pipeline.stream.dead_letter_topic,
                                              *(s.dead_letter_topic for s in pipeline.sync)})),
             es=(conn[es.connection], es.index),
-            pg=(conn[pg.connection], pg.table, pg.schema_name),
+            pg=None if pg is None else (conn[pg.connection], pg.table, pg.schema_name),
             s3=(conn[s3.connection], s3.bucket, s3.prefix),
             groups={svc.name: (svc.consumer_group(), tuple(sorted({t for s in svc.sinks for t in s.topics})))
                     for svc in pipeline.sync},
         )
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        """The sinks this pipeline has, of ``("elasticsearch", "postgres", "s3")``, in that order."""
+        return tuple(s for s in ("elasticsearch", "postgres", "s3") if s != "postgres" or self.pg is not None)
 
 
 @dataclass
@@ -97,8 +109,8 @@ class Progress:
         enriched_out: records in the enriched topic.
         dead_letters: records in the dead letter topics.
         es_docs: documents in the flights index (as of its last refresh).
-        pg_rows: rows of route_stats.
-        pg_flights: ``SUM(flights)`` over route_stats.
+        pg_rows: rows of route_stats (``None``: the pipeline has no such sink).
+        pg_flights: ``SUM(flights)`` over route_stats (``None``: the pipeline has no such sink).
         s3_objects: objects under the archive prefix.
         committed: sync service -> records committed (durable in its targets).
         lag: sync service -> records not yet committed.
@@ -108,8 +120,8 @@ class Progress:
     enriched_out: int = 0
     dead_letters: int = 0
     es_docs: int = 0
-    pg_rows: int = 0
-    pg_flights: int = 0
+    pg_rows: int | None = 0
+    pg_flights: int | None = 0
     s3_objects: int = 0
     committed: dict[str, int] = field(default_factory=dict)
     lag: dict[str, int] = field(default_factory=dict)
@@ -135,7 +147,7 @@ class ProgressProbe:
         self._consumer = clients.kafka_consumer(kafka, f"threes-demo-probe-{uuid.uuid4().hex[:8]}")
         self._groups = GroupOffsets(kafka)  # one consumer per sync group, never subscribing
         self._es = elasticsearch_client(targets.es[0])
-        self._engine = sql_engine(targets.pg[0], pool_size=1)
+        self._engine = None if targets.pg is None else sql_engine(targets.pg[0], pool_size=1)
         self._s3 = s3_client(targets.s3[0])
 
     def end_offsets(self, topic: str) -> dict[int, int]:
@@ -182,7 +194,7 @@ class ProgressProbe:
             return 0
 
     def pg_totals(self) -> tuple[int, int]:
-        """``(rows, SUM(flights))`` of route_stats; ``(0, 0)`` before it exists."""
+        """``(rows, SUM(flights))`` of route_stats; ``(0, 0)`` before it exists or without such a sink."""
         from sqlalchemy import func, select
 
         tbl = self.pg_table()
@@ -197,10 +209,12 @@ class ProgressProbe:
         self._es.indices.refresh(index=self.targets.es[1])
 
     def pg_table(self) -> Any:
-        """The route_stats ``Table``, reflected once it exists (``None`` before)."""
+        """The route_stats ``Table``, reflected once it exists (``None`` before, or without such a sink)."""
         from sqlalchemy import MetaData, Table
         from sqlalchemy.exc import NoSuchTableError
 
+        if self.targets.pg is None:
+            return None
         if self._table is None:
             _, table, schema = self.targets.pg
             try:
@@ -225,7 +239,10 @@ class ProgressProbe:
         p.enriched_out = sum(self.end_offsets(self.targets.enriched_topic).values())
         p.dead_letters = sum(sum(self.end_offsets(t).values()) for t in self.targets.dead_letter_topics)
         p.es_docs = self.es_count()
-        p.pg_rows, p.pg_flights = self.pg_totals()
+        if self.targets.pg is None:
+            p.pg_rows = p.pg_flights = None
+        else:
+            p.pg_rows, p.pg_flights = self.pg_totals()
         p.s3_objects = len(self.s3_keys(fresh))
         for name, (group, topics) in self.targets.groups.items():
             ends = {(t, part): o for t in topics for part, o in self.end_offsets(t).items()}
@@ -239,7 +256,8 @@ class ProgressProbe:
         self._consumer.close()
         self._groups.close()
         self._es.close()
-        self._engine.dispose()
+        if self._engine is not None:
+            self._engine.dispose()
 
 
 def doc_id(row: dict[str, Any], key: Sequence[str]) -> str:
@@ -277,7 +295,8 @@ class LatencySampler:
     """Sample replayed events and find them in the sinks (see the module docstring).
 
     Args:
-        probe: the sinks' clients.
+        probe: the sinks' clients (its targets say which sinks are sampled; all of :attr:`SINKS`
+            when ``None``).
         key: the flights' key fields.
         group_by: the route_stats key fields.
         every: sample one event in this many.
@@ -290,6 +309,7 @@ class LatencySampler:
         self.key = list(key)
         self.group_by = list(group_by)
         self.every = max(1, every)
+        self.sinks: tuple[str, ...] = self.SINKS if probe is None else probe.targets.sinks
         self.samples: list[Sample] = []
         self._groups: Counter[tuple[Any, ...]] = Counter()
         self._lock = threading.Lock()
@@ -334,6 +354,8 @@ class LatencySampler:
     def _poll_pg(self) -> None:
         from sqlalchemy import select, tuple_
 
+        if "postgres" not in self.sinks:
+            return
         pending = self._pending("postgres")
         if not pending:
             return
@@ -372,13 +394,13 @@ class LatencySampler:
                 s.seen["s3"] = now
 
     def latencies(self) -> dict[str, dict[str, float | int | None]]:
-        """Per sink: samples seen, p50 and p99 latency in seconds (``None`` without samples)."""
+        """Per sink the pipeline has: samples seen, p50 and p99 latency in seconds (``None`` without samples)."""
         import numpy as np
 
         out: dict[str, dict[str, float | int | None]] = {}
         with self._lock:
             samples = list(self.samples)
-        for sink in self.SINKS:
+        for sink in self.sinks:
             values = np.array([s.seen[sink] - s.produced for s in samples if sink in s.seen])
             out[sink] = {
                 "samples": int(len(values)),

@@ -21,6 +21,10 @@ Phases (each one's wall time is in the summary):
    pipeline's CPU microseconds per flight are in the summary's ``cpu``;
 6. **verify** - every sink against the pandas oracle (:mod:`threes.demo.verify`).
 
+The pipeline may lack the PostgreSQL ``route_stats`` sink (a stream without the aggregation
+update, as real-time mode requires): the run then waits for, samples and verifies the
+Elasticsearch index and the S3 archive only, and the summary says what it skipped.
+
 The pipeline's processes are stopped at the end, in reverse order (SIGTERM: they flush and commit).
 """
 
@@ -273,6 +277,7 @@ class DemoRun:
 
         opts = self.options
         total = self.state.total
+        sinks = targets.sinks  # what "every sink holds every flight" waits for
         sampler = LatencySampler(probe, FLIGHT_KEY, ROUTE_KEY, every=opts.sample_every)
         self.state.changes = default_changes() if opts.changes else []
         driver = ChangeDriver(pipeline, probe, self.state.changes, total, references, exact=opts.exact_changes)
@@ -324,25 +329,26 @@ class DemoRun:
                 progress.es_docs = probe.es_count()
             if progress.es_docs >= total:
                 completed.setdefault("elasticsearch", progress.at)
-            if progress.pg_flights >= total:
+            if progress.pg_flights is not None and progress.pg_flights >= total:
                 completed.setdefault("postgres", progress.at)
             archive = _service_of(pipeline, "s3_sink")
             if progress.committed.get(archive, 0) >= total and progress.lag.get(archive, 1) == 0:
                 completed.setdefault("s3", progress.at)
-            if tick % 2 == 0 or len(completed) == 4:
+            all_sinks = {"replay", *sinks} <= set(completed)
+            if tick % 2 == 0 or all_sinks:
                 sampler.poll()
                 self.state.latencies = sampler.latencies()
             if meter is not None and tick % 5 == 0:
                 self.state.cpu = meter.read().as_dict(stats.acked, per="flight")
             driver.poll(stats.produced, progress.enriched_out)
             self.on_update(self.state)
-            if len(completed) == 4 and not _waiting_for_changes(driver, progress.at, completed):
+            if all_sinks and not _waiting_for_changes(driver, progress.at, completed, sinks):
                 break
             if time.time() > deadline:
                 raise FatalError(
                     f"not complete {opts.timeout_s:.0f} s after the first flight: events in "
                     f"{stats.acked}/{total}, enriched {progress.enriched_out}, Elasticsearch "
-                    f"{progress.es_docs}, route_stats flights {progress.pg_flights}, archive committed "
+                    f"{progress.es_docs}, route_stats flights {_or_none(progress.pg_flights)}, archive committed "
                     f"{progress.committed.get(archive, 0)} (logs: {self.log_dir})"
                 )
             tick += 1
@@ -351,8 +357,19 @@ class DemoRun:
         progress = self.state.progress = probe.read(fresh=True)  # lists the archive now, for the sampler too
         sampler.poll()
         done()
-        all_done = max(completed[s] for s in ("elasticsearch", "postgres", "s3"))
+        all_done = max(completed[s] for s in sinks)
         until = round(all_done - t0, 1)
+        checked = {
+            "elasticsearch": {"index": targets.es[1], "docs": progress.es_docs},
+            "s3": {
+                "bucket": targets.s3[1],
+                "prefix": targets.s3[2],
+                "objects": progress.s3_objects,
+                "rows": progress.committed.get(archive, 0),
+            },
+        }
+        if targets.pg is not None:
+            checked["postgres"] = {"table": targets.pg[1], "rows": progress.pg_rows, "flights": progress.pg_flights}
         return {
             "flights": total,
             "events_in": stats.acked,
@@ -364,23 +381,12 @@ class DemoRun:
                 "rate_limit": opts.rate,
                 "paused_for_changes_s": round(driver.paused_s, 1),
             },
-            "first_flight_to_sink_complete_s": {
-                s: round(completed[s] - t0, 1) for s in ("elasticsearch", "postgres", "s3")
-            },
+            "first_flight_to_sink_complete_s": {s: round(completed[s] - t0, 1) for s in sinks},
             "first_flight_to_all_sinks_s": until,
             "target_s": opts.target_s,
             "target_met": until <= opts.target_s,
             "throughput_events_per_s": round(total / max(until, 1e-6)),
-            "sinks": {
-                "elasticsearch": {"index": targets.es[1], "docs": progress.es_docs},
-                "postgres": {"table": targets.pg[1], "rows": progress.pg_rows, "flights": progress.pg_flights},
-                "s3": {
-                    "bucket": targets.s3[1],
-                    "prefix": targets.s3[2],
-                    "objects": progress.s3_objects,
-                    "rows": progress.committed.get(archive, 0),
-                },
-            },
+            "sinks": {s: checked[s] for s in sinks},
             "latency_s": sampler.latencies(),
             "latency_note": f"1 flight in {opts.sample_every} sampled; produce call to first poll (~1 s) that sees it",
             "lag": dict(progress.lag),
@@ -423,12 +429,18 @@ def _service_of(pipeline: Any, sink_type: str) -> str:
     return next(svc.name for svc in pipeline.sync for s in svc.sinks if s.type == sink_type)
 
 
-def _waiting_for_changes(driver: ChangeDriver, now: float, completed: dict[str, float], grace_s: float = 30.0) -> bool:
-    """Give a change applied late up to ``grace_s`` after the sinks completed to show up."""
+def _waiting_for_changes(
+    driver: ChangeDriver, now: float, completed: dict[str, float], sinks: Sequence[str], grace_s: float = 30.0
+) -> bool:
+    """Give a change applied late up to ``grace_s`` after the ``sinks`` completed to show up."""
     if not driver.pending():
         return False
-    sinks_done = max(completed[s] for s in ("elasticsearch", "postgres", "s3"))
+    sinks_done = max(completed[s] for s in sinks)
     return now - sinks_done < grace_s
+
+
+def _or_none(count: int | None) -> str:
+    return "(no such sink)" if count is None else str(count)
 
 
 def read_frame_of(table: Any) -> Any:

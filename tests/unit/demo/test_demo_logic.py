@@ -239,3 +239,65 @@ def test_progress_keeps_a_partitions_last_end_offset_while_its_leader_moves() ->
     assert probe.end_offsets("enriched") == {0: 15, 1: 20}  # the last reading, not an error, not 0
     probe._consumer.leaderless = set()
     assert probe.end_offsets("enriched") == {0: 15, 1: 30}
+
+
+def _realtime_example() -> dict:
+    from threes.demo.isolate import realtime_variant
+
+    return realtime_variant(yaml.load(EXAMPLE.read_text(), Loader=_Yaml12BoolLoader))
+
+
+def test_realtime_variant_keeps_the_projection_and_the_sinks_that_read_it() -> None:
+    from stream_app.plan import build_plan
+    from threes.config import pipeline_from_dict
+
+    doc = yaml.load(EXAMPLE.read_text(), Loader=_Yaml12BoolLoader)
+    pipeline = pipeline_from_dict(_realtime_example(), environ={})
+    stream = pipeline.stream
+    assert (stream.mode, stream.checkpoint_interval, stream.events.max_offsets_per_trigger) == (
+        "realtime", "5 seconds", None)
+    assert [(u.topic, u.kind) for u in stream.updates] == [("updates.flights", "projection")]
+    assert [(svc.name, [s.type for s in svc.sinks]) for svc in pipeline.sync] == [
+        ("search", ["elasticsearch_sink"]), ("archive", ["s3_sink"])]
+    assert build_plan(stream, None, EXAMPLE.parent) is not None  # validate's checks, real-time mode's included
+    assert doc["stream"]["updates"][1]["kind"] == "aggregation"  # the original document is untouched
+    example = load_pipeline(EXAMPLE, environ={})
+    assert example.stream.mode == "microbatch" and Targets.of(example).sinks == ("elasticsearch", "postgres", "s3")
+
+
+def test_a_pipeline_without_route_stats_is_watched_and_sampled_on_its_two_sinks() -> None:
+    from threes.config import pipeline_from_dict
+
+    targets = Targets.of(pipeline_from_dict(_realtime_example(), environ={}))
+    assert targets.pg is None and targets.sinks == ("elasticsearch", "s3")
+    assert set(targets.groups) == {"search", "archive"}
+    probe = type("Probe", (), {"targets": targets})()
+    sampler = LatencySampler(probe=probe, key=FLIGHT_KEY, group_by=["origin", "dest"], every=1)
+    sampler.on_produce(0, {**ROW, "dest": "IAH"})
+    sampler._poll_pg()  # no route_stats table to look in: nothing happens, nothing is marked seen
+    assert sampler.samples[0].seen == {}
+    assert set(sampler.latencies()) == {"elasticsearch", "s3"}
+    no_archive = _realtime_example()
+    no_archive["sync"] = [svc for svc in no_archive["sync"] if svc["name"] != "archive"]
+    with pytest.raises(ValueError, match="no s3_sink"):  # the enriched flights' two sinks are required
+        Targets.of(pipeline_from_dict(no_archive, environ={}))
+
+
+def test_views_say_what_was_skipped_and_show_no_route_stats_row() -> None:
+    from rich.console import Console
+
+    state = LiveState(phase="pipeline", total=100, events_in=50, progress=Progress(
+        at=time.time(), enriched_out=40, es_docs=30, pg_rows=None, pg_flights=None, s3_objects=2))
+    console = Console(record=True, width=160)
+    console.print(live(state))
+    assert "route_stats" not in console.export_text()
+    summary = json.loads((Path(__file__).parent / "summary_sample.json").read_text())
+    del summary["sinks"]["postgres"], summary["latency_s"]["postgres"]
+    reason = "the pipeline has no PostgreSQL (rds_sink) target for route_stats"
+    summary["oracle"]["route_stats"] = {"ok": None, "skipped": reason}
+    summary["oracle"]["skipped"] = {"route_stats": reason}
+    console.print(summary_table(summary))
+    text = console.export_text()
+    assert "route stats" in text and "skipped: the pipeline has no PostgreSQL" in text
+    assert "PostgreSQL route_stats" not in text
+    assert "(skipped: route_stats)" in text
