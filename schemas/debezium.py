@@ -197,6 +197,10 @@ def after_schema(envelope: Mapping[str, Any]) -> dict[str, Any]:
     fields = {f["name"]: f for f in envelope.get("fields", [])} if isinstance(envelope, Mapping) else {}
     kind = fields.get("after", {}).get("type")
     branches = kind if isinstance(kind, list) else [kind]
+    # Debezium defines the row record in ``before`` and names it in ``after``: resolve the reference
+    named = _records(envelope, str(envelope.get("namespace", "")) if isinstance(envelope, Mapping) else "")
+    namespace = envelope.get("namespace", "") if isinstance(envelope, Mapping) else ""
+    branches = [named.get(b) or named.get(f"{namespace}.{b}") if isinstance(b, str) else b for b in branches]
     rows = [b for b in branches if isinstance(b, Mapping) and b.get("type") == "record"]
     if "op" not in fields or len(rows) != 1:
         raise ValueError(f"not a Debezium envelope schema (fields {sorted(fields)[:8]}): it needs op and a "
@@ -205,6 +209,28 @@ def after_schema(envelope: Mapping[str, Any]) -> dict[str, Any]:
     if "namespace" not in row and "." not in row["name"] and envelope.get("namespace"):
         row["namespace"] = envelope["namespace"]
     return row
+
+
+def _records(schema: Any, namespace: str) -> dict[str, Mapping[str, Any]]:
+    """Every record defined in ``schema``, by full name (its namespace inherited as Avro does)."""
+    found: dict[str, Mapping[str, Any]] = {}
+    if isinstance(schema, list):
+        for branch in schema:
+            found.update(_records(branch, namespace))
+    elif isinstance(schema, Mapping):
+        kind = schema.get("type")
+        if kind == "record":
+            name = str(schema["name"])
+            namespace = str(schema.get("namespace", namespace)) if "." not in name else name.rsplit(".", 1)[0]
+            full = name if "." in name or not namespace else f"{namespace}.{name}"
+            found[full] = {**schema, "namespace": namespace} if "." not in name and namespace else schema
+            for fld in schema.get("fields", []):
+                found.update(_records(fld.get("type"), namespace))
+        elif kind in ("array", "map"):
+            found.update(_records(schema.get("items", schema.get("values")), namespace))
+        elif isinstance(kind, (list, Mapping)):
+            found.update(_records(kind, namespace))
+    return found
 
 
 def _full_name(schema: Mapping[str, Any]) -> str:
