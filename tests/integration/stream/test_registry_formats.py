@@ -5,7 +5,7 @@ Confluent-API registry can run here), shared by this process's producers and the
 are produced by confluent-kafka's own ``AvroSerializer`` (as another team's producer would), and
 the Debezium topics are shaped exactly as Debezium's PostgreSQL connector writes them (its
 documentation, "Data change events"): envelope ``before``/``after``/``source``/``op``/``ts_ms``,
-``r``, ``c``, ``u``, ``d`` followed by a tombstone, ``t``, and an UPDATE whose TOASTed column is
+``r``, ``c``, ``u``, ``d`` followed by a tombstone, and an UPDATE whose TOASTed column is
 ``__debezium_unavailable_value``.
 """
 
@@ -136,7 +136,8 @@ def _change_events() -> list[tuple[dict | None, dict | None]]:
         ({"faa": "LAX"}, ev("d", row("LAX", None, None) | {"name": ""}, None, 23)),
         ({"faa": "LAX"}, None),  # the tombstone after the delete
         ({"faa": "ORD"}, ev("c", None, row("ORD", "Chicago Ohare", -6), 24)),
-        (None, ev("t", None, None, 25)),  # TRUNCATE of another table's history: no key, no row
+        # no truncate (op t): Debezium skips it by default (skipped.operations=t), and its record has no key,
+        # which a compacted topic refuses (with the whole produce batch it is in)
     ]
 
 
@@ -175,9 +176,10 @@ def _produce_debezium(env: Env, fmt: str) -> None:
         key_schema = {**_connect_schema_of(KEY), "optional": False}
         key_ser = lambda k: _connect_json(k, key_schema)  # noqa: E731
         value_ser = lambda v: _connect_json(v, envelope)  # noqa: E731
+    acked = []
     for k, v in _change_events():
-        env.producer.produce(env.airports, key=None if k is None else key_ser(k), value=value_ser(v))
-    assert env.producer.flush(10) == 0
+        env.producer.produce(env.airports, key=key_ser(k), value=value_ser(v), on_delivery=lambda e, m: acked.append(e))
+    assert env.producer.flush(10) == 0 and acked == [None] * len(_change_events())
 
 
 @pytest.mark.parametrize("bootstrap", ["small", "spark"])

@@ -126,3 +126,51 @@ def test_fill_unavailable_takes_the_previous_value_in_the_log_then_the_snapshot(
 def test_fill_unavailable_leaves_a_log_without_placeholders_alone():
     changes = _log([("1", False, "a", 1)])
     assert fill_unavailable(changes, lambda keys: pytest.fail("no lookup without a placeholder")) is changes
+
+
+def _connect(payload: dict | None, schema: dict) -> bytes | None:
+    import json
+
+    return None if payload is None else json.dumps({"schema": schema, "payload": payload}).encode()
+
+
+def test_debezium_connect_json_records_decode_to_rows_deletes_and_skipped_truncates(spark):
+    """record_decoder on Kafka-shaped rows: after is the value, d and tombstones delete, t is no record."""
+    from pyspark.sql import types as T
+
+    from schemas.serde import schema_json
+    from stream_app.snapshot.data import RecordFormats, record_decoder
+
+    key_type = T.StructType([T.StructField("id", T.IntegerType())])
+    row_type = T.StructType([T.StructField("id", T.IntegerType()), T.StructField("bio", T.StringType()),
+                             T.StructField("seen", T.TimestampType())])
+    key_schema = {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}]}
+    row = {"type": "struct", "optional": True, "fields": [
+        {"type": "int32", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "bio"},
+        {"type": "int64", "optional": True, "name": "org.apache.kafka.connect.data.Timestamp", "field": "seen"}]}
+    envelope = {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"},
+                                             {"type": "string", "optional": False, "field": "op"}]}
+    rows = [
+        ({"id": 1}, {"before": None, "after": {"id": 1, "bio": "a", "seen": 86_400_000}, "op": "c"}),
+        ({"id": 2}, {"before": {"id": 2, "bio": None, "seen": None}, "after": None, "op": "d"}),
+        ({"id": 2}, None),
+        ({"id": 3}, {"before": None, "after": None, "op": "t"}),
+        ({"id": 4}, None),
+    ]
+    raw = spark.createDataFrame(
+        [(_connect(k, key_schema), _connect(v, envelope), "t", 0, i) for i, (k, v) in enumerate(rows)],
+        "key binary, value binary, topic string, partition int, offset long",
+    )
+    key_avro = {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "int"}]}
+    row_avro = {"type": "record", "name": "Value", "fields": [
+        {"name": "id", "type": "int"}, {"name": "bio", "type": ["null", "string"]},
+        {"name": "seen", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}]}]}
+    formats = RecordFormats(value_format="connect_json", debezium=True, value_type=row_type)
+    decoded = record_decoder({}, schema_json(key_avro), schema_json(row_avro), key_type, {"t": 0}, "connect_json",
+                             formats=formats)(raw)
+    got = {r["__offset"]: r for r in decoded.select("__offset", "__lk", "__deleted", "__error", "__v").collect()}
+    assert sorted(got) == [0, 1, 2, 4]  # the truncate is not a record of the snapshot
+    assert got[0]["__lk"] == "1" and not got[0]["__deleted"] and got[0]["__error"] is None
+    assert got[0]["__v"]["bio"] == "a" and got[0]["__v"]["seen"].timestamp() == 86_400  # Connect's ms
+    assert got[1]["__deleted"] and got[2]["__deleted"] and got[4]["__deleted"]
+    assert all(got[o]["__error"] is None for o in got)
