@@ -180,3 +180,87 @@ def connect_json(data: bytes | str | None) -> Any:
     if isinstance(doc, dict) and set(doc) == {"schema", "payload"}:
         return _connect_value(doc["schema"], doc["payload"])
     return doc
+
+
+def after_schema(envelope: Mapping[str, Any]) -> dict[str, Any]:
+    """The row record of a Debezium envelope's Avro schema: the non-null branch of its ``after`` field.
+
+    Args:
+        envelope: the writer schema of a change event value (a record with ``after``).
+
+    Returns:
+        The row record schema, its namespace made explicit (it inherits the envelope's).
+
+    Raises:
+        ValueError: the schema is not a Debezium envelope (no ``after`` record field), naming its fields.
+    """
+    fields = {f["name"]: f for f in envelope.get("fields", [])} if isinstance(envelope, Mapping) else {}
+    kind = fields.get("after", {}).get("type")
+    branches = kind if isinstance(kind, list) else [kind]
+    # Debezium defines the row record in ``before`` and names it in ``after``: resolve the reference
+    named = _records(envelope, str(envelope.get("namespace", "")) if isinstance(envelope, Mapping) else "")
+    namespace = envelope.get("namespace", "") if isinstance(envelope, Mapping) else ""
+    branches = [named.get(b) or named.get(f"{namespace}.{b}") if isinstance(b, str) else b for b in branches]
+    rows = [b for b in branches if isinstance(b, Mapping) and b.get("type") == "record"]
+    if "op" not in fields or len(rows) != 1:
+        raise ValueError(f"not a Debezium envelope schema (fields {sorted(fields)[:8]}): it needs op and a "
+                         "nullable record after")
+    row = dict(rows[0])
+    if "namespace" not in row and "." not in row["name"] and envelope.get("namespace"):
+        row["namespace"] = envelope["namespace"]
+    return row
+
+
+def _records(schema: Any, namespace: str) -> dict[str, Mapping[str, Any]]:
+    """Every record defined in ``schema``, by full name (its namespace inherited as Avro does)."""
+    found: dict[str, Mapping[str, Any]] = {}
+    if isinstance(schema, list):
+        for branch in schema:
+            found.update(_records(branch, namespace))
+    elif isinstance(schema, Mapping):
+        kind = schema.get("type")
+        if kind == "record":
+            name = str(schema["name"])
+            namespace = str(schema.get("namespace", namespace)) if "." not in name else name.rsplit(".", 1)[0]
+            full = name if "." in name or not namespace else f"{namespace}.{name}"
+            found[full] = {**schema, "namespace": namespace} if "." not in name and namespace else schema
+            for fld in schema.get("fields", []):
+                found.update(_records(fld.get("type"), namespace))
+        elif kind in ("array", "map"):
+            found.update(_records(schema.get("items", schema.get("values")), namespace))
+        elif isinstance(kind, (list, Mapping)):
+            found.update(_records(kind, namespace))
+    return found
+
+
+def _full_name(schema: Mapping[str, Any]) -> str:
+    name = str(schema["name"])
+    return name if "." in name or not schema.get("namespace") else f"{schema['namespace']}.{name}"
+
+
+def envelope_reader(row: Mapping[str, Any], envelopes: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The reader schema of Debezium change events whose ``after`` is read as ``row``.
+
+    Only ``after`` and ``op`` are read (Avro schema resolution skips ``before``, ``source``,
+    ``ts_ms``...). The reader takes the writers' envelope and row names (the row's as aliases),
+    which Avro resolution matches by name.
+
+    Args:
+        row: the reader schema of the rows (a record).
+        envelopes: the writer schemas of the change events (at least one).
+
+    Returns:
+        The envelope reader schema.
+    """
+    names = list(dict.fromkeys(_full_name(e) for e in envelopes))
+    rows = {_full_name(after_schema(e)) for e in envelopes} - {_full_name(row)}
+    reader_row = {**row, "aliases": sorted({*row.get("aliases", []), *rows})}
+    return {
+        "type": "record",
+        "name": names[0],
+        **({"aliases": names[1:]} if names[1:] else {}),
+        "fields": [
+            {"name": "after", "type": ["null", reader_row], "default": None},
+            {"name": "op", "type": "string"},
+        ],
+    }

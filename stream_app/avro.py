@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from schemas.registry import CONFLUENT_HEADER_BYTES, MAGIC_BYTE
 from schemas.serde import HEADER_BYTES, MARKER
 
 
@@ -61,6 +62,45 @@ def decode_avro(col: Any, writer_schemas: Mapping[bytes, str], reader_schema_jso
         options = {"mode": "PERMISSIVE", "avroSchema": reader_schema_json}
         result = result.when(has_marker & (col.substr(3, 8) == f.lit(fp)), from_avro(body, writer_json, options))
     return result
+
+
+def from_confluent(col: Any, headers: Mapping[bytes, bytes]) -> Any:
+    """Confluent-framed records as single-object ones: the 5-byte prefix swapped for the writer's header.
+
+    Confluent's wire format is ``00 | 4-byte schema id | Avro body``; the body is the same Avro
+    binary as a single-object record's, so only the prefix changes and :func:`decode_avro` decodes
+    the result with its per-fingerprint branches (one ``CASE`` over the known ids, in the JVM).
+
+    Args:
+        col: a binary column (Kafka ``key`` or ``value``).
+        headers: Confluent prefix (magic byte, big-endian id) -> 10-byte single-object header
+            (:meth:`stream_app.writers.RegistryWriters.headers`).
+
+    Returns:
+        A binary column: single-object bytes for a known id; the bytes unchanged otherwise (an
+        unknown id, not Confluent-framed, ``null``), which :func:`decode_avro` does not decode and
+        :func:`stream_app.snapshot.data.decode_error_reason` names.
+    """
+    f = _f()
+    if not headers:
+        return col
+    prefix = col.substr(1, CONFLUENT_HEADER_BYTES)
+    body = col.substr(f.lit(CONFLUENT_HEADER_BYTES + 1), f.length(col) - f.lit(CONFLUENT_HEADER_BYTES))
+    result = None
+    for confluent, single in sorted(headers.items()):
+        branch = f.concat(f.lit(single), body)
+        result = f.when(prefix == f.lit(confluent), branch) if result is None else result.when(
+            prefix == f.lit(confluent), branch
+        )
+    assert result is not None
+    return result.otherwise(col)
+
+
+def confluent_id(col: Any) -> Any:
+    """The schema id of each Confluent-framed record as a decimal string (null when not Confluent-framed)."""
+    f = _f()
+    framed_ = (col.substr(1, 1) == f.lit(MAGIC_BYTE)) & (f.length(col) >= CONFLUENT_HEADER_BYTES)
+    return f.when(framed_, f.conv(f.hex(col.substr(2, 4)), 16, 10))
 
 
 def framed(body: Any, fingerprint: bytes) -> Any:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from stream_app.avro import decode_avro, framed
+from stream_app.avro import decode_avro, framed, from_confluent
 from stream_app.avro_schemas import is_optional, same_encoding
 from stream_app.columns import ColumnCache
 from stream_app.enrich import BoundLookup, apply_steps
@@ -53,7 +53,8 @@ class BatchPlan:
         # a projection key of joined fields can be null only after the join: keep every raw value then
         self._raw_always = bool(key_fields - set(event_fields))
         self._raw_when_null = sorted(key_fields & set(event_fields))
-        self._writers: frozenset[bytes] | None = None
+        self._writers: frozenset[Any] | None = None
+        self._registry = cfg.events.value_format == "confluent_avro"
         self._decode: tuple[list[Any], list[Any], list[Any]] | None = None
         self._cache = ColumnCache()
         self._snapshot_headers: tuple[tuple[tuple[str, str], ...], Any] | None = None
@@ -101,13 +102,22 @@ class BatchPlan:
         )
         self._dead_letter = f.when(~ok, record_of(*self._dead_letter_fields))
 
-    def _decode_columns(self, writers: Mapping[bytes, str]) -> tuple[list[Any], list[Any], list[Any]]:
+    def _decode_columns(
+        self, writers: Mapping[bytes, str], headers: Mapping[bytes, bytes] | None = None
+    ) -> tuple[list[Any], list[Any], list[Any]]:
         """The three projections that decode events, rebuilt when the writer schemas change."""
         from pyspark.sql import functions as f
 
         relevant = writers_for(dict(writers), self.plan.events.avro)
-        if self._decode is not None and self._writers == frozenset(relevant):
+        # confluent_avro: the registry ids of the relevant writers (the others would not decode either)
+        ids = {p: h for p, h in (headers or {}).items() if h[2:] in relevant} if self._registry else {}
+        known = frozenset([*relevant, *ids])
+        if self._decode is not None and self._writers == known:
             return self._decode
+
+        def single_object(col: Any) -> Any:
+            return from_confluent(col, ids) if self._registry else col
+
         meta = ["__key", "__headers", "__partition", "__offset"] + (["__timestamp"] if self.timestamp else [])
         first = [
             f.col("key").alias("__key"),
@@ -116,7 +126,7 @@ class BatchPlan:
             f.col("partition").alias("__partition"),
             f.col("offset").alias("__offset"),
             *([f.col("timestamp").alias("__timestamp")] if self.timestamp else []),
-            decode_avro(f.col("value"), relevant, self.plan.events.json).alias("__v"),
+            decode_avro(single_object(f.col("value")), relevant, self.plan.events.json).alias("__v"),
         ]
         # PERMISSIVE from_avro gives a struct of nulls for a corrupt body: a required field is then null
         required = [fld["name"] for fld in self.plan.events.avro["fields"] if not is_optional(fld["type"])]
@@ -128,7 +138,7 @@ class BatchPlan:
             decoded = decoded & ~all_null
         second = [*self._cache.cols([*meta, "__value", "__v"]), decoded.alias("__decoded")]
         error = f.when(f.col("__value").isNull(), f.lit("event has no value (null)")).when(
-            ~f.col("__decoded"), decode_error_reason(f.col("__value"), relevant, "value")
+            ~f.col("__decoded"), decode_error_reason(single_object(f.col("__value")), relevant, "value")
         )
         # the error is set exactly when the value is null or did not decode (a null value never decodes):
         # ~__decoded, not a second copy of the error's expression tree
@@ -139,12 +149,19 @@ class BatchPlan:
             keep_raw = keep_raw | f.col("__v")[name].isNull()
         third = [*self._cache.cols(meta), f.when(keep_raw, f.col("__value")).alias("__value"), error.alias(ERROR),
                  self._cache.col("__v.*")]
-        self._writers, self._decode = frozenset(relevant), (first, second, third)
+        self._writers, self._decode = known, (first, second, third)
         return self._decode
 
-    def frame(self, batch: Any, writers: Mapping[bytes, str]) -> Any:
-        """The decoded events of a micro-batch (Spark's Kafka rows), bad ones marked in ``__error``."""
-        first, second, third = self._decode_columns(writers)
+    def frame(self, batch: Any, writers: Mapping[bytes, str], headers: Mapping[bytes, bytes] | None = None) -> Any:
+        """The decoded events of a micro-batch (Spark's Kafka rows), bad ones marked in ``__error``.
+
+        Args:
+            batch: Spark's Kafka rows.
+            writers: known writer schemas, fingerprint -> JSON.
+            headers: ``events.value_format: confluent_avro``: Confluent prefix -> single-object header
+                (:meth:`stream_app.writers.WriterSchemas.headers`).
+        """
+        first, second, third = self._decode_columns(writers, headers)
         select = self._cache.select
         return select(select(select(batch, first), second), third)
 

@@ -157,6 +157,13 @@ class EventsConfig(StrictModel):
     starting_offsets: Literal["earliest", "latest"] = Field(
         "latest", description="where a job without a checkpoint starts; a checkpoint always wins"
     )
+    value_format: Literal["avro", "confluent_avro"] = Field(
+        "avro",
+        description="how event values are encoded: 'avro' (single-object Avro, writer schemas in the schema topic) "
+        "or 'confluent_avro' (Confluent's wire format: magic byte 0, 4-byte schema id; writer schemas are the "
+        "versions of the subject <topic>-value in kafka.schema_registry, resolved against value_schema). The events' "
+        "keys are never decoded: they pass to the enriched events as they are",
+    )
     max_offsets_per_trigger: int | None = Field(None, ge=1, description="records per micro-batch, at most")
     fail_on_data_loss: bool = Field(
         True, description="fail when event offsets were deleted before being read (Spark's failOnDataLoss)"
@@ -178,10 +185,26 @@ class SnapshotConfig(StrictModel):
 
     name: Name
     topics: list[TopicName] = Field(min_length=1)
-    key_format: Literal["avro", "string"] = Field(
+    key_format: Literal["avro", "string", "confluent_avro", "connect_json"] = Field(
         "avro",
-        description="how record keys are encoded: 'avro' (single-object Avro, read with key_schema) or 'string' "
-        "(plain UTF-8, as Kafka Streams' Serdes.String() writes them; the key is one string field named key_field)",
+        description="how record keys are encoded: 'avro' (single-object Avro, read with key_schema), 'string' "
+        "(plain UTF-8, as Kafka Streams' Serdes.String() writes them; the key is one string field named key_field), "
+        "'confluent_avro' (Confluent's wire format, writer schemas from kafka.schema_registry, subject <topic>-key) "
+        "or 'connect_json' (Kafka Connect's JsonConverter with schemas.enable=true: a struct key is read with "
+        "key_schema, which is then required)",
+    )
+    value_format: Literal["avro", "confluent_avro", "connect_json"] = Field(
+        "avro",
+        description="how record values are encoded: 'avro' (single-object Avro), 'confluent_avro' (Confluent's "
+        "wire format, writer schemas from kafka.schema_registry, subject <topic>-value) or 'connect_json' (Kafka "
+        "Connect's JsonConverter with schemas.enable=true, read with value_schema, which is then required)",
+    )
+    envelope: Literal["none", "debezium"] = Field(
+        "none",
+        description="'debezium': each value is a Debezium change event (before/after/source/op/ts_ms); the "
+        "snapshot keeps `after` (value_schema is the row record, default: the `after` type of the latest writer "
+        "schema), `op: d` and tombstones delete the key, `op: t` is skipped, and a column holding "
+        "__debezium_unavailable_value (a TOASTed column an UPDATE left out) keeps the key's previous value",
     )
     key_schema: SchemaRef | None = Field(
         None,
@@ -263,12 +286,26 @@ class SnapshotConfig(StrictModel):
 
     @model_validator(mode="after")
     def _key_format(self) -> SnapshotConfig:
-        if self.key_format == "avro":
+        if self.key_format != "string":
             if self.key_field is not None:
                 raise ValueError("key_field applies to key_format string only (an Avro key names its own fields)")
         elif self.key_schema is not None:
             raise ValueError("key_schema does not apply to key_format string (the key is one string: key_field)")
+        # Connect's JSON carries its own schema in each record but no schema topic or registry keeps it:
+        # the reader schema is given
+        if self.key_format == "connect_json" and self.key_schema is None:
+            raise ValueError("key_format connect_json needs key_schema (the key's fields, as an Avro record)")
+        if self.value_format == "connect_json" and self.value_schema is None:
+            raise ValueError("value_format connect_json needs value_schema (the row's fields, as an Avro record)")
+        if self.envelope == "debezium" and self.retention is not None:
+            raise ValueError("envelope debezium keeps the latest value per key only: retention (versions) is not "
+                             "supported with it")
         return self
+
+    @property
+    def registry_formats(self) -> list[str]:
+        """The fields of this snapshot that read the Confluent wire format (``key_format``/``value_format``)."""
+        return [n for n in ("key_format", "value_format") if getattr(self, n) == "confluent_avro"]
 
 
 class LookupConfig(StrictModel):

@@ -58,7 +58,7 @@ from stream_app.snapshot.engines import DeadLetterProducer
 from stream_app.snapshot.query import SnapshotQueries
 from stream_app.snapshot.runtime import Snapshot
 from stream_app.updates import aggregate, aggregation_input, aggregation_input_fields, aggregation_records, output_mode
-from stream_app.writers import WriterSchemas
+from stream_app.writers import WriterSchemas, registry_subjects
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +126,10 @@ class StreamJob:
             if key not in cfg.spark.conf:
                 self.spark.conf.set(key, value)
         self._watermarks = TopicWatermarks(self.kafka)
-        writers = WriterSchemas(self.kafka, self._watermarks)
+        writers = WriterSchemas(self.kafka, self._watermarks, registry_subjects(cfg))
         self._writers = writers
         # snapshots without reader schemas read with their topics' writer schemas (a mismatch: ConfigError now)
-        plan = build_plan(cfg, self.spark, self.base_dir, writers.store.version_schemas)
+        plan = build_plan(cfg, self.spark, self.base_dir, writers.version_schemas)
         assert plan is not None  # with the writer versions every schema is known
         self.plan = plan
         self._check_topics()
@@ -146,7 +146,8 @@ class StreamJob:
             spark_folder = child(cfg.checkpoint_location, "snapshots", name)
             checkpoint = SnapshotCheckpoint(fs, name, snap_plan.schema_id, spark_folder=spark_folder)
             self.snapshots[snap_plan.config.name] = Snapshot(
-                self.spark, self.kafka, snap_plan, writers, self._watermarks, checkpoint, dead_letters, cfg.name
+                self.spark, self.kafka, snap_plan, writers, self._watermarks, checkpoint, dead_letters, cfg.name,
+                headers=writers.headers,
             )
         # The readiness gate holds the first micro-batch, not the query: Spark starts the query (reads its
         # checkpoint, asks Kafka for offsets) while the snapshots load, and the first batch waits for them.
@@ -431,9 +432,11 @@ class StreamJob:
         self.gate_wait_s += ready - gate
         if self._bootstrap_error is not None:
             raise FatalError(f"the snapshots did not load: {self._bootstrap_error}") from self._bootstrap_error
+        # the writer schemas first: a snapshot record or event written under a schema registered since the
+        # last batch then decodes in this one
+        self._writers.refresh()
         views, replay = self._views(batch_id)
         refreshed = time.monotonic()
-        self._writers.refresh()
         if self._counted is None:  # built once: each functions call is a dozen py4j round trips
             self._counted = (
                 f.count(f.lit(1)).alias("events"),
@@ -444,7 +447,7 @@ class StreamJob:
                 ],
             )
         counted_in, counted_out = self._counted
-        frame = self._batch.frame(batch, self._writers())
+        frame = self._batch.frame(batch, self._writers(), self._writers.headers())
         seen_in = None
         # One record per event: the events are the records. Else counted as they enter: an observation
         # is a stage of its own (it breaks the whole-stage code generation), so only when needed. A where

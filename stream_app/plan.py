@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from connectors.exceptions import ConfigError, ConfigProblem
 from schemas import load_schema
+from schemas.debezium import after_schema, envelope_reader
 from schemas.exceptions import SchemaNotFoundError
 from schemas.serde import fingerprint, schema_json
 from stream_app.avro_schemas import (
@@ -59,6 +60,7 @@ class SnapshotPlan:
     key: Schema
     value: Schema
     schema_id: str  # changes when a reader schema changes: an older checkpoint is then not used
+    envelope: Schema | None = None  # envelope debezium in Avro: the change events' reader (after, op)
 
 
 class Aggregate(NamedTuple):
@@ -430,14 +432,30 @@ def build_plan(
         assert writer_versions is not None
         return [(t, json.loads(text)) for t in snap.topics for text in writer_versions(f"{t}-{kind}")]
 
+    envelopes: dict[str, dict[str, Any]] = {}  # snapshot -> Debezium envelope reader (Avro formats)
+
+    def debezium_rows(i: int, snap: SnapshotConfig) -> list[tuple[str, dict[str, Any]]]:
+        """The ``after`` records of a Debezium snapshot's writer envelopes."""
+        rows = []
+        for topic, envelope in writers_of(snap, "value"):
+            try:
+                rows.append((topic, after_schema(envelope)))
+            except ValueError as exc:
+                problem(f"snapshots[{i}].envelope", f"topic {topic!r}: {exc}")
+        return rows
+
     def snapshot_schema(i: int, snap: SnapshotConfig, kind: str, ref: str | None) -> dict[str, Any] | None:
         path = f"snapshots[{i}].{kind}_schema"
+        fmt = snap.key_format if kind == "key" else snap.value_format
+        debezium = kind == "value" and snap.envelope == "debezium"
+        if fmt == "connect_json":  # the records carry their schemas; no store keeps them (ref is required)
+            return load(ref, path) if ref is not None else None
         if ref is not None:
             reader = load(ref, path)
         elif writer_versions is None:
             return None
         else:
-            writers = writers_of(snap, kind)
+            writers = debezium_rows(i, snap) if debezium else writers_of(snap, kind)
             if not writers:
                 problem(path, f"no {kind} schema recorded for topic(s) {snap.topics} (subject <topic>-{kind} in the "
                               f"schema topic): start the source that writes them first, or set {kind}_schema")
@@ -447,8 +465,15 @@ def build_plan(
             reader = {k: v for k, v in first[-1].items() if k != "aliases"}
         if reader is None or writer_versions is None:
             return reader
-        for message in match_writers(reader, writers_of(snap, kind)):
+        for message in match_writers(reader, debezium_rows(i, snap) if debezium else writers_of(snap, kind)):
             problem(path, message)
+        if debezium:
+            found = [envelope for _, envelope in writers_of(snap, "value")]
+            if found:
+                envelopes[snap.name] = envelope_reader(reader, found)
+            else:
+                problem(f"snapshots[{i}].envelope", f"no change event schema recorded for topic(s) {snap.topics} "
+                        "(subject <topic>-value): start the connector that writes them first")
         return reader
 
     transform: Transform | None = None
@@ -520,6 +545,8 @@ def build_plan(
     assert event is not None and enriched is not None  # no problems: both were loaded
 
     snapshot_plans = {snap.name: _snapshot_plan(snap, *snaps[snap.name]) for snap in config.snapshots}
+    for name, envelope in envelopes.items():
+        snapshot_plans[name].envelope = _schema(envelope)
     plan = JobPlan(config, _schema(event), snapshot_plans, _schema(enriched), updates, steps, transform)
     if spark is not None:
         plan.events.spark_type = spark_type(spark, plan.events)
@@ -527,6 +554,8 @@ def build_plan(
         for snap in snapshot_plans.values():
             snap.key.spark_type = spark_type(spark, snap.key)
             snap.value.spark_type = spark_type(spark, snap.value)
+            if snap.envelope is not None:
+                snap.envelope.spark_type = spark_type(spark, snap.envelope)
     return plan
 
 

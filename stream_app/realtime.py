@@ -108,6 +108,32 @@ def realtime_problems(config: StreamJobConfig) -> list[tuple[str, str]]:
                     "run in the JVM (bounded by max_bytes)",
                 )
             )
+        # the JVM store (stream_app/jvm) reads keys and values in single-object form only
+        for field in ("key_format", "value_format"):
+            if getattr(snap, field) in ("confluent_avro", "connect_json"):
+                problems.append(
+                    (
+                        f"snapshots[{i}].{field}",
+                        f"{getattr(snap, field)}: real-time mode's JVM store reads Avro single-object records only; "
+                        "use stream.mode: microbatch for a snapshot in the registry's or Kafka Connect's format",
+                    )
+                )
+        if snap.envelope != "none":
+            problems.append(
+                (
+                    f"snapshots[{i}].envelope",
+                    "real-time mode's JVM store keeps each record's value as it is: a Debezium envelope (after, "
+                    "deletes, TOASTed columns) is read in stream.mode: microbatch only",
+                )
+            )
+    if config.events.value_format == "confluent_avro":
+        problems.append(
+            (
+                "events.value_format",
+                "confluent_avro events are read in stream.mode: microbatch only (the real-time query is planned "
+                "once, before the registry's later schema ids could be known)",
+            )
+        )
     return problems
 
 

@@ -93,6 +93,14 @@ class PipelineBase(StrictModel):
                     if getattr(source, field, "avro") == "confluent_avro":
                         problems.append((("sources", i, field),
                                          "confluent_avro needs kafka.schema_registry (the registry's url)"))
+            if self.stream is not None:
+                if self.stream.events.value_format == "confluent_avro":
+                    problems.append((("stream", "events", "value_format"),
+                                     "confluent_avro needs kafka.schema_registry (the registry's url)"))
+                for i, snap in enumerate(self.stream.snapshots):
+                    for field in snap.registry_formats:
+                        problems.append((("stream", "snapshots", i, field),
+                                         "confluent_avro needs kafka.schema_registry (the registry's url)"))
         names: set[str] = set()
         for i, svc in enumerate(self.sync):
             if svc.name in names:

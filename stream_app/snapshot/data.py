@@ -20,7 +20,7 @@ is :mod:`stream_app.snapshot.runtime`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +123,7 @@ def record_decoder(
     topic_rank: Mapping[str, int],
     key_format: str = "avro",
     carry: Sequence[str] = (),
+    formats: RecordFormats | None = None,
 ) -> Any:
     """The decoding of compacted-topic records as a function of Spark's Kafka rows (columns built once).
 
@@ -136,24 +137,41 @@ def record_decoder(
         value_schema_json: reader schema of the values.
         key_type: Spark type of the decoded key.
         topic_rank: topic -> position in the snapshot's topic list.
-        key_format: ``avro`` (single-object keys, read with ``key_schema_json``)
-            or ``string``: plain UTF-8 keys (Kafka Streams' ``Serdes.String()``),
+        key_format: ``avro`` (single-object keys, read with ``key_schema_json``),
+            ``confluent_avro`` (the same through ``formats.headers``), ``connect_json``
+            (Kafka Connect JSON, :func:`connect_json_column`) or ``string``: plain
+            UTF-8 keys (Kafka Streams' ``Serdes.String()``),
             taken as the one string field of ``key_type`` by Spark's binary to
             string cast (invalid UTF-8 becomes U+FFFD, as in Java's ``String``).
         carry: more columns of the raw rows kept as they are, last (the versioned
             store's record time, :mod:`stream_app.snapshot.versioned`).
+        formats: how values (and keys other than ``avro``/``string``) are framed: the
+            registry's Confluent prefixes, Kafka Connect JSON, a Debezium envelope;
+            ``None``: single-object Avro values.
 
     Returns:
         ``decode(raw) -> DataFrame``, see :func:`decode_records`.
     """
-    from stream_app.avro import decode_avro
+    from stream_app.avro import decode_avro, from_confluent
 
     f = _f()
+    formats = formats or RecordFormats()
+    key_in = from_confluent(f.col("key"), formats.headers) if key_format == "confluent_avro" else f.col("key")
+    value_in = from_confluent(f.col("value"), formats.headers) if formats.value_format == "confluent_avro" else (
+        f.col("value"))
     if key_format == "string":
         name = key_type.fields[0].name
         key = f.when(f.col("key").isNotNull(), f.struct(f.col("key").cast("string").alias(name)))
+    elif key_format == "connect_json":
+        key = connect_json_column(f.col("key"), key_type)
     else:
-        key = decode_avro(f.col("key"), writers, key_schema_json)
+        key = decode_avro(key_in, writers, key_schema_json)
+    # a Debezium value is decoded as its envelope (``__e``), whose ``after`` is the row
+    envelope_json = formats.envelope_json if formats.debezium else None
+    if formats.value_format == "connect_json":
+        value = connect_json_column(f.col("value"), formats.value_type, envelope=formats.debezium)
+    else:
+        value = decode_avro(value_in, writers, envelope_json or value_schema_json)
     first = [
         "key",
         "value",
@@ -161,9 +179,16 @@ def record_decoder(
         f.col("partition").alias(PARTITION),
         f.col("offset").alias(OFFSET),
         key.alias("__k"),
-        decode_avro(f.col("value"), writers, value_schema_json).alias("__v"),
+        value.alias("__e" if formats.debezium else "__v"),
         *carry,
     ]
+    if formats.debezium:
+        # checked as the envelope (op is required); a delete's after is null
+        env = f.col("__e")
+        decoded_env = corrupt_to_null(env, envelope_json) if envelope_json else f.when(env["op"].isNotNull(), env)
+        value_checks = [decoded_env.alias("__e")]
+    else:
+        value_checks = [corrupt_to_null(f.col("__v"), value_schema_json).alias("__v")]
     second = [
         "key",
         "value",
@@ -171,22 +196,32 @@ def record_decoder(
         PARTITION,
         OFFSET,
         corrupt_to_null(f.col("__k"), key_schema_json).alias("__k"),
-        corrupt_to_null(f.col("__v"), value_schema_json).alias("__v"),
+        *value_checks,
         *carry,
     ]
     rank = f.lit(0)
     for topic, position in sorted(topic_rank.items(), key=lambda kv: kv[1]):
         rank = f.when(f.col(TOPIC) == topic, f.lit(position)).otherwise(rank)
     lk = lookup_key(f.col("__k"), key_type)
+    decoded = f.col("__e") if formats.debezium else f.col("__v")
+
+    def reason(col: Any, fmt: str, what: str) -> Any:
+        if fmt == "connect_json":
+            return f.lit(f"{what} is not Kafka Connect JSON (schemas.enable=true) of the reader schema")
+        return decode_error_reason(col, writers, what)
+
     error = (
         f.when(f.col("key").isNull(), f.lit("record has no key"))
-        .when(f.col("__k").isNull(), decode_error_reason(f.col("key"), writers, "key"))
-        .when(f.col("value").isNotNull() & f.col("__v").isNull(), decode_error_reason(f.col("value"), writers, "value"))
+        .when(f.col("__k").isNull(), reason(key_in, key_format, "key"))
+        .when(f.col("value").isNotNull() & decoded.isNull(), reason(value_in, formats.value_format, "value"))
     )
+    deleted = f.col("value").isNull()
+    if formats.debezium:
+        deleted = deleted | (f.col("__e.op") == f.lit("d"))
     third = [
         lk.alias(LK),
         f.xxhash64(lk).alias(LH),
-        f.col("value").isNull().alias(DELETED),
+        deleted.alias(DELETED),
         TOPIC,
         PARTITION,
         OFFSET,
@@ -194,14 +229,97 @@ def record_decoder(
         error.alias(ERROR),
         "key",
         "value",
-        "__v",
+        (f.col("__e.after") if formats.debezium else f.col("__v")).alias("__v"),
         *carry,
     ]
 
     def decode(raw: Any) -> Any:
-        return raw.select(*first).select(*second).select(*third)
+        rows = raw.select(*first).select(*second)
+        if formats.debezium:
+            # op t (truncate) and m (message) change no key: not a record of the snapshot
+            rows = rows.filter(f.col("__e").isNull() | ~f.col("__e.op").isin("t", "m"))
+        return rows.select(*third)
 
     return decode
+
+
+@dataclass(frozen=True)
+class RecordFormats:
+    """How a snapshot's records are framed, beside the writer schemas (``stream.snapshots[]``).
+
+    Attributes:
+        value_format: ``avro``, ``confluent_avro`` or ``connect_json``.
+        headers: Confluent prefix -> single-object header of each registry writer schema
+            (:func:`stream_app.avro.from_confluent`).
+        debezium: values are Debezium change events (``envelope: debezium``).
+        envelope_json: Avro formats with ``debezium``: the envelope reader schema
+            (:func:`schemas.debezium.envelope_reader`).
+        value_type: ``connect_json`` values: the Spark type of the row.
+    """
+
+    value_format: str = "avro"
+    headers: Mapping[bytes, bytes] = field(default_factory=dict)
+    debezium: bool = False
+    envelope_json: str | None = None
+    value_type: Any = None
+
+
+def _connect_type(spark_type: Any) -> Any:
+    """The Spark type ``from_json`` reads a Connect JSON field as (logical types as their encodings)."""
+    from pyspark.sql import types as T
+
+    if isinstance(spark_type, T.TimestampType | T.TimestampNTZType):
+        return T.LongType()  # org.apache.kafka.connect.data.Timestamp: milliseconds since the epoch
+    if isinstance(spark_type, T.DateType):
+        return T.IntegerType()  # org.apache.kafka.connect.data.Date: days since the epoch
+    if isinstance(spark_type, T.BinaryType):
+        return T.StringType()  # base64
+    if isinstance(spark_type, T.DecimalType):
+        raise ValueError("Connect JSON decimals (base64 bytes, decimal.handling.mode=precise) are not read: use "
+                         "decimal.handling.mode=double or string in the connector")
+    return spark_type
+
+
+def connect_json_column(col: Any, spark_type: Any, envelope: bool = False) -> Any:
+    """Kafka Connect ``JsonConverter`` records (``schemas.enable=true``) as a struct of ``spark_type``.
+
+    The ``payload`` is parsed by Spark's ``from_json``; Connect's logical types become Spark's:
+    ``Timestamp`` (ms) a timestamp, ``Date`` (days) a date, ``bytes`` (base64) binary.
+
+    Args:
+        col: the binary key or value column.
+        spark_type: the struct type of the key, or of the row.
+        envelope: the payload is a Debezium envelope: the result is ``struct<after, op>``.
+
+    Returns:
+        A struct column; ``null`` for a null input or JSON without a payload.
+
+    Raises:
+        ValueError: a field type Connect JSON cannot be read as (decimals).
+    """
+    from pyspark.sql import types as T
+
+    f = _f()
+    row = T.StructType([T.StructField(fld.name, _connect_type(fld.dataType)) for fld in spark_type.fields])
+    payload: Any = T.StructType([T.StructField("after", row), T.StructField("op", T.StringType())]) if envelope else row
+    parsed = f.from_json(col.cast("string"), T.StructType([T.StructField("payload", payload)]))["payload"]
+
+    def fields(struct: Any) -> Any:
+        out = []
+        for fld in spark_type.fields:
+            value = struct[fld.name]
+            if isinstance(fld.dataType, T.TimestampType | T.TimestampNTZType):
+                value = f.timestamp_millis(value).cast(fld.dataType)
+            elif isinstance(fld.dataType, T.DateType):
+                value = f.date_from_unix_date(value)
+            elif isinstance(fld.dataType, T.BinaryType):
+                value = f.unbase64(value)
+            out.append(value.alias(fld.name))
+        return f.when(struct.isNotNull(), f.struct(*out))
+
+    if envelope:
+        return f.when(parsed.isNotNull(), f.struct(fields(parsed["after"]).alias("after"), parsed["op"].alias("op")))
+    return fields(parsed)
 
 
 def decode_records(
@@ -234,13 +352,19 @@ def decode_records(
 
 def decode_error_reason(col: Any, writers: Mapping[bytes, str], what: str) -> Any:
     """Why a single-object encoded column did not decode (for the dead letter headers)."""
-    from stream_app.avro import fingerprint_hex
+    from stream_app.avro import confluent_id, fingerprint_hex
 
     f = _f()
     fp = fingerprint_hex(col)
     known = [f.lit(k.hex()) for k in writers]
+    # a Confluent-framed record left as it was: its id is in none of the followed registry subjects
+    registry_id = confluent_id(col)
     return (
-        f.when(fp.isNull(), f.lit(f"{what} is not Avro single-object encoding (no C3 01 marker)"))
+        f.when(
+            registry_id.isNotNull(),
+            f.concat(f.lit(f"{what} has a schema registry id unknown in the topic's subject: "), registry_id),
+        )
+        .when(fp.isNull(), f.lit(f"{what} is not Avro single-object encoding (no C3 01 marker)"))
         .when(
             ~fp.isin(*known) if known else f.lit(True),
             f.concat(f.lit(f"{what} has an unknown writer schema fingerprint "), fp),
@@ -254,6 +378,8 @@ def latest_per_key(
     value_columns: Sequence[str] | None = None,
     keep_deleted: bool = False,
     partitions: int | None = None,
+    unavailable: Sequence[str] = (),
+    unresolved: str = "null",
 ) -> Any:
     """The latest record per lookup key; tombstones remove their key.
 
@@ -280,6 +406,13 @@ def latest_per_key(
             them (a snapshot).
         partitions: how many hash partitions of ``__lk``; ``None``:
             ``spark.sql.shuffle.partitions``.
+        unavailable: Debezium snapshots: the value columns that may hold
+            ``__debezium_unavailable_value`` (a TOASTed column an UPDATE left out):
+            each takes the key's latest earlier value since its last delete
+            (:func:`fill_unavailable` on the driver does the same to a change table).
+        unresolved: what such a column becomes without an earlier value here:
+            ``null`` (the records are the whole topic) or ``keep`` the placeholder
+            (a delta: the snapshot holds the previous value, :func:`fill_unavailable`).
 
     Returns:
         ``__lk, __lh[, __deleted, __topic, __partition, __offset]`` and the value
@@ -297,6 +430,8 @@ def latest_per_key(
         value_columns = [c for c in records.columns if not c.startswith("__") and c not in ("key", "value")]
     if partitions is None:
         partitions = int(records.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+    if unavailable:
+        records = _carry_unavailable(records, unavailable, unresolved, with_errors)
     keep = [LH, DELETED, TOPIC, PARTITION, OFFSET, *value_columns]
     present = [c for c in keep if c in records.columns]
     order = [f.col(RANK).desc(), f.col(PARTITION).desc(), f.col(OFFSET).desc()]
@@ -316,6 +451,46 @@ def latest_per_key(
     if keep_deleted:
         return latest
     return latest.filter(~f.col(DELETED)).select(LK, LH, *value_columns)
+
+
+def _carry_unavailable(records: Any, columns: Sequence[str], unresolved: str, with_errors: bool) -> Any:
+    """Replace Debezium's placeholders by the key's latest earlier value (see :func:`latest_per_key`)."""
+    from pyspark.sql import Window
+    from pyspark.sql import types as T
+
+    from schemas.debezium import UNAVAILABLE
+
+    f = _f()
+    order = [f.col(RANK), f.col(PARTITION), f.col(OFFSET)]
+    upto = Window.partitionBy(LK).orderBy(*order).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    # a delete starts a new segment: no value is carried across it
+    records = records.withColumn("__seg", f.sum(f.col(DELETED).cast("int")).over(upto))
+    segment = Window.partitionBy(LK, "__seg").orderBy(*order).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    usable = ~f.col(DELETED) & (f.col(ERROR).isNull() if with_errors else f.lit(True))
+    for name in columns:
+        col, kind = f.col(name), records.schema[name].dataType
+        if isinstance(kind, T.ArrayType):
+            placeholder = (f.size(col) == 1) & (col[0].cast("string") == f.lit(UNAVAILABLE))
+        elif isinstance(kind, T.BinaryType):
+            placeholder = col == f.lit(UNAVAILABLE.encode())
+        else:
+            placeholder = col == f.lit(UNAVAILABLE)
+        placeholder = f.coalesce(placeholder, f.lit(False))
+        # wrapped in a struct: a real null is a value to carry, ignorenulls skips only the placeholders
+        earlier = f.last(f.when(usable & ~placeholder, f.struct(col.alias("v"))), ignorenulls=True).over(segment)
+        fallback = col if unresolved == "keep" else f.lit(None).cast(kind)
+        records = records.withColumn(
+            name, f.when(placeholder, f.when(earlier.isNotNull(), earlier["v"]).otherwise(fallback)).otherwise(col)
+        )
+    return records.drop("__seg")
+
+
+def unavailable_columns(value_type: Any) -> list[str]:
+    """The value columns that can hold Debezium's placeholder: strings, bytes, arrays."""
+    from pyspark.sql import types as T
+
+    return [fld.name for fld in value_type.fields
+            if isinstance(fld.dataType, T.StringType | T.BinaryType | T.ArrayType)]
 
 
 def bucket_id(column: str, buckets: int) -> Any:
@@ -522,3 +697,68 @@ def nullable_table(table: pa.Table) -> pa.Table:
     """
     schema = nullable_schema(table.schema)
     return table if table.schema.equals(schema) else table.cast(schema)
+
+
+def _unavailable_mask(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
+    """Where a column holds Debezium's unavailable-value placeholder; ``None`` for a type that cannot."""
+    from schemas.debezium import UNAVAILABLE
+
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return pc.fill_null(pc.equal(column, pa.scalar(UNAVAILABLE, kind)), False)
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return pc.fill_null(pc.equal(column, pa.scalar(UNAVAILABLE.encode(), kind)), False)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):  # an array column: [placeholder]
+        inner = pc.list_element(pc.if_else(pc.equal(pc.list_value_length(column), 1), column, None), 0)
+        return pc.fill_null(pc.equal(pc.cast(inner, pa.string()), UNAVAILABLE), False)
+    return None
+
+
+def fill_unavailable(
+    changes: pa.Table, previous: Callable[[list[str]], Mapping[str, Mapping[str, Any] | None]]
+) -> pa.Table:
+    """Replace Debezium's ``__debezium_unavailable_value`` placeholders by the key's previous values.
+
+    A TOASTed column an UPDATE left unchanged is not in PostgreSQL's logical decoding message
+    (unless ``REPLICA IDENTITY FULL``), and Debezium writes the placeholder instead
+    (:mod:`schemas.debezium`). The previous value of the key is its latest earlier row in
+    ``changes``, else its row in the snapshot (``previous``); after a delete, or for a key never
+    seen, the column is null. Only the rows of keys with a placeholder are visited.
+
+    Args:
+        changes: overlay log rows in read order (``__lk``, ``__deleted`` and the value columns).
+        previous: lookup key list -> each key's current row in the snapshot (``None``: absent).
+
+    Returns:
+        ``changes`` with every placeholder replaced.
+    """
+    columns = [n for n in changes.column_names if not n.startswith("__")]
+    masks = {n: m for n in columns if (m := _unavailable_mask(changes.column(n))) is not None}
+    hit = [n for n, m in masks.items() if pc.any(m).as_py()]
+    if not hit:
+        return changes
+    rows_with = pa.array([False] * changes.num_rows)
+    for n in hit:
+        rows_with = pc.or_(rows_with, masks[n])
+    keys = pc.unique(changes.column(LK).filter(rows_with)).to_pylist()
+    involved = pc.is_in(changes.column(LK), value_set=pa.array(keys, pa.string())).to_pylist()
+    lks, deleted = changes.column(LK).to_pylist(), changes.column(DELETED).to_pylist()
+    values = {n: changes.column(n).to_pylist() for n in hit}
+    flagged = {n: masks[n].to_pylist() for n in hit}
+    state: dict[str, Mapping[str, Any] | None] = dict(previous(keys))
+    for i, mine in enumerate(involved):
+        if not mine:
+            continue
+        lk = lks[i]
+        if deleted[i]:
+            state[lk] = None
+            continue
+        before = state.get(lk)
+        for n in hit:
+            if flagged[n][i]:
+                values[n][i] = None if before is None else before.get(n)
+        state[lk] = {n: values[n][i] for n in hit}
+    for n in hit:
+        position = changes.column_names.index(n)
+        changes = changes.set_column(position, changes.field(n), pa.array(values[n], changes.field(n).type))
+    return changes

@@ -60,14 +60,17 @@ from stream_app.snapshot.data import (
     PARTITION,
     RANK,
     TOPIC,
+    RecordFormats,
     SnapshotView,
     apply_changes,
     below,
     dedupe_last,
+    fill_unavailable,
     latest_per_key,
     nullable_schema,
     nullable_table,
     record_decoder,
+    unavailable_columns,
 )
 from stream_app.snapshot.delta import DriverDecoder, simple_key_field, supported_schema
 from stream_app.snapshot.engines import DeadLetterProducer, SnapshotBase
@@ -92,6 +95,8 @@ class Snapshot:
         checkpoint: where its checkpoints go, or ``None``.
         dead_letters: where undecodable records go.
         job: the job's name (metric label).
+        headers: returns the registry's Confluent prefixes -> single-object headers
+            (``key_format``/``value_format: confluent_avro``).
     """
 
     def __init__(
@@ -104,9 +109,13 @@ class Snapshot:
         checkpoint: SnapshotCheckpoint | None,
         dead_letters: DeadLetterProducer,
         job: str = "stream",
+        headers: Callable[[], Mapping[bytes, bytes]] | None = None,
     ):
         self.spark, self.kafka, self.plan, self.writers = spark, kafka, plan, writers
+        self.headers = headers or dict
         self.cfg = plan.config
+        self.debezium = self.cfg.envelope == "debezium"
+        self._unavailable = unavailable_columns(plan.value.spark_type) if self.debezium else []
         self.name = self.cfg.name
         self.watermarks, self.checkpoint, self.dead_letters = watermarks, checkpoint, dead_letters
         self.rank = {t: i for i, t in enumerate(self.cfg.topics)}
@@ -138,12 +147,29 @@ class Snapshot:
     def _relevant_writers(self) -> dict[bytes, str]:
         """The known writer schemas that resolve to the key or the value reader schema (fingerprint -> JSON)."""
         writers = self.writers()
-        keys = writers_for(writers, self.plan.key.avro) if self.cfg.key_format == "avro" else {}
-        return {**keys, **writers_for(writers, self.plan.value.avro)}
+        avro_keys = self.cfg.key_format in ("avro", "confluent_avro")
+        keys = writers_for(writers, self.plan.key.avro) if avro_keys else {}
+        if self.cfg.value_format == "connect_json":
+            return keys
+        value = self.plan.envelope if self.plan.envelope is not None else self.plan.value
+        return {**keys, **writers_for(writers, value.avro)}
+
+    def _formats(self, relevant: Mapping[bytes, str]) -> RecordFormats:
+        """How the records are framed; the registry ids of the relevant writer schemas."""
+        return RecordFormats(
+            value_format=self.cfg.value_format,
+            headers={p: h for p, h in self.headers().items() if h[2:] in relevant} if self.cfg.registry_formats
+            else {},
+            debezium=self.debezium,
+            envelope_json=self.plan.envelope.json if self.plan.envelope is not None else None,
+            value_type=self.plan.value.spark_type,
+        )
 
     def _decode(self, raw: Any) -> Any:
         relevant = self._relevant_writers()
-        if self._decoder is None or self._decoder[0] != frozenset(relevant):
+        formats = self._formats(relevant)
+        known = frozenset([*relevant, *formats.headers])
+        if self._decoder is None or self._decoder[0] != known:
             decode = record_decoder(
                 relevant,
                 self.plan.key.json,
@@ -151,14 +177,36 @@ class Snapshot:
                 self.plan.key.spark_type,
                 self.rank,
                 self.cfg.key_format,
+                formats=formats,
             )
-            self._decoder = (frozenset(relevant), decode)
+            self._decoder = (known, decode)
         return self._decoder[1](raw)
 
     def _versions_decoder(self) -> Callable[[Any], Any]:
         """The record decoder of the versioned store: the snapshot's, carrying the records' time (``__ts``)."""
-        return record_decoder(self._relevant_writers(), self.plan.key.json, self.plan.value.json,
-                              self.plan.key.spark_type, self.rank, self.cfg.key_format, carry=(TS,))
+        relevant = self._relevant_writers()
+        return record_decoder(relevant, self.plan.key.json, self.plan.value.json, self.plan.key.spark_type,
+                              self.rank, self.cfg.key_format, carry=(TS,), formats=self._formats(relevant))
+
+    def _previous_rows(self, keys: list[str]) -> dict[str, dict[str, Any] | None]:
+        """The snapshot's current rows of ``keys`` (overlay over base), for Debezium's TOASTed columns."""
+        from pyspark.sql import functions as f
+
+        found: dict[str, dict[str, Any] | None] = {}
+        if self.base.table is not None:
+            base = self.base.table.filter(pc.is_in(self.base.table.column(LK), value_set=pa.array(keys, pa.string())))
+        elif self.base.df is not None:  # partitioned: the few keys' rows from the executors
+            base = self.base.df.filter(f.col(LK).isin(keys)).toArrow()
+        else:
+            base = None
+        if base is not None:
+            for row in base.to_pylist():
+                found[row[LK]] = row
+        if self._log is not None and self._log.num_rows:
+            overlay = self._log.filter(pc.is_in(self._log.column(LK), value_set=pa.array(keys, pa.string())))
+            for row in overlay.to_pylist():  # read order: the last row of a key wins
+                found[row[LK]] = None if row[DELETED] else row
+        return found
 
     def _empty_base(self) -> pa.Table:
         from pyspark.sql import types as T
@@ -188,6 +236,8 @@ class Snapshot:
         key_field = simple_key_field(self.plan.key.spark_type)
         if key_field is None or not supported_schema(self.plan.value.avro) or not supported_schema(self.plan.key.avro):
             return None
+        if self.debezium or "connect_json" in (self.cfg.key_format, self.cfg.value_format):
+            return None  # envelopes and Connect JSON are decoded by the JVM path only
         relevant = self._relevant_writers()
         if self._driver is None or self._driver[0] != frozenset(relevant):
             decoder = DriverDecoder(
@@ -219,6 +269,7 @@ class Snapshot:
         else:
             records = self._ranges.read(start, ends)
             if records.num_rows:
+                records = self._single_object(records)
                 decoder = self._driver_decoder()
                 table = decoder.decode(records) if decoder is not None else None
                 if table is not None:
@@ -231,7 +282,8 @@ class Snapshot:
         if pending > self.cfg.overlay_max_rows:
             seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
             observed = decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors"))
-            changes = latest_per_key(observed, keep_deleted=True).toArrow()
+            changes = latest_per_key(observed, keep_deleted=True, unavailable=self._unavailable, unresolved="keep")
+            changes = changes.toArrow()
             if seen.get["errors"]:
                 self._dead_letter_errors(decoded)
             order = [(TOPIC, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")]
@@ -243,6 +295,24 @@ class Snapshot:
             self.dead_letters.send(table.filter(errors), "snapshot")
             table = table.filter(pc.invert(errors))
         return self._as_log(table)
+
+    def _single_object(self, records: pa.Table) -> pa.Table:
+        """Records read on the driver with their Confluent prefixes swapped for single-object headers."""
+        if not self.cfg.registry_formats:
+            return records
+        headers = self.headers()
+
+        def swap(data: bytes | None) -> bytes | None:
+            if data is None or len(data) < 5:
+                return data
+            header = headers.get(bytes(data[:5]))
+            return data if header is None else header + data[5:]
+
+        for name in ("key", "value"):
+            if f"{name}_format" in self.cfg.registry_formats:
+                column = pa.array([swap(v) for v in records.column(name).to_pylist()], records.schema.field(name).type)
+                records = records.set_column(records.column_names.index(name), name, column)
+        return records
 
     def _as_log(self, table: pa.Table) -> pa.Table:
         """A table from Spark as an overlay log table (the one schema both decoders give)."""
@@ -328,7 +398,10 @@ class Snapshot:
             if 0 < records <= self.cfg.overlay_max_rows:
                 # a topic no bigger than a refresh: read and decoded the way a refresh is (on the driver, no
                 # Spark job when fastavro decodes it), not by a Spark read, decode and window
-                changes = dedupe_last(self._read_changes({}, ends, records))
+                changes = self._read_changes({}, ends, records)
+                if self.debezium:
+                    changes = fill_unavailable(changes, lambda keys: {})
+                changes = dedupe_last(changes)
                 self._install(apply_changes(self._empty_base(), changes), offsets=ends)  # partitioned: its manifest
             elif (raw := read_range(self.spark, self.kafka, None, ends)) is None:
                 self._install(self._empty_base())
@@ -374,6 +447,7 @@ class Snapshot:
         latest = latest_per_key(
             decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors")),
             partitions=self.base.store.partitions,
+            unavailable=self._unavailable,
         )
         if records <= self.cfg.broadcast_max_rows:
             self._install(latest.toArrow())
@@ -455,7 +529,8 @@ class Snapshot:
 
     def _read_pending(self, ends: Offsets, at: float, merge: bool, pending: int) -> int:
         started = time.monotonic()
-        if pending > self.cfg.overlay_max_rows and self.mode == "partitioned":
+        # a Debezium delta is merged on the driver: its TOASTed columns need the keys' previous values
+        if pending > self.cfg.overlay_max_rows and self.mode == "partitioned" and not self.debezium:
             self._merge_large_delta(ends)
             self._view = None
             self.caught_up_at = at
@@ -471,6 +546,8 @@ class Snapshot:
             )
             return pending
         changes = self._read_changes(self.offsets, ends, pending)
+        if self.debezium:
+            changes = fill_unavailable(changes, self._previous_rows)
         if pending > self.cfg.overlay_max_rows:
             new_offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
             self.merge()
