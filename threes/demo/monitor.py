@@ -198,7 +198,7 @@ class ProgressProbe:
         from sqlalchemy import func, select
 
         tbl = self.pg_table()
-        if tbl is None:
+        if tbl is None or self._engine is None:
             return 0, 0
         with self._engine.connect() as db:
             rows, flights = db.execute(select(func.count(), func.coalesce(func.sum(tbl.c.flights), 0))).one()
@@ -360,7 +360,7 @@ class LatencySampler:
         if not pending:
             return
         tbl = self.probe.pg_table()
-        if tbl is None:
+        if tbl is None or self.probe._engine is None:
             return
         groups = sorted({s.group for s in pending})
         cols = [tbl.c[g] for g in self.group_by]
