@@ -118,8 +118,9 @@ def read_committed(
             for msg in msgs:
                 if msg.error():
                     raise RetriableError(f"topic {topic!r}: {msg.error()}")
-                end = pending.get(msg.partition())
-                if end is not None and msg.offset() < end:
+                partition, offset = msg.partition(), msg.offset()
+                end = pending.get(partition) if partition is not None else None
+                if end is not None and offset is not None and offset < end:
                     out.append(msg)
             if out:
                 yield out

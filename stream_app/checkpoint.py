@@ -34,13 +34,16 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from connectors.exceptions import ConfigError, ConfigProblem, SetupError
 from stream_app.kafka_io import Offsets, offsets_json, parse_offsets
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +365,7 @@ class BatchOffsetsLog:
         return {name: parse_offsets(json.dumps(o)) for name, o in json.loads(raw).items()}
 
 
-def open_checkpoint_location(location: str, spark: object | None = None) -> CheckpointFs:
+def open_checkpoint_location(location: str, spark: SparkSession | None = None) -> CheckpointFs:
     """Check that Spark and the snapshot checkpoints can both use ``location``, and open it.
 
     Spark's side: its Hadoop file system for the location's scheme loads (an
@@ -386,8 +389,10 @@ def open_checkpoint_location(location: str, spark: object | None = None) -> Chec
     s3a: dict[str, str] = {}
     if spark is not None and "://" in location and not location.startswith("file://"):
         hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        jvm = spark.sparkContext._jvm
+        if jvm is None:  # the gateway is gone once the SparkContext is stopped
+            raise SetupError(f"{where} {location!r}: the SparkSession is stopped")
         try:
-            jvm = spark.sparkContext._jvm
             jvm.org.apache.hadoop.fs.Path(location).getFileSystem(hadoop)
         except Exception as exc:  # py4j's Java errors: the class or the scheme is missing
             reason = _first_line(exc)

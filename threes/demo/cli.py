@@ -306,13 +306,15 @@ def _line_printer(console: Any, every_s: float = 10.0) -> Any:
     """An ``on_update`` that prints one progress line per phase change or every ``every_s`` seconds."""
     import time
 
-    last = {"at": 0.0, "phase": ""}
+    last_at = 0.0
+    last_phase = ""
 
     def update(state: Any) -> None:
+        nonlocal last_at, last_phase
         now = time.time()
-        if state.phase == last["phase"] and now - last["at"] < every_s:
+        if state.phase == last_phase and now - last_at < every_s:
             return
-        last.update(at=now, phase=state.phase)
+        last_at, last_phase = now, state.phase
         p = state.progress
         text = f"[demo] {state.phase}"
         if state.state_topics and p is None:
