@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
-from connectors.elasticsearch.connection import elasticsearch_client
+from connectors.elasticsearch.config import ElasticsearchSinkConfig
+from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
 from connectors.exceptions import (
     BatchRefusedError,
     FatalError,
@@ -108,6 +109,10 @@ class ElasticsearchSink(Sink):
     (its example is rendered in docs/config-reference.md).
     """
 
+    # the base class holds any sink's config and connection; this sink's are these
+    config: ElasticsearchSinkConfig
+    connection: ElasticsearchConnection
+
     splits_requests = True
     default_max_record_bytes = HTTP_MAX_CONTENT_LENGTH
 
@@ -163,7 +168,7 @@ class ElasticsearchSink(Sink):
         """
         from schemas.documents import documents
 
-        by_schema: dict[bytes, list[SinkRecord]] = {}
+        by_schema: dict[bytes | None, list[SinkRecord]] = {}
         for record in records:
             if record.row >= 0 and not record.is_delete:
                 by_schema.setdefault(record.value_fingerprint, []).append(record)
@@ -241,9 +246,9 @@ class ElasticsearchSink(Sink):
             # the strongest error wins: fatal stops, blocked waits for the target, transient retries,
             # a refused request is bisected, backpressure waits
             for kind in (FatalError, SinkBlockedError, RetriableError, BatchRefusedError):
-                for exc in errors:
-                    if isinstance(exc, kind) and not isinstance(exc, SinkBackpressureError):
-                        raise exc
+                for error in errors:
+                    if isinstance(error, kind) and not isinstance(error, SinkBackpressureError):
+                        raise error
             raise errors[0]
         throttled = sum(1 for f in failures if isinstance(f.error, ElasticsearchThrottledError))
         if throttled * 2 > sent:
