@@ -454,10 +454,9 @@ def checkpoint_conf(location: str, fs_default: str = "file:///") -> dict[str, st
     ``FileSystem`` API instead of its default, Hadoop's ``FileContext``. Without
     Hadoop's native library (the pyspark package has none), ``FileContext``'s
     local file system forks a ``readlink`` process twice per rename and a
-    ``chmod`` per file created, for every log entry and its checksum file:
-    measured 34-45 ms per entry, two entries per micro-batch (``walCommit`` and
-    ``commitOffsets`` in Spark's progress), against 10-13 ms through
-    ``FileSystem``. That manager renames a log entry's temporary file with
+    ``chmod`` per file created, for every log entry and its checksum file, two
+    entries per micro-batch (``walCommit`` and ``commitOffsets`` in Spark's
+    progress); ``FileSystem`` forks nothing. That manager renames a log entry's temporary file with
     ``rename(2)``, atomic on a local file system, which is all Spark asks of it.
     Other locations (``s3a://``, ``hdfs://``) keep Spark's default.
 

@@ -66,9 +66,9 @@ log = logging.getLogger(__name__)
 PREFETCH_SHARE = 8
 """librdkafka's prefetch queue gets ``buffer_max_bytes // PREFETCH_SHARE`` (inside the bound).
 
-A quarter held ~10 MB more at the service's peak RSS, reached when paused partitions resume
-and the queue is taken in a burst (``benchmarks/sync_sinks.py --only rss``, 64 MiB bound, 4
-partitions: 2 MB per partition with an eighth).
+The service's peak RSS comes when paused partitions resume and the queue is taken in a burst,
+so a larger share raises the peak; an eighth keeps it lower than a quarter
+(``benchmarks/sync_sinks.py --only rss``, benchmarks/RESULTS.md#sync_sinksrss).
 """
 # commit errors of a member whose group is rebalancing (its generation or membership is being renewed)
 _REBALANCE_CODES = frozenset(
@@ -246,8 +246,8 @@ class SyncService:
                     writer.decode_dlq_topics.discard(topic)
                 self._by_topic.setdefault(topic, []).append(slot)
         # the fetch queue is memory too, inside the bound: librdkafka gets 1/PREFETCH_SHARE of it. Its
-        # queued.max.messages.kbytes holds per partition (measured: 16 MB on 4 partitions held ~60 MB
-        # more than 1 MB did), so the share is spread over every partition this member may be assigned,
+        # queued.max.messages.kbytes holds per partition (librdkafka fills each partition's queue up to
+        # it), so the share is spread over every partition this member may be assigned,
         # at least 1 MB each; the service's own buffers get the rest (past partitions x 1 MB > the share, the
         # floor goes over the bound: the service's buffers keep 1 - 1/PREFETCH_SHARE of it)
         partitions = self._partitions(sorted(self._by_topic))

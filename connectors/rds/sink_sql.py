@@ -271,8 +271,8 @@ def _copy_csv(conn: Connection, stage: str, cols: list[str], tables: Sequence[An
     csv_sql = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
         sql.Identifier(stage), sql.SQL(", ").join(map(sql.Identifier, cols)))
     with _cursor(conn) as cur:
-        # zoned timestamps go as UTC wall time: pyarrow formats a naive timestamp much faster than a
-        # zoned one (benchmarks/RESULTS.md); the rest of the transaction converts no text
+        # zoned timestamps go as UTC wall time: pyarrow formats a zoned timestamp far slower than a
+        # naive one; the rest of the transaction converts no text
         cur.execute("SELECT set_config('TimeZone', 'UTC', true)")
         for arrow_table in tables:
             out = io.BytesIO()
