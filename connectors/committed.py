@@ -96,17 +96,7 @@ def read_committed(
     pending = {p: end for p, end in ends.items() if end > starts.get(p, 0)}
     if not pending:
         return
-    consumer = Consumer(
-        {
-            **CONSUMER_DEFAULTS,
-            **kafka_config,
-            **READ_COMMITTED,
-            "group.id": f"threes-read-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": False,
-        }
-    )
+    consumer = _reader(kafka_config)
     try:
         consumer.assign([TopicPartition(topic, p, starts.get(p, 0)) for p in pending])
         last_progress = time.monotonic()
@@ -127,6 +117,21 @@ def read_committed(
                 )
     finally:
         consumer.close()
+
+
+def _reader(kafka_config: Mapping[str, Any]) -> Consumer:
+    """A ``read_committed`` consumer of its own group that commits nothing (it only reads)."""
+    return Consumer(
+        {
+            **CONSUMER_DEFAULTS,
+            **kafka_config,
+            **READ_COMMITTED,
+            "group.id": f"threes-read-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+        }
+    )
 
 
 def _below_ends(topic: str, msgs: list[Any], pending: Mapping[int, int]) -> list[Any]:
