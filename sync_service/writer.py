@@ -83,6 +83,32 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, RetriableError) and not isinstance(exc, (SinkBackpressureError, SinkBlockedError))
 
 
+def _versions_and_headers(
+    header_lists: list[list[tuple[str, bytes]]],
+) -> tuple[list[bytes], list[dict[str, Any]]] | None:
+    """Each message's 8-byte ``version`` header, and its headers as a dict when there are others.
+
+    Returns:
+        ``(versions, headers)``: ``headers`` is empty in the common shape (the version header
+        alone); ``None`` when a message is off the shape: a header name twice (the per-message
+        path keeps the first version header), no version header, or one of another length.
+    """
+    headers: list[dict[str, Any]] = []
+    if set(map(len, header_lists)) == {1} and {h[0][0] for h in header_lists} == {VERSION_HEADER}:
+        versions: list[Any] = [h[0][1] for h in header_lists]  # the common shape: the version header alone
+    else:
+        headers = [dict(h) for h in header_lists]
+        if sum(map(len, headers)) != sum(map(len, header_lists)):
+            return None
+        versions = [h.get(VERSION_HEADER) for h in headers]
+    try:
+        if set(map(len, versions)) != {8}:
+            return None
+    except TypeError:  # a message without a version header (or with a null one)
+        return None
+    return versions, headers
+
+
 class BatchWriter:
     """Decodes and writes jobs of one sink; dead-letters what cannot be applied.
 
@@ -245,20 +271,13 @@ class BatchWriter:
             return [], {}
         keys = [m.key() for m in raw]
         values = [m.value() for m in raw]
-        header_lists: list[list[tuple[str, bytes]]] = [m.headers() or [] for m in raw]
-        headers: list[dict[str, Any]] = []
-        if set(map(len, header_lists)) == {1} and {h[0][0] for h in header_lists} == {VERSION_HEADER}:
-            versions_raw: list[Any] = [h[0][1] for h in header_lists]  # the common shape: the version header alone
-        else:
-            headers = [dict(h) for h in header_lists]
-            if sum(map(len, headers)) != sum(map(len, header_lists)):
-                return None  # a header name twice: the per-message path keeps the first version header
-            versions_raw = [h.get(VERSION_HEADER) for h in headers]  # None: off the shape, below
+        found = _versions_and_headers([m.headers() or [] for m in raw])
+        if found is None:
+            return None
+        versions_raw, headers = found
         try:
-            if set(map(len, versions_raw)) != {8}:
-                return None
             key_heads = {k[:HEADER_BYTES] for k in keys}
-        except TypeError:  # a message without a version header (or with a null one), or without a key
+        except TypeError:  # a message without a key
             return None
         if len(key_heads) != 1:
             return None  # key schemas changed within the batch: per message
@@ -266,16 +285,9 @@ class BatchWriter:
         if len(key_head) != HEADER_BYTES or key_head[:2] != MARKER:
             return None
         value_heads = [v[:HEADER_BYTES] if v is not None else None for v in values]
-        schemas: dict[bytes | None, Any] = {None: None}
-        for head in set(value_heads):
-            if head is None:
-                continue
-            if len(head) != HEADER_BYTES or head[:2] != MARKER:
-                return None
-            try:
-                schemas[head] = self.deserializer.resolver.get(head[2:])
-            except SkippableRecordError:  # an unknown writer schema: the per-message path names the record
-                return None
+        schemas = self._value_schemas(value_heads)
+        if schemas is None:
+            return None
         try:
             decoded_keys = self.columnar.decode_objects(key_head[2:], [k[HEADER_BYTES:] for k in keys])
         except (ColumnarDecodeError, SkippableRecordError):
@@ -307,6 +319,24 @@ class BatchWriter:
                 if record.encoded is not None and record.value_fingerprint is not None:
                     groups.setdefault(record.value_fingerprint, []).append(record)
         return records, groups
+
+    def _value_schemas(self, value_heads: list[bytes | None]) -> dict[bytes | None, Any] | None:
+        """Single-object header -> writer schema (``None`` -> ``None``: tombstones); ``None`` when one is off shape.
+
+        A head that is not a single-object header, or names a writer schema the store does not
+        know, sends the job down the per-message path, which names the record.
+        """
+        schemas: dict[bytes | None, Any] = {None: None}
+        for head in set(value_heads):
+            if head is None:
+                continue
+            if len(head) != HEADER_BYTES or head[:2] != MARKER:
+                return None
+            try:
+                schemas[head] = self.deserializer.resolver.get(head[2:])
+            except SkippableRecordError:
+                return None
+        return schemas
 
     def _decode_heads_each(self, job: Job) -> list[SinkRecord]:
         """The records of a job decoded message by message; values stay Avro (the exact path).
@@ -359,18 +389,26 @@ class BatchWriter:
             keys.setdefault(key[2:HEADER_BYTES], []).append((len(records), memoryview(key)[HEADER_BYTES:]))
             records.append(SinkRecord(msg.topic(), msg.partition(), msg.offset(), None, None, version,
                                       msg.timestamp()[1], size, schema, fp, encoded=value))
+        self._decode_keys(job, records, keys, slow)
+        job.oldest_source_ts_ms = oldest_source_ts if oldest_source_ts != _NO_SOURCE_TS else None
+        return self._decode_slow(job, records, slow)
+
+    def _decode_keys(self, job: Job, records: list[SinkRecord], keys: dict[bytes, list[tuple[int, Any]]],
+                     slow: list[Any]) -> None:
+        """Decode the keys in columns, one call per key writer schema; a block that fails goes to ``slow``."""
         for key_fp, entries in keys.items():
-            decoded = None
             try:
                 decoded = self.columnar.decode_objects(key_fp, [body for _i, body in entries])
             except (ColumnarDecodeError, SkippableRecordError):
                 decoded = None
             if decoded is None:  # per record: the exact fastavro path, and the errors it names
-                for i, _body in entries:
-                    slow.append((i, job.raw[i]))
+                slow.extend((i, job.raw[i]) for i, _body in entries)
                 continue
             for (i, _body), value in zip(entries, decoded, strict=True):
                 records[i].key = value
+
+    def _decode_slow(self, job: Job, records: list[SinkRecord], slow: list[Any]) -> list[SinkRecord]:
+        """Decode the messages off the common path one by one (:meth:`_decode_head`); the bad ones are skipped."""
         failed: set[int] = set()
         for i, msg in slow:
             try:
@@ -378,7 +416,6 @@ class BatchWriter:
             except SkippableRecordError as exc:
                 self._skip(job, msg, exc)
                 failed.add(i)
-        job.oldest_source_ts_ms = oldest_source_ts if oldest_source_ts != _NO_SOURCE_TS else None
         return [r for i, r in enumerate(records) if i not in failed]
 
     def _decode_head(self, msg: Any) -> SinkRecord:
