@@ -226,6 +226,30 @@ class SyncService:
             self._bridge = RegistryBridge(registry_client(self.kafka.schema_registry.client_config()), store)
         self._ensure_dead_letter_topic()
         self.producer = clients.kafka_producer(self.kafka, linger_ms=5)
+        self._open_sinks(deserializer, columnar)
+        consumer_conf = self._consumer_config()
+        from confluent_kafka import Consumer
+
+        # librdkafka's own log lines (rebalances, "leaving group") go through Python logging
+        consumer_conf["logger"] = logging.getLogger("sync_service.rdkafka")
+        consumer_conf["on_commit"] = self._on_commit  # refused asynchronous commits are made again
+        try:
+            self.consumer = Consumer({**clients.CONSUMER_DEFAULTS, **kconf, "group.id": cfg.consumer_group(),
+                                      "enable.auto.commit": False, "auto.offset.reset": "earliest", **consumer_conf})
+        except KafkaException as exc:
+            raise SetupError(f"sync service {cfg.name!r}: cannot create the Kafka consumer: {exc}") from exc
+        self.consumer.subscribe(sorted(self._by_topic), on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+        log.info("sync service=%s group=%s topics=%s sinks=%s", cfg.name, cfg.consumer_group(),
+                 sorted(self._by_topic), [s.sink.name for s in self.slots])
+
+    def _open_sinks(self, deserializer: AvroDeserializer, columnar: ColumnarDecoder) -> None:
+        """A slot per sink (writer, adaptive concurrency, thread pool), each sink opened; routes topics to slots.
+
+        A sink whose target is down starts failed (restarted after a backoff); the others run.
+        """
+        cfg = self.config
+        assert self.producer is not None
         for sink in self._build_sinks():
             max_limit = int(getattr(sink.config, "max_concurrency", 1))
             gauge = self.metrics.concurrency.labels(cfg.name, sink.name)
@@ -245,6 +269,10 @@ class SyncService:
                 if topic in self._by_topic:
                     writer.decode_dlq_topics.discard(topic)
                 self._by_topic.setdefault(topic, []).append(slot)
+
+    def _consumer_config(self) -> dict[str, Any]:
+        """The consumer's own librdkafka settings; sizes the prefetch queue and ``buffer_bytes`` inside the bound."""
+        cfg = self.config
         # the fetch queue is memory too, inside the bound: librdkafka gets 1/PREFETCH_SHARE of it. Its
         # queued.max.messages.kbytes holds per partition (librdkafka fills each partition's queue up to
         # it), so the share is spread over every partition this member may be assigned,
@@ -266,20 +294,7 @@ class SyncService:
         consumer_conf = {k.replace("_", "."): v for k, v in overrides.items()}
         if cfg.group_instance_id:
             consumer_conf["group.instance.id"] = cfg.group_instance_id
-        from confluent_kafka import Consumer
-
-        # librdkafka's own log lines (rebalances, "leaving group") go through Python logging
-        consumer_conf["logger"] = logging.getLogger("sync_service.rdkafka")
-        consumer_conf["on_commit"] = self._on_commit  # refused asynchronous commits are made again
-        try:
-            self.consumer = Consumer({**clients.CONSUMER_DEFAULTS, **kconf, "group.id": cfg.consumer_group(),
-                                      "enable.auto.commit": False, "auto.offset.reset": "earliest", **consumer_conf})
-        except KafkaException as exc:
-            raise SetupError(f"sync service {cfg.name!r}: cannot create the Kafka consumer: {exc}") from exc
-        self.consumer.subscribe(sorted(self._by_topic), on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_lost)
-        log.info("sync service=%s group=%s topics=%s sinks=%s", cfg.name, cfg.consumer_group(),
-                 sorted(self._by_topic), [s.sink.name for s in self.slots])
+        return consumer_conf
 
     def _partitions(self, topics: list[str]) -> int:
         """Partitions of ``topics`` together (a topic not created yet counts one), at least 1.
