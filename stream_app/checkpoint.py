@@ -257,7 +257,7 @@ class SnapshotCheckpoint:
             partitions: its buckets.
             offsets: the offsets it covers; ``None``: not a checkpoint (no manifest written).
             columns_ddl: its columns as Spark DDL (``StructType.toDDL()``): a restart registers the
-                version with them instead of reading a footer first (~1.2 s in a new application).
+                version with them instead of reading a footer first (a slow first read in a new application).
         """
         if offsets is None:
             return

@@ -4,8 +4,8 @@ A source that reads rows in batches (``RdsSource`` on PostgreSQL) hands the
 worker an Arrow table instead of one dict per row; :class:`ColumnarEncoder`
 then writes the key and value of every row in a few numpy passes per column
 instead of one ``fastavro.schemaless_writer`` call (and one dict walk) per
-record: on the 6-column benchmark table, ~0.5 µs a row instead of ~9.6 µs for
-key and value with fastavro (``benchmarks/rds_source.py``).
+record, a fraction of fastavro's CPU per row (``benchmarks/rds_source.py``,
+``rds_source`` in benchmarks/RESULTS.md).
 
 The bytes are exactly fastavro's (unit-tested value by value against
 :class:`schemas.serde.AvroSerializer`, edge values included), following the

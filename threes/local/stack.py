@@ -44,7 +44,7 @@ only resolves the connector jars, so the demo and ``local[*]`` jobs do not pay f
 cluster they do not use.
 """
 
-# Start order: the slowest to become healthy first (Elasticsearch takes ~40 s), waited for in parallel;
+# Start order: the slowest to become healthy first (Elasticsearch), waited for in parallel;
 # sorted() is stable, so servers of equal timeout keep the order of SERVERS.
 _START_ORDER: tuple[str, ...] = (
     *(server.name for server in sorted(SERVERS, key=lambda server: -server.health_timeout)),
