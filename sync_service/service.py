@@ -498,30 +498,7 @@ class SyncService:
         name, sink = self.config.name, slot.sink.name
         if outcome.status == "done":
             buf.complete()
-            slot.blocked = False
-            if slot.state != "running":
-                log.info("sink=%s recovered after restart %d", sink, slot.backoff.restarts if slot.backoff else 0)
-                slot.state = "running"
-            if slot.backoff is not None:
-                slot.backoff.succeeded()
-            if outcome.dead:
-                slot.dead_letters += outcome.dead
-            if outcome.tolerated is not None:
-                slot.last_error = str(outcome.tolerated)[:2000]
-            self.metrics.records_out.labels(name, sink).inc(outcome.applied)
-            self.metrics.batch_latency.labels(name, sink).observe(outcome.elapsed_s)
-            if job.oldest_source_ts_ms is not None and outcome.applied:
-                self.metrics.source_freshness.labels(name, sink).observe(
-                    max(0.0, time.time() - job.oldest_source_ts_ms / 1000.0)
-                )
-            if outcome.newest_timestamp_ms > 0:
-                age = max(0.0, time.time() - outcome.newest_timestamp_ms / 1000.0)
-                self.metrics.freshness.labels(name, sink).set(age)
-            log.info(
-                "sink=%s topic=%s partition=%d offsets=%d-%d records=%d applied=%d dead=%d attempts=%d elapsed_s=%.3f",
-                sink, job.topic, job.partition, job.first_offset, job.last_offset, len(job.raw),
-                outcome.applied, outcome.dead, job.attempts, outcome.elapsed_s,
-            )
+            self._done(slot, outcome)
         elif outcome.status == "backpressure":
             slot.limiter.backpressure()
             self.metrics.retries.labels(name, sink).inc()
@@ -540,6 +517,34 @@ class SyncService:
             self._sink_failed(slot, outcome.error or RuntimeError("failed"), blocked=blocked)
             job.waiting = True
             job.not_before = slot.restart_at
+
+    def _done(self, slot: SinkSlot, outcome: Outcome) -> None:
+        """A durable batch: the sink is running (again), its counters, freshness and the flush's summary line."""
+        job, name, sink = outcome.job, self.config.name, slot.sink.name
+        slot.blocked = False
+        if slot.state != "running":
+            log.info("sink=%s recovered after restart %d", sink, slot.backoff.restarts if slot.backoff else 0)
+            slot.state = "running"
+        if slot.backoff is not None:
+            slot.backoff.succeeded()
+        if outcome.dead:
+            slot.dead_letters += outcome.dead
+        if outcome.tolerated is not None:
+            slot.last_error = str(outcome.tolerated)[:2000]
+        self.metrics.records_out.labels(name, sink).inc(outcome.applied)
+        self.metrics.batch_latency.labels(name, sink).observe(outcome.elapsed_s)
+        if job.oldest_source_ts_ms is not None and outcome.applied:
+            self.metrics.source_freshness.labels(name, sink).observe(
+                max(0.0, time.time() - job.oldest_source_ts_ms / 1000.0)
+            )
+        if outcome.newest_timestamp_ms > 0:
+            age = max(0.0, time.time() - outcome.newest_timestamp_ms / 1000.0)
+            self.metrics.freshness.labels(name, sink).set(age)
+        log.info(
+            "sink=%s topic=%s partition=%d offsets=%d-%d records=%d applied=%d dead=%d attempts=%d elapsed_s=%.3f",
+            sink, job.topic, job.partition, job.first_offset, job.last_offset, len(job.raw),
+            outcome.applied, outcome.dead, job.attempts, outcome.elapsed_s,
+        )
 
     # -- backpressure -------------------------------------------------------------------------
 
