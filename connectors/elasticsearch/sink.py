@@ -219,21 +219,7 @@ class ElasticsearchSink(Sink):
         records = latest_per_key(batch.records)
         if not self._index_ready:
             self._ensure_index(records)
-        sources = self._sources(batch, records) if batch.tables else {}
-        chunks: list[list[tuple[SinkRecord, bytes]]] = [[]]
-        size = 0
-        for record in records:
-            try:
-                lines = self._lines(record, sources.get(id(record)))
-            except ValueError as exc:
-                failures.append(RecordFailure(record, exc, about_data=True))
-                continue
-            full = len(chunks[-1]) >= self.config.chunk_records or size + len(lines) > self.config.chunk_bytes
-            if chunks[-1] and full:
-                chunks.append([])
-                size = 0
-            chunks[-1].append((record, lines))
-            size += len(lines)
+        chunks = self._chunks(batch, records, failures)
         futures = [self._pool.submit(self._send, chunk) for chunk in chunks if chunk]
         sent = sum(len(chunk) for chunk in chunks)
         errors: list[BaseException] = []
@@ -260,6 +246,29 @@ class ElasticsearchSink(Sink):
         # fewer: those documents hit a per-record limit (indexing pressure on one large document)
         # while the rest was indexed; the sink runtime dead-letters them (their neighbours were applied)
         return failures
+
+    def _chunks(self, batch: SinkBatch, records: list[SinkRecord],
+                failures: list[RecordFailure]) -> list[list[tuple[SinkRecord, bytes]]]:
+        """The records' NDJSON lines cut into bulk requests of ``chunk_records`` / ``chunk_bytes`` at most.
+
+        A record whose document cannot be written joins ``failures`` (about its data).
+        """
+        sources = self._sources(batch, records) if batch.tables else {}
+        chunks: list[list[tuple[SinkRecord, bytes]]] = [[]]
+        size = 0
+        for record in records:
+            try:
+                lines = self._lines(record, sources.get(id(record)))
+            except ValueError as exc:
+                failures.append(RecordFailure(record, exc, about_data=True))
+                continue
+            full = len(chunks[-1]) >= self.config.chunk_records or size + len(lines) > self.config.chunk_bytes
+            if chunks[-1] and full:
+                chunks.append([])
+                size = 0
+            chunks[-1].append((record, lines))
+            size += len(lines)
+        return chunks
 
     def _ensure_index(self, records: list[SinkRecord]) -> None:
         """Create the index with mappings from the first upsert's value schema, unless it exists.
