@@ -109,8 +109,7 @@ class ElasticsearchSink(Sink):
     (its example is rendered in docs/config-reference.md).
     """
 
-    # the base class holds any sink's config and connection; this sink's are these
-    config: ElasticsearchSinkConfig
+    config: ElasticsearchSinkConfig  # the base class holds any sink's config and connection; this sink's are these
     connection: ElasticsearchConnection
 
     splits_requests = True
@@ -249,10 +248,7 @@ class ElasticsearchSink(Sink):
 
     def _chunks(self, batch: SinkBatch, records: list[SinkRecord],
                 failures: list[RecordFailure]) -> list[list[tuple[SinkRecord, bytes]]]:
-        """The records' NDJSON lines cut into bulk requests of ``chunk_records`` / ``chunk_bytes`` at most.
-
-        A record whose document cannot be written joins ``failures`` (about its data).
-        """
+        """NDJSON lines cut into bulk requests (``chunk_records``/``chunk_bytes``); bad documents join ``failures``."""
         sources = self._sources(batch, records) if batch.tables else {}
         chunks: list[list[tuple[SinkRecord, bytes]]] = [[]]
         size = 0
@@ -320,10 +316,8 @@ class ElasticsearchSink(Sink):
 
         try:
             with self.limiter.slot(len(chunk)):
-                return self.client.bulk(
-                    operations=b"".join(lines for _r, lines in chunk),
-                    filter_path="errors,items.*.status,items.*.error,items.*._id",
-                )
+                return self.client.bulk(operations=b"".join(lines for _r, lines in chunk),
+                                        filter_path="errors,items.*.status,items.*.error,items.*._id")
         except ApiError as exc:
             if exc.meta.status == 429:
                 self.limiter.backpressure()
