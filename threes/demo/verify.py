@@ -67,13 +67,22 @@ def verify(
         ``{"all_match": bool, "flights_index": {...}, "route_stats": {...}, "archive": {...},
         "match_rate": {...}, "expected_match_rate": {...}, "reference_changes": [...], "elapsed_s": {...}}``.
     """
-    from schemas import load_schema
-    from schemas.serde import AvroSerializer
-
     out: dict[str, Any] = {"elapsed_s": {}}
     key = list(oracle.FLIGHT_KEY)
     columns = oracle.enriched_columns()
+    docs, flights_cmp = _verify_index(targets, expected, alternatives, out, key, columns)
+    route_cmp, route_ok = _verify_routes(targets, expected, out)
+    archive_ok = _verify_archive(targets, expected, alternatives, out, key, columns)
+    changes_ok = _verify_changes(changes, docs, events_partitions, out, key)
+    out["all_match"] = bool(flights_cmp.ok and route_ok and archive_ok and changes_ok)
+    log.info("verify all_match=%s flights=%s route_stats=%s archive=%s", out["all_match"], flights_cmp.summary(),
+             route_cmp.summary(), out["archive"].get("ok"))
+    return out
 
+
+def _verify_index(targets: Targets, expected: Any, alternatives: Any, out: dict[str, Any], key: list[str],
+                  columns: list[str]) -> tuple[Any, oracle.Comparison]:
+    """The flights index against the oracle, and its match rates; returns ``(documents, comparison)``."""
     began = time.monotonic()
     docs = read_index(targets.es[0], targets.es[1])
     out["elapsed_s"]["read_elasticsearch"] = round(time.monotonic() - began, 1)
@@ -83,7 +92,11 @@ def verify(
         out["match_rate"] = match_rates(docs)
     out["expected_match_rate"] = {k.rstrip("_"): {"matched": v, "rate": round(v / max(1, len(expected)), 4)}
                                   for k, v in oracle.match_counts(expected).items()}
+    return docs, flights_cmp
 
+
+def _verify_routes(targets: Targets, expected: Any, out: dict[str, Any]) -> tuple[oracle.Comparison, bool]:
+    """The ``route_stats`` table against the oracle's aggregation (one window); returns ``(comparison, ok)``."""
     began = time.monotonic()
     conn, table, schema = targets.pg
     rows = read_sql_table(conn, table, schema)
@@ -93,41 +106,48 @@ def verify(
     out["route_stats"] = route_cmp.as_dict()
     windows = int(rows["window_start"].nunique()) if "window_start" in rows else 0
     out["route_stats"]["windows"] = windows
-    route_ok = route_cmp.ok and windows == 1
+    return route_cmp, route_cmp.ok and windows == 1
 
+
+def _verify_archive(targets: Targets, expected: Any, alternatives: Any, out: dict[str, Any], key: list[str],
+                    columns: list[str]) -> bool:
+    """The S3 archive's latest version per flight against the oracle, each in its ``dt=`` folder."""
     began = time.monotonic()
     archive = read_archive(*targets.s3)
     out["elapsed_s"]["read_s3"] = round(time.monotonic() - began, 1)
-    archive_ok = False
-    if len(archive):
-        latest = archive.sort_values("version").drop_duplicates(key, keep="last")
-        archive_cmp = oracle.compare("archive", expected, latest, key, columns, alternatives=alternatives)
-        out["archive"] = archive_cmp.as_dict()
-        utc_dates = latest["time_hour"].dt.tz_convert("UTC").dt.strftime("%Y-%m-%d")
-        misplaced = int((latest["dt"] != utc_dates).sum())
-        out["archive"].update({
-            "rows_archived": int(len(archive)),
-            "dt_folders": int(latest["dt"].nunique()), "rows_in_wrong_dt_folder": misplaced,
-            "expected_dt_folders": len(oracle.archive_partitions(expected)),
-        })
-        archive_ok = archive_cmp.ok and misplaced == 0
-    else:
+    if not len(archive):
         out["archive"] = {"ok": False, "examples": ["the archive is empty"], "actual_rows": 0,
                           "expected_rows": int(len(expected))}
+        return False
+    latest = archive.sort_values("version").drop_duplicates(key, keep="last")
+    archive_cmp = oracle.compare("archive", expected, latest, key, columns, alternatives=alternatives)
+    out["archive"] = archive_cmp.as_dict()
+    utc_dates = latest["time_hour"].dt.tz_convert("UTC").dt.strftime("%Y-%m-%d")
+    misplaced = int((latest["dt"] != utc_dates).sum())
+    out["archive"].update({
+        "rows_archived": int(len(archive)),
+        "dt_folders": int(latest["dt"].nunique()), "rows_in_wrong_dt_folder": misplaced,
+        "expected_dt_folders": len(oracle.archive_partitions(expected)),
+    })
+    return archive_cmp.ok and misplaced == 0
+
+
+def _verify_changes(changes: Sequence[Any], docs: Any, events_partitions: int, out: dict[str, Any],
+                    key: list[str]) -> bool:
+    """Each applied reference change switches cleanly in every partition (:func:`check_boundary_safe`)."""
+    from schemas import load_schema
+    from schemas.serde import AvroSerializer
 
     serializer = AvroSerializer(load_schema("nycflights13/flight_key"))
     out["reference_changes"] = []
-    changes_ok = True
+    ok = True
     for change in changes:
         if change.applied_at is None:
             continue
         change.result = check_boundary_safe(change, docs, events_partitions, serializer, key)
-        changes_ok = changes_ok and change.result.get("boundary_ok", False)
+        ok = ok and change.result.get("boundary_ok", False)
         out["reference_changes"].append(change.as_dict())
-    out["all_match"] = bool(flights_cmp.ok and route_ok and archive_ok and changes_ok)
-    log.info("verify all_match=%s flights=%s route_stats=%s archive=%s", out["all_match"], flights_cmp.summary(),
-             route_cmp.summary(), out["archive"].get("ok"))
-    return out
+    return ok
 
 
 def check_boundary_safe(change: Any, docs: Any, partitions: int, serializer: Any, key: list[str]) -> dict[str, Any]:
