@@ -96,7 +96,32 @@ def read_committed(
     pending = {p: end for p, end in ends.items() if end > starts.get(p, 0)}
     if not pending:
         return
-    consumer = Consumer(
+    consumer = _reader(kafka_config)
+    try:
+        consumer.assign([TopicPartition(topic, p, starts.get(p, 0)) for p in pending])
+        last_progress = time.monotonic()
+        last_positions: dict[int, int] = {}
+        while pending:
+            # consume() waits for the whole batch or the timeout: keep the timeout short
+            msgs = consumer.consume(batch, timeout=0.2)
+            out = _below_ends(topic, msgs, pending)
+            if out:
+                yield out
+            moved = _drop_finished(consumer, topic, pending, last_positions)
+            if msgs or moved:
+                last_progress = time.monotonic()
+            elif pending and time.monotonic() - last_progress > timeout_s:
+                raise RetriableError(
+                    f"topic {topic!r}: read stopped at {last_positions} before the end offsets {dict(ends)} "
+                    f"for {timeout_s} s (broker away, or a transaction of another producer still open)"
+                )
+    finally:
+        consumer.close()
+
+
+def _reader(kafka_config: Mapping[str, Any]) -> Consumer:
+    """A ``read_committed`` consumer of its own group that commits nothing (it only reads)."""
+    return Consumer(
         {
             **CONSUMER_DEFAULTS,
             **kafka_config,
@@ -107,39 +132,43 @@ def read_committed(
             "enable.partition.eof": False,
         }
     )
-    try:
-        consumer.assign([TopicPartition(topic, p, starts.get(p, 0)) for p in pending])
-        last_progress = time.monotonic()
-        last_positions: dict[int, int] = {}
-        while pending:
-            # consume() waits for the whole batch or the timeout: keep the timeout short
-            msgs = consumer.consume(batch, timeout=0.2)
-            out = []
-            for msg in msgs:
-                if msg.error():
-                    raise RetriableError(f"topic {topic!r}: {msg.error()}")
-                end = pending.get(msg.partition())
-                if end is not None and msg.offset() < end:
-                    out.append(msg)
-            if out:
-                yield out
-            # compaction leaves gaps and transactions leave markers: the position says where the read is
-            for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
-                if tp.offset >= pending[tp.partition]:
-                    pending.pop(tp.partition)
-                    consumer.incremental_unassign([TopicPartition(topic, tp.partition)])
-                elif tp.offset != last_positions.get(tp.partition):
-                    last_positions[tp.partition] = tp.offset
-                    last_progress = time.monotonic()
-            if msgs:
-                last_progress = time.monotonic()
-            elif pending and time.monotonic() - last_progress > timeout_s:
-                raise RetriableError(
-                    f"topic {topic!r}: read stopped at {last_positions} before the end offsets {dict(ends)} "
-                    f"for {timeout_s} s (broker away, or a transaction of another producer still open)"
-                )
-    finally:
-        consumer.close()
+
+
+def _below_ends(topic: str, msgs: list[Any], pending: Mapping[int, int]) -> list[Any]:
+    """The records of ``msgs`` below their partition's end offset.
+
+    Raises:
+        RetriableError: the consumer reported an error.
+    """
+    out = []
+    for msg in msgs:
+        if msg.error():
+            raise RetriableError(f"topic {topic!r}: {msg.error()}")
+        partition, offset = msg.partition(), msg.offset()
+        end = pending.get(partition) if partition is not None else None
+        if end is not None and offset is not None and offset < end:
+            out.append(msg)
+    return out
+
+
+def _drop_finished(consumer: Consumer, topic: str, pending: dict[int, int], positions: dict[int, int]) -> bool:
+    """Unassign the partitions whose position reached their end; note the positions of the others.
+
+    Compaction leaves gaps and transactions leave markers: the position, not the last
+    record, says where the read is.
+
+    Returns:
+        Whether a partition's position moved since the last call.
+    """
+    moved = False
+    for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
+        if tp.offset >= pending[tp.partition]:
+            pending.pop(tp.partition)
+            consumer.incremental_unassign([TopicPartition(topic, tp.partition)])
+        elif tp.offset != positions.get(tp.partition):
+            positions[tp.partition] = tp.offset
+            moved = True
+    return moved
 
 
 def latest_per_key(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 30.0) -> dict[bytes, bytes]:

@@ -207,12 +207,13 @@ def recent_keys(
                 for p in done:
                     ends.pop(p, None)
                 continue
-            if msg.error():
+            partition, offset, key = msg.partition(), msg.offset(), msg.key()
+            if msg.error() or partition is None or offset is None:  # a consumed record always has both
                 continue
-            if msg.key() is not None:
-                keys.append(msg.key())
-            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                ends.pop(msg.partition(), None)
+            if key is not None:
+                keys.append(key)
+            if offset + 1 >= ends.get(partition, 0):
+                ends.pop(partition, None)
     finally:
         consumer.close()
     return keys

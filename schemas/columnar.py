@@ -1,12 +1,12 @@
 """Columnar decoding: many single-object Avro bodies of one writer schema into one Arrow table.
 
 A consumer that handles records in batches should not pay one fastavro call and
-one Python dict per record (~40 µs for a 51-field record). The bodies of one
+one Python dict per record. The bodies of one
 writer schema are instead wrapped in **one Avro object container block** (the
 Avro 1.x specification, "Object Container Files": a header with the schema and
 a sync marker, then ``count``, ``size``, the concatenated bodies and the sync
-marker) and read by polars' Avro reader in one call (~15x fastavro's records/s
-measured here, see ``benchmarks/sync_sinks.py``). The result is converted to the
+marker) and read by polars' Avro reader in one call (many times fastavro's
+records/s, see ``benchmarks/sync_sinks.py``). The result is converted to the
 Arrow types of :mod:`schemas.arrow` (the mapping of Spark's ``spark-avro``), so a
 column has the same type whatever its values.
 
@@ -123,8 +123,8 @@ def _row_numbers(n: int) -> list[bytes]:
     The first 16,384 come from a table made once; the rest are computed with numpy, a run of
     equal encoded length at a time (a long ``i >= 0`` zig-zags to ``2 * i``, written 7 bits
     a byte, low bits first, the high bit set on every byte but the last), then cut from one
-    buffer. One :func:`_zigzag` call per row cost ~0.35 µs a row beyond the table (a 75k-row
-    block of the S3 sink: 27 ms, twice, for its keys and its values).
+    buffer: one :func:`_zigzag` call per row beyond the table would be a Python call per row of a
+    large block (the S3 sink's), twice, for its keys and its values.
     """
     if n <= len(_ROW_BYTES):
         return _ROW_BYTES

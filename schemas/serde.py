@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import fastavro
 from fastavro.schema import fingerprint as _fastavro_fingerprint
@@ -234,6 +234,12 @@ class AvroSerializer:
         self.header = MARKER + self.fingerprint
         if store is not None and self.fingerprint == fingerprint(schema):
             store.register(schema)
+
+    @overload
+    def __call__(self, obj: None, ctx: Any = None) -> None: ...
+
+    @overload
+    def __call__(self, obj: Any, ctx: Any = None) -> bytes: ...
 
     def __call__(self, obj: Any, ctx: Any = None) -> bytes | None:
         """Encode ``obj``; ``None`` (tombstone) stays ``None``."""

@@ -53,6 +53,11 @@ def _collect(t: AvroType, ns: str | None, defs: dict[str, dict[str, Any]]) -> No
             _collect(kind, ns, defs)
 
 
+def _into(space: str) -> Callable[[str], str]:
+    """A rename that moves a full name under the namespace ``space``."""
+    return lambda name: f"{space}.{name}"
+
+
 class _Emitter:
     """Copies types out of one source schema, renaming its named types.
 
@@ -182,7 +187,7 @@ def enriched_schema(event_schema: dict[str, Any], joins: Iterable[JoinedFields])
     seen = {f["name"] for f in fields}
     for join in joins:
         space = f"threes.enriched.{_ident(join.prefix)}"
-        emitter = _Emitter(join.value_schema, lambda n, space=space: f"{space}.{n}", emitted)
+        emitter = _Emitter(join.value_schema, _into(space), emitted)
         value_ns = join.value_schema.get("namespace") or _namespace_of(join.value_schema["name"])
         available = fields_of(join.value_schema)
         for name in join.fields or list(available):

@@ -1,8 +1,8 @@
 """The plan of one enrichment micro-batch: decode, enrich, route every output record.
 
 Building a plan has a fixed cost per micro-batch (every Column is a call into
-the JVM, every DataFrame step is analyzed), measured at about a second on a
-loaded 2-core machine when rebuilt each time. So the column expressions are
+the JVM, every DataFrame step is analyzed) that a small machine feels in every
+micro-batch when the plan is rebuilt each time. So the column expressions are
 built once (again only when new writer schemas appear) and only what changes
 per batch - the snapshot views and their offsets header - is made per batch.
 

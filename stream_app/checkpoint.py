@@ -34,13 +34,16 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from connectors.exceptions import ConfigError, ConfigProblem, SetupError
 from stream_app.kafka_io import Offsets, offsets_json, parse_offsets
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +257,7 @@ class SnapshotCheckpoint:
             partitions: its buckets.
             offsets: the offsets it covers; ``None``: not a checkpoint (no manifest written).
             columns_ddl: its columns as Spark DDL (``StructType.toDDL()``): a restart registers the
-                version with them instead of reading a footer first (~1.2 s in a new application).
+                version with them instead of reading a footer first (a slow first read in a new application).
         """
         if offsets is None:
             return
@@ -362,7 +365,7 @@ class BatchOffsetsLog:
         return {name: parse_offsets(json.dumps(o)) for name, o in json.loads(raw).items()}
 
 
-def open_checkpoint_location(location: str, spark: object | None = None) -> CheckpointFs:
+def open_checkpoint_location(location: str, spark: SparkSession | None = None) -> CheckpointFs:
     """Check that Spark and the snapshot checkpoints can both use ``location``, and open it.
 
     Spark's side: its Hadoop file system for the location's scheme loads (an
@@ -386,8 +389,10 @@ def open_checkpoint_location(location: str, spark: object | None = None) -> Chec
     s3a: dict[str, str] = {}
     if spark is not None and "://" in location and not location.startswith("file://"):
         hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        jvm = spark.sparkContext._jvm
+        if jvm is None:  # the gateway is gone once the SparkContext is stopped
+            raise SetupError(f"{where} {location!r}: the SparkSession is stopped")
         try:
-            jvm = spark.sparkContext._jvm
             jvm.org.apache.hadoop.fs.Path(location).getFileSystem(hadoop)
         except Exception as exc:  # py4j's Java errors: the class or the scheme is missing
             reason = _first_line(exc)
@@ -449,10 +454,9 @@ def checkpoint_conf(location: str, fs_default: str = "file:///") -> dict[str, st
     ``FileSystem`` API instead of its default, Hadoop's ``FileContext``. Without
     Hadoop's native library (the pyspark package has none), ``FileContext``'s
     local file system forks a ``readlink`` process twice per rename and a
-    ``chmod`` per file created, for every log entry and its checksum file:
-    measured 34-45 ms per entry, two entries per micro-batch (``walCommit`` and
-    ``commitOffsets`` in Spark's progress), against 10-13 ms through
-    ``FileSystem``. That manager renames a log entry's temporary file with
+    ``chmod`` per file created, for every log entry and its checksum file, two
+    entries per micro-batch (``walCommit`` and ``commitOffsets`` in Spark's
+    progress); ``FileSystem`` forks nothing. That manager renames a log entry's temporary file with
     ``rename(2)``, atomic on a local file system, which is all Spark asks of it.
     Other locations (``s3a://``, ``hdfs://``) keep Spark's default.
 

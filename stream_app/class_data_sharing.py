@@ -1,6 +1,6 @@
 """Class data sharing for the driver's JVM: Spark's classes mapped from an archive of an earlier run.
 
-A new driver JVM loads, parses and verifies ~15,000 classes from Spark's jars
+A new driver JVM loads, parses and verifies thousands of classes from Spark's jars
 before and during its first query; most of a session's start and of the first
 micro-batch's planning is that. A JDK *dynamic archive* (JEP 350, JDK 13+)
 holds those classes already parsed and verified, and a later JVM maps it
@@ -15,7 +15,7 @@ How an archive comes to exist (no command to run):
    gone); drivers started meanwhile run without an archive.
 2. At this process's exit (``atexit``), the JVM is asked to exit (its stdin is
    closed: PySpark's gateway then calls ``System.exit``), it writes the
-   archive (~7 s, once), and the file is renamed to ``driver.jsa`` only when
+   archive (once), and the file is renamed to ``driver.jsa`` only when
    the JVM exited with status 0. An archive being written is never mapped: a
    truncated one crashes the JVM (SIGBUS, checked), so only a complete file
    ever takes the final name, by an atomic rename.
@@ -25,7 +25,7 @@ How an archive comes to exist (no command to run):
    options, so an upgrade trains a new archive instead of ignoring the old one.
 
 The archives live under ``$THREES_CACHE_DIR`` (default ``~/.cache/threes``)
-``/jvm/<key>/``, 140-190 MB each; an installation no driver used for a week
+``/jvm/<key>/`` (``archive_mb`` of ``driver_start`` in benchmarks/RESULTS.md); an installation no driver used for a week
 loses its archive when another one trains. The JVM's own ``cds`` log lines are
 switched off (``-Xlog:cds*=off``): a training run would print hundreds of
 "skipping class" warnings. An archive trained with one heap size is mapped with
@@ -41,14 +41,13 @@ per application and executor: a killed executor leaves a usable list); at that
 process's exit a background process waits until the lists stop changing, merges
 them and runs ``java -Xshare:dump`` with the executors' class path into a
 ``.part`` file, renamed to ``executor.jsa`` when ``java`` exits with status 0
-(~30 s of one core). Later applications' executors map it, and go on recording
+(one core, in the background). Later applications' executors map it, and go on recording
 (one process at a time): a list with classes the archive lacks (a first
 application that only wrote topics; a later one that reads them and joins) is
-dumped again with them, so the archive converges on what the applications load. Measured on the
-local stack's cluster (two 1-core executors, 10M-key snapshot, one run each): an
-executor registers ~2 s sooner, a bootstrap reads 207k keys/s instead of 138k, a
-restart reaches its first micro-batch in 12.1 s instead of 18.1 s. A failed dump
-is not retried for a day.
+dumped again with them, so the archive converges on what the applications load:
+executors register sooner, and bootstraps and restarts are faster
+(``snapshot_scale/executor_class_data_sharing`` in benchmarks/RESULTS.md). A failed
+dump is not retried for a day.
 """
 
 from __future__ import annotations
@@ -339,7 +338,7 @@ class ExecutorArchive:
             one file per application and executor) when this process records.
         training: whether this process records (one process at a time); at its exit a background
             process dumps the lists into a new archive if they hold classes the archive lacks
-            (:func:`dump_executor_archive`, ~30 s of one core).
+            (:func:`dump_executor_archive`, one core in the background).
     """
 
     folder: Path

@@ -1,11 +1,10 @@
 """Column expressions built once per job, not once per micro-batch.
 
-Every ``pyspark.sql.functions`` call goes through py4j: on this project's 2-core
-machine one ``f.col(name)`` measured 13 round trips to the driver's JVM
-(~0.8 ms), ``df.select`` of 60 column *names* 324 round trips (30 ms), the same
-select of 60 ready ``Column`` objects 65 (5.5 ms). A micro-batch plan rebuilt from
-scratch spent 130-180 ms of its ~0.6 s in such calls (``plan_s`` of the batch
-log line, 50k events). Unresolved column expressions (built from names, not
+Every ``pyspark.sql.functions`` call goes through py4j: one ``f.col(name)`` is
+several round trips to the driver's JVM, and ``df.select`` of column *names* costs
+several times a select of ready ``Column`` objects, so a micro-batch plan rebuilt
+from scratch spends a good share of its time (``plan_s`` of the batch log line) in
+such calls. Unresolved column expressions (built from names, not
 from one DataFrame's attributes) can be reused by every later plan, so the plan
 builders keep them in a :class:`ColumnCache`, keyed by everything they depend on.
 """
@@ -48,8 +47,8 @@ class ColumnCache:
         """``df.select(*columns)``, the column list turned into a JVM ``Seq`` once.
 
         py4j turns a Python list into a Java list one element at a time, a round trip
-        each: a select of 60 ready columns measured 65 round trips (5.5 ms), the same
-        select of a ``Seq`` kept from an earlier batch one (2.3 ms, the JVM's analysis).
+        each; a ``Seq`` kept from an earlier batch is one round trip (what is left is the
+        JVM's analysis).
         ``columns`` must be this cache's own entries (the same objects every batch):
         the entry is keyed by their identities and holds them, so the key stays theirs.
         Falls back to ``df.select`` for a DataFrame without a JVM peer (Spark Connect).

@@ -48,7 +48,7 @@ class Expression:
     """
 
     text: str
-    tree: exp.Expression
+    tree: exp.Expr
     columns: frozenset[str]
 
 
@@ -83,7 +83,7 @@ def parse(text: str) -> Expression:
     return Expression(text, tree, frozenset(_columns(tree)))
 
 
-def _columns(tree: exp.Expression) -> set[str]:
+def _columns(tree: exp.Expr) -> set[str]:
     names: set[str] = set()
     for column in tree.find_all(exp.Column):
         parts = [p.name for p in column.parts]
@@ -207,7 +207,7 @@ def check(expression: Expression, columns: dict[str, AvroType]) -> exp.DataType:
     for fn in expression.tree.find_all(exp.Anonymous):
         if str(fn.this).lower() not in _spark_functions():
             raise ExpressionError(f"{expression.text!r}: {fn.this}() is not a Spark SQL function")
-    schema = {_TABLE: {name: sql_type(t) for name, t in columns.items()}}
+    schema: dict[str, object] = {_TABLE: {name: sql_type(t) for name, t in columns.items()}}
     select = exp.select(expression.tree.copy().as_("__result")).from_(_TABLE)
     try:
         typed = annotate_types(qualify(select, schema=schema, dialect=_DIALECT, validate_qualify_columns=True),

@@ -9,9 +9,9 @@ directory again, eagerly (CPython issue gh-103200, fixed in 3.12 by making it
 lazy). A Spark worker holds about fifteen of them over three large archives
 (``pyspark.zip`` once per sub-package imported from it, the py4j zip, and the
 ``spark-core`` jar that Spark also puts on the workers' path), so each task
-began with ~0.1 s of CPU, and 0.2-0.3 s on a loaded executor, before its UDF
-ran (py-spy of the executors' workers, this project's lookup UDF, 10M-key
-snapshot: more of a worker's samples than the lookups themselves). Spark fixed
+began with a re-read of them before its UDF ran (in a py-spy profile of the
+executors' workers running this project's lookup UDF, more of a worker's samples
+than the lookups themselves; ``python_worker`` in benchmarks/RESULTS.md). Spark fixed
 the caller on its master branch (SPARK-54744: invalidate only when a new file
 came), after the 4.0 release this project runs.
 

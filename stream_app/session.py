@@ -105,14 +105,37 @@ def spark_session(
         ImportError: on a cluster, a package of the code zip cannot be found
             (:func:`stream_app.pyfiles.build_code_zip`).
     """
-    from pyspark.sql import SparkSession
-
     local = is_local(settings.master)
     if local or _loopback_master(settings.master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Python workers must import the project's dependencies: use this interpreter.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    entries = [str(Path(j).resolve()) for j in local_jars or ()]
+    builder = _with_conf(_builder(settings, local), settings, entries, jars, extra_jars)
+    if not local:  # in local mode the tasks run in the driver's JVM
+        executor_options = _executor_java_options(settings)
+        if executor_options:
+            builder = builder.config("spark.executor.extraJavaOptions", executor_options)
+    archive = _driver_archive(settings, jars, local_jars) if settings.class_data_sharing else None
+    # the driver's JIT inlining (``jit_inlining``) and its class data sharing archive
+    options = [settings.driver_java_options(), *(archive.java_options if archive is not None else ())]
+    if any(options):
+        builder = builder.config("spark.driver.extraJavaOptions", " ".join(filter(None, options)))
+    spark = _get_or_create(builder, entries, archive)
+    if archive is not None and archive.part is not None:
+        _finish_at_exit(archive)
+    spark.sparkContext.setLogLevel("WARN")
+    _quiet(spark)
+    if not local:
+        ship_code(spark)
+    log.info("spark session master=%s version=%s", settings.master, spark.version)
+    return spark
+
+
+def _builder(settings: SparkSettings, local: bool) -> Any:
+    """The session builder with the job's own defaults (``stream.spark.conf`` is applied after them)."""
+    from pyspark.sql import SparkSession
 
     builder = (
         SparkSession.builder.master(settings.master)
@@ -123,9 +146,9 @@ def spark_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         # PySpark 4 records the Python call site of every DataFrame/Column call for error
-        # messages ("DataFrame query context"): ~10 extra py4j round trips per call, i.e.
-        # most of the planning time of a wide plan rebuilt every micro-batch. The call
-        # sites would be this package's own lines; `stream.spark.conf` can turn it back on.
+        # messages ("DataFrame query context"): several extra py4j round trips per call, most
+        # of the planning time of a wide plan rebuilt every micro-batch. The call sites would
+        # be this package's own lines; `stream.spark.conf` can turn it back on.
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
         # every query execution (two per micro-batch) renders its physical plan for the UI's SQL tab,
         # which is off here: the one-line rendering, not the "formatted" default's numbered operators
@@ -139,37 +162,44 @@ def spark_session(
         # shuffle files that never leave this host: compressing them only costs CPU (`conf` can set them)
         for key, value in ONE_HOST_SHUFFLE.items():
             builder = builder.config(key, value)
-    if local_jars:
-        entries = [str(Path(j).resolve()) for j in local_jars]
-        key = "spark.executorEnv.SPARK_DIST_CLASSPATH"
-        builder = builder.config(key, ":".join(filter(None, [settings.conf.get(key), *entries])))
+    return builder
+
+
+def _with_conf(builder: Any, settings: SparkSettings, local_entries: list[str],
+               jars: Sequence[Path | str] | None, extra_jars: Sequence[Path | str] | None) -> Any:
+    """The jars (connectors, extra ones, the executors' class path of ``local_entries``) and ``stream.spark.conf``."""
+    dist_key = "spark.executorEnv.SPARK_DIST_CLASSPATH"
+    if local_entries:
+        builder = builder.config(dist_key, ":".join(filter(None, [settings.conf.get(dist_key), *local_entries])))
     if not jars:
         builder = builder.config("spark.jars.packages", ",".join(SPARK_PACKAGES))
     if jars or extra_jars:
         builder = builder.config("spark.jars", ",".join(str(j) for j in [*(jars or []), *(extra_jars or [])]))
     for key, value in settings.conf.items():
-        if not (local_jars and key == "spark.executorEnv.SPARK_DIST_CLASSPATH"):
+        if not (local_entries and key == dist_key):
             builder = builder.config(key, value)
-    if not local:  # in local mode the tasks run in the driver's JVM
-        # the executors' collector (``executor_gc``) and JIT inlining (``jit_inlining``), and their class data
-        # sharing archive when they run here
-        executor_options = settings.executor_java_options()
-        if settings.class_data_sharing and _loopback_master(settings.master):
-            executor_options = " ".join(filter(None, [executor_options, *_executor_archive_options(executor_options)]))
-        if executor_options:
-            builder = builder.config("spark.executor.extraJavaOptions", executor_options)
-    archive = _driver_archive(settings, jars, local_jars) if settings.class_data_sharing else None
-    # the driver's JIT inlining (``jit_inlining``) and its class data sharing archive
-    options = [settings.driver_java_options(), *(archive.java_options if archive is not None else ())]
-    if any(options):
-        builder = builder.config("spark.driver.extraJavaOptions", " ".join(filter(None, options)))
-    # the driver's JVM (started by the first getOrCreate of this process) reads it from our environment;
-    # restored afterwards so that child processes do not inherit it
+    return builder
+
+
+def _executor_java_options(settings: SparkSettings) -> str:
+    """The executors' collector (``executor_gc``), JIT inlining (``jit_inlining``) and, when they run here, archive."""
+    executor_options = settings.executor_java_options()
+    if settings.class_data_sharing and _loopback_master(settings.master):
+        executor_options = " ".join(filter(None, [executor_options, *_executor_archive_options(executor_options)]))
+    return executor_options
+
+
+def _get_or_create(builder: Any, local_entries: list[str], archive: Any) -> Any:
+    """``builder.getOrCreate()`` with ``SPARK_DIST_CLASSPATH`` set for the driver's JVM while it starts.
+
+    The driver's JVM (started by the first getOrCreate of this process) reads it from our
+    environment; it is restored afterwards so that child processes do not inherit it.
+    """
     saved = os.environ.get("SPARK_DIST_CLASSPATH")
-    if local_jars:
-        os.environ["SPARK_DIST_CLASSPATH"] = ":".join(filter(None, [saved, *entries]))
+    if local_entries:
+        os.environ["SPARK_DIST_CLASSPATH"] = ":".join(filter(None, [saved, *local_entries]))
     try:
-        spark = builder.getOrCreate()
+        return builder.getOrCreate()
     except BaseException:
         if archive is not None:
             archive.abandon()  # no JVM of this process trains: let another one
@@ -179,14 +209,6 @@ def spark_session(
             os.environ.pop("SPARK_DIST_CLASSPATH", None)
         else:
             os.environ["SPARK_DIST_CLASSPATH"] = saved
-    if archive is not None and archive.part is not None:
-        _finish_at_exit(archive)
-    spark.sparkContext.setLogLevel("WARN")
-    _quiet(spark)
-    if not local:
-        ship_code(spark)
-    log.info("spark session master=%s version=%s", settings.master, spark.version)
-    return spark
 
 
 def _driver_archive(

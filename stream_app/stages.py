@@ -91,105 +91,156 @@ def order_steps(
     Returns:
         The steps in order, and the derive columns' Avro types (name -> type, YAML order).
     """
-    typer = typer or _validate_typer
-    available: dict[str, AvroType] = dict(event_fields)
-    open_prefixes: list[str] = []
-    derives: dict[str, Expression] = {}
-    for name, text in config.derive.items():
-        try:
-            derives[name] = parse(text)
-        except ExpressionError as exc:
-            problem(f"derive.{name}", str(exc))
-    where: Expression | None = None
-    if config.where is not None:
-        try:
-            where = parse(config.where)
-        except ExpressionError as exc:
-            problem("where", str(exc))
-    produced = {n.lower(): f"derive.{n}" for n in config.derive}
-    for i, cols in joined.items():
-        for col in cols or {}:
-            if col.lower() in produced and produced[col.lower()].startswith("derive."):
-                problem(produced[col.lower()], f"column {col!r} is also a column of lookups[{i}]: rename one")
-            produced[col.lower()] = f"lookups[{i}]"
-    for name in config.derive:
-        if name.lower() in {f.lower() for f in event_fields}:
-            problem(f"derive.{name}", f"the event already has a field {name!r}: name the derived column otherwise")
+    resolver = _Resolver(config, event_fields, joined, problem, typer or _validate_typer)
+    resolver.run()
+    resolver.report_unplaced()
+    return resolver.steps, resolver.derived
 
-    def known(column: str) -> bool:
-        return column.lower() in lowered or any(column.startswith(p) for p in open_prefixes)
 
-    def columns_for(expression: Expression) -> dict[str, AvroType]:
-        cols = dict(available)
+class _Resolver:
+    """The state of :func:`order_steps`: what exists so far, what waits, the steps placed."""
+
+    def __init__(self, config: StreamJobConfig, event_fields: dict[str, AvroType],
+                 joined: dict[int, dict[str, AvroType] | None], problem: Problem, typer: DeriveTyper):
+        self.config, self.joined, self.problem, self.typer = config, joined, problem, typer
+        self.available: dict[str, AvroType] = dict(event_fields)
+        self.lowered = {n.lower(): n for n in self.available}
+        self.open_prefixes: list[str] = []  # lookups whose schemas are unknown: any column under them is accepted
+        self.steps: list[Step] = []
+        self.derived: dict[str, AvroType] = {}
+        self.derives = self._parse_derives()
+        self.where = self._parse_where()
+        self.produced = self._producers(event_fields)
+        self.pending_derive = [n for n in config.derive if n in self.derives]
+        self.pending_lookup = list(range(len(config.lookups)))
+        self.where_done = self.where is None
+
+    def _parse_derives(self) -> dict[str, Expression]:
+        derives: dict[str, Expression] = {}
+        for name, text in self.config.derive.items():
+            try:
+                derives[name] = parse(text)
+            except ExpressionError as exc:
+                self.problem(f"derive.{name}", str(exc))
+        return derives
+
+    def _parse_where(self) -> Expression | None:
+        if self.config.where is None:
+            return None
+        try:
+            return parse(self.config.where)
+        except ExpressionError as exc:
+            self.problem("where", str(exc))
+            return None
+
+    def _producers(self, event_fields: dict[str, AvroType]) -> dict[str, str]:
+        """Lowered column name -> the step making it (``derive.<name>``, ``lookups[i]``); clashes are problems."""
+        produced = {n.lower(): f"derive.{n}" for n in self.config.derive}
+        for i, cols in self.joined.items():
+            for col in cols or {}:
+                if col.lower() in produced and produced[col.lower()].startswith("derive."):
+                    self.problem(produced[col.lower()], f"column {col!r} is also a column of lookups[{i}]: rename one")
+                produced[col.lower()] = f"lookups[{i}]"
+        event = {f.lower() for f in event_fields}
+        for name in self.config.derive:
+            if name.lower() in event:
+                self.problem(f"derive.{name}",
+                             f"the event already has a field {name!r}: name the derived column otherwise")
+        return produced
+
+    def known(self, column: str) -> bool:
+        return column.lower() in self.lowered or any(column.startswith(p) for p in self.open_prefixes)
+
+    def columns_for(self, expression: Expression) -> dict[str, AvroType]:
+        cols = dict(self.available)
         for c in expression.columns:  # a column of a lookup whose schema is unknown here: unchecked
-            if c.lower() not in lowered and any(c.startswith(p) for p in open_prefixes):
+            if c.lower() not in self.lowered and any(c.startswith(p) for p in self.open_prefixes):
                 cols[c] = None
         return cols
 
-    steps: list[Step] = []
-    derived: dict[str, AvroType] = {}
-    pending_derive = [n for n in config.derive if n in derives]
-    pending_lookup = list(range(len(config.lookups)))
-    lowered = {n.lower(): n for n in available}
-    where_done = where is None
-    while True:
-        if not where_done and where is not None and all(known(c) for c in where.columns):
-            where_done = True
-            try:
-                kind = type_class(check(where, columns_for(where)))
-            except ExpressionError as exc:
-                problem("where", str(exc))
-            else:
-                if kind not in ("boolean", "unknown"):
-                    problem("where", f"{where.text!r} is {kind}, not a boolean expression")
-                else:
-                    steps.append(WhereStep(where.text))
-        layer = [n for n in pending_derive if all(known(c) for c in derives[n].columns)]
+    def run(self) -> None:
+        """Place steps until nothing more can run: ``where`` first when it can, then derive columns, then lookups."""
+        while True:
+            self._place_where()
+            if self._place_derives() or self._place_lookups():
+                continue
+            return
+
+    def _place_where(self) -> None:
+        where = self.where
+        if self.where_done or where is None or not all(self.known(c) for c in where.columns):
+            return
+        self.where_done = True
+        try:
+            kind = type_class(check(where, self.columns_for(where)))
+        except ExpressionError as exc:
+            self.problem("where", str(exc))
+            return
+        if kind not in ("boolean", "unknown"):
+            self.problem("where", f"{where.text!r} is {kind}, not a boolean expression")
+        else:
+            self.steps.append(WhereStep(where.text))
+
+    def _place_derives(self) -> bool:
+        """One projection of the derive columns whose inputs exist; whether any was ready."""
+        order = list(self.config.derive)
+        layer = [n for n in self.pending_derive if all(self.known(c) for c in self.derives[n].columns)]
         # a derive reads only derives written before it ("later entries may use earlier ones")
-        layer = [n for n in layer if not _reads_later(n, derives, list(config.derive))]
-        if layer:
-            placed = []
-            for name in layer:
-                pending_derive.remove(name)
-                try:
-                    derived[name] = typer(columns_for(derives[name]), name, derives[name])
-                except ExpressionError as exc:
-                    problem(f"derive.{name}", str(exc))
-                    continue
-                placed.append((name, config.derive[name]))
-            for name, _text in placed:
-                available[name] = derived[name]
-            lowered = {n.lower(): n for n in available}
-            if placed:
-                steps.append(DeriveStep(tuple(placed)))
-            continue
-        ready = [i for i in pending_lookup if all(known(c) for c in config.lookups[i].columns())]
-        if ready:
-            for i in ready:
-                pending_lookup.remove(i)
-                if joined.get(i) is None:
-                    open_prefixes.append(config.lookups[i].prefix)
-                else:
-                    available.update(joined[i] or {})
-            lowered = {n.lower(): n for n in available}
-            steps.append(LookupStep(tuple(ready)))
-            continue
-        break
-    for name in pending_derive:
-        later = [c for c in derives[name].columns if _is_later(name, c, list(config.derive))]
-        if later:
-            problem(f"derive.{name}", f"reads {later} written after it: derive entries may read earlier ones only")
-            continue
-        missing = sorted(c for c in derives[name].columns if not known(c))
-        problem(f"derive.{name}", _missing(missing, produced, available))
-    for i in pending_lookup:
-        for column in config.lookups[i].columns():
-            if not known(column):
-                path = f"lookups[{i}].on.{column}" if column in config.lookups[i].on else f"lookups[{i}].as_of"
-                problem(path, _missing([column], produced, available))
-    if not where_done and where is not None:
-        problem("where", _missing(sorted(c for c in where.columns if not known(c)), produced, available))
-    return steps, derived
+        layer = [n for n in layer if not _reads_later(n, self.derives, order)]
+        if not layer:
+            return False
+        placed = []
+        for name in layer:
+            self.pending_derive.remove(name)
+            try:
+                self.derived[name] = self.typer(self.columns_for(self.derives[name]), name, self.derives[name])
+            except ExpressionError as exc:
+                self.problem(f"derive.{name}", str(exc))
+                continue
+            placed.append((name, self.config.derive[name]))
+        for name, _text in placed:
+            self.available[name] = self.derived[name]
+        self.lowered = {n.lower(): n for n in self.available}
+        if placed:
+            self.steps.append(DeriveStep(tuple(placed)))
+        return True
+
+    def _place_lookups(self) -> bool:
+        """One round of the lookups whose key columns exist; whether any was ready."""
+        lookups = self.config.lookups
+        ready = [i for i in self.pending_lookup if all(self.known(c) for c in lookups[i].columns())]
+        if not ready:
+            return False
+        for i in ready:
+            self.pending_lookup.remove(i)
+            if self.joined.get(i) is None:
+                self.open_prefixes.append(lookups[i].prefix)
+            else:
+                self.available.update(self.joined[i] or {})
+        self.lowered = {n.lower(): n for n in self.available}
+        self.steps.append(LookupStep(tuple(ready)))
+        return True
+
+    def report_unplaced(self) -> None:
+        """A problem for every derive column, lookup and ``where`` that never became ready, saying why."""
+        order = list(self.config.derive)
+        for name in self.pending_derive:
+            later = [c for c in self.derives[name].columns if _is_later(name, c, order)]
+            if later:
+                self.problem(f"derive.{name}",
+                             f"reads {later} written after it: derive entries may read earlier ones only")
+                continue
+            missing = sorted(c for c in self.derives[name].columns if not self.known(c))
+            self.problem(f"derive.{name}", _missing(missing, self.produced, self.available))
+        for i in self.pending_lookup:
+            lookup = self.config.lookups[i]
+            for column in lookup.columns():
+                if not self.known(column):
+                    path = f"lookups[{i}].on.{column}" if column in lookup.on else f"lookups[{i}].as_of"
+                    self.problem(path, _missing([column], self.produced, self.available))
+        if not self.where_done and self.where is not None:
+            missing = sorted(c for c in self.where.columns if not self.known(c))
+            self.problem("where", _missing(missing, self.produced, self.available))
 
 
 def _is_later(name: str, column: str, order: list[str]) -> bool:

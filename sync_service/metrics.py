@@ -26,7 +26,12 @@ class SyncMetrics:
     def __init__(self, service: str):
         self.service = service
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._flow(self.registry)
+        self._pressure(self.registry)
+        self._lifecycle(self.registry)
+
+    def _flow(self, r: CollectorRegistry) -> None:
+        """Records in and out, batch latency and how fresh the targets are."""
         self.records_in = Counter(
             "threes_sync_records_in", "Records consumed from update topics", ["service", "topic"], registry=r
         )
@@ -40,6 +45,31 @@ class SyncMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=r,
         )
+        self.freshness = Gauge(
+            "threes_sync_freshness_seconds",
+            "Age of the newest applied update (now minus its Kafka timestamp), seconds",
+            ["service", "sink"],
+            registry=r,
+        )
+        self.source_freshness = Histogram(
+            "threes_sync_source_freshness_seconds",
+            "Source commit (threes.source_ts header) to durable in the target, per batch, of its oldest record, "
+            "seconds",
+            ["service", "sink"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+            registry=r,
+        )
+        self.oldest_pending_age = Gauge(
+            "threes_sync_oldest_pending_age_seconds",
+            "Age of the oldest record consumed and not yet durable in the target (from its threes.source_ts, "
+            "else its Kafka timestamp), seconds; 0 when nothing is pending. Updated every second, also while "
+            "the target is down",
+            ["service", "sink"],
+            registry=r,
+        )
+
+    def _pressure(self, r: CollectorRegistry) -> None:
+        """Backpressure and the consumer group: retries, dead letters, paused partitions, buffers, lag, concurrency."""
         self.retries = Counter(
             "threes_sync_retries", "Batch writes retried (transient error or backpressure)", ["service", "sink"],
             registry=r,
@@ -59,15 +89,16 @@ class SyncMetrics:
             "threes_sync_consumer_lag", "High watermark minus committed offset, records", ["service", "topic"],
             registry=r,
         )
-        self.freshness = Gauge(
-            "threes_sync_freshness_seconds",
-            "Age of the newest applied update (now minus its Kafka timestamp), seconds",
-            ["service", "sink"],
-            registry=r,
-        )
         self.buffered_bytes = Gauge(
             "threes_sync_buffered_bytes", "Bytes of buffered and in-flight records", ["service"], registry=r
         )
+        self.concurrency = Gauge(
+            "threes_sync_concurrency_limit", "Requests allowed in flight to a target", ["service", "sink"],
+            registry=r,
+        )
+
+    def _lifecycle(self, r: CollectorRegistry) -> None:
+        """Restarts of sinks and services, and the state each sink is in."""
         self.restarts = Counter(
             "threes_sync_sink_restarts", "Failed sink tasks restarted (closed and opened again) after a backoff",
             ["service", "sink"], registry=r,
@@ -79,26 +110,6 @@ class SyncMetrics:
         self.sink_state = Gauge(
             "threes_sync_sink_state", "1 for the state a sink is in (running, restarting, recovering), else 0",
             ["service", "sink", "state"], registry=r,
-        )
-        self.source_freshness = Histogram(
-            "threes_sync_source_freshness_seconds",
-            "Source commit (threes.source_ts header) to durable in the target, per batch, of its oldest record, "
-            "seconds",
-            ["service", "sink"],
-            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
-            registry=r,
-        )
-        self.oldest_pending_age = Gauge(
-            "threes_sync_oldest_pending_age_seconds",
-            "Age of the oldest record consumed and not yet durable in the target (from its threes.source_ts, "
-            "else its Kafka timestamp), seconds; 0 when nothing is pending. Updated every second, also while "
-            "the target is down",
-            ["service", "sink"],
-            registry=r,
-        )
-        self.concurrency = Gauge(
-            "threes_sync_concurrency_limit", "Requests allowed in flight to a target", ["service", "sink"],
-            registry=r,
         )
 
     def serve(self, port: int, addr: str = "127.0.0.1", status: Any = None, token: str | None = None) -> Any:

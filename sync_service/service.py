@@ -66,9 +66,9 @@ log = logging.getLogger(__name__)
 PREFETCH_SHARE = 8
 """librdkafka's prefetch queue gets ``buffer_max_bytes // PREFETCH_SHARE`` (inside the bound).
 
-A quarter held ~10 MB more at the service's peak RSS, reached when paused partitions resume
-and the queue is taken in a burst (``benchmarks/sync_sinks.py --only rss``, 64 MiB bound, 4
-partitions: 2 MB per partition with an eighth).
+The service's peak RSS comes when paused partitions resume and the queue is taken in a burst,
+so a larger share raises the peak; an eighth keeps it lower than a quarter
+(``benchmarks/sync_sinks.py --only rss``, benchmarks/RESULTS.md#sync_sinksrss).
 """
 # commit errors of a member whose group is rebalancing (its generation or membership is being renewed)
 _REBALANCE_CODES = frozenset(
@@ -226,6 +226,30 @@ class SyncService:
             self._bridge = RegistryBridge(registry_client(self.kafka.schema_registry.client_config()), store)
         self._ensure_dead_letter_topic()
         self.producer = clients.kafka_producer(self.kafka, linger_ms=5)
+        self._open_sinks(deserializer, columnar)
+        consumer_conf = self._consumer_config()
+        from confluent_kafka import Consumer
+
+        # librdkafka's own log lines (rebalances, "leaving group") go through Python logging
+        consumer_conf["logger"] = logging.getLogger("sync_service.rdkafka")
+        consumer_conf["on_commit"] = self._on_commit  # refused asynchronous commits are made again
+        try:
+            self.consumer = Consumer({**clients.CONSUMER_DEFAULTS, **kconf, "group.id": cfg.consumer_group(),
+                                      "enable.auto.commit": False, "auto.offset.reset": "earliest", **consumer_conf})
+        except KafkaException as exc:
+            raise SetupError(f"sync service {cfg.name!r}: cannot create the Kafka consumer: {exc}") from exc
+        self.consumer.subscribe(sorted(self._by_topic), on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+        log.info("sync service=%s group=%s topics=%s sinks=%s", cfg.name, cfg.consumer_group(),
+                 sorted(self._by_topic), [s.sink.name for s in self.slots])
+
+    def _open_sinks(self, deserializer: AvroDeserializer, columnar: ColumnarDecoder) -> None:
+        """A slot per sink (writer, adaptive concurrency, thread pool), each sink opened; routes topics to slots.
+
+        A sink whose target is down starts failed (restarted after a backoff); the others run.
+        """
+        cfg = self.config
+        assert self.producer is not None
         for sink in self._build_sinks():
             max_limit = int(getattr(sink.config, "max_concurrency", 1))
             gauge = self.metrics.concurrency.labels(cfg.name, sink.name)
@@ -245,9 +269,13 @@ class SyncService:
                 if topic in self._by_topic:
                     writer.decode_dlq_topics.discard(topic)
                 self._by_topic.setdefault(topic, []).append(slot)
+
+    def _consumer_config(self) -> dict[str, Any]:
+        """The consumer's own librdkafka settings; sizes the prefetch queue and ``buffer_bytes`` inside the bound."""
+        cfg = self.config
         # the fetch queue is memory too, inside the bound: librdkafka gets 1/PREFETCH_SHARE of it. Its
-        # queued.max.messages.kbytes holds per partition (measured: 16 MB on 4 partitions held ~60 MB
-        # more than 1 MB did), so the share is spread over every partition this member may be assigned,
+        # queued.max.messages.kbytes holds per partition (librdkafka fills each partition's queue up to
+        # it), so the share is spread over every partition this member may be assigned,
         # at least 1 MB each; the service's own buffers get the rest (past partitions x 1 MB > the share, the
         # floor goes over the bound: the service's buffers keep 1 - 1/PREFETCH_SHARE of it)
         partitions = self._partitions(sorted(self._by_topic))
@@ -266,20 +294,7 @@ class SyncService:
         consumer_conf = {k.replace("_", "."): v for k, v in overrides.items()}
         if cfg.group_instance_id:
             consumer_conf["group.instance.id"] = cfg.group_instance_id
-        from confluent_kafka import Consumer
-
-        # librdkafka's own log lines (rebalances, "leaving group") go through Python logging
-        consumer_conf["logger"] = logging.getLogger("sync_service.rdkafka")
-        consumer_conf["on_commit"] = self._on_commit  # refused asynchronous commits are made again
-        try:
-            self.consumer = Consumer({**clients.CONSUMER_DEFAULTS, **kconf, "group.id": cfg.consumer_group(),
-                                      "enable.auto.commit": False, "auto.offset.reset": "earliest", **consumer_conf})
-        except KafkaException as exc:
-            raise SetupError(f"sync service {cfg.name!r}: cannot create the Kafka consumer: {exc}") from exc
-        self.consumer.subscribe(sorted(self._by_topic), on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_lost)
-        log.info("sync service=%s group=%s topics=%s sinks=%s", cfg.name, cfg.consumer_group(),
-                 sorted(self._by_topic), [s.sink.name for s in self.slots])
+        return consumer_conf
 
     def _partitions(self, topics: list[str]) -> int:
         """Partitions of ``topics`` together (a topic not created yet counts one), at least 1.
@@ -483,30 +498,7 @@ class SyncService:
         name, sink = self.config.name, slot.sink.name
         if outcome.status == "done":
             buf.complete()
-            slot.blocked = False
-            if slot.state != "running":
-                log.info("sink=%s recovered after restart %d", sink, slot.backoff.restarts if slot.backoff else 0)
-                slot.state = "running"
-            if slot.backoff is not None:
-                slot.backoff.succeeded()
-            if outcome.dead:
-                slot.dead_letters += outcome.dead
-            if outcome.tolerated is not None:
-                slot.last_error = str(outcome.tolerated)[:2000]
-            self.metrics.records_out.labels(name, sink).inc(outcome.applied)
-            self.metrics.batch_latency.labels(name, sink).observe(outcome.elapsed_s)
-            if job.oldest_source_ts_ms is not None and outcome.applied:
-                self.metrics.source_freshness.labels(name, sink).observe(
-                    max(0.0, time.time() - job.oldest_source_ts_ms / 1000.0)
-                )
-            if outcome.newest_timestamp_ms > 0:
-                age = max(0.0, time.time() - outcome.newest_timestamp_ms / 1000.0)
-                self.metrics.freshness.labels(name, sink).set(age)
-            log.info(
-                "sink=%s topic=%s partition=%d offsets=%d-%d records=%d applied=%d dead=%d attempts=%d elapsed_s=%.3f",
-                sink, job.topic, job.partition, job.first_offset, job.last_offset, len(job.raw),
-                outcome.applied, outcome.dead, job.attempts, outcome.elapsed_s,
-            )
+            self._done(slot, outcome)
         elif outcome.status == "backpressure":
             slot.limiter.backpressure()
             self.metrics.retries.labels(name, sink).inc()
@@ -525,6 +517,34 @@ class SyncService:
             self._sink_failed(slot, outcome.error or RuntimeError("failed"), blocked=blocked)
             job.waiting = True
             job.not_before = slot.restart_at
+
+    def _done(self, slot: SinkSlot, outcome: Outcome) -> None:
+        """A durable batch: the sink is running (again), its counters, freshness and the flush's summary line."""
+        job, name, sink = outcome.job, self.config.name, slot.sink.name
+        slot.blocked = False
+        if slot.state != "running":
+            log.info("sink=%s recovered after restart %d", sink, slot.backoff.restarts if slot.backoff else 0)
+            slot.state = "running"
+        if slot.backoff is not None:
+            slot.backoff.succeeded()
+        if outcome.dead:
+            slot.dead_letters += outcome.dead
+        if outcome.tolerated is not None:
+            slot.last_error = str(outcome.tolerated)[:2000]
+        self.metrics.records_out.labels(name, sink).inc(outcome.applied)
+        self.metrics.batch_latency.labels(name, sink).observe(outcome.elapsed_s)
+        if job.oldest_source_ts_ms is not None and outcome.applied:
+            self.metrics.source_freshness.labels(name, sink).observe(
+                max(0.0, time.time() - job.oldest_source_ts_ms / 1000.0)
+            )
+        if outcome.newest_timestamp_ms > 0:
+            age = max(0.0, time.time() - outcome.newest_timestamp_ms / 1000.0)
+            self.metrics.freshness.labels(name, sink).set(age)
+        log.info(
+            "sink=%s topic=%s partition=%d offsets=%d-%d records=%d applied=%d dead=%d attempts=%d elapsed_s=%.3f",
+            sink, job.topic, job.partition, job.first_offset, job.last_offset, len(job.raw),
+            outcome.applied, outcome.dead, job.attempts, outcome.elapsed_s,
+        )
 
     # -- backpressure -------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from types import TracebackType
 from typing import Annotated
 
 import typer
@@ -60,7 +61,7 @@ def main(
         app.pretty_exceptions_enable = True
 
 
-def _redacted_traceback(kind: type[BaseException], value: BaseException, tb: object) -> None:
+def _redacted_traceback(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
     """Print a traceback as Python would, without locals, secrets masked (``connectors.redact``)."""
     import traceback
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from pathlib import Path
+from types import GenericAlias
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, create_model
@@ -124,18 +125,15 @@ def pipeline_model() -> type[PipelineBase]:
     connection = _union(list(registry.connection_models().values()))
     source = _union(registry.models_for("source"))
     sink = _union(registry.models_for("sink"))
-    sync_model = create_model(
-        "SyncServiceConfig",
-        __base__=SyncServiceBase,
-        sinks=(list[sink], Field(min_length=1)),
-    )
-    return create_model(
-        "Pipeline",
-        __base__=PipelineBase,
-        connections=(dict[Name, connection], Field(default_factory=dict)),
-        sources=(list[source], Field(default_factory=list)),
-        sync=(list[sync_model], Field(default_factory=list)),
-    )
+    # GenericAlias(list, x) is list[x]: the item types are built at run time, which a type checker cannot read
+    sync_fields: dict[str, Any] = {"sinks": (GenericAlias(list, sink), Field(min_length=1))}
+    sync_model = create_model("SyncServiceConfig", __base__=SyncServiceBase, **sync_fields)
+    fields: dict[str, Any] = {
+        "connections": (GenericAlias(dict, (Name, connection)), Field(default_factory=dict)),
+        "sources": (GenericAlias(list, source), Field(default_factory=list)),
+        "sync": (GenericAlias(list, sync_model), Field(default_factory=list)),
+    }
+    return create_model("Pipeline", __base__=PipelineBase, **fields)
 
 
 def load_pipeline(path: str | Path, *, environ: Mapping[str, str] | None = None) -> PipelineBase:

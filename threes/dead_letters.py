@@ -311,55 +311,17 @@ def replay(kafka: Any, letters: Sequence[Letter], *, to: str | None = None, dry_
     from connectors.topics import internal_topic_options
     from schemas.kafka_admin import ensure_internal_topic
 
-    orphans = [letter.id for letter in letters if letter.context is None]
-    if orphans and to is None:
-        raise ThreesError(f"dead letter(s) {orphans[:5]} have no dlq.topic header: name a topic with --to")
-    done = replayed_ids(kafka, replays_topic)
-    again = [letter.id for letter in letters if letter.id in done]
-    if again and not force:
-        raise ThreesError(
-            f"{len(again)} of the {len(letters)} selected dead letter(s) were replayed before (e.g. {again[0]} "
-            f"to {done[again[0]].get('to')} at {done[again[0]].get('at')}); narrow the selection, or --force "
-            "to replay them again (" + IDEMPOTENCE_NOTE + ")"
-        )
+    _check_selection(letters, to, replayed_ids(kafka, replays_topic), force)
     result = ReplayResult(dry_run=dry_run)
     if dry_run:
-        for letter in letters:
-            if to:
-                result.sent.append((letter.id, to, -1, -1))
-            else:
-                assert letter.context is not None  # orphans need --to (above)
-                result.sent.append((letter.id, letter.context.topic, letter.context.partition, -1))
+        result.sent = [(letter.id, *_target(letter, to), -1) for letter in letters]
         return result
     if not letters:
         return result
     ensure_internal_topic(kafka.librdkafka_config(), replays_topic, **internal_topic_options(kafka))
     producer = clients.kafka_producer(kafka, linger_ms=5)
-    delivered: dict[str, tuple[str, int, int]] = {}
-    errors: list[str] = []
-
-    def on_delivery(err: Any, msg: Any, letter_id: str) -> None:
-        if err is not None:
-            errors.append(f"{letter_id}: {err}")
-        else:
-            delivered[letter_id] = (msg.topic(), msg.partition(), msg.offset())
-
-    for letter in letters:
-        headers = [*letter.original_headers(), (REPLAYED_FROM, letter.id.encode())]
-        target: dict[str, Any] = {"topic": to}
-        if not to:
-            assert letter.context is not None  # orphans need --to (above)
-            target = {"topic": letter.context.topic, "partition": letter.context.partition}
-        while True:
-            try:
-                producer.produce(key=letter.key, value=letter.value, headers=headers,
-                                 on_delivery=lambda err, msg, i=letter.id: on_delivery(err, msg, i), **target)
-                break
-            except BufferError:
-                producer.poll(0.1)
-        producer.poll(0)
-    producer.flush(60)
-    # recorded only once delivered: a crash before this line leaves them replayable, which is harmless (versions)
+    delivered, errors = _produce(producer, letters, to)
+    # recorded only once delivered: a crash before this leaves them replayable, which is harmless (versions)
     at = datetime.now(UTC).isoformat(timespec="seconds")
     for letter in letters:
         if letter.id in delivered:
@@ -373,3 +335,62 @@ def replay(kafka: Any, letters: Sequence[Letter], *, to: str | None = None, dry_
     if errors:
         raise SetupError(f"{len(errors)} dead letter(s) not replayed ({len(result.sent)} were): {errors[:3]}")
     return result
+
+
+def _check_selection(letters: Sequence[Letter], to: str | None, done: dict[str, dict[str, Any]],
+                     force: bool) -> None:
+    """Refuse a selection with dead letters of no original topic (without ``to``) or replayed before (without force).
+
+    Raises:
+        ThreesError: naming the first of them.
+    """
+    orphans = [letter.id for letter in letters if letter.context is None]
+    if orphans and to is None:
+        raise ThreesError(f"dead letter(s) {orphans[:5]} have no dlq.topic header: name a topic with --to")
+    again = [letter.id for letter in letters if letter.id in done]
+    if again and not force:
+        raise ThreesError(
+            f"{len(again)} of the {len(letters)} selected dead letter(s) were replayed before (e.g. {again[0]} "
+            f"to {done[again[0]].get('to')} at {done[again[0]].get('at')}); narrow the selection, or --force "
+            "to replay them again (" + IDEMPOTENCE_NOTE + ")"
+        )
+
+
+def _target(letter: Letter, to: str | None) -> tuple[str, int]:
+    """``(topic, partition)`` a dead letter goes back to; partition -1 when ``to`` partitions by key."""
+    if to:
+        return to, -1
+    assert letter.context is not None  # orphans need --to (_check_selection)
+    return letter.context.topic, letter.context.partition
+
+
+def _produce(producer: Any, letters: Sequence[Letter], to: str | None) -> tuple[dict[str, tuple[str, int, int]],
+                                                                                list[str]]:
+    """Produce the dead letters with their original headers and ``threes.replayed_from``, and wait for them.
+
+    Returns:
+        ``({letter id: (topic, partition, offset)} of the delivered ones, errors of the others)``.
+    """
+    delivered: dict[str, tuple[str, int, int]] = {}
+    errors: list[str] = []
+
+    def on_delivery(err: Any, msg: Any, letter_id: str) -> None:
+        if err is not None:
+            errors.append(f"{letter_id}: {err}")
+        else:
+            delivered[letter_id] = (msg.topic(), msg.partition(), msg.offset())
+
+    for letter in letters:
+        headers = [*letter.original_headers(), (REPLAYED_FROM, letter.id.encode())]
+        topic, partition = _target(letter, to)
+        target: dict[str, Any] = {"topic": topic} if partition < 0 else {"topic": topic, "partition": partition}
+        while True:
+            try:
+                producer.produce(key=letter.key, value=letter.value, headers=headers,
+                                 on_delivery=lambda err, msg, i=letter.id: on_delivery(err, msg, i), **target)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    producer.flush(60)
+    return delivered, errors

@@ -10,10 +10,13 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from connectors.runtime.standalone import SourceWorker, TaskSpec
 
 source_app = typer.Typer(help="Run source connectors into compacted topics.", no_args_is_help=True)
 offsets_app = typer.Typer(help="Show and reset source positions (the offsets topic).", no_args_is_help=True)
@@ -80,30 +83,8 @@ def run(
             raise ThreesError(f"{config} declares no source to run")
         worker = SourceWorker(pipeline, offsets_topic=offsets_topic)
         if metrics_port:
-            from connectors.redact import register_secret
-            from connectors.status.document import source_document
-            from connectors.status.http import StatusServer, require_token_off_loopback
-
-            token = os.environ.get(metrics_token_env) or None
-            register_secret(token)
-            require_token_off_loopback(metrics_host, token, f"${metrics_token_env}")
-            # /metrics next to /status and /status.json (the source tasks' states, positions, restarts)
-            StatusServer(lambda: source_document(worker), title=f"threes source {config.name}").serve(
-                metrics_port, metrics_host, token)
-        if group:
-            if once:
-                raise ThreesError("--once and --group do not mix: a backfill runs in one process")
-            from connectors.runtime.distributed import DistributedWorker
-
-            DistributedWorker(worker, specs, group).run(stop)
-        else:
-            for spec in specs:
-                worker.start(spec, once=once)
-            if once:
-                _progress(worker, stop)
-            else:
-                _log_progress(worker, stop)
-            worker.wait(stop)
+            _serve_status(worker, f"threes source {config.name}", metrics_port, metrics_host, metrics_token_env)
+        _run_tasks(worker, specs, group, once, stop)
     except ThreesError as exc:
         raise fail(exc) from None
     failed = {k: s for k, s in worker.stats().items() if s.state == "failed"}
@@ -113,6 +94,43 @@ def run(
                   + (f"\n  {s.error}" if s.error else ""), highlight=False, soft_wrap=True)
     if failed:
         raise typer.Exit(1)
+
+
+def _serve_status(worker: SourceWorker, title: str, port: int, host: str, token_env: str) -> None:
+    """``/metrics`` next to ``/status`` and ``/status.json`` (the source tasks' states, positions, restarts)."""
+    from connectors.redact import register_secret
+    from connectors.status.document import source_document
+    from connectors.status.http import StatusServer, require_token_off_loopback
+
+    token = os.environ.get(token_env) or None
+    register_secret(token)
+    require_token_off_loopback(host, token, f"${token_env}")
+    StatusServer(lambda: source_document(worker), title=title).serve(port, host, token)
+
+
+def _run_tasks(worker: SourceWorker, specs: list[TaskSpec], group: str | None, once: bool,
+               stop: threading.Event) -> None:
+    """Run the tasks here (until caught up with ``once``), or share them with the workers of ``group``; until stop.
+
+    Raises:
+        ThreesError: ``once`` with ``group``.
+    """
+    from connectors.exceptions import ThreesError
+
+    if group:
+        if once:
+            raise ThreesError("--once and --group do not mix: a backfill runs in one process")
+        from connectors.runtime.distributed import DistributedWorker
+
+        DistributedWorker(worker, specs, group).run(stop)
+        return
+    for spec in specs:
+        worker.start(spec, once=once)
+    if once:
+        _progress(worker, stop)
+    else:
+        _log_progress(worker, stop)
+    worker.wait(stop)
 
 
 def _progress(worker: Any, stop: threading.Event) -> None:

@@ -7,10 +7,13 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from connectors.status.document import Gatherer
 
 log = logging.getLogger(__name__)
 
@@ -66,19 +69,7 @@ def status(
     register_secret(token)
     gatherer = Gatherer(pipeline, offsets_topic=offsets_topic, host=host, endpoints=endpoint or (), token=token)
     if serve is not None:
-        from connectors.status.http import StatusServer
-
-        server = StatusServer(gatherer.gather, title=f"threes status {config.name}")
-        try:
-            port = server.serve(serve, serve_addr, token)
-        except ThreesError as exc:
-            raise fail(exc) from None
-        out.print(f"serving http://{serve_addr}:{port}/status (Ctrl-C stops)", highlight=False)
-        stop = threading.Event()
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            server.close()
+        _serve(gatherer, f"threes status {config.name}", serve, serve_addr, token)
         return
     try:
         doc = redact_document(gatherer.gather())  # error texts of drivers can echo a URL: masked as in the logs
@@ -89,6 +80,25 @@ def status(
         return
     for table in tables(doc):
         out.print(table)
+
+
+def _serve(gatherer: Gatherer, title: str, port: int, addr: str, token: str | None) -> None:
+    """Serve the status page, gathered per request, until Ctrl-C."""
+    from connectors.exceptions import ThreesError
+    from connectors.status.http import StatusServer
+    from threes.console import fail, out
+
+    server = StatusServer(gatherer.gather, title=title)
+    try:
+        bound = server.serve(port, addr, token)
+    except ThreesError as exc:
+        raise fail(exc) from None
+    out.print(f"serving http://{addr}:{bound}/status (Ctrl-C stops)", highlight=False)
+    stop = threading.Event()
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        server.close()
 
 
 def _cell(value: Any) -> str:

@@ -22,7 +22,7 @@ schema store: the worker (:mod:`connectors.runtime.worker`) owns them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -60,7 +60,8 @@ class SourceBatch:
             or with the time it read the batch when ``None``.
     """
 
-    records: list[SourceRecord]
+    # a Sequence (read-only, covariant): a connector may hand over its list[tuple[dict, dict]] as is
+    records: Sequence[SourceRecord]
     position: dict[str, Any] | None
     headers: list[tuple[str, bytes]] | None = None
     rows_read: int | None = None
@@ -117,7 +118,7 @@ class TopicState:
     """
 
     live: Any
-    encode_key: Callable[[Mapping[str, Any]], bytes | None]
+    encode_key: Callable[[Mapping[str, Any]], bytes]
     end_offsets: dict[int, int] = field(default_factory=dict)
 
 

@@ -237,27 +237,11 @@ def validate_data(
     if not isinstance(resolved, dict):
         problems.append(ConfigProblem("", "the document must be a mapping of keys to values", file, 1))
         raise ConfigError(problems)
-    failed_refs = [p for p, _ in ref_problems]
-
-    def caused_by_ref(path: Path_) -> bool:
-        # a value that could not be resolved also fails validation: report the cause only
-        return any(path[: len(r)] == r or r[: len(path)] == path for r in failed_refs)
-
     try:
         # relative paths (schemas, mapping files) start at the config's folder: one rule everywhere
         instance = model.model_validate(resolved, context={"base_dir": base_dir or Path.cwd()})
     except ValidationError as exc:
-        for err in exc.errors(include_input=False, include_url=False):
-            path, line = _line_for(err["loc"], resolved, lines)
-            if caused_by_ref(path):
-                continue
-            message = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                message = "unknown key (not allowed here; check the spelling)"
-            elif err["type"] == "union_tag_invalid":
-                path = (*path, "type")
-                line = lines.get(path, line)
-            problems.append(ConfigProblem(format_path(path), message, file, line))
+        problems += _validation_problems(exc, resolved, lines, file, [p for p, _ in ref_problems])
         raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path))) from None
     # Cross-references (a connector naming a connection...) are checked once
     # every field is valid, each problem with its own path and line.
@@ -270,6 +254,28 @@ def validate_data(
 
     register_secrets(instance)  # masked in every log line and dead letter from now on
     return instance
+
+
+def _validation_problems(exc: ValidationError, resolved: dict[str, Any], lines: dict[Path_, int], file: str | None,
+                         failed_refs: list[Path_]) -> list[ConfigProblem]:
+    """The validation errors as problems at their YAML path and line, in the words a YAML author reads.
+
+    An error under a reference that could not be resolved is left out: the reference's own
+    problem is its cause.
+    """
+    problems = []
+    for err in exc.errors(include_input=False, include_url=False):
+        path, line = _line_for(err["loc"], resolved, lines)
+        if any(path[: len(r)] == r or r[: len(path)] == path for r in failed_refs):
+            continue
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key (not allowed here; check the spelling)"
+        elif err["type"] == "union_tag_invalid":
+            path = (*path, "type")
+            line = lines.get(path, line)
+        problems.append(ConfigProblem(format_path(path), message, file, line))
+    return problems
 
 
 def load_yaml_model(

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
-from connectors.elasticsearch.connection import elasticsearch_client
+from connectors.elasticsearch.config import ElasticsearchSinkConfig
+from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
 from connectors.exceptions import (
     BatchRefusedError,
     FatalError,
@@ -108,6 +109,9 @@ class ElasticsearchSink(Sink):
     (its example is rendered in docs/config-reference.md).
     """
 
+    config: ElasticsearchSinkConfig  # the base class holds any sink's config and connection; this sink's are these
+    connection: ElasticsearchConnection
+
     splits_requests = True
     default_max_record_bytes = HTTP_MAX_CONTENT_LENGTH
 
@@ -163,7 +167,7 @@ class ElasticsearchSink(Sink):
         """
         from schemas.documents import documents
 
-        by_schema: dict[bytes, list[SinkRecord]] = {}
+        by_schema: dict[bytes | None, list[SinkRecord]] = {}
         for record in records:
             if record.row >= 0 and not record.is_delete:
                 by_schema.setdefault(record.value_fingerprint, []).append(record)
@@ -214,6 +218,37 @@ class ElasticsearchSink(Sink):
         records = latest_per_key(batch.records)
         if not self._index_ready:
             self._ensure_index(records)
+        chunks = self._chunks(batch, records, failures)
+        futures = [self._pool.submit(self._send, chunk) for chunk in chunks if chunk]
+        sent = sum(len(chunk) for chunk in chunks)
+        errors: list[BaseException] = []
+        for future in futures:
+            try:
+                failures.extend(future.result())
+            except (SinkBackpressureError, RetriableError, FatalError, BatchRefusedError) as exc:
+                errors.append(exc)
+        if errors:
+            # the strongest error wins: fatal stops, blocked waits for the target, transient retries,
+            # a refused request is bisected, backpressure waits
+            for kind in (FatalError, SinkBlockedError, RetriableError, BatchRefusedError):
+                for error in errors:
+                    if isinstance(error, kind) and not isinstance(error, SinkBackpressureError):
+                        raise error
+            raise errors[0]
+        throttled = sum(1 for f in failures if isinstance(f.error, ElasticsearchThrottledError))
+        if throttled * 2 > sent:
+            # most of the batch refused on every retry (or a batch of one): the cluster is busy
+            # (throughput), not refusing these documents; all of it is written again later
+            self.limiter.backpressure()
+            raise SinkBackpressureError(2.0, f"sink {self.name!r}: {throttled} of {sent} item(s) still answered "
+                                             "429 after the retries")
+        # fewer: those documents hit a per-record limit (indexing pressure on one large document)
+        # while the rest was indexed; the sink runtime dead-letters them (their neighbours were applied)
+        return failures
+
+    def _chunks(self, batch: SinkBatch, records: list[SinkRecord],
+                failures: list[RecordFailure]) -> list[list[tuple[SinkRecord, bytes]]]:
+        """NDJSON lines cut into bulk requests (``chunk_records``/``chunk_bytes``); bad documents join ``failures``."""
         sources = self._sources(batch, records) if batch.tables else {}
         chunks: list[list[tuple[SinkRecord, bytes]]] = [[]]
         size = 0
@@ -229,32 +264,7 @@ class ElasticsearchSink(Sink):
                 size = 0
             chunks[-1].append((record, lines))
             size += len(lines)
-        futures = [self._pool.submit(self._send, chunk) for chunk in chunks if chunk]
-        sent = sum(len(chunk) for chunk in chunks)
-        errors: list[BaseException] = []
-        for future in futures:
-            try:
-                failures.extend(future.result())
-            except (SinkBackpressureError, RetriableError, FatalError, BatchRefusedError) as exc:
-                errors.append(exc)
-        if errors:
-            # the strongest error wins: fatal stops, blocked waits for the target, transient retries,
-            # a refused request is bisected, backpressure waits
-            for kind in (FatalError, SinkBlockedError, RetriableError, BatchRefusedError):
-                for exc in errors:
-                    if isinstance(exc, kind) and not isinstance(exc, SinkBackpressureError):
-                        raise exc
-            raise errors[0]
-        throttled = sum(1 for f in failures if isinstance(f.error, ElasticsearchThrottledError))
-        if throttled * 2 > sent:
-            # most of the batch refused on every retry (or a batch of one): the cluster is busy
-            # (throughput), not refusing these documents; all of it is written again later
-            self.limiter.backpressure()
-            raise SinkBackpressureError(2.0, f"sink {self.name!r}: {throttled} of {sent} item(s) still answered "
-                                             "429 after the retries")
-        # fewer: those documents hit a per-record limit (indexing pressure on one large document)
-        # while the rest was indexed; the sink runtime dead-letters them (their neighbours were applied)
-        return failures
+        return chunks
 
     def _ensure_index(self, records: list[SinkRecord]) -> None:
         """Create the index with mappings from the first upsert's value schema, unless it exists.
@@ -306,10 +316,8 @@ class ElasticsearchSink(Sink):
 
         try:
             with self.limiter.slot(len(chunk)):
-                return self.client.bulk(
-                    operations=b"".join(lines for _r, lines in chunk),
-                    filter_path="errors,items.*.status,items.*.error,items.*._id",
-                )
+                return self.client.bulk(operations=b"".join(lines for _r, lines in chunk),
+                                        filter_path="errors,items.*.status,items.*.error,items.*._id")
         except ApiError as exc:
             if exc.meta.status == 429:
                 self.limiter.backpressure()

@@ -581,9 +581,10 @@ class PgChangeStream:
             return
         row = self._load(rel, change.new or ())
         if any(v is UNCHANGED for v in row):
-            row = self._fill_unchanged(rel, change, row)
-            if row is None:
+            filled = self._fill_unchanged(rel, change, row)
+            if filled is None:
                 return  # the row is gone: its delete follows in the stream
+            row = filled
         value = src.to_value(tuple(row))
         if value is None:
             return  # a row left out (a NaN in a NOT NULL decimal, see RdsSource)

@@ -140,47 +140,69 @@ def classify(exc: BaseException, dialect: str) -> DbErrorMeaning:
 
     orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
     text = _first_line(orig)
-    kind = type(orig).__name__
     # MySQL first: its SQLSTATE is mostly the generic HY000, its error number says what happened
-    if dialect in ("mysql", "mariadb"):
-        args = getattr(orig, "args", ())
-        code = args[0] if args and isinstance(args[0], int) else None
-        if code is not None:
-            if code in MYSQL_BUSY:
-                return DbErrorMeaning("busy", str(code), text)
-            if code in MYSQL_TARGET:
-                return DbErrorMeaning("target", str(code), text)
-            if code in MYSQL_TRANSIENT or 2000 <= code < 3000:  # 2xxx: client errors (connection lost...)
-                return DbErrorMeaning("transient", str(code), text)
-            if code in MYSQL_RECORD:
-                return DbErrorMeaning("record", str(code), text)
-            return DbErrorMeaning("fatal", str(code), text)
+    meaning = _mysql(orig, text) if dialect in ("mysql", "mariadb") else None
+    return meaning or _sqlstate(orig, text) or _sqlite(orig, text) or _without_code(exc, orig, dialect, text)
+
+
+def _mysql(orig: BaseException, text: str) -> DbErrorMeaning | None:
+    """By MySQL/MariaDB's error number (``None`` without one)."""
+    args = getattr(orig, "args", ())
+    code = args[0] if args and isinstance(args[0], int) else None
+    if code is None:
+        return None
+    if code in MYSQL_BUSY:
+        return DbErrorMeaning("busy", str(code), text)
+    if code in MYSQL_TARGET:
+        return DbErrorMeaning("target", str(code), text)
+    if code in MYSQL_TRANSIENT or 2000 <= code < 3000:  # 2xxx: client errors (connection lost...)
+        return DbErrorMeaning("transient", str(code), text)
+    if code in MYSQL_RECORD:
+        return DbErrorMeaning("record", str(code), text)
+    return DbErrorMeaning("fatal", str(code), text)
+
+
+def _sqlstate(orig: BaseException, text: str) -> DbErrorMeaning | None:
+    """By the SQLSTATE (PostgreSQL's codes and classes; ``None`` without one)."""
     state = getattr(orig, "sqlstate", None) or getattr(getattr(orig, "diag", None), "sqlstate", None)
-    if state:
-        if state in PG_BUSY:
-            return DbErrorMeaning("busy", state, text)
-        if state in PG_TARGET:
-            return DbErrorMeaning("target", state, text)
-        if state[:2] in PG_TRANSIENT_CLASSES:
-            return DbErrorMeaning("transient", state, text)
-        if state[:2] in PG_RECORD_CLASSES or state in PG_RECORD_42:
-            return DbErrorMeaning("record", state, text)
-        if state[:2] in PG_TARGET_CLASSES:
-            return DbErrorMeaning("target", state, text)
-        if state[:2] in PG_SUSPECT_CLASSES:
-            return DbErrorMeaning("suspect", state, text)
-        return DbErrorMeaning("fatal", state, text)
-    name = getattr(orig, "sqlite_errorname", None)  # Python >= 3.11: SQLITE_BUSY, SQLITE_CONSTRAINT_CHECK...
-    if name:
-        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
-            return DbErrorMeaning("busy", name, text)
-        if name.startswith(("SQLITE_READONLY", "SQLITE_FULL", "SQLITE_PERM", "SQLITE_AUTH")):
-            return DbErrorMeaning("target", name, text)
-        if name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_NOMEM", "SQLITE_PROTOCOL")):
-            return DbErrorMeaning("transient", name, text)
-        if name.startswith(("SQLITE_CONSTRAINT", "SQLITE_TOOBIG", "SQLITE_MISMATCH", "SQLITE_RANGE")):
-            return DbErrorMeaning("record", name, text)
-        return DbErrorMeaning("fatal", name, text)
+    if not state:
+        return None
+    if state in PG_BUSY:
+        return DbErrorMeaning("busy", state, text)
+    if state in PG_TARGET:
+        return DbErrorMeaning("target", state, text)
+    if state[:2] in PG_TRANSIENT_CLASSES:
+        return DbErrorMeaning("transient", state, text)
+    if state[:2] in PG_RECORD_CLASSES or state in PG_RECORD_42:
+        return DbErrorMeaning("record", state, text)
+    if state[:2] in PG_TARGET_CLASSES:
+        return DbErrorMeaning("target", state, text)
+    if state[:2] in PG_SUSPECT_CLASSES:
+        return DbErrorMeaning("suspect", state, text)
+    return DbErrorMeaning("fatal", state, text)
+
+
+def _sqlite(orig: BaseException, text: str) -> DbErrorMeaning | None:
+    """By SQLite's extended error name (Python >= 3.11: ``SQLITE_BUSY``, ``SQLITE_CONSTRAINT_CHECK``...)."""
+    name = getattr(orig, "sqlite_errorname", None)
+    if not name:
+        return None
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return DbErrorMeaning("busy", name, text)
+    if name.startswith(("SQLITE_READONLY", "SQLITE_FULL", "SQLITE_PERM", "SQLITE_AUTH")):
+        return DbErrorMeaning("target", name, text)
+    if name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_NOMEM", "SQLITE_PROTOCOL")):
+        return DbErrorMeaning("transient", name, text)
+    if name.startswith(("SQLITE_CONSTRAINT", "SQLITE_TOOBIG", "SQLITE_MISMATCH", "SQLITE_RANGE")):
+        return DbErrorMeaning("record", name, text)
+    return DbErrorMeaning("fatal", name, text)
+
+
+def _without_code(exc: BaseException, orig: BaseException, dialect: str, text: str) -> DbErrorMeaning:
+    """By the driver's exception class when the server gave no code (a refused or lost connection...)."""
+    from sqlalchemy.exc import DBAPIError
+
+    kind = type(orig).__name__
     if dialect == "sqlite" and ("database is locked" in text or "database table is locked" in text):
         return DbErrorMeaning("busy", "", text)
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:

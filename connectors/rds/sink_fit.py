@@ -297,8 +297,8 @@ def plan_fit(
             wide_p = max(p - s, c_p - c_s) + wide_s
             if wide_p <= max_p and wide_s <= max_s:
                 plan.widen.append((column.name, Numeric(wide_p, wide_s)))
-        elif _is_string(avro) and isinstance(t, sqltypes.String) and getattr(t, "length", None):
-            plan.checks.append(FieldCheck(column.name, sql, "string", max_length=int(t.length), nullable=nullable))
+        elif _is_string(avro) and isinstance(t, sqltypes.String) and t.length:
+            plan.checks.append(FieldCheck(column.name, sql, "string", max_length=t.length, nullable=nullable))
     for name, f in fields.items():
         if name not in table.c and name not in skip:
             nullable = non_null_type(f["type"])[1]

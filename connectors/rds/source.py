@@ -129,6 +129,10 @@ class RdsSource(SourceTask):
         self.engine: Any = None
         self._adbc: Any = None
         self._use_adbc = False
+        self.cursor: list[Any] | None = None  # the order columns' values of the last row read
+        self.ts_col: Column[Any] | None = None
+        self.inc_col: Column[Any] | None = None
+        self.order_cols: list[Column[Any]] = []
         self.where = ""
         self._scan_finished = False
         self._last_held_warning = 0.0
@@ -184,6 +188,8 @@ class RdsSource(SourceTask):
 
     def _open_table(self) -> None:
         cfg = self.config
+        if cfg.table is None:  # the config model requires `table` in every mode but query
+            raise ConfigError(f"source {cfg.name!r}: mode {cfg.mode!r} needs `table`")
         self.where = f'table "{cfg.schema_name + "." if cfg.schema_name else ""}{cfg.table}"'
         try:
             tbl = Table(cfg.table, MetaData(), schema=cfg.schema_name, autoload_with=self.engine)
@@ -308,11 +314,12 @@ class RdsSource(SourceTask):
         self.ts_col = by_name[cfg.timestamp_column] if cfg.timestamp_column else None
         self.inc_col = by_name[cfg.incrementing_column] if cfg.incrementing_column else None
         if cfg.mode == "incrementing":
-            order = [self.inc_col]
+            order = [_needed(self.inc_col, "incrementing_column", cfg.mode)]
         elif cfg.mode == "timestamp":
-            order = [self.ts_col, *self.key_cols]
+            order = [_needed(self.ts_col, "timestamp_column", cfg.mode), *self.key_cols]
         elif cfg.mode == "timestamp+incrementing":
-            order = [self.ts_col, self.inc_col]
+            order = [_needed(self.ts_col, "timestamp_column", cfg.mode),
+                     _needed(self.inc_col, "incrementing_column", cfg.mode)]
         else:  # bulk, query: a full scan paged by key
             order = list(self.key_cols)
         self.order_cols = order
@@ -331,7 +338,7 @@ class RdsSource(SourceTask):
         self._use_adbc = self._arrow_schema is not None and native and adbc_available()
         if self._use_adbc and not all(_adbc_bindable(c.type) for c in order):
             self._use_adbc = False
-        self._adbc: Any = None
+        self._adbc = None
 
     def _finite_decimals(self, convert: Any) -> Any:
         """``convert`` (row -> value dict), with ``NaN``/``±Infinity`` decimals made null or the row dropped.
@@ -416,7 +423,7 @@ class RdsSource(SourceTask):
 
     def _open_cursor(self, position: Mapping[str, Any] | None) -> None:
         cfg = self.config
-        self.cursor: list[Any] | None = None
+        self.cursor = None
         if not position:
             return
         if position.get("mode") != cfg.mode:
@@ -466,7 +473,7 @@ class RdsSource(SourceTask):
             log.debug("source=%s records behind unknown: %s", self.config.name, exc)
             return None
 
-    def _page_statement(self, bound: Any, limit: int) -> Any:
+    def _page_statement(self, bound: Any, limit: int | None) -> Any:
         stmt = select(*self.columns)
         if self.split is not None:
             stmt = stmt.where(self.split)
@@ -479,7 +486,7 @@ class RdsSource(SourceTask):
                     tuple_(*self.order_cols)
                     > tuple_(*[literal(v, c.type) for v, c in zip(self.cursor, self.order_cols, strict=True)])
                 )
-        if bound is not None:
+        if bound is not None and self.ts_col is not None:  # a bound is read only with a timestamp column
             stmt = stmt.where(self.ts_col < literal(bound, self.ts_col.type))
         return stmt.order_by(*self.order_cols).limit(limit)
 
@@ -503,7 +510,8 @@ class RdsSource(SourceTask):
         scanning = cfg.mode in ("bulk", "query")
         try:
             with self.engine.connect() as conn:
-                bound = self._upper_bound(conn) if self.ts_col is not None and cfg.mode != "incrementing" else None
+                bound = (self._upper_bound(conn, self.ts_col) if self.ts_col is not None and cfg.mode != "incrementing"
+                         else None)
                 conn.rollback()
                 while True:
                     got = 0
@@ -613,15 +621,15 @@ class RdsSource(SourceTask):
     def _stream(self, conn: Any, stmt: Any) -> Iterator[list[Any]]:
         return stream_rows(conn, stmt, self.engine.dialect, self.config.batch_records)
 
-    def _upper_bound(self, conn: Any) -> Any:
-        """The commit-safe upper bound of the timestamp column (exclusive), in the database's clock."""
+    def _upper_bound(self, conn: Any, ts_col: Column[Any]) -> Any:
+        """The commit-safe upper bound of the timestamp column ``ts_col`` (exclusive), in the database's clock."""
         cfg = self.config
         bound, oldest, now = commit_safe_bound(
             conn,
             self.dialect,
             cfg.commit_delay_s,
             cfg.hold_for_transactions,
-            server_zone=not is_instant(self.ts_col.type),
+            server_zone=not is_instant(ts_col.type),
         )
         if oldest is not None and oldest <= bound:
             held = (now - oldest).total_seconds()
@@ -794,6 +802,17 @@ def _python_rows(raw: Any, schema: Any) -> list[tuple[Any, ...]]:
             values = [None if v is None or isinstance(v, decimal.Decimal) else decimal.Decimal(v) for v in values]
         columns.append(values)
     return list(zip(*columns, strict=True))
+
+
+def _needed(column: Column[Any] | None, option: str, mode: str) -> Column[Any]:
+    """The column an option names, which ``mode`` orders by.
+
+    Raises:
+        ConfigError: the option is not set (the config model requires it in that mode).
+    """
+    if column is None:
+        raise ConfigError(f"mode {mode!r} needs `{option}`")
+    return column
 
 
 def _is_integer(sql_type: Any) -> bool:

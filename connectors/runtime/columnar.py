@@ -4,8 +4,8 @@ A source that reads rows in batches (``RdsSource`` on PostgreSQL) hands the
 worker an Arrow table instead of one dict per row; :class:`ColumnarEncoder`
 then writes the key and value of every row in a few numpy passes per column
 instead of one ``fastavro.schemaless_writer`` call (and one dict walk) per
-record: on the 6-column benchmark table, ~0.5 µs a row instead of ~9.6 µs for
-key and value with fastavro (``benchmarks/rds_source.py``).
+record, a fraction of fastavro's CPU per row (``benchmarks/rds_source.py``,
+``rds_source`` in benchmarks/RESULTS.md).
 
 The bytes are exactly fastavro's (unit-tested value by value against
 :class:`schemas.serde.AvroSerializer`, edge values included), following the
@@ -267,7 +267,7 @@ def assemble(rows: int, pieces: Sequence[Piece]) -> list[bytes]:
             src = np.cumsum(lengths) - lengths
             out[np.repeat(pos - src, lengths) + np.arange(data.size)] = data
         pos += lengths
-    # slicing one bytes object is ~2.5x faster than Arrow's to_pylist() of a binary array
+    # slicing one bytes object is faster than Arrow's to_pylist() of a binary array (no scalar object per value)
     buf = out.tobytes()
     bounds = [0, *ends.tolist()]
     return [buf[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]

@@ -88,8 +88,8 @@ def keep_pandas_out() -> bool:
 
     pyarrow imports pandas on its first call (``pa.array``, ``to_numpy``...) whenever it is
     installed, to recognise pandas objects; pandas is a dependency of threes (the stream job
-    uses it), so every sync service process held it: 44 MB of its peak RSS of ~280 MB
-    (``benchmarks/sync_sinks.py --only rss``). A finder first in ``sys.meta_path`` makes
+    uses it), so every sync service process held it, a large share of its peak RSS
+    (``pandas_import_mb`` of ``sync_sinks/rss`` in benchmarks/RESULTS.md). A finder first in ``sys.meta_path`` makes
     ``import pandas`` raise ``ModuleNotFoundError``, and pyarrow and polars go on as if pandas
     were not installed (a ``None`` in ``sys.modules`` would not do: pyarrow's compiled import
     takes it for the module). Call it at the start of the process.

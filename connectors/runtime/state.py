@@ -161,7 +161,7 @@ class LiveKeys:
         if not chunk:
             return []
         db = self._db
-        db.execute("BEGIN")  # one transaction per chunk: SQLite's autocommit per statement is 5x slower
+        db.execute("BEGIN")  # one transaction per chunk: SQLite's autocommit syncs per statement
         try:
             db.execute("DELETE FROM probe")
             db.executemany("INSERT OR IGNORE INTO probe VALUES (?)", ((k,) for k in chunk))

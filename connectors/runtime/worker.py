@@ -50,7 +50,7 @@ from confluent_kafka import KafkaException
 from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
 
 from connectors import clients
-from connectors.api.source import SourceBatch, SourceTask, TopicState
+from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState
 from connectors.config.models import KafkaConfig, RetryPolicy, SourceConnectorConfig
 from connectors.exceptions import FatalError, RetriableError, SetupError, ThreesError
 from connectors.registry import load_implementation
@@ -235,10 +235,42 @@ class TaskRunner:
 
     def _run(self, stop: threading.Event, once: bool) -> None:
         cfg = self.config
-        kconf = self.kafka.librdkafka_config()
+        position, schemas = self._open_task(stop)
+        if cfg.value_format == "confluent_avro":
+            self._run_registry(stop, once, schemas, position)
+            return
+        plan = self._plan_schemas(schemas)
+        if plan.rekey:  # re-snapshot under the new key, whatever the stored position says
+            log.warning("source=%s topic=%s key schema changed: re-keying (old keys tombstoned, then a snapshot)",
+                        cfg.name, cfg.topic)
+            old = self.task
+            old.close()
+            self.task = type(old)(
+                old.config, old.connection, kafka=old.kafka, task_id=old.task_id, task_count=old.task_count
+            )
+            schemas = self._retrying(stop, lambda: self.task.open(None))
+            self._written = None
+        self._serializers(schemas, plan)
+        if self._producer is None:
+            self._producer = clients.kafka_producer(self.kafka, **self.producer_overrides)
+        self.stats.state = "running"
+        plan.record_value(self.schema_store)
+        if plan.rekey:
+            self._retrying(stop, lambda: self._tombstone_old_keys(plan))
+        else:
+            plan.record_key(self.schema_store)
+        self._loop(stop, once, position, plan)
+
+    def _open_task(self, stop: threading.Event) -> tuple[dict[str, Any] | None, SourceSchemas]:
+        """Create the compacted topic if missing, load the stored position and open the task from it.
+
+        Returns:
+            ``(position, the task's schemas)``; the position is ``None`` for a first snapshot.
+        """
+        cfg = self.config
         spec = cfg.topic_spec
         ensure_compacted_topic(
-            kconf,
+            self.kafka.librdkafka_config(),
             cfg.topic,
             partitions=spec.partitions,
             replication_factor=spec.replication_factor,
@@ -251,39 +283,28 @@ class TaskRunner:
         position = require_position_shape(self.offsets.load(self.key), f"source {cfg.name!r}")
         self._written = position
         self.stats.position = position
-        log.info(
-            "source=%s task=%d topic=%s resuming from position=%s",
-            cfg.name,
-            self.task_id,
-            cfg.topic,
-            position if position is not None else "none (snapshot)",
-        )
-        schemas = self._retrying(stop, lambda: self.task.open(position))
-        if cfg.value_format == "confluent_avro":
-            self._run_registry(stop, once, schemas, position)
-            return
-        # schema evolution: checked before anything is produced (schemas/evolution.py)
-        plan = plan_topic_schemas(
+        log.info("source=%s task=%d topic=%s resuming from position=%s", cfg.name, self.task_id, cfg.topic,
+                 position if position is not None else "none (snapshot)")
+        return position, self._retrying(stop, lambda: self.task.open(position))
+
+    def _plan_schemas(self, schemas: SourceSchemas) -> TopicSchemaPlan:
+        """Schema evolution, checked before anything is produced (:func:`schemas.evolution.plan_topic_schemas`)."""
+        cfg = self.config
+        kconf = self.kafka.librdkafka_config()
+        return plan_topic_schemas(
             self.schema_store,
             topic=cfg.topic,
             connector=cfg.name,
             key_schema=schemas.key,
             value_schema=schemas.value,
-            compatibility=spec.compatibility,
+            compatibility=cfg.topic_spec.compatibility,
             rekey=cfg.rekey,
             tasks=self.task_count,
             topic_keys=lambda: recent_keys(kconf, cfg.topic, timeout_s=self.kafka.request_timeout_s),
         )
-        if plan.rekey:  # re-snapshot under the new key, whatever the stored position says
-            log.warning("source=%s topic=%s key schema changed: re-keying (old keys tombstoned, then a snapshot)",
-                        cfg.name, cfg.topic)
-            old = self.task
-            old.close()
-            self.task = type(old)(
-                old.config, old.connection, kafka=old.kafka, task_id=old.task_id, task_count=old.task_count
-            )
-            schemas = self._retrying(stop, lambda: self.task.open(None))
-            self._written = None
+
+    def _serializers(self, schemas: SourceSchemas, plan: TopicSchemaPlan) -> None:
+        """The key and value serializers of the topic's schemas, and the columnar encoder when it can write them."""
         self._value_schema = schemas.value
         self._key_names = [f["name"] for f in schemas.key.get("fields", [])]
         self.key_ser = AvroSerializer(schemas.key, self.schema_store, fp=plan.key_fingerprint)
@@ -294,16 +315,7 @@ class TaskRunner:
             )
         except ColumnarUnsupported as exc:
             self._columnar = None
-            log.debug("source=%s batches are encoded record by record: %s", cfg.name, exc)
-        if self._producer is None:
-            self._producer = clients.kafka_producer(self.kafka, **self.producer_overrides)
-        self.stats.state = "running"
-        plan.record_value(self.schema_store)
-        if plan.rekey:
-            self._retrying(stop, lambda: self._tombstone_old_keys(plan))
-        else:
-            plan.record_key(self.schema_store)
-        self._loop(stop, once, position, plan)
+            log.debug("source=%s batches are encoded record by record: %s", self.config.name, exc)
 
     def _run_registry(self, stop: threading.Event, once: bool, schemas: Any, position: Any) -> None:
         """:meth:`_run` for a ``confluent_avro`` topic: schemas registered in the Schema Registry.

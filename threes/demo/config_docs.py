@@ -181,7 +181,7 @@ def _default(info: FieldInfo) -> str:
     if info.is_required():
         return "**required**"
     if info.default_factory is not None:
-        value = info.default_factory()
+        value = info.get_default(call_default_factory=True, validated_data={})
         if isinstance(value, BaseModel):
             return "see its keys"
         return f"`{_yaml(value)}`"

@@ -283,8 +283,6 @@ def compare(
     Returns:
         The :class:`Comparison`.
     """
-    import numpy as np
-
     columns = [c for c in (columns or expected.columns) if c not in key and not c.startswith("_")]
     missing_cols = [c for c in (*key, *columns) if c not in actual.columns]
     if missing_cols:
@@ -294,12 +292,33 @@ def compare(
     actual = actual[[*key, *columns]].copy()
     for col in (*key, *columns):
         actual[col] = _normalise(actual[col], expected[col])
-    exp = expected[[*key, *columns]].copy()
-    for col in key:
-        if str(exp[col].dtype).startswith("Int"):
-            exp[col] = exp[col].astype("int64")
-            actual[col] = actual[col].astype("int64")
+    exp = _int_keys(expected[[*key, *columns]].copy(), key)
+    actual = _int_keys(actual, key, like=expected)
     result = Comparison(name, len(exp), len(actual))
+    both = _matched_keys(result, exp, actual, key, max_examples)
+    alt = None
+    if alternatives is not None:
+        alt = both[list(key)].merge(_int_keys(alternatives[[*key, *columns]].copy(), key), on=list(key), how="left")
+    _compare_columns(result, both, alt, key, columns, rel_tol, max_examples)
+    log.info("oracle %s", result.summary())
+    return result
+
+
+def _int_keys(frame: Any, key: Sequence[str], like: Any = None) -> Any:
+    """``frame`` with its key columns that are nullable integers (``Int64``) in ``like`` (default: itself) as int64."""
+    like = frame if like is None else like
+    for col in key:
+        if str(like[col].dtype).startswith("Int"):
+            frame[col] = frame[col].astype("int64")
+    return frame
+
+
+def _matched_keys(result: Comparison, exp: Any, actual: Any, key: Sequence[str], max_examples: int) -> Any:
+    """Count the sink's duplicate, missing and unexpected keys into ``result``; return the rows of both, merged.
+
+    Returns:
+        The expected rows joined with the sink's on ``key`` (the sink's columns suffixed ``__actual``).
+    """
     dup = int(actual.duplicated(list(key)).sum())
     if dup:
         result.unexpected += dup
@@ -311,14 +330,14 @@ def compare(
     for tag, label in (("left_only", "missing"), ("right_only", "unexpected")):
         for row in merged[merged["_merge"] == tag].head(max(0, max_examples // 3)).itertuples(index=False):
             result.examples.append(f"{label} key {dict(zip(key, (getattr(row, k) for k in key), strict=True))}")
-    both = merged[merged["_merge"] == "both"].reset_index(drop=True)
-    alt = None
-    if alternatives is not None:
-        alt_frame = alternatives[[*key, *columns]].copy()
-        for col in key:
-            if str(alt_frame[col].dtype).startswith("Int"):
-                alt_frame[col] = alt_frame[col].astype("int64")
-        alt = both[list(key)].merge(alt_frame, on=list(key), how="left")
+    return merged[merged["_merge"] == "both"].reset_index(drop=True)
+
+
+def _compare_columns(result: Comparison, both: Any, alt: Any, key: Sequence[str], columns: Sequence[str],
+                     rel_tol: float, max_examples: int) -> None:
+    """Count each column's differing values into ``result`` (a value of ``alt`` is accepted too), with examples."""
+    import numpy as np
+
     bad = np.zeros(len(both), dtype=bool)
     for col in columns:
         ok = _equal(both[col], both[f"{col}__actual"], rel_tol)
@@ -336,8 +355,6 @@ def compare(
                     )
         bad |= wrong
     result.mismatched = int(bad.sum())
-    log.info("oracle %s", result.summary())
-    return result
 
 
 def flight_columns() -> list[str]:

@@ -100,7 +100,8 @@ def load_elasticsearch(
         actions += [{"_op_type": "delete", "_index": index, "_id": "|".join(str(v) for v in k)} for k in deletes]
         if actions:
             ok, errors = helpers.bulk(client, actions, chunk_size=2000, raise_on_error=False, refresh="wait_for")
-            if errors:
+            # errors is the list of refused items (a count only with stats_only=True)
+            if isinstance(errors, list) and errors:
                 raise SetupError(f"loading {table} into index {index}: {len(errors)} item(s) refused, e.g. {errors[0]}")
     except (ApiError, TransportError) as exc:
         raise SetupError(f"loading {table} into index {index}: {exc}") from exc

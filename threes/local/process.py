@@ -80,7 +80,7 @@ def is_alive(pid: int) -> bool:
 def owns(pid: int, marker: str) -> bool:
     """Whether ``pid`` is alive and its command line contains ``marker``."""
     line = cmdline(pid)
-    return bool(line) and marker in line and is_alive(pid)
+    return line is not None and marker in line and is_alive(pid)
 
 
 def _reap(pid: int) -> None:

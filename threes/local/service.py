@@ -36,11 +36,12 @@ class Service:
             root: ``postgres``, ``mysql``); None runs it as ourselves.
     """
 
-    name: ClassVar[str]
-    title: ClassVar[str]
+    # name, title and ports are per class except where one class runs several instances (the Spark workers)
+    name: str
+    title: str
     env_var: ClassVar[str]
     endpoint_vars: ClassVar[dict[str, str]]
-    ports: ClassVar[tuple[int, ...]]
+    ports: tuple[int, ...]
     health_timeout: ClassVar[float] = 60.0
     stop_timeout: ClassVar[float] = 30.0
     run_as: ClassVar[str | None] = None

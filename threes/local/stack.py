@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import threading
@@ -43,7 +44,7 @@ only resolves the connector jars, so the demo and ``local[*]`` jobs do not pay f
 cluster they do not use.
 """
 
-# Start order: the slowest to become healthy first (Elasticsearch takes ~40 s), waited for in parallel;
+# Start order: the slowest to become healthy first (Elasticsearch), waited for in parallel;
 # sorted() is stable, so servers of equal timeout keep the order of SERVERS.
 _START_ORDER: tuple[str, ...] = (
     *(server.name for server in sorted(SERVERS, key=lambda server: -server.health_timeout)),
@@ -425,11 +426,11 @@ class LocalStack:
                 records[svc.name] = record
             for svc in group:
                 wait_until(
-                    lambda svc=svc: svc.probe(endpoints),
+                    functools.partial(svc.probe, endpoints),
                     timeout=svc.health_timeout,
                     what=svc.title,
                     log=self._relative(svc.log),
-                    alive=lambda svc=svc, records=records: svc.alive(records[svc.name]),
+                    alive=functools.partial(svc.alive, records[svc.name]),
                 )
         logger.info(
             "spark: cluster at %s with %d workers after %.1f s (logs %s)",

@@ -7,9 +7,13 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from threes.config import PipelineBase
+    from threes.pipeline.supervisor import RunOptions, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -53,27 +57,15 @@ def run(
     the first holds its lock (CONFIG's folder/.threes/run/*.lock), naming the first's PID; --force stops the
     first and takes over.
     """
-    from rich.live import Live
     from rich.table import Table
 
     from connectors.exceptions import ThreesError
-    from threes.console import console, fail, load, out
+    from threes.console import fail, load, out
     from threes.pipeline.lock import RunLock
     from threes.pipeline.plan import parse_only
-    from threes.pipeline.supervisor import RunOptions, Supervisor
-    from threes.pipeline.view import line_printer, live
+    from threes.pipeline.supervisor import RunOptions
 
-    stop, force = threading.Event(), threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if stop.is_set():
-            force.set()
-            return
-        log.info("run: %s received, stopping the pipeline", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop, force = _stop_on_signals()
     pipeline = load(config)
     lock = RunLock(config)
     try:
@@ -89,14 +81,7 @@ def run(
             start_timeout_s=start_timeout,
             restart=not no_restart,
         )
-        if console.is_terminal:
-            with Live(console=console, refresh_per_second=2, transient=False) as view:
-                supervisor = Supervisor(pipeline, options, on_update=lambda s: view.update(live(s)))
-                code = supervisor.run(stop, force)
-        else:  # a log file or a pipe: a line per change instead of redrawing
-            printer = line_printer(lambda text: console.print(text, highlight=False, soft_wrap=True, markup=False))
-            supervisor = Supervisor(pipeline, options, on_update=printer)
-            code = supervisor.run(stop, force)
+        supervisor, code = _supervise(pipeline, options, stop, force)
     except ThreesError as exc:
         raise fail(exc) from None
     finally:
@@ -108,6 +93,45 @@ def run(
     out.print(table)
     if code:
         raise typer.Exit(code)
+
+
+def _stop_on_signals() -> tuple[threading.Event, threading.Event]:
+    """``(stop, force)``: the first SIGINT/SIGTERM sets ``stop`` (parts stop cleanly), a second ``force`` (killed)."""
+    stop, force = threading.Event(), threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            force.set()
+            return
+        log.info("run: %s received, stopping the pipeline", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop, force
+
+
+def _supervise(pipeline: PipelineBase, options: RunOptions, stop: threading.Event,
+               force: threading.Event) -> tuple[Supervisor, int]:
+    """Run the parts until ``stop``, showing their states: a live table on a terminal, else a line per change.
+
+    Returns:
+        ``(the supervisor, the run's exit code)``.
+    """
+    from rich.live import Live
+
+    from threes.console import console
+    from threes.pipeline.supervisor import Supervisor
+    from threes.pipeline.view import line_printer, live
+
+    if console.is_terminal:
+        with Live(console=console, refresh_per_second=2, transient=False) as view:
+            supervisor = Supervisor(pipeline, options, on_update=lambda s: view.update(live(s)))
+            return supervisor, supervisor.run(stop, force)
+    # a log file or a pipe: a line per change instead of redrawing
+    printer = line_printer(lambda text: console.print(text, highlight=False, soft_wrap=True, markup=False))
+    supervisor = Supervisor(pipeline, options, on_update=printer)
+    return supervisor, supervisor.run(stop, force)
 
 
 def register(app: typer.Typer) -> None:

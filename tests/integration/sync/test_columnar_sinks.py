@@ -76,7 +76,7 @@ def test_postgres_columnar_copy_equals_the_per_record_path(pg: Any, unique: str,
     try:
         batch = decoded_batch(60)
         assert columnar.write(batch) == []
-        tables, rest = columnar._columnar(batch, latest_per_key(batch.records))
+        tables, rest = columnar._rows().columnar(batch, latest_per_key(batch.records))
         assert tables and all(r.is_delete for r in rest), "every upsert went through the columnar COPY"
         assert per_record.write(SinkBatch(batch.topic, 0, 0, 59, batch.records)) == []  # no tables: per record
         got, want = rows(columnar), rows(per_record)

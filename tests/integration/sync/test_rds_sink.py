@@ -167,8 +167,12 @@ class TestRdsSinkMysql(RdsSinkContract):
     def test_upsert_is_on_duplicate_key_update(self, sink: RdsSink) -> None:
         from sqlalchemy.dialects import mysql
 
+        from connectors.rds.sink_sql import upsert_statement
+
         sink.write(batch([record(1, 1, 0)]))
-        sql = str(sink._upsert_statement().compile(dialect=mysql.dialect())).lower()
+        assert sink.table is not None
+        statement = upsert_statement(sink.table, sink.config.key, sink.config.version_column, sink.engine.dialect.name)
+        sql = str(statement.compile(dialect=mysql.dialect())).lower()
         # every column takes the new value only when the new version is greater; the version column comes last
         assert "on duplicate key update" in sql
         assert f"name = if(values(_version) > {sink.config.table}._version, values(name), " in sql

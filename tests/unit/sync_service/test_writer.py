@@ -174,10 +174,10 @@ def _mixed_job(store: InMemorySchemaStore) -> Job:
 def test_column_wise_heads_equal_the_per_message_heads(store: InMemorySchemaStore) -> None:
     w = writer(store, ScriptedSink(), FakeProducer())
     columns_job, each_job = _mixed_job(store), _mixed_job(store)
-    heads = w._decode_heads_columns(columns_job)
+    heads = w.decoder._decode_heads_columns(columns_job)
     assert heads is not None  # the job is well formed: the column-wise path took it
     records, groups = heads
-    expected = w._decode_heads_each(each_job)
+    expected = w.decoder._decode_heads_each(each_job)
     assert records == expected and len(records) == 40
     assert [r.encoded for r in records] == [r.encoded for r in expected]
     assert [r.value_schema for r in records] == [r.value_schema for r in expected]
@@ -194,10 +194,10 @@ def test_column_wise_heads_of_version_only_headers_equal_the_per_message_heads(s
         if i % 5 == 3:
             m._value = None  # tombstones
     columns_job, each_job = job(raw), job(list(raw))
-    heads = w._decode_heads_columns(columns_job)
+    heads = w.decoder._decode_heads_columns(columns_job)
     assert heads is not None
     records, _groups = heads
-    expected = w._decode_heads_each(each_job)
+    expected = w.decoder._decode_heads_each(each_job)
     assert records == expected and [r.version for r in records] == list(range(1, 13))
     assert [r.is_delete for r in records] == [i % 5 == 3 for i in range(12)]
     assert columns_job.oldest_source_ts_ms is None and each_job.oldest_source_ts_ms is None
@@ -227,7 +227,7 @@ def test_a_message_off_the_common_shape_takes_the_per_message_path(store: InMemo
         m._key = AvroSerializer("string", store)("two")
     sink, producer = ScriptedSink(), FakeProducer()
     w = writer(store, sink, producer)
-    assert w._decode_heads_columns(job(list(raw))) is None
+    assert w.decoder._decode_heads_columns(job(list(raw))) is None
     out = w.run(job(raw))
     assert out.status == "done"
     if change == "two version headers":  # valid: the first version header counts, as version_of reads it
