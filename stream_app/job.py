@@ -167,7 +167,7 @@ class StreamJob:
             queries = SnapshotQueries(self.snapshots)
             self.http = metrics.serve(cfg.metrics_port, cfg.metrics_host,
                                       token.get_secret_value() if token is not None else None,
-                                      routes={"/snapshots": queries.handle})
+                                      routes={"/snapshots": queries.handle}, fast_routes={"/snapshots": queries.fast})
         aggregations = [u for u in plan.updates if u.config.kind == "aggregation"]
         if aggregations and available_now:
             # the aggregations read the enriched topic: let it be complete first
