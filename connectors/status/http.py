@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from connectors.config.models import is_loopback
@@ -312,11 +313,12 @@ class StatusServer:
 
     def _run_route(self, route: FastRouteFn, path: str, target: str) -> _Response | None:
         try:
-            answer = route(path, parse_qs(urlsplit(target).query, keep_blank_values=True))
+            query = parse_qs(urlsplit(target).query, keep_blank_values=True) if "?" in target else {}
+            answer = route(path, query)
             if answer is None:
                 return None
             code, doc = answer
-            body = doc if isinstance(doc, bytes) else json.dumps(doc, default=str).encode()
+            body = doc if isinstance(doc, bytes) else orjson.dumps(doc, default=str)
             return _Response(code, "application/json", body)
         except Exception as exc:  # noqa: BLE001 - a broken route must not kill the server
             log.warning("route %s failed: %s", path, exc)

@@ -131,6 +131,18 @@ def bucket_files(folder: str, bucket: int) -> list[str]:
 _INTEGRAL = ("IntegerType", "LongType", "ShortType", "ByteType")
 
 
+_KEY_FIELDS: dict[int, tuple[Any, list[tuple[str, str, Any]]]] = {}
+
+
+def key_fields(key_type: Any) -> list[tuple[str, str, Any]]:
+    """``(name, type class name, type)`` of each field of a key's ``StructType``, read once per type object."""
+    held = _KEY_FIELDS.get(id(key_type))
+    if held is None or held[0] is not key_type:
+        held = (key_type, [(fld.name, type(fld.dataType).__name__, fld.dataType) for fld in key_type.fields])
+        _KEY_FIELDS[id(key_type)] = held
+    return held[1]
+
+
 def key_of(key_type: Any, parts: Mapping[str, str]) -> str:
     """The lookup key (``__lk``) of a key given as text, per key field, as :func:`~stream_app.snapshot.data.lookup_key`.
 
@@ -142,25 +154,28 @@ def key_of(key_type: Any, parts: Mapping[str, str]) -> str:
         QueryError: a key field is missing, unknown, or not of its type; or a composite key has a field
             type this reader does not render (only string, integral and boolean fields).
     """
-    names = [fld.name for fld in key_type.fields]
+    fields = key_fields(key_type)
+    names = [name for name, _kind, _type in fields]
+    if len(fields) == 1 and fields[0][1] == "StringType" and names[0] in parts and len(parts) == 1:
+        return parts[names[0]]  # the common case, without the checks below
     unknown = sorted(set(parts) - set(names))
     missing = [n for n in names if n not in parts]
     if unknown or missing:
         raise QueryError(400, f"the key has fields {names}; missing {missing}, unknown {unknown}")
     values: dict[str, Any] = {}
-    for fld in key_type.fields:
-        text, kind = parts[fld.name], type(fld.dataType).__name__
+    for name, kind, data_type in fields:
+        text = parts[name]
         if kind in _INTEGRAL:
             try:
-                values[fld.name] = int(text)
+                values[name] = int(text)
             except ValueError:
-                raise QueryError(400, f"key field {fld.name!r} is an integer, got {text!r}") from None
+                raise QueryError(400, f"key field {name!r} is an integer, got {text!r}") from None
         elif kind == "StringType":
-            values[fld.name] = text
+            values[name] = text
         elif kind == "BooleanType" and len(names) > 1 and text in ("true", "false"):
-            values[fld.name] = text == "true"
+            values[name] = text == "true"
         else:
-            raise QueryError(400, f"key field {fld.name!r} of type {fld.dataType.simpleString()} cannot be queried")
+            raise QueryError(400, f"key field {name!r} of type {data_type.simpleString()} cannot be queried")
     if len(names) == 1:
         return str(values[names[0]])
     # Spark's to_json of the key struct: fields in key order, no spaces, non-ASCII unescaped
@@ -388,7 +403,7 @@ class SnapshotQueries:
                 if not slow:  # live_keys may apply the overlay to the base: milliseconds
                     raise _Slow
                 return 200, describe(snapshot)
-            names = list(snapshot.plan.key.spark_type.fieldNames())
+            names = [name for name, _kind, _type in key_fields(snapshot.plan.key.spark_type)]
             if len(parts) == 3:
                 if len(names) != 1:
                     example = "&".join(f"{n}=..." for n in names)

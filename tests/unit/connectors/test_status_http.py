@@ -184,7 +184,7 @@ def test_one_connection_serves_pipelined_requests_in_order_and_refuses_a_body() 
                 chunk = sock.recv(65536)
                 assert chunk, seen
                 seen += chunk
-            assert seen.index(b'{"fast": "/echo/fast"}') < seen.index(b'{"path": "/echo/slow"}') < seen.index(b"ok\n")
+            assert seen.index(b'{"fast":"/echo/fast"}') < seen.index(b'{"path":"/echo/slow"}') < seen.index(b"ok\n")
             # a second connection is answered while the first one's /status waits on the slow gatherer
             sock.sendall(b"GET /status.json HTTP/1.1\r\nHost: x\r\n\r\n")
             with socket.create_connection(("127.0.0.1", port), timeout=10) as other:
