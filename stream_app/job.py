@@ -99,6 +99,7 @@ class StreamJob:
         self.stop_requested = threading.Event()  # SIGTERM/Ctrl-C (run() sets it): start-up waits end on it
         self.interrupted = False  # the start-up was stopped before the snapshots loaded: no checkpoint to write
         self.counts: dict[int, dict[str, int]] = {}  # batch id -> records read and written (filled a bit later)
+        self.waiting_for: str | None = None  # the snapshot a micro-batch waits for (wait_for_reference), if any
         self.too_old: dict[str, int] = {}  # snapshot -> as_of events older than its retention (no version)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
         self._watermarks: TopicWatermarks | None = None
@@ -404,18 +405,69 @@ class StreamJob:
 
     # -- one micro-batch -----------------------------------------------------------------------
 
-    def _views(self, batch_id: int) -> tuple[dict[str, Any], bool]:
-        """Catch every snapshot up and record the offsets; or, for a replayed batch, the recorded offsets."""
+    def _views(self, batch_id: int, events: Callable[[], Any] | None = None) -> tuple[dict[str, Any], bool]:
+        """Catch every snapshot up and record the offsets; or, for a replayed batch, the recorded offsets.
+
+        Args:
+            batch_id: the micro-batch.
+            events: returns the batch's decoded events, read only when a lookup has ``wait_for_reference``
+                (:meth:`_wait_for_references`).
+        """
         recorded = self._offsets_log.get(batch_id) if self._offsets_log else None
         if recorded is not None:
             return {n: s.view(recorded.get(n)) for n, s in self.snapshots.items()}, True
         for snapshot in self.snapshots.values():
             snapshot.catch_up()
             snapshot.maybe_checkpoint()
+        if events is not None:
+            self._wait_for_references(batch_id, events)
         views = {n: s.view() for n, s in self.snapshots.items()}
         if self._offsets_log is not None:
             self._offsets_log.record(batch_id, {n: v.offsets for n, v in views.items()})
         return views, False
+
+    def _wait_for_references(self, batch_id: int, events: Callable[[], Any]) -> None:
+        """Hold the micro-batch until its ``as_of`` snapshots' stream time reaches its newest event time, or the bound.
+
+        For each lookup with ``wait_for_reference``: the newest event time of the batch (its
+        ``as_of`` event field, one aggregation of the decoded events) is compared with the
+        snapshot's stream time (the newest source timestamp its versions hold); while it is
+        later, the snapshot is caught up again (every 200 ms) until the stream time reaches
+        it or ``wait_for_reference`` has passed since the wait began. The batch then
+        records the offsets it joins, so a replay joins the same versions (see
+        :mod:`stream_app.snapshot.versioned`, late reference data).
+        """
+        from pyspark.sql import functions as f
+
+        from stream_app.snapshot.data import ERROR
+        from stream_app.snapshot.versioned import event_time_ms
+
+        frame = None
+        for lookup in self.config.lookups:
+            bound_s = lookup.wait_for_reference_s
+            versions = self.snapshots[lookup.snapshot].versions
+            if bound_s is None or lookup.as_of is None or versions is None:
+                continue
+            if frame is None:
+                frame = events().filter(f.col(ERROR).isNull())  # undecodable events have no time
+            column = lookup.as_of
+            newest = frame.agg(f.max(event_time_ms(f.col(column), frame.schema[column].dataType))).collect()[0][0]
+            started = time.monotonic()
+            snapshot = self.snapshots[lookup.snapshot]
+            self.waiting_for = lookup.snapshot
+            while newest is not None and (versions.stream_time_ms is None or versions.stream_time_ms < newest):
+                if time.monotonic() - started >= bound_s:
+                    log.info("job=%s batch=%d snapshot=%s wait_for_reference expired after %.1f s: events up to %d "
+                             "ms join versions up to %s ms", self.config.name, batch_id, lookup.snapshot, bound_s,
+                             newest, versions.stream_time_ms)
+                    break
+                time.sleep(0.2)
+                snapshot.catch_up()
+            else:
+                if newest is not None and time.monotonic() - started > 0.001:
+                    log.info("job=%s batch=%d snapshot=%s waited %.2f s for versions up to %d ms", self.config.name,
+                             batch_id, lookup.snapshot, time.monotonic() - started, newest)
+            self.waiting_for = None
 
     def process_batch(self, batch: Any, batch_id: int) -> None:
         """Enrich one micro-batch and write its enriched events, updates and dead letters (``foreachBatch``)."""
@@ -434,7 +486,13 @@ class StreamJob:
         self.gate_wait_s += ready - gate
         if self._bootstrap_error is not None:
             raise FatalError(f"the snapshots did not load: {self._bootstrap_error}") from self._bootstrap_error
-        views, replay = self._views(batch_id)
+        waiting = any(lk.wait_for_reference is not None for lk in cfg.lookups)
+
+        def decoded() -> Any:
+            self._writers.refresh()
+            return self._batch.frame(batch, self._writers())
+
+        views, replay = self._views(batch_id, decoded if waiting else None)
         refreshed = time.monotonic()
         self._writers.refresh()
         if self._counted is None:  # built once: each functions call is a dozen py4j round trips
