@@ -121,6 +121,8 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
+        if self.busy and len(self.buffer) > 16 * _MAX_REQUEST_BYTES and self.transport is not None:
+            self.transport.pause_reading()  # pipelined requests behind a slow answer: backpressure, not memory
         self._next()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -177,6 +179,8 @@ class _Connection(asyncio.Protocol):
         self.busy = False
         self._write(future.result())
         self._next()
+        if self.transport is not None and not self.transport.is_reading():
+            self.transport.resume_reading()
 
     def _write(self, answer: _Response) -> None:
         if self.transport is None:
