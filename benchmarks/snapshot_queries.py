@@ -39,7 +39,7 @@ log = logging.getLogger("snapshot_queries")
 
 
 def client(port: int, keys: int, rate: int, seconds: float, out: Any) -> None:
-    """Send queries at ``rate``/s on up to 64 keep-alive connections; put ``(latencies_ms, errors)`` on ``out``.
+    """Send queries at ``rate``/s on up to 64 keep-alive connections; put ``(latencies_ms, errors, slow)`` on ``out``.
 
     An open-loop load generator (wrk2's model): query ``i`` is due at ``start + i / rate``
     whatever the answers before it, and its latency counts from then. Connections are kept
@@ -55,6 +55,7 @@ def client(port: int, keys: int, rate: int, seconds: float, out: Any) -> None:
     async def run() -> tuple[list[float], int]:
         idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         latencies: list[float] = []
+        slow: list[float] = []
         errors = 0
 
         async def one(due: float, key: str) -> None:
@@ -74,6 +75,8 @@ def client(port: int, keys: int, rate: int, seconds: float, out: Any) -> None:
             except (TimeoutError, OSError, asyncio.IncompleteReadError, StopIteration, KeyError, ValueError):
                 conn[1].close()
             latencies.append((time.monotonic() - due) * 1000)
+            if latencies[-1] > 100:  # when the slow ones were due, seconds into the run: stalls, not a slow path
+                slow.append(round(due - start, 2))
             errors += not ok
 
         start = time.monotonic() + 0.5
@@ -87,7 +90,7 @@ def client(port: int, keys: int, rate: int, seconds: float, out: Any) -> None:
         await asyncio.gather(*(bounded(i) for i in range(n)))
         for _reader, writer in idle:
             writer.close()
-        return latencies, errors
+        return latencies, errors, slow
 
     out.put(asyncio.run(run()))
 
@@ -137,7 +140,7 @@ def main() -> None:
     out: Any = multiprocessing.get_context("spawn").Queue()
     proc = multiprocessing.get_context("spawn").Process(target=client, args=(port, KEYS, RATE, SECONDS, out))
     proc.start()
-    latencies, errors = out.get(timeout=SECONDS * 10 + 120)
+    latencies, errors, slow = out.get(timeout=SECONDS * 10 + 120)
     proc.join()
     batches = job.batches - batches_before
     job.stop(checkpoint=False)
@@ -155,7 +158,15 @@ def main() -> None:
     def pct(p: float) -> float:
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))]
 
+    # the stretches (due times, s into the run) whose queries waited over 100 ms: one stall shows as one stretch
+    stalls: list[list[float]] = []
+    for due in slow:
+        if stalls and due - stalls[-1][1] <= 0.05:
+            stalls[-1][1] = due
+        else:
+            stalls.append([due, due])
     figures = {"benchmark": "snapshot_queries", "keys": KEYS, "rate_per_s": RATE, "seconds": SECONDS,
+               "stalls_over_100ms_s": stalls[:20],
                "queries": len(latencies), "errors": errors, "batches_meanwhile": batches,
                "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": latencies[-1]}
     figures[f"iq_p99_ms_{size_label(KEYS)}"] = figures["p99_ms"]
