@@ -14,6 +14,7 @@ next ones and they count it). Target: p99 <= 20 ms. The last line is the JSON of
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import multiprocessing
@@ -136,12 +137,24 @@ def main() -> None:
     })
     job = StreamJob(config, kafka, spark, base_dir=tmp)
     job.start()
+    # the job's process serves the queries: its garbage collector's pauses stop the server's loop too
+    pauses: list[tuple[int, float]] = []
+    began: list[float] = [0.0]
+
+    def timed(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], (time.perf_counter() - began[0]) * 1000))
+
+    gc.callbacks.append(timed)
     batches_before = job.batches
     out: Any = multiprocessing.get_context("spawn").Queue()
     proc = multiprocessing.get_context("spawn").Process(target=client, args=(port, KEYS, RATE, SECONDS, out))
     proc.start()
     latencies, errors, slow = out.get(timeout=SECONDS * 10 + 120)
     proc.join()
+    gc.callbacks.remove(timed)
     batches = job.batches - batches_before
     job.stop(checkpoint=False)
     spark.stop()
@@ -167,6 +180,8 @@ def main() -> None:
             stalls.append([due, due])
     figures = {"benchmark": "snapshot_queries", "keys": KEYS, "rate_per_s": RATE, "seconds": SECONDS,
                "stalls_over_100ms_s": stalls[:20],
+               "gc_pauses": len(pauses), "gc_max_pause_ms": round(max((ms for _g, ms in pauses), default=0.0), 1),
+               "gc_gen2_pauses_ms": [round(ms, 1) for g, ms in pauses if g == 2][:20],
                "queries": len(latencies), "errors": errors, "batches_meanwhile": batches,
                "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": latencies[-1]}
     figures[f"iq_p99_ms_{size_label(KEYS)}"] = figures["p99_ms"]
