@@ -155,6 +155,7 @@ def main() -> None:
     latencies, errors, slow = out.get(timeout=SECONDS * 10 + 120)
     proc.join()
     gc.callbacks.remove(timed)
+    answered = dict(job.snapshot_queries.answered) if job.snapshot_queries is not None else {}
     batches = job.batches - batches_before
     job.stop(checkpoint=False)
     spark.stop()
@@ -173,13 +174,14 @@ def main() -> None:
 
     # the stretches (due times, s into the run) whose queries waited over 100 ms: one stall shows as one stretch
     stalls: list[list[float]] = []
-    for due in slow:
+    for due in sorted(slow):
         if stalls and due - stalls[-1][1] <= 0.05:
             stalls[-1][1] = due
         else:
             stalls.append([due, due])
     figures = {"benchmark": "snapshot_queries", "keys": KEYS, "rate_per_s": RATE, "seconds": SECONDS,
                "stalls_over_100ms_s": stalls[:20],
+               "answered_on": answered,
                "gc_pauses": len(pauses), "gc_max_pause_ms": round(max((ms for _g, ms in pauses), default=0.0), 1),
                "gc_gen2_pauses_ms": [round(ms, 1) for g, ms in pauses if g == 2][:20],
                "queries": len(latencies), "errors": errors, "batches_meanwhile": batches,

@@ -99,6 +99,7 @@ class StreamJob:
         self.stop_requested = threading.Event()  # SIGTERM/Ctrl-C (run() sets it): start-up waits end on it
         self.interrupted = False  # the start-up was stopped before the snapshots loaded: no checkpoint to write
         self.counts: dict[int, dict[str, int]] = {}  # batch id -> records read and written (filled a bit later)
+        self.snapshot_queries: SnapshotQueries | None = None  # the interactive queries' route, while it serves
         self.waiting_for: str | None = None  # the snapshot a micro-batch waits for (wait_for_reference), if any
         self.too_old: dict[str, int] = {}  # snapshot -> as_of events older than its retention (no version)
         self._reporter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stream-batch-report")
@@ -166,7 +167,7 @@ class StreamJob:
         if cfg.metrics_port:  # answers once the snapshots passed the readiness gate: the job is ready
             token = cfg.metrics_token
             # interactive queries of the snapshots on the same port, read-only (stream_app.snapshot.query)
-            queries = SnapshotQueries(self.snapshots)
+            queries = self.snapshot_queries = SnapshotQueries(self.snapshots)
             # The server's loop thread gives up the GIL at every socket call; while a driver thread runs Python
             # (a refresh's decoding, a micro-batch's planning) it gets it back only at the interpreter's switch
             # interval, 5 ms by default, several times per query: a convoy (measured with a CPU-bound thread
