@@ -6,13 +6,15 @@ A job with a ``THREES_BENCH_QUERY_KEYS``-key snapshot (default 10,000; ``retenti
 its versions are written too) enriches ``THREES_BENCH_EVENTS`` events (default 500,000, in
 micro-batches of ``THREES_BENCH_BATCH``) while a client in another process (no shared GIL)
 sends ``GET /snapshots/airports/{key}`` at ``THREES_BENCH_QUERY_RATE`` queries/s (default
-1,000) for ``THREES_BENCH_QUERY_S`` seconds (default 20), random keys. Each query's latency
+1,000) for ``THREES_BENCH_QUERY_S`` seconds (default 20), random keys, on up to 64
+keep-alive connections (:func:`client`). Each query's latency
 counts from the time it was *scheduled* (no coordinated omission: a slow answer delays the
 next ones and they count it). Target: p99 <= 20 ms. The last line is the JSON of the figures.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import multiprocessing
@@ -21,7 +23,6 @@ import random
 import socket
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,28 +40,60 @@ log = logging.getLogger("snapshot_queries")
 
 
 def client(port: int, keys: int, rate: int, seconds: float, out: Any) -> None:
-    """Send queries at ``rate``/s from 64 threads; put ``(latencies_ms, errors)`` on ``out``."""
-    import urllib.error
-    import urllib.request
+    """Send queries at ``rate``/s on up to 64 keep-alive connections; put ``(latencies_ms, errors, slow)`` on ``out``.
+
+    An open-loop load generator (wrk2's model): query ``i`` is due at ``start + i / rate``
+    whatever the answers before it, and its latency counts from then. Connections are kept
+    open and reused, as every HTTP client library pools them; one asyncio loop in its own
+    process, so that the generator's cost per query (~30 us) is not what is measured.
+    """
+    import asyncio
 
     n = int(rate * seconds)
-    start = time.monotonic() + 0.5
     rng = random.Random(7)
-    plan = [(start + i / rate, f"K{rng.randrange(keys):07d}") for i in range(n)]
+    keys_sent = [f"K{rng.randrange(keys):07d}" for _ in range(n)]
 
-    def one(item: tuple[float, str]) -> tuple[float, bool]:
-        due, key = item
-        time.sleep(max(0.0, due - time.monotonic()))
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/snapshots/airports/{key}", timeout=30) as resp:
-                ok = resp.status == 200 and json.loads(resp.read())["value"]["faa"] == key
-        except (urllib.error.URLError, OSError, KeyError, ValueError):
+    async def run() -> tuple[list[float], int]:
+        idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        latencies: list[float] = []
+        slow: list[float] = []
+        errors = 0
+
+        async def one(due: float, key: str) -> None:
+            nonlocal errors
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
             ok = False
-        return (time.monotonic() - due) * 1000, ok
+            try:
+                reader, writer = conn
+                writer.write(f"GET /snapshots/airports/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                length = int(next(ln.split(b":", 1)[1] for ln in head.split(b"\r\n")
+                                  if ln.lower().startswith(b"content-length:")))
+                body = await reader.readexactly(length)
+                ok = head.startswith(b"HTTP/1.1 200") and json.loads(body)["value"]["faa"] == key
+                idle.append(conn)
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, StopIteration, KeyError, ValueError):
+                conn[1].close()
+            latencies.append((time.monotonic() - due) * 1000)
+            if latencies[-1] > 100:  # when the slow ones were due, seconds into the run: stalls, not a slow path
+                slow.append(round(due - start, 2))
+            errors += not ok
 
-    with ThreadPoolExecutor(64) as pool:
-        results = list(pool.map(one, plan))
-    out.put(([ms for ms, _ok in results], sum(not ok for _ms, ok in results)))
+        start = time.monotonic() + 0.5
+        limit = asyncio.Semaphore(64)  # at most 64 connections, as the threads of the first client
+
+        async def bounded(i: int) -> None:
+            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic() - 0.001))
+            async with limit:
+                await one(start + i / rate, keys_sent[i])
+
+        await asyncio.gather(*(bounded(i) for i in range(n)))
+        for _reader, writer in idle:
+            writer.close()
+        return latencies, errors, slow
+
+    out.put(asyncio.run(run()))
 
 
 def main() -> None:
@@ -104,12 +137,25 @@ def main() -> None:
     })
     job = StreamJob(config, kafka, spark, base_dir=tmp)
     job.start()
+    # the job's process serves the queries: its garbage collector's pauses stop the server's loop too
+    pauses: list[tuple[int, float]] = []
+    began: list[float] = [0.0]
+
+    def timed(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], (time.perf_counter() - began[0]) * 1000))
+
+    gc.callbacks.append(timed)
     batches_before = job.batches
     out: Any = multiprocessing.get_context("spawn").Queue()
     proc = multiprocessing.get_context("spawn").Process(target=client, args=(port, KEYS, RATE, SECONDS, out))
     proc.start()
-    latencies, errors = out.get(timeout=SECONDS * 10 + 120)
+    latencies, errors, slow = out.get(timeout=SECONDS * 10 + 120)
     proc.join()
+    gc.callbacks.remove(timed)
+    answered = dict(job.snapshot_queries.answered) if job.snapshot_queries is not None else {}
     batches = job.batches - batches_before
     job.stop(checkpoint=False)
     spark.stop()
@@ -126,7 +172,18 @@ def main() -> None:
     def pct(p: float) -> float:
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))]
 
+    # the stretches (due times, s into the run) whose queries waited over 100 ms: one stall shows as one stretch
+    stalls: list[list[float]] = []
+    for due in sorted(slow):
+        if stalls and due - stalls[-1][1] <= 0.05:
+            stalls[-1][1] = due
+        else:
+            stalls.append([due, due])
     figures = {"benchmark": "snapshot_queries", "keys": KEYS, "rate_per_s": RATE, "seconds": SECONDS,
+               "stalls_over_100ms_s": stalls[:20],
+               "answered_on": answered,
+               "gc_pauses": len(pauses), "gc_max_pause_ms": round(max((ms for _g, ms in pauses), default=0.0), 1),
+               "gc_gen2_pauses_ms": [round(ms, 1) for g, ms in pauses if g == 2][:20],
                "queries": len(latencies), "errors": errors, "batches_meanwhile": batches,
                "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": latencies[-1]}
     figures[f"iq_p99_ms_{size_label(KEYS)}"] = figures["p99_ms"]

@@ -332,6 +332,25 @@ class LookupConfig(StrictModel):
         "lookup's column): join the snapshot's version valid at that time instead of its latest value (a temporal "
         "join, Flink SQL's FOR SYSTEM_TIME AS OF); the snapshot needs `retention`",
     )
+    wait_for_reference: str | None = Field(
+        None,
+        description="with as_of on an event field: a micro-batch whose newest event time is later than the "
+        "snapshot's stream time (its newest source timestamp) waits, catching the snapshot up, until the stream time "
+        "reaches it or this long has passed (e.g. '30 seconds'), then joins; like Flink's event-time temporal join, "
+        "which waits for the versioned table's watermark. Default off: events join what the snapshot has read",
+    )
+
+    @field_validator("wait_for_reference")
+    @classmethod
+    def _wait(cls, value: str | None) -> str | None:
+        if value is not None and duration_s(value) == 0:
+            raise ValueError("a wait lasts more than 0 seconds")
+        return None if value is None else value.strip()
+
+    @property
+    def wait_for_reference_s(self) -> float | None:
+        """``wait_for_reference`` in seconds (``None``: off)."""
+        return None if self.wait_for_reference is None else float(duration_s(self.wait_for_reference))
 
     def columns(self) -> list[str]:
         """The columns this lookup reads from the event: ``on``'s, then ``as_of``."""
@@ -708,6 +727,9 @@ class StreamJobConfig(StrictModel):
                     f"lookups[{i}].snapshot: no snapshot named {lookup.snapshot!r} (have: {sorted(names)})"
                 )
             snapshot = next(s for s in self.snapshots if s.name == lookup.snapshot)
+            if lookup.wait_for_reference is not None and lookup.as_of is None:
+                raise ValueError(f"lookups[{i}].wait_for_reference: applies to a lookup with as_of (it waits for "
+                                 "versions)")
             if lookup.as_of is not None and snapshot.retention is None:
                 raise ValueError(
                     f"lookups[{i}].as_of: snapshot {lookup.snapshot!r} keeps no versions: give it a `retention` "

@@ -109,7 +109,8 @@ def status_document() -> dict[str, Any]:
             "endpoints": []}
 
 
-def serve(port: int, host: str = "127.0.0.1", token: str | None = None, routes: dict[str, Any] | None = None) -> Any:
+def serve(port: int, host: str = "127.0.0.1", token: str | None = None, routes: dict[str, Any] | None = None,
+          fast_routes: dict[str, Any] | None = None) -> Any:
     """Serve ``/metrics``, ``/status`` and ``/status.json`` on ``port``.
 
     Args:
@@ -118,6 +119,8 @@ def serve(port: int, host: str = "127.0.0.1", token: str | None = None, routes: 
         token: bearer token of every request (``stream.metrics_token``); required off loopback.
         routes: more read-only JSON routes, prefix -> ``(path, query) -> (status, document)``
             (the job's interactive queries, ``/snapshots``).
+        fast_routes: prefix -> the route's answer when it is microseconds, else ``None``
+            (run on the server's event loop: :meth:`~connectors.status.http.StatusServer.add_route`).
 
     Returns:
         The :class:`~connectors.status.http.StatusServer`.
@@ -129,6 +132,6 @@ def serve(port: int, host: str = "127.0.0.1", token: str | None = None, routes: 
 
     server = StatusServer(status_document, title="threes stream job")
     for prefix, route in (routes or {}).items():
-        server.add_route(prefix, route)
+        server.add_route(prefix, route, fast=(fast_routes or {}).get(prefix))
     server.serve(port, host, token)
     return server

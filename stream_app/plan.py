@@ -745,6 +745,10 @@ def _check_as_of(
     for cols in joined.values():
         columns.update(cols or {})
     for i, lookup in enumerate(config.lookups):
+        if lookup.wait_for_reference is not None and lookup.as_of is not None and lookup.as_of not in event_fields:
+            # the wait reads the newest event time of the decoded events, before derive and the lookups run
+            problem(f"lookups[{i}].wait_for_reference", f"as_of {lookup.as_of!r} is not an event field: "
+                                                       "wait_for_reference needs the event's own time")
         if lookup.as_of is None or lookup.as_of not in columns or columns[lookup.as_of] is None:
             continue
         kind = columns[lookup.as_of]

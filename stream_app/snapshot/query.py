@@ -8,16 +8,25 @@ registers) and ``threes query`` answers from the checkpoint without a job.
 
 A read never takes a lock a micro-batch waits for and never runs a Spark job:
 
-* the broadcast and indexed engines: the driver's Arrow base is filtered for
-  the key (the table is immutable; a merge installs a new one);
-* the partitioned engine: the one Parquet file of the version the key hashes
-  to (Spark's bucket, ``pmod(murmur3(__lk), P)``, :func:`spark_bucket`) is read
-  with a filter on ``__lk``, which its row-group statistics narrow to the row
-  groups that can hold it (the file is sorted by ``__lk``): the base is never
+* the broadcast and indexed engines: the key's row of the driver's Arrow base,
+  through a ``__lk`` -> row index built once per base (the table is immutable;
+  a merge installs a new one, whose index the first query after it builds);
+* the partitioned engine: the bucket the key hashes to (Spark's
+  ``pmod(murmur3(__lk), P)``, :func:`spark_bucket`) in the version's lookup
+  files, memory-mapped and searched by the key's hash
+  (:mod:`stream_app.snapshot.mapped`); without lookup files, the one Parquet
+  file of that bucket, read with a filter on ``__lk`` that its row-group
+  statistics narrow (the file is sorted by ``__lk``): the base is never
   collected;
-* in both, the overlay's newest record of the key wins (a tombstone: absent);
+* in both, the overlay's newest record of the key wins (a tombstone: absent),
+  through an index of the overlay built once per overlay;
 * ``as_of`` (a versioned snapshot): the versions table's bucket file, the
   version whose ``[__from, __to)`` holds the time.
+
+The HTTP server (:class:`~connectors.status.http.StatusServer`) answers a query
+on its event loop when :meth:`SnapshotQueries.fast` can (the indexed and mapped
+cases: tens of microseconds, no file read, no lock) and on its thread pool
+otherwise (``as_of``, a Parquet bucket, the first query of a new base).
 
 Answers are JSON: decimals as strings, timestamps as ISO-8601 UTC, bytes as
 base64, with the snapshot's offsets at the time of the read.
@@ -32,9 +41,11 @@ import json
 import logging
 import os
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -120,6 +131,18 @@ def bucket_files(folder: str, bucket: int) -> list[str]:
 _INTEGRAL = ("IntegerType", "LongType", "ShortType", "ByteType")
 
 
+_KEY_FIELDS: dict[int, tuple[Any, list[tuple[str, str, Any]]]] = {}
+
+
+def key_fields(key_type: Any) -> list[tuple[str, str, Any]]:
+    """``(name, type class name, type)`` of each field of a key's ``StructType``, read once per type object."""
+    held = _KEY_FIELDS.get(id(key_type))
+    if held is None or held[0] is not key_type:
+        held = (key_type, [(fld.name, type(fld.dataType).__name__, fld.dataType) for fld in key_type.fields])
+        _KEY_FIELDS[id(key_type)] = held
+    return held[1]
+
+
 def key_of(key_type: Any, parts: Mapping[str, str]) -> str:
     """The lookup key (``__lk``) of a key given as text, per key field, as :func:`~stream_app.snapshot.data.lookup_key`.
 
@@ -131,25 +154,28 @@ def key_of(key_type: Any, parts: Mapping[str, str]) -> str:
         QueryError: a key field is missing, unknown, or not of its type; or a composite key has a field
             type this reader does not render (only string, integral and boolean fields).
     """
-    names = [fld.name for fld in key_type.fields]
+    fields = key_fields(key_type)
+    names = [name for name, _kind, _type in fields]
+    if len(fields) == 1 and fields[0][1] == "StringType" and names[0] in parts and len(parts) == 1:
+        return parts[names[0]]  # the common case, without the checks below
     unknown = sorted(set(parts) - set(names))
     missing = [n for n in names if n not in parts]
     if unknown or missing:
         raise QueryError(400, f"the key has fields {names}; missing {missing}, unknown {unknown}")
     values: dict[str, Any] = {}
-    for fld in key_type.fields:
-        text, kind = parts[fld.name], type(fld.dataType).__name__
+    for name, kind, data_type in fields:
+        text = parts[name]
         if kind in _INTEGRAL:
             try:
-                values[fld.name] = int(text)
+                values[name] = int(text)
             except ValueError:
-                raise QueryError(400, f"key field {fld.name!r} is an integer, got {text!r}") from None
+                raise QueryError(400, f"key field {name!r} is an integer, got {text!r}") from None
         elif kind == "StringType":
-            values[fld.name] = text
+            values[name] = text
         elif kind == "BooleanType" and len(names) > 1 and text in ("true", "false"):
-            values[fld.name] = text == "true"
+            values[name] = text == "true"
         else:
-            raise QueryError(400, f"key field {fld.name!r} of type {fld.dataType.simpleString()} cannot be queried")
+            raise QueryError(400, f"key field {name!r} of type {data_type.simpleString()} cannot be queried")
     if len(names) == 1:
         return str(values[names[0]])
     # Spark's to_json of the key struct: fields in key order, no spaces, non-ASCII unescaped
@@ -204,26 +230,104 @@ def rows_of_key(table: pa.Table | None, lk: str) -> pa.Table | None:
     return table.filter(pc.equal(table.column(LK), lk))
 
 
-_INDEXES: dict[int, tuple[pa.Table, dict[str, int]]] = {}
+class KeyIndex:
+    """``__lk`` -> row of one immutable Arrow table (a driver's base or overlay), built once per table.
+
+    A base or overlay is never changed in place (a merge or a refresh installs a new
+    table), so its index stays valid for the table's life; it is built by the first query
+    after the change, on the HTTP server's thread (never a micro-batch's), in one pass over
+    the key column (~3 ms per 10k keys). For an overlay, the *last* row of a key wins (its
+    newest record). A query then costs a dict look-up and the row's few values.
+    """
+
+    __slots__ = ("table", "rows", "answers")
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+        self.rows: dict[str, int] = {k: i for i, k in enumerate(table.column(LK).to_pylist())}
+        # rows already read, as JSON-ready values: a key asked again costs a dict look-up (bounded by the table)
+        self.answers: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+
+    def row(self, lk: str, columns: list[str]) -> dict[str, Any] | None:
+        """The key's row as JSON-ready values of ``columns`` (:func:`jsonable`; ``None``: absent)."""
+        key = (lk, tuple(columns))
+        found = self.answers.get(key)
+        if found is not None:
+            return found
+        i = self.rows.get(lk)
+        if i is None:
+            return None
+        found = self.answers[key] = {c: jsonable(self.table.column(c)[i].as_py()) for c in columns}
+        return found
+
+
+_INDEXES: dict[int, KeyIndex] = {}
+_INDEX_LOCK = threading.Lock()
+
+
+class _Slow(Exception):
+    """The answer needs a file read or an index build: not on the server's event loop (:meth:`SnapshotQueries.fast`)."""
+
+
+def index_of(table: pa.Table, build: bool = True) -> KeyIndex:
+    """The :class:`KeyIndex` of a table, cached by identity while the table lives (a few latest tables).
+
+    Raises:
+        _Slow: ``build`` is false and the index is not built yet.
+    """
+    held = _INDEXES.get(id(table))
+    if held is not None and held.table is table:
+        return held
+    if not build:
+        raise _Slow
+    with _INDEX_LOCK:  # two threads asking at once build it once
+        held = _INDEXES.get(id(table))
+        if held is None or held.table is not table:
+            held = KeyIndex(table)
+            if len(_INDEXES) >= 16:  # the tables of the few latest versions of each snapshot
+                _INDEXES.clear()
+            _INDEXES[id(table)] = held
+    return held
 
 
 def base_rows_of_key(table: pa.Table | None, lk: str) -> pa.Table | None:
-    """The row of a key in a driver's base table, through a ``__lk`` -> row index built once per table.
-
-    A base is immutable (a merge installs a new table), so its index is built at the first query
-    after the change (~30 ms per 100k keys) and each query then costs a dict look-up, not a scan.
-    Indexes of the few latest tables are kept (one per snapshot); a race only rebuilds one.
-    """
+    """The row of a key in a driver's base table (one row, or ``None``), through :func:`index_of`."""
     if table is None or table.num_rows == 0:
         return None
-    held = _INDEXES.get(id(table))
-    if held is None or held[0] is not table:
-        held = (table, {k: i for i, k in enumerate(table.column(LK).to_pylist())})
-        if len(_INDEXES) >= 16:
-            _INDEXES.clear()
-        _INDEXES[id(table)] = held
-    i = held[1].get(lk)
+    i = index_of(table).rows.get(lk)
     return None if i is None else table.slice(i, 1)
+
+
+_COMPLETE: set[str] = set()
+
+
+def mapped_row(folder: str, partitions: int, lk: str, columns: list[str]) -> tuple[bool, dict[str, Any] | None]:
+    """A key's row in a partitioned version's lookup files (:mod:`stream_app.snapshot.mapped`).
+
+    The bucket's Arrow IPC file (sorted by ``__lh``, Spark's ``xxhash64``) is memory-mapped
+    once per version and process (the page cache holds it; nothing is copied into the heap)
+    and searched by ``numpy.searchsorted``: microseconds, no Parquet decoding per query.
+
+    Returns:
+        ``(True, row)`` with ``row`` ``None`` when the key is absent; ``(False, None)`` when the
+        version has no complete lookup files (the caller reads its Parquet bucket instead).
+    """
+    from stream_app.snapshot.delta import spark_xxhash64
+    from stream_app.snapshot.mapped import MappedLookup, _bucket, is_complete
+
+    if folder not in _COMPLETE:  # a complete folder never changes (a new version has a new folder)
+        if not is_complete(folder, partitions):
+            return False, None
+        _COMPLETE.add(folder)
+    table, hashes = _bucket(MappedLookup(folder, partitions), spark_bucket(lk, partitions))
+    wanted = spark_xxhash64(lk)
+    keys = table.column(LK)
+    i = int(np.searchsorted(hashes, wanted))
+    while i < len(hashes) and hashes[i] == wanted:  # keys that share a hash are adjacent
+        if keys[i].as_py() == lk:
+            return True, {c: jsonable(table.column(c)[i].as_py()) for c in columns}
+        i += 1
+    return True, None
 
 
 def read_bucket(folder: str, partitions: int, lk: str, columns: list[str] | None = None) -> pa.Table | None:
@@ -261,9 +365,30 @@ class SnapshotQueries:
 
     def __init__(self, snapshots: Mapping[str, Any]):
         self.snapshots = snapshots
+        # queries answered on the server's event loop and on its thread pool (a benchmark's diagnosis)
+        self.answered = {"loop": 0, "pool": 0}
 
-    def handle(self, path: str, query: Mapping[str, list[str]]) -> tuple[int, dict[str, Any]]:
+    def fast(self, path: str, query: Mapping[str, list[str]]) -> tuple[int, dict[str, Any]] | None:
+        """:meth:`handle` when it answers in microseconds (an indexed or memory-mapped key), else ``None``.
+
+        The server runs it on its event loop; ``None`` (an ``as_of`` query, a Parquet bucket
+        to read, a new base whose index is not built yet) sends the query to :meth:`handle` on a thread.
+        """
+        try:
+            answer = self.handle(path, query, slow=False)
+        except _Slow:
+            self.answered["pool"] += 1
+            return None
+        self.answered["loop"] += 1
+        return answer
+
+    def handle(self, path: str, query: Mapping[str, list[str]], slow: bool = True) -> tuple[int, dict[str, Any]]:
         """Answer ``/snapshots/{name}`` or ``/snapshots/{name}/{key}`` (``?as_of=``, key fields as parameters).
+
+        Args:
+            path: the URL's path.
+            query: its query parameters.
+            slow: see :func:`lookup`.
 
         Returns:
             ``(HTTP status, JSON document)``; a client error is a 4xx with ``{"error": ...}``.
@@ -280,8 +405,10 @@ class SnapshotQueries:
             single = {k: v[-1] for k, v in query.items() if k != "as_of"}
             as_of = query.get("as_of", [None])[-1]
             if len(parts) == 2 and not single:
+                if not slow:  # live_keys may apply the overlay to the base: milliseconds
+                    raise _Slow
                 return 200, describe(snapshot)
-            names = list(snapshot.plan.key.spark_type.fieldNames())
+            names = [name for name, _kind, _type in key_fields(snapshot.plan.key.spark_type)]
             if len(parts) == 3:
                 if len(names) != 1:
                     example = "&".join(f"{n}=..." for n in names)
@@ -289,7 +416,7 @@ class SnapshotQueries:
                                           f"query parameters, /snapshots/{parts[1]}?{example}")
                 single = {names[0]: parts[2]}
             lk = key_of(snapshot.plan.key.spark_type, single)
-            return lookup(snapshot, lk, None if as_of is None else parse_time_ms(as_of))
+            return lookup(snapshot, lk, None if as_of is None else parse_time_ms(as_of), slow)
         except QueryError as exc:
             return exc.status, {"error": str(exc)}
 
@@ -308,9 +435,20 @@ def describe(snapshot: Any) -> dict[str, Any]:
     }
 
 
-def lookup(snapshot: Any, lk: str, as_of_ms: int | None) -> tuple[int, dict[str, Any]]:
-    """The value of one key of a live snapshot, now or as of a time (see module docstring)."""
-    offsets = json.loads(offsets_json(snapshot.offsets))
+def lookup(snapshot: Any, lk: str, as_of_ms: int | None, slow: bool = True) -> tuple[int, dict[str, Any]]:
+    """The value of one key of a live snapshot, now or as of a time (see module docstring).
+
+    Args:
+        snapshot: the live :class:`~stream_app.snapshot.runtime.Snapshot`.
+        lk: the lookup key (:func:`key_of`).
+        as_of_ms: a time, epoch ms, for a versioned snapshot; ``None``: the current value.
+        slow: allow reading a Parquet file or building a key index (milliseconds); when false,
+            such a query raises ``_Slow`` (the server then answers it on a thread).
+
+    Raises:
+        QueryError: a versioned query of a snapshot without versions, or an unreadable one.
+    """
+    offsets = _offsets_doc(snapshot.offsets)
     values = list(snapshot.value_names)
     answer: dict[str, Any] = {"snapshot": snapshot.name, "key": lk, "offsets": offsets}
     if as_of_ms is not None:
@@ -321,27 +459,47 @@ def lookup(snapshot: Any, lk: str, as_of_ms: int | None) -> tuple[int, dict[str,
         answer["as_of_ms"] = as_of_ms
         if horizon is not None and as_of_ms < horizon:
             return 404, {**answer, "error": f"{as_of_ms} is older than the retention (horizon {horizon} ms)"}
-        row = version_at(_versions_of(versions, lk), as_of_ms)
-        if row is None:
+        if not slow:
+            raise _Slow
+        version = version_at(_versions_of(versions, lk), as_of_ms)
+        if version is None:
             return 404, {**answer, "error": "no version of this key at that time"}
-        return 200, {**answer, "valid_from_ms": row[FROM], "valid_to_ms": row[TO],
-                     "value": {n: jsonable(row[n]) for n in values}}
-    newest = newest_in_log(snapshot._log, lk)
-    if newest is not None:
-        if newest[DELETED]:
-            return 404, {**answer, "error": "deleted (tombstone)"}
-        return 200, {**answer, "value": {n: jsonable(newest[n]) for n in values}}
+        return 200, {**answer, "valid_from_ms": version[FROM], "valid_to_ms": version[TO],
+                     "value": {n: jsonable(version[n]) for n in values}}
+    overlay = snapshot._log  # first: a merge installs the new base, then drops the overlay
     base = snapshot.base
+    if overlay is not None and overlay.num_rows:
+        newest = index_of(overlay, slow).row(lk, [DELETED, *values])
+        if newest is not None:
+            if newest[DELETED]:
+                return 404, {**answer, "error": "deleted (tombstone)"}
+            return 200, {**answer, "value": {n: newest[n] for n in values}}
     if base.mode == "partitioned":
         store = base.store
         if store.version is None or snapshot.checkpoint is None:
             raise QueryError(503, f"snapshot {snapshot.name!r} is partitioned without written versions: not queryable")
-        rows = read_bucket(_local(store.versions.version_path(store.version)), store.partitions, lk, values)
+        row: dict[str, Any] | None = None
+        mapped = False
+        folder = store.lookup_folder
+        if folder is not None:
+            mapped, row = mapped_row(folder, store.partitions, lk, values)
+        if not mapped:  # no lookup files (sort_merge join, or not a local file system): the Parquet bucket
+            if not slow:
+                raise _Slow
+            rows = read_bucket(_local(store.versions.version_path(store.version)), store.partitions, lk, values)
+            row = None if rows is None or rows.num_rows == 0 else jsonable(rows.slice(0, 1).to_pylist()[0])
+    elif base.table is None or base.table.num_rows == 0:
+        row = None
     else:
-        rows = base_rows_of_key(base.table, lk)
-    if rows is None or rows.num_rows == 0:
+        row = index_of(base.table, slow).row(lk, values)
+    if row is None:
         return 404, {**answer, "error": "absent"}
-    return 200, {**answer, "value": {n: jsonable(v) for n, v in rows.select(values).to_pylist()[0].items()}}
+    return 200, {**answer, "value": {n: row[n] for n in values}}
+
+
+def _offsets_doc(offsets: Mapping[str, Mapping[int, int]]) -> dict[str, dict[str, int]]:
+    """Offsets as :func:`~stream_app.kafka_io.offsets_json` renders them, as a document (no JSON round trip)."""
+    return {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())}
 
 
 def _versions_of(versions: Any, lk: str) -> pa.Table | None:

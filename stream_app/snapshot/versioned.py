@@ -28,14 +28,17 @@ version (null with ``how: left``, dropped with ``inner``), counted in
 read, so the same events joined against the same offsets give the same rows.
 
 **Late reference data** (an event that arrives before the version it should
-see): unlike Flink's event-time temporal join, which holds events back until
-the watermark of the versioned table passes them, an event is joined when its
-micro-batch runs, against the versions read up to the offsets recorded for
-that batch; an event newer than every version of its key gets the current
-one. A version written later with an earlier source timestamp changes what
-later events see, not what was emitted (the processing-time policy of Kafka
-Streams' stream-table join against a versioned store without a grace period,
-KIP-914).
+see): by default, unlike Flink's event-time temporal join, which holds events
+back until the watermark of the versioned table passes them, an event is
+joined when its micro-batch runs, against the versions read up to the offsets
+recorded for that batch; an event newer than every version of its key gets the
+current one. A version written later with an earlier source timestamp changes
+what later events see, not what was emitted (the processing-time policy of
+Kafka Streams' stream-table join against a versioned store without a grace
+period, KIP-914). A lookup's ``wait_for_reference`` bound makes the micro-batch
+wait, before it records its offsets, until the snapshot's stream time reaches
+the batch's newest event time or the bound passes
+(:meth:`stream_app.job.StreamJob._wait_for_references`).
 
 **Where versions live.** The table is computed by the executors and written,
 per refresh that changed it, as Parquet bucketed by ``__lk`` (and sorted by

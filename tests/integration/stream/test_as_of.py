@@ -175,3 +175,42 @@ def test_a_restart_between_the_changes_keeps_the_versions_kafka_no_longer_has(sp
     assert job.snapshots["airports"].versions.source == "checkpoint"
     got = env.consume(env.enriched, lambda rs: len(rs) >= 4)
     assert {r["value"]["flight_id"]: r["value"]["origin_name"] for r in got} == {1: "A", 2: "B", 3: "B", 4: "C"}
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_an_event_arriving_before_its_reference_version_gets_it_when_the_lookup_waits(spark, env, wait) -> None:
+    import threading
+
+    put_version(env, "A", T_A, header=False)
+    put_version(env, "B", T1)
+    env.put_flights([at(7, dt.datetime(2013, 1, 10, tzinfo=dt.UTC))])  # at t2, before the t2 version exists
+    config = as_of_config(env, "broadcast")
+    if wait:
+        waiting = config.lookups[0].model_copy(update={"wait_for_reference": "120 seconds"})
+        config = config.model_copy(update={"lookups": [waiting, config.lookups[1]]})
+    produced = threading.Event()
+    jobs_before = len(env.jobs)
+
+    def waiting() -> bool:
+        return len(env.jobs) > jobs_before and env.jobs[-1].waiting_for == "airports"
+
+    def late_reference() -> None:
+        # C (valid from t2) is written only once the micro-batch holding the event waits for it
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and not waiting():
+            time.sleep(0.1)
+        if waiting():
+            put_version(env, "C", T2)
+            produced.set()
+
+    if wait:
+        threading.Thread(target=late_reference, daemon=True).start()
+    job = env.start(spark, config, available_now=True)
+    assert job.await_termination(240)
+    job.stop()
+    got = env.consume(env.enriched, lambda rs: len(rs) >= 1)
+    if wait:
+        assert produced.is_set()  # the batch did wait, and C came while it waited
+        assert got[0]["value"]["origin_name"] == "C"
+    else:
+        assert got[0]["value"]["origin_name"] == "B"  # joined with what the snapshot had: the older version

@@ -158,3 +158,51 @@ def test_threes_status_table_and_json_mask_a_password_in_every_kind_of_url(tmp_p
         assert done.exit_code == 0, done.output
         assert "minio" in done.output and "restarting" in done.output
         assert_no_password(done.output)
+
+
+def test_one_connection_serves_pipelined_requests_in_order_and_refuses_a_body() -> None:
+    import socket
+    import threading
+
+    release = threading.Event()
+
+    def slow_status() -> dict[str, Any]:  # a status that gathers from a slow system
+        release.wait(10)
+        return {"sync": []}
+
+    server = StatusServer(slow_status)
+    server.add_route("/echo", lambda path, query: (200, {"path": path}),
+                     fast=lambda path, query: (200, {"fast": path}) if "fast" in path else None)
+    port = server.serve(0)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            # three requests in one write (HTTP/1.1 pipelining): answered in order on the same connection
+            sock.sendall(b"GET /echo/fast HTTP/1.1\r\nHost: x\r\n\r\nGET /echo/slow HTTP/1.1\r\nHost: x\r\n\r\n"
+                         b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            seen = b""
+            while seen.count(b"HTTP/1.1 200") < 3:
+                chunk = sock.recv(65536)
+                assert chunk, seen
+                seen += chunk
+            assert seen.index(b'{"fast":"/echo/fast"}') < seen.index(b'{"path":"/echo/slow"}') < seen.index(b"ok\n")
+            # a second connection is answered while the first one's /status waits on the slow gatherer
+            sock.sendall(b"GET /status.json HTTP/1.1\r\nHost: x\r\n\r\n")
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as other:
+                other.sendall(b"GET /echo/fast HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                answer = b"".join(iter(lambda: other.recv(65536), b""))
+                assert answer.startswith(b"HTTP/1.1 200") and b"Connection: close" in answer
+            release.set()
+            status = b""
+            while b'"sync"' not in status:
+                status += sock.recv(65536)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"DELETE /echo/fast HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b"".join(iter(lambda: sock.recv(65536), b""))
+            assert answer.startswith(b"HTTP/1.1 405")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /echo/fast HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc")
+            answer = b"".join(iter(lambda: sock.recv(65536), b""))
+            assert answer.startswith(b"HTTP/1.1 400") and b"/echo" not in answer
+    finally:
+        release.set()
+        server.close()

@@ -48,6 +48,25 @@ def test_as_of_names_a_timestamp_or_date_column_and_orders_the_lookup_after_it(t
     assert plan.steps == [DeriveStep((("day", "to_date(ts)"),)), LookupStep((0,))]
 
 
+def test_wait_for_reference_is_a_duration_of_an_as_of_lookup_on_an_event_field(tmp_path):
+    lookup = {"snapshot": "orders", "on": {"order_id": "order_id"}, "as_of": "ts", "prefix": "order_",
+              "wait_for_reference": "30 seconds"}
+    data = stream(tmp_path, where=None, derive={}, updates=[], lookups=[lookup])
+    data["snapshots"] = VERSIONED
+    assert StreamJobConfig.model_validate(data).lookups[0].wait_for_reference_s == 30.0
+    data["lookups"] = [{k: v for k, v in lookup.items() if k != "as_of"}]
+    with pytest.raises(ValidationError, match=r"lookups\[0\].wait_for_reference: applies to a lookup with as_of"):
+        StreamJobConfig.model_validate(data)
+    data["lookups"] = [{**lookup, "wait_for_reference": "0 seconds"}]
+    with pytest.raises(ValidationError, match="a wait lasts more than 0 seconds"):
+        StreamJobConfig.model_validate(data)
+    # the wait reads the event's own time, before derive columns exist
+    found = problems(tmp_path, where=None, derive={"day": "to_date(ts)"}, updates=[], snapshots=VERSIONED,
+                     lookups=[{**lookup, "as_of": "day"}])
+    assert any(p.startswith("stream.lookups[0].wait_for_reference: as_of 'day' is not an event field") for p in found)
+    plan_of(tmp_path, where=None, derive={}, updates=[], snapshots=VERSIONED, lookups=[lookup])  # no problem
+
+
 ROW = "__lk string, __ts long, __deleted boolean, __rank int, __partition int, __offset long, name string"
 
 

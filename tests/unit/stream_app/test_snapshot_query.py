@@ -122,3 +122,30 @@ def test_threes_query_names_an_unknown_snapshot_in_one_line_before_starting_spar
     assert result.exit_code == 1
     assert "no snapshot 'nosuch' in stream.snapshots (have: ['customers'])" in result.output
     assert "Traceback" not in result.output
+
+
+def test_fast_answers_from_indexes_and_sends_file_reads_to_a_thread() -> None:
+    import types
+
+    from pyspark.sql import types as T
+
+    base = pa.table({"__lk": ["a", "b"], "v": [decimal.Decimal("1.50"), decimal.Decimal("2.00")]})
+    overlay = pa.table({"__lk": ["b", "c", "b"], "__deleted": [False, False, True],
+                        "v": [decimal.Decimal("9"), decimal.Decimal("3.25"), None]})
+    snap = types.SimpleNamespace(
+        name="s", offsets={"t": {1: 7, 0: 5}}, value_names=["v"], versions=None, _log=overlay,
+        base=types.SimpleNamespace(mode="broadcast", table=base),
+        plan=types.SimpleNamespace(key=types.SimpleNamespace(spark_type=T.StructType([T.StructField("k", T.StringType())]))),
+    )
+    queries = SnapshotQueries({"s": snap})
+    # a new base and overlay: their indexes are built on a thread (handle), never on the event loop (fast)
+    assert queries.fast("/snapshots/s/a", {}) is None
+    assert queries.handle("/snapshots/s/a", {}) == (
+        200, {"snapshot": "s", "key": "a", "offsets": {"t": {"0": 5, "1": 7}}, "value": {"v": "1.50"}})
+    assert queries.fast("/snapshots/s/a", {})[1]["value"] == {"v": "1.50"}
+    assert queries.fast("/snapshots/s/c", {})[1]["value"] == {"v": "3.25"}  # the overlay's new key
+    assert queries.fast("/snapshots/s/b", {})[0] == 404  # the overlay's last record of b: a tombstone
+    assert queries.fast("/snapshots/s/z", {})[0] == 404
+    snap._log = None  # merged: the base answers
+    assert queries.fast("/snapshots/s/b", {})[1]["value"] == {"v": "2.00"}
+    assert queries.fast("/snapshots/s", {}) is None  # the description counts keys: on a thread
