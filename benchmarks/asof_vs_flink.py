@@ -80,6 +80,7 @@ FLINK_VENV = Path(os.environ.get("THREES_FLINK_VENV", "/work/venv-flink"))
 FLINK_JARS = os.environ.get("THREES_FLINK_JARS", "")
 FLINK_JAVA_HOME = os.environ.get("THREES_FLINK_JAVA_HOME", "/usr/lib/jvm/java-17-openjdk-amd64")
 FLINK_MAX_S = float(os.environ.get("THREES_BENCH_FLINK_MAX_S", "540"))
+THREES_MAX_S = float(os.environ.get("THREES_BENCH_FLINK_THREES_MAX_S", "600"))  # the job's run, start-up included
 DAY_MS = 86_400_000
 log = logging.getLogger("asof_vs_flink")
 
@@ -350,7 +351,7 @@ class Bench:
         log.info("threes run %s on %s", run or "0", events)
         job = StreamJob(config, self.kafka, spark, base_dir=self.tmp)
         job.start(available_now=True)
-        job.await_termination()
+        finished = job.await_termination(THREES_MAX_S)
         progress = [p for p in job.queries[0].recentProgress if p["numInputRows"]]
         seconds = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000 - job.gate_wait_s
         spark_stats = {
@@ -360,6 +361,7 @@ class Bench:
             "gate_wait_s": job.gate_wait_s,
             "engine": job.snapshots["refs"].mode,
             "ready_s": sum(r["elapsed_s"] for r in job.readiness.values()),
+            "finished": finished,
         }
         job.stop(checkpoint=False)
         measured = measure_output(self.conf, out, self.threes_check(keys))
@@ -403,7 +405,12 @@ class Bench:
     def main(self) -> None:
         flink_jars()  # fail before writing data when the peer is not set up
         for keys in KEYS:
-            self.size(keys)
+            try:
+                self.size(keys)
+            except Exception as exc:  # noqa: BLE001 - a size that cannot run here is reported, the others stand
+                log.exception("%s keys failed", f"{keys:,}")
+                self.results[f"error_{size_label(keys)}"] = f"{type(exc).__name__}: {str(exc)[-500:]}"
+                self.rows.append((f"{size_label(keys)} keys", "failed", f"{type(exc).__name__}: {str(exc)[:200]}"))
         self.print()
 
     def print(self) -> None:
