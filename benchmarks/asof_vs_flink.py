@@ -364,6 +364,9 @@ class Bench:
             "finished": finished,
         }
         job.stop(checkpoint=False)
+        if not finished:
+            raise RuntimeError(f"the threes job had not read the {EVENTS:,} events after {THREES_MAX_S:.0f} s "
+                               f"(THREES_BENCH_FLINK_THREES_MAX_S); snapshot ready in {spark_stats['ready_s']:.0f} s")
         measured = measure_output(self.conf, out, self.threes_check(keys))
         measured["spark"] = spark_stats
         return measured
