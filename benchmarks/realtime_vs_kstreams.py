@@ -362,6 +362,13 @@ class Bench:
         every = sorted(lat.values())
         figures = {"rate_per_s": rate, "seconds": LATENCY_S, "sent": sent, "received": len(lat),
                    "produce_rate_eps": sent / LATENCY_S}
+        # the worst latency of the events sent in each second: a stall (a checkpoint boundary of real-time mode,
+        # a rebalance, a GC pause) shows as one or two high seconds, a side that cannot keep up as a rising line
+        by_second = [0] * (int(LATENCY_S) + 1)
+        for seq, v in lat.items():
+            second = min(len(by_second) - 1, (sent_ms[seq] - sent_ms[0]) // 1000)
+            by_second[second] = max(by_second[second], v)
+        figures["max_ms_by_second"] = by_second
         if steady:
             figures |= {"p50_ms": percentile(steady, 0.5), "p90_ms": percentile(steady, 0.9),
                         "p99_ms": percentile(steady, 0.99), "p999_ms": percentile(steady, 0.999),
