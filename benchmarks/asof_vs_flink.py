@@ -47,6 +47,10 @@ Flink's wait for the idle reference source (``table.exec.source.idle-timeout`` 5
 both; the p10-p90 rate is printed beside it. Every output row is checked: the name is the version
 valid at the event's ``ts`` (or null for a key outside the reference), no duplicates, every
 event once. Flink's submit-to-last rate and the threes job's Spark progress figure are printed too.
+
+Bounds: Flink's run ends after ``THREES_BENCH_FLINK_MAX_S`` (540 s), the job's after
+``THREES_BENCH_FLINK_THREES_MAX_S`` (600 s, its snapshot's loading included); a size whose run does
+not finish in its bound is reported as ``error_<size>`` in the JSON, the other sizes stand.
 """
 
 from __future__ import annotations

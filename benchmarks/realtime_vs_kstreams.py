@@ -39,7 +39,13 @@ one comes out (the stores are loaded and the query runs), waits 3 s, then produc
 rate from one Python producer (linger 5 ms, acks all). Latency = the output record's broker append
 time - the event's CreateTime (set by this script at ``produce()``), both on this machine's clock;
 the first ``THREES_BENCH_RT_WARMUP_S`` (5 s) of events are left out, as the reference's own
-latency probe does. The same probe measures both sides.
+latency probe does. The same probe measures both sides. ``max_ms_by_second`` lists the worst
+latency of the events sent in each second: one or two high seconds are a stall (in real-time mode,
+a checkpoint boundary every ``THREES_BENCH_RT_CHECKPOINT_INTERVAL``), a rising line a side that
+cannot keep up.
+
+Bounds: each run waits at most ``THREES_BENCH_RT_TIMEOUT_S`` (540 s); a size whose throughput run
+does not finish in it is reported as ``error_<size>`` in the JSON, the other sizes stand.
 """
 
 from __future__ import annotations
