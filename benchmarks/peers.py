@@ -1,0 +1,231 @@
+"""What the side-by-side peer benchmarks share: topics, the append-time rate, the machine's load.
+
+``asof_vs_flink.py`` (Flink SQL's event-time temporal join, issue #39) and
+``realtime_vs_kstreams.py`` (Kafka Streams' GlobalKTable join, issue #42) run a peer and the
+threes job one after the other on the same topics of the local stack's broker and measure both
+the same way, from outside: the output topics are created with
+``message.timestamp.type=LogAppendTime``, so every output record carries the broker's clock, and
+a side's sustained rate is ``(count - 1) / (last - first append time)`` (as the Kafka Streams
+reference's ``Measure.java`` and ``stream_join.py`` part 6 measure it).
+
+Topics are named ``bench_peers_<what>_<run id>`` and deleted when the run ends
+(``THREES_BENCH_KEEP_TOPICS=1`` keeps them), with the consumer groups the peers left.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+PREFIX = "bench_peers_"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def size_label(keys: int) -> str:
+    """``10k``, ``1m``...: the key count as the issues' JSON keys name it."""
+    return f"{keys // 1_000_000}m" if keys >= 1_000_000 and keys % 1_000_000 == 0 else f"{keys // 1000}k"
+
+
+def load_note() -> str:
+    """The 1, 5 and 15 minute load averages (``/proc/loadavg``), for a record's note."""
+    try:
+        return "load " + "/".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "load unknown"
+
+
+@dataclass
+class PeerTopics:
+    """Creates the run's ``bench_peers_`` topics and deletes them (and the peers' consumer groups) at the end.
+
+    Args:
+        conf: librdkafka settings of the broker.
+        run_id: a short id that makes this run's names unique.
+    """
+
+    conf: dict[str, Any]
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    created: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        # held for the run: a collected AdminClient fails its pending futures
+        self.admin = AdminClient(self.conf)
+
+    def name(self, what: str) -> str:
+        """``bench_peers_<what>_<run id>`` (not created)."""
+        return f"{PREFIX}{what}_{self.run_id}"
+
+    def create(self, what: str, partitions: int = 2, config: dict[str, str] | None = None) -> str:
+        """Create topic ``name(what)``; returns its name.
+
+        Raises:
+            KafkaException: the broker refused it.
+        """
+        from confluent_kafka.admin import NewTopic
+
+        topic = self.name(what)
+        new = NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})
+        for fut in self.admin.create_topics([new]).values():
+            fut.result(30)
+        self.created.append(topic)
+        return topic
+
+    def output(self, what: str) -> str:
+        """An output topic stamped by the broker (``LogAppendTime``), 2 partitions, as the peers' own."""
+        return self.create(what, config={"message.timestamp.type": "LogAppendTime"})
+
+    def adopt(self, *topics: str) -> None:
+        """Delete these topics too at the end (created by a peer's own loader)."""
+        self.created.extend(t for t in topics if t not in self.created)
+
+    def drop(self) -> list[str]:
+        """Delete the run's topics and recorded consumer groups, unless ``THREES_BENCH_KEEP_TOPICS=1``.
+
+        Returns:
+            The topics deleted. Failures are logged, never raised: the figures are already printed.
+        """
+        if os.environ.get("THREES_BENCH_KEEP_TOPICS") == "1":
+            log.info("kept %d topics (THREES_BENCH_KEEP_TOPICS=1): %s", len(self.created), self.created)
+            return []
+        existing = set(self.admin.list_topics(timeout=30).topics)
+        topics = [t for t in self.created if t in existing]
+        if topics:
+            for topic, fut in self.admin.delete_topics(topics, operation_timeout=60).items():
+                try:
+                    fut.result()
+                except Exception as exc:  # noqa: BLE001 - reported, the run's figures stand
+                    log.warning("topic %s not deleted: %s", topic, exc)
+        if self.groups:
+            try:
+                for group, fut in self.admin.delete_consumer_groups(self.groups, request_timeout=30).items():
+                    try:
+                        fut.result()
+                    except Exception as exc:  # noqa: BLE001 - e.g. a group that committed nothing
+                        log.debug("consumer group %s not deleted: %s", group, exc)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("consumer groups %s not deleted: %s", self.groups, exc)
+        log.info("deleted %d topics and %d consumer groups", len(topics), len(self.groups))
+        return topics
+
+
+def end_offsets(conf: dict[str, Any], topic: str) -> dict[int, int]:
+    """The high watermark of each partition of ``topic``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**conf, "group.id": f"{PREFIX}probe", "enable.auto.commit": False})
+    try:
+        parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
+    finally:
+        consumer.close()
+
+
+def wait_for_count(conf: dict[str, Any], topic: str, expected: int, timeout_s: float,
+                   alive: Callable[[], bool] = lambda: True) -> int:
+    """Poll ``topic``'s end offsets every second until they add up to ``expected`` records.
+
+    Args:
+        conf: librdkafka settings.
+        topic: the output topic.
+        expected: records to wait for.
+        timeout_s: give up after this many seconds.
+        alive: called every poll; waiting stops when it returns False (the writer died).
+
+    Returns:
+        The records in the topic when the wait ended (``>= expected`` unless it timed out or the
+        writer stopped).
+    """
+    deadline = time.monotonic() + timeout_s
+    count = 0
+    while time.monotonic() < deadline:
+        count = sum(end_offsets(conf, topic).values())
+        if count >= expected or not alive():
+            break
+        time.sleep(1.0)
+    return count
+
+
+RowCheck = Callable[[list[bytes]], Iterable[tuple[Any, bool, bool]]]
+"""Decodes a chunk of output values; yields ``(event id, missed, correct)`` per record."""
+
+
+def measure_output(conf: dict[str, Any], topic: str, check: RowCheck, timeout_s: float = 600) -> dict[str, Any]:
+    """Read a whole output topic: the rate by broker append time, and the correctness counts.
+
+    ``rate_eps`` = (count - 1) / (last - first append time); ``p10_p90_rate_eps`` = records between the
+    10th and 90th percentile of append time / that span (as the Kafka Streams reference's
+    ``Measure.java``). ``check`` says per record whether the join missed and whether it was right.
+
+    Args:
+        conf: librdkafka settings.
+        topic: a topic created with ``message.timestamp.type=LogAppendTime``.
+        check: decodes a chunk of values (see :data:`RowCheck`).
+        timeout_s: read for at most this long, seconds.
+
+    Returns:
+        ``count``, ``distinct``, ``dups``, ``misses``, ``wrong``, ``log_append_time`` (every record
+        stamped by the broker), ``span_s``, ``rate_eps``, ``p10_p90_rate_eps``, ``first_ms``, ``last_ms``.
+    """
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
+
+    ends = end_offsets(conf, topic)
+    consumer = Consumer({**conf, "group.id": f"{PREFIX}measure", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    positions = dict.fromkeys(ends, 0)
+    stamps: list[int] = []
+    ts_types: set[int] = set()
+    seen: set[Any] = set()
+    dups = misses = wrong = 0
+    deadline = time.monotonic() + timeout_s
+    while any(positions[p] < ends[p] for p in ends) and time.monotonic() < deadline:
+        values: list[bytes] = []
+        for msg in consumer.consume(10000, 1.0):
+            if msg.error():
+                continue
+            positions[msg.partition()] = msg.offset() + 1
+            ts_type, ts = msg.timestamp()
+            ts_types.add(ts_type)
+            stamps.append(ts)
+            values.append(msg.value())
+        for eid, missed, ok in check(values):
+            dups += eid in seen
+            seen.add(eid)
+            misses += missed
+            wrong += not ok
+    consumer.close()
+    count = len(stamps)
+    stamps.sort()
+    span = (stamps[-1] - stamps[0]) / 1000 if count else 0.0
+    mid = 0.0
+    if count > 100:
+        i10, i90 = int(count * 0.1), int(count * 0.9)
+        mid_span = (stamps[i90] - stamps[i10]) / 1000
+        mid = (i90 - i10) / mid_span if mid_span > 0 else 0.0
+    return {
+        "count": count,
+        "distinct": len(seen),
+        "dups": dups,
+        "misses": misses,
+        "wrong": wrong,
+        "log_append_time": ts_types == {TIMESTAMP_LOG_APPEND_TIME},
+        "span_s": span,
+        "rate_eps": (count - 1) / span if span > 0 else 0.0,
+        "p10_p90_rate_eps": mid,
+        "first_ms": stamps[0] if count else None,
+        "last_ms": stamps[-1] if count else None,
+    }
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of already sorted values, nearest rank below (as ``Latency.java``)."""
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
