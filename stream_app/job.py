@@ -665,7 +665,11 @@ class StreamJob:
         if self._watermarks is not None:
             self._watermarks.close()
             self._watermarks = None
-        log.info("job=%s stopped after %d micro-batches", self.config.name, self.batches)
+        if realtime:  # one long-running query, no micro-batches to count
+            log.info("job=%s stopped (real-time mode: a restart resumes from the last checkpointed epoch)",
+                     self.config.name)
+        else:
+            log.info("job=%s stopped after %d micro-batches", self.config.name, self.batches)
 
     def run(self, available_now: bool = False) -> None:
         """Start, run until SIGINT/SIGTERM (or until done with ``available_now``), then stop cleanly.
