@@ -55,6 +55,7 @@ from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, source_options, spark_kafka_options
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import write_records
+from stream_app.session import quiet_loggers
 from stream_app.snapshot.engines import DeadLetterProducer
 from stream_app.snapshot.query import SnapshotQueries
 from stream_app.snapshot.runtime import Snapshot
@@ -625,6 +626,18 @@ class StreamJob:
         # a real-time query's one long batch is always active: stopped at once, its records since the last
         # checkpoint are replayed by a restart (at least once)
         realtime = self.config.mode == "realtime"
+        if realtime and self.queries:
+            # Spark logs the cancelled epoch's abort as errors (write aborted, tasks killed): expected here
+            log.info("job=%s stopping the real-time query: its open epoch is cancelled, and a restart replays "
+                     "its events from the last checkpoint", self.config.name)
+            with quiet_loggers(self.spark, REALTIME_STOP_LOGGERS):
+                for query in self.queries:
+                    query.stop()
+                    query.awaitTermination(grace_s)
+                # the killed tasks log their abort as they end, after the query: wait for them
+                tracker, deadline = self.spark.sparkContext.statusTracker(), time.monotonic() + grace_s
+                while tracker.getActiveStageIds() and time.monotonic() < deadline:
+                    time.sleep(0.1)
         for query in self.queries:
             deadline = time.monotonic() + grace_s
             while (
@@ -696,6 +709,16 @@ class StreamJob:
                 restore_jvm()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
+
+
+REALTIME_STOP_LOGGERS = (
+    "org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec",
+    "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.scheduler.DAGScheduler",
+    "org.apache.spark.util.Utils",
+)
+"""The loggers of a real-time query's stop: the cancelled epoch's abort, its killed tasks."""
 
 
 def _store_keys(spark: Any, store_id: str) -> float:

@@ -284,6 +284,32 @@ _QUIET = {
 }
 
 
+@contextmanager
+def quiet_loggers(spark: Any, names: Sequence[str]) -> Iterator[None]:
+    """Turn the JVM loggers ``names`` off for the ``with`` block, then back to their levels before.
+
+    For what Spark logs as an error while doing what the job asked, e.g. a real-time query's
+    open epoch aborted by a stop. Another logging backend than log4j 2: nothing changes.
+    """
+    jvm = spark.sparkContext._jvm
+    previous: dict[str, Any] = {}
+    try:
+        configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+        for name in names:
+            previous[name] = jvm.org.apache.logging.log4j.LogManager.getLogger(name).getLevel()
+            configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.OFF)
+    except Exception:  # noqa: BLE001 - another logging backend: keep its messages
+        log.debug("could not turn Spark loggers %s off", list(names), exc_info=True)
+    try:
+        yield
+    finally:
+        for name, level in previous.items():
+            try:
+                configurator.setLevel(name, level)
+            except Exception:  # noqa: BLE001 - the session may be gone
+                log.debug("could not restore Spark logger %s", name, exc_info=True)
+
+
 def _quiet(spark: Any) -> None:
     """Lower Spark loggers that warn about what the stream job does on purpose."""
     jvm = spark.sparkContext._jvm
