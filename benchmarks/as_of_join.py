@@ -31,13 +31,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from peers import size_label  # noqa: E402 - the issue's JSON keys name sizes (ratio_asof_vs_latest_10k)
 
 KEYS = int(os.environ.get("THREES_BENCH_ASOF_KEYS", "10000"))
-
-
-def size_label(keys: int) -> str:
-    """``10k``, ``1m``...: the key count as the issue's JSON keys name it (``ratio_asof_vs_latest_10k``)."""
-    return f"{keys // 1_000_000}m" if keys >= 1_000_000 and keys % 1_000_000 == 0 else f"{keys // 1000}k"
 VERSIONS = int(os.environ.get("THREES_BENCH_ASOF_VERSIONS", "5"))
 BATCH = int(os.environ.get("THREES_BENCH_BATCH", "200000"))
 ROUNDS = int(os.environ.get("THREES_BENCH_ASOF_ROUNDS", "3"))

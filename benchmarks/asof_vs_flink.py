@@ -73,7 +73,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from peers import PeerTopics, load_note, measure_output, size_label  # noqa: E402
+from peers import PeerTopics, load_note, measure_output, run_bench, size_label  # noqa: E402
+from stream_join import KS_EVENT, KS_REF, ks_enriched  # noqa: E402
 
 KEYS = [int(n) for n in os.environ.get("THREES_BENCH_FLINK_KEYS", "10000,1000000").split(",")]
 VERSIONS = int(os.environ.get("THREES_BENCH_FLINK_VERSIONS", "5"))
@@ -89,44 +90,9 @@ DAY_MS = 86_400_000
 log = logging.getLogger("asof_vs_flink")
 
 # the Kafka Streams reference's schemas (the JSON of its Schemas.java), as stream_join.py part 6 uses them
-REF = {
-    "type": "record",
-    "name": "Ref",
-    "namespace": "bench",
-    "fields": [
-        {"name": "name", "type": "string"},
-        {"name": "category", "type": "string"},
-        {"name": "score", "type": "double"},
-        {"name": "updated_ms", "type": "long"},
-    ],
-}
-EVENT = {
-    "type": "record",
-    "name": "Event",
-    "namespace": "bench",
-    "fields": [
-        {"name": "eid", "type": "long"},
-        {"name": "fk", "type": "string"},
-        {"name": "amount", "type": "double"},
-        {"name": "ts", "type": "long"},
-    ],
-}
+REF, EVENT = KS_REF, KS_EVENT
 # what Flink's `avro` format writes for flink_temporal_join.py's out_t (nullable columns: unions, null first)
-FLINK_OUT = {
-    "type": "record",
-    "name": "record",
-    "namespace": "org.apache.flink.avro.generated",
-    "fields": [
-        {"name": "eid", "type": "long"},
-        {"name": "fk", "type": "string"},
-        {"name": "amount", "type": "double"},
-        {"name": "ts", "type": "long"},
-        {"name": "ref_name", "type": ["null", "string"], "default": None},
-        {"name": "ref_category", "type": ["null", "string"], "default": None},
-        {"name": "ref_score", "type": ["null", "double"], "default": None},
-        {"name": "ref_updated_ms", "type": ["null", "long"], "default": None},
-    ],
-}
+FLINK_OUT = ks_enriched("record", "org.apache.flink.avro.generated")
 
 
 def flink_jars() -> list[str]:
@@ -437,10 +403,4 @@ class Bench:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("THREES_BENCH_LOG", "INFO"), format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    bench = Bench()
-    try:
-        bench.main()
-    finally:
-        bench.close()
+    run_bench(Bench)

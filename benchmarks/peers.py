@@ -41,6 +41,18 @@ def load_note() -> str:
         return "load unknown"
 
 
+def run_bench(bench_class: Callable[[], Any]) -> None:
+    """A benchmark's ``__main__``: logging to stderr (``THREES_BENCH_LOG``), then ``bench_class()``, its
+    ``main()`` and its ``close()`` whatever happened (its topics deleted, its Spark session stopped)."""
+    logging.basicConfig(level=os.environ.get("THREES_BENCH_LOG", "INFO"), format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    bench = bench_class()
+    try:
+        bench.main()
+    finally:
+        bench.close()
+
+
 @dataclass
 class PeerTopics:
     """Creates the run's ``bench_peers_`` topics and deletes them (and the peers' consumer groups) at the end.

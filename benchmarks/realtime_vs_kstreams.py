@@ -67,8 +67,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from peers import PeerTopics, end_offsets, load_note, measure_output, percentile, size_label, wait_for_count  # noqa: E402
-from stream_join import KS_EVENT, KS_REF, ks_ref_category, ks_ref_name, parse_results  # noqa: E402
+from peers import PeerTopics, end_offsets, load_note, measure_output, percentile, run_bench, size_label, wait_for_count  # noqa: E402
+from stream_join import KS_EVENT, KS_REF, ks_enriched, ks_ref_category, ks_ref_name, parse_results  # noqa: E402
 
 KEYS = [int(n) for n in os.environ.get("THREES_BENCH_RT_KEYS", "10000").split(",")]
 EVENTS = int(os.environ.get("THREES_BENCH_RT_EVENTS", "2000000"))
@@ -85,21 +85,7 @@ LOOKUP = ROOT / "stream_app" / "jars" / "threes-lookup.jar"
 PROBE_BASE = 10**12
 log = logging.getLogger("realtime_vs_kstreams")
 
-KS_ENRICHED = {  # Schemas.ENRICHED of the reference (optional fields: unions with null first)
-    "type": "record",
-    "name": "Enriched",
-    "namespace": "bench",
-    "fields": [
-        {"name": "eid", "type": "long"},
-        {"name": "fk", "type": "string"},
-        {"name": "amount", "type": "double"},
-        {"name": "ts", "type": "long"},
-        {"name": "ref_name", "type": ["null", "string"], "default": None},
-        {"name": "ref_category", "type": ["null", "string"], "default": None},
-        {"name": "ref_score", "type": ["null", "double"], "default": None},
-        {"name": "ref_updated_ms", "type": ["null", "long"], "default": None},
-    ],
-}
+KS_ENRICHED = ks_enriched()  # Schemas.ENRICHED of the reference
 
 
 def right(fk: str, name: str | None, category: str | None, keys: int) -> bool:
@@ -466,10 +452,4 @@ class Bench:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=os.environ.get("THREES_BENCH_LOG", "INFO"), format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    bench = Bench()
-    try:
-        bench.main()
-    finally:
-        bench.close()
+    run_bench(Bench)

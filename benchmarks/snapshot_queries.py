@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
 
-from as_of_join import size_label  # noqa: E402 - the issue's JSON keys name sizes alike (iq_p99_ms_10k)
+from peers import size_label  # noqa: E402 - the issue's JSON keys name sizes alike (iq_p99_ms_10k)
 
 KEYS = int(os.environ.get("THREES_BENCH_QUERY_KEYS", "10000"))
 RATE = int(os.environ.get("THREES_BENCH_QUERY_RATE", "1000"))

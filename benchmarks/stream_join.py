@@ -199,6 +199,17 @@ KS_EVENT = {
     ],
 }
 
+
+def ks_enriched(name: str = "Enriched", namespace: str = "bench") -> dict[str, Any]:
+    """The enriched record of the Kafka Streams reference (``Schemas.ENRICHED``): the event's fields, then
+    each reference field as ``ref_<field>``, optional (a union with null first, default null).
+
+    A peer that writes the same columns under its own record name (Flink's ``avro`` format) passes it.
+    """
+    refs = [{"name": f"ref_{fld['name']}", "type": ["null", fld["type"]], "default": None} for fld in KS_REF["fields"]]
+    return {"type": "record", "name": name, "namespace": namespace, "fields": [*KS_EVENT["fields"], *refs]}
+
+
 log = logging.getLogger("bench")
 
 
