@@ -55,19 +55,12 @@ def upsert_statement(table: Table, key: Sequence[str], version: str, dialect: st
         updates = [(c, func.if_(newer, my.inserted[c], table.c[c])) for c in others]
         updates.append((version, func.greatest(my.inserted[version], table.c[version])))
         return my.on_duplicate_key_update(updates)
-    if dialect == "postgresql":
-        pg = postgresql.insert(table)
-        return pg.on_conflict_do_update(
+    if dialect in ("postgresql", "sqlite"):  # the same ON CONFLICT ... DO UPDATE ... WHERE in both
+        ins = (postgresql if dialect == "postgresql" else sqlite).insert(table)
+        return ins.on_conflict_do_update(
             index_elements=list(key),
-            set_={c: pg.excluded[c] for c in [*others, version]},
-            where=table.c[version] < pg.excluded[version],
-        )
-    if dialect == "sqlite":
-        lite = sqlite.insert(table)
-        return lite.on_conflict_do_update(
-            index_elements=list(key),
-            set_={c: lite.excluded[c] for c in [*others, version]},
-            where=table.c[version] < lite.excluded[version],
+            set_={c: ins.excluded[c] for c in [*others, version]},
+            where=table.c[version] < ins.excluded[version],
         )
     raise FatalError(f"dialect {dialect!r} has no supported upsert")
 
