@@ -38,9 +38,12 @@ class BatchPlan:
 
     Args:
         plan: the job's plan.
+        jvm_decoder: real-time mode: the names of the JVM decode and reason functions
+            (:func:`stream_app.realtime.register_event_decoder`), which resolve writer schemas
+            themselves; ``None`` decodes with the writer schemas given to :meth:`frame`.
     """
 
-    def __init__(self, plan: JobPlan):
+    def __init__(self, plan: JobPlan, jvm_decoder: tuple[str, str] | None = None):
         from pyspark.sql import functions as f
 
         self.plan = plan
@@ -55,6 +58,7 @@ class BatchPlan:
         self._raw_when_null = sorted(key_fields & set(event_fields))
         self._writers: frozenset[Any] | None = None
         self._registry = cfg.events.value_format == "confluent_avro"
+        self._jvm_decoder = jvm_decoder
         self._decode: tuple[list[Any], list[Any], list[Any]] | None = None
         self._cache = ColumnCache()
         self._snapshot_headers: tuple[tuple[tuple[str, str], ...], Any] | None = None
@@ -107,6 +111,7 @@ class BatchPlan:
     ) -> tuple[list[Any], list[Any], list[Any]]:
         """The three projections that decode events, rebuilt when the writer schemas change."""
         from pyspark.sql import functions as f
+        from pyspark.sql.avro.functions import from_avro
 
         relevant = writers_for(dict(writers), self.plan.events.avro)
         # confluent_avro: the registry ids of the relevant writers (the others would not decode either)
@@ -118,6 +123,17 @@ class BatchPlan:
         def single_object(col: Any) -> Any:
             return from_confluent(col, ids) if self._registry else col
 
+        def decode(col: Any) -> Any:
+            if self._jvm_decoder is None:
+                return decode_avro(single_object(col), relevant, self.plan.events.json)
+            body = f.call_function(self._jvm_decoder[0], col)
+            return from_avro(body, self.plan.events.json, {"mode": "PERMISSIVE"})
+
+        def reason(col: Any) -> Any:
+            if self._jvm_decoder is None:
+                return decode_error_reason(single_object(col), relevant, "value")
+            return f.call_function(self._jvm_decoder[1], col)
+
         meta = ["__key", "__headers", "__partition", "__offset"] + (["__timestamp"] if self.timestamp else [])
         first = [
             f.col("key").alias("__key"),
@@ -126,7 +142,7 @@ class BatchPlan:
             f.col("partition").alias("__partition"),
             f.col("offset").alias("__offset"),
             *([f.col("timestamp").alias("__timestamp")] if self.timestamp else []),
-            decode_avro(single_object(f.col("value")), relevant, self.plan.events.json).alias("__v"),
+            decode(f.col("value")).alias("__v"),
         ]
         # PERMISSIVE from_avro gives a struct of nulls for a corrupt body: a required field is then null
         required = [fld["name"] for fld in self.plan.events.avro["fields"] if not is_optional(fld["type"])]
@@ -138,7 +154,7 @@ class BatchPlan:
             decoded = decoded & ~all_null
         second = [*self._cache.cols([*meta, "__value", "__v"]), decoded.alias("__decoded")]
         error = f.when(f.col("__value").isNull(), f.lit("event has no value (null)")).when(
-            ~f.col("__decoded"), decode_error_reason(single_object(f.col("__value")), relevant, "value")
+            ~f.col("__decoded"), reason(f.col("__value"))
         )
         # the error is set exactly when the value is null or did not decode (a null value never decodes):
         # ~__decoded, not a second copy of the error's expression tree

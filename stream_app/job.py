@@ -324,6 +324,7 @@ class StreamJob:
             checkpoint_interval_s,
             consumer_properties,
             lookup_jar,
+            register_event_decoder,
             register_lookup,
         )
         from stream_app.snapshot.data import SnapshotView
@@ -352,7 +353,13 @@ class StreamJob:
             )
             views[name] = SnapshotView(name, snap.key.spark_type, snap.value.spark_type, {}, "jvm", 0,
                                        jvm=(udf, key_json, snap.value.json))
-        self._batch = BatchPlan(plan)
+        # the events are decoded in the JVM, which reads a writer schema registered after the start on its
+        # first record (a real-time query has no micro-batch boundary at which to learn it)
+        decoder = register_event_decoder(
+            self.spark, re.sub(r"\W", "_", f"threes_decode_{cfg.name}"), plan.events.json, consumer,
+            self.kafka.schema_topic,
+        )
+        self._batch = BatchPlan(plan, jvm_decoder=decoder)
         events = cfg.events
         stream = (
             self._read_stream(events.topic, events.starting_offsets)
@@ -360,7 +367,6 @@ class StreamJob:
             .option("failOnDataLoss", str(events.fail_on_data_loss).lower())
             .load()
         )
-        # the events' writer schemas known now; one registered later is dead-lettered until a restart
         records = self._batch.records(
             self._batch.frame(stream, self._writers()), [BoundLookup(lk, views[lk.snapshot]) for lk in cfg.lookups],
             views,

@@ -253,6 +253,38 @@ def register_lookup(
     return str(spec.storeId())
 
 
+def register_event_decoder(
+    spark: Any, udf_name: str, reader_schema_json: str, consumer_config: str, schema_topic: str
+) -> tuple[str, str]:
+    """Register the events' decode step of a real-time query in ``spark``: two JVM UDFs.
+
+    A micro-batch query learns writer schemas registered after it started between micro-batches; a
+    real-time query cannot, so its events are decoded in the JVM (``threes.lookup.EventDecoder``),
+    which reads the schema topic again on the first record of a writer it has not seen, as a
+    registry-backed Kafka deserializer does: a producer that registers a new writer schema after the
+    query started is read, not dead-lettered.
+
+    Args:
+        spark: a SparkSession whose ``spark.jars`` hold :func:`lookup_jar`.
+        udf_name: the decode function's SQL name; the reason function is ``<udf_name>_error``.
+        reader_schema_json: the events' reader schema (``stream.events.value_schema``).
+        consumer_config: :func:`consumer_properties`.
+        schema_topic: the topic of the writer schemas.
+
+    Returns:
+        ``(decode, error)``: the names of ``binary -> binary`` (single-object record -> bare body of
+        the reader schema, null when it does not decode) and ``binary -> string`` (the dead letter's
+        reason, null when it decodes).
+    """
+    jvm = spark.sparkContext._jvm
+    types = jvm.org.apache.spark.sql.types.DataTypes
+    names = (udf_name, f"{udf_name}_error")
+    for name, reasons, result in zip(names, (False, True), (types.BinaryType, types.StringType), strict=True):
+        udf = jvm.threes.lookup.EventDecodeUdf(schema_topic, consumer_config, reader_schema_json, reasons)
+        spark._jsparkSession.udf().register(name, udf, result)
+    return names
+
+
 def lookup_column(udf_name: str, key: Any, key_schema_json: str | None, value_schema_json: str) -> Any:
     """The snapshot value of each event's key, as a struct column (null when the snapshot has no such key).
 

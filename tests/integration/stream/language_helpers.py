@@ -38,10 +38,13 @@ def produce(
     """Produce ``(key, value)`` pairs; a dict key is encoded with ``key_schema``, a ``None`` value is a tombstone."""
     value_ser = AvroSerializer(value_schema, env.store)
     key_ser = AvroSerializer(key_schema, env.store) if key_schema is not None else None
+    failed: list[Any] = []
     for key, value in records:
         raw_key = key_ser(key) if isinstance(key, dict) and key_ser is not None else key
-        env.producer.produce(topic, key=raw_key, value=None if value is None else value_ser(value))
-    assert env.producer.flush(10) == 0
+        env.producer.produce(topic, key=raw_key, value=None if value is None else value_ser(value),
+                             on_delivery=lambda err, _msg: failed.append(err) if err is not None else None)
+    assert env.producer.flush(30) == 0
+    assert not failed, f"{topic}: {len(failed)} record(s) not delivered: {failed[0]}"
 
 
 def totals(job: Any, events: int, timeout_s: float = 60.0) -> dict[str, int]:

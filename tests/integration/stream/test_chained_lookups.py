@@ -138,7 +138,9 @@ def test_three_hop_chain_with_a_missing_middle_key(spark, env, engine, how):
     got = env.consume(env.enriched, lambda rs: len(rs) >= len(want))
     assert [fld["name"] for fld in job.plan.enriched.avro["fields"]] == list(next(iter(want.values())))
     by_line = {r["value"]["line_id"]: r["value"] for r in got}
-    assert len(got) == len(want) and by_line == want
+    assert sorted(r["value"]["line_id"] for r in got) == sorted(want), f"{engine}/{how}: one record per kept line"
+    for line_id, row in want.items():
+        assert by_line[line_id] == row, f"{engine}/{how}: line {line_id}"
     if how == "left":  # the missing customer: nulls below it, the order above it kept
         assert by_line[3]["order_channel"] == "web" and by_line[3]["customer_name"] is None
         assert by_line[3]["nation_region"] is None

@@ -2,18 +2,22 @@
 
 The same events, snapshot and config, once in micro-batch mode and once in real-time mode: the
 enriched events and the projection updates are the same. Then the real-time job sees a reference
-change by later events, and a stop and a restart from the checkpoint lose nothing.
+change by later events, and a stop and a restart from the checkpoint lose nothing. A producer
+that registers a new writer schema after the query started is read, not dead-lettered.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 
+from connectors.dlq import DeadLetter
+from schemas.serde import MARKER, AvroSerializer
 from stream_app.realtime import lookup_jar
 
-from .conftest import flight
+from .conftest import FLIGHT, flight
 
 pytestmark = pytest.mark.spark
 
@@ -88,3 +92,30 @@ def test_realtime_gives_the_enriched_events_and_updates_of_microbatch(spark, env
     (restarted,) = [s for s in store_status(spark).values() if s["loaded_from_file"] >= 0]
     assert restarted["loaded_from_file"] == 3 and restarted["applied"] == 0 and restarted["keys"] == 3
     assert len(list((env.tmp / "rt" / "realtime-stores").glob("airports@*.store"))) == 1
+
+
+def test_realtime_reads_a_writer_schema_registered_after_the_start(spark, env):
+    """A real-time query has no micro-batch boundary at which to learn new writer schemas: its events are
+    decoded in the JVM, which reads the schema topic again on a fingerprint it has not seen."""
+    lookup_jar()
+    env.put_airport("EWR")
+    env.put_flights([flight(1)])
+    config = _config(env, mode="realtime", checkpoint_interval="5 seconds", updates=[])
+    env.start(spark, config)
+    env.consume(env.enriched, lambda rs: 1 in _by_id(rs), timeout_s=180)  # the query runs its first epoch
+
+    # a new writer of the events (one more field, with a name no earlier run registered): registered now
+    gate = "gate_" + re.sub(r"\W", "_", env.unique)
+    v2 = {**FLIGHT, "fields": [*FLIGHT["fields"], {"name": gate, "type": "string", "default": ""}]}
+    writer = AvroSerializer(v2, env.store)
+    for i in (2, 3):
+        env.producer.produce(env.events, key=str(i).encode(), value=writer({**flight(i), gate: "B7"}))
+    assert env.producer.flush(10) == 0
+    corrupt = env.put_raw_event(b"bad", MARKER + b"\x07" * 8 + b"\x02")  # a writer no one registered
+    got = _by_id(env.consume(env.enriched, lambda rs: {2, 3} <= set(_by_id(rs)), timeout_s=120))
+    assert got[2]["origin_name"] == "Newark Liberty Intl" and gate not in got[2]  # read with the reader schema
+
+    (letter,) = env.consume(env.dlq, lambda rs: len(rs) >= 1, timeout_s=60, deserialize=False)
+    dead = DeadLetter.from_headers(list(letter["headers"].items()))
+    assert (int(letter["headers"]["dlq.partition"]), int(letter["headers"]["dlq.offset"])) == corrupt
+    assert dead.stage == "decode" and dead.message == "value has an unknown writer schema fingerprint " + "07" * 8
