@@ -640,9 +640,10 @@ class StreamJob:
                 for query in self.queries:
                     query.stop()
                     query.awaitTermination(grace_s)
-                # the killed tasks log their abort as they end, after the query: wait for them
+                # the killed tasks log their abort as they end, after the query and after their stage left the
+                # active ones (a cancelled stage ends at once): wait until no task runs
                 tracker, deadline = self.spark.sparkContext.statusTracker(), time.monotonic() + grace_s
-                while tracker.getActiveStageIds() and time.monotonic() < deadline:
+                while (tracker.getActiveStageIds() or _running_tasks(self.spark)) and time.monotonic() < deadline:
                     time.sleep(0.1)
         for query in self.queries:
             deadline = time.monotonic() + grace_s
@@ -715,6 +716,21 @@ class StreamJob:
                 restore_jvm()
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
+
+
+def _running_tasks(spark: Any) -> int:
+    """How many tasks the executors run now, by the task scheduler (0 when Spark cannot tell).
+
+    Not the status tracker's executor infos: they count no task of ``local[*]``'s driver executor.
+    """
+    try:
+        counts = spark.sparkContext._jsc.sc().taskScheduler().runningTasksByExecutors().valuesIterator()
+        running = 0
+        while counts.hasNext():
+            running += int(counts.next())
+        return running
+    except Exception:  # noqa: BLE001 - the session is stopping: nothing to wait for
+        return 0
 
 
 REALTIME_STOP_LOGGERS = (
