@@ -125,6 +125,9 @@ BATCH = int(os.environ.get("THREES_BENCH_BATCH", "50000"))
 RATE = int(os.environ.get("THREES_BENCH_RATE", "2000"))
 LATENCY_S = float(os.environ.get("THREES_BENCH_LATENCY_S", "30"))
 ROUNDS = int(os.environ.get("THREES_BENCH_ROUNDS", "2"))
+# part 1's configurations to run, comma-separated (no_join, job_10k, job_1m, plain_broadcast_10k,
+# plain_broadcast_1m, job_10k_indexed); empty: all of them
+THROUGHPUT_RUNS = {n for n in os.environ.get("THREES_BENCH_THROUGHPUT_RUNS", "").split(",") if n}
 SMALL, MEDIUM = 10_000, 100_000
 KS_EVENTS = int(os.environ.get("THREES_BENCH_KS_EVENTS", "2000000"))  # the anchor's E (its RESULTS.md)
 KS_KEYS = [int(n) for n in os.environ.get("THREES_BENCH_KS_KEYS", "10000,1000000").split(",")]
@@ -497,6 +500,8 @@ class Bench:
             "plain_broadcast_1m": lambda: self.run_plain_broadcast(events, large),
             "job_10k_indexed": lambda: self.run_job(events, small, index_min_rows=0),
         }
+        if THROUGHPUT_RUNS:  # a subset, by name (THREES_BENCH_THROUGHPUT_RUNS)
+            runs = {name: run for name, run in runs.items() if name in THROUGHPUT_RUNS}
         for round_ in range(ROUNDS):
             for name, run in runs.items():
                 log.info("throughput run %s round %d", name, round_ + 1)

@@ -341,8 +341,9 @@ def apply_steps(
         passthrough: a column whose non-null rows (events to dead-letter) neither a ``where`` nor an
             inner lookup drops.
         cache: the job's :class:`~stream_app.columns.ColumnCache`.
-        observation: a ``pyspark.sql.Observation`` that receives ``filtered``, the events the
-            ``where`` dropped; ``None``: not counted.
+        observation: a ``pyspark.sql.Observation`` (a micro-batch) or the name of the observed
+            metrics in a streaming query's progress (real-time mode) that receives ``filtered``, the
+            events the ``where`` dropped; ``None``: not counted.
 
     Returns:
         The events with every derive and looked-up column, without the events ``where`` dropped.

@@ -65,6 +65,8 @@ from stream_app.writers import WriterSchemas, registry_subjects
 log = logging.getLogger(__name__)
 
 V1_SOURCES = "avro,csv,json,orc,parquet,text"  # Spark's default list without kafka
+# the names of a real-time query's observed metrics (each epoch's progress carries them)
+EPOCH_IN, EPOCH_WHERE, EPOCH_OUT = "threes_events_in", "threes_where", "threes_records_out"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # Settings the job's plans need unless the YAML's ``stream.spark.conf`` says otherwise. Constraint
 # propagation (the optimizer's PruneFilters / InferFiltersFromConstraints) derives every constraint of
@@ -108,7 +110,8 @@ class StreamJob:
         self._writers: WriterSchemas | None = None  # set by start(); stop() after a failed start must not need it
         self._offsets_log: BatchOffsetsLog | None = None
         self._options = spark_kafka_options(kafka)
-        self._late: _LateEvents | None = None
+        self._listener: _ProgressListener | None = None
+        self._counted: tuple[Any, list[Any]] | None = None  # the observed counts' columns, built on first use
         self.http: Any = None  # the metrics port's server (metrics, status, interactive queries)
 
     # -- start-up ---------------------------------------------------------------------------
@@ -159,7 +162,6 @@ class StreamJob:
         loading = threading.Thread(target=self._bootstrap, args=(started,), name="snapshot-bootstrap", daemon=True)
         loading.start()
         self._batch = BatchPlan(plan)
-        self._counted: tuple[Any, list[Any]] | None = None  # the observed counts, built at the first batch
         self.queries.append(self._start_enrich(available_now))
         if not self._wait_loaded(loading):
             return
@@ -184,17 +186,38 @@ class StreamJob:
             # the aggregations read the enriched topic: let it be complete first
             self.queries[0].awaitTermination()
         if aggregations:
-            if self._late is None:
-                self._late = _LateEvents(cfg.name)
-                self.spark.streams.addListener(self._late)
-                for query in self.queries:  # running now: its last events come to the listener
-                    self._late.expect(query)
+            listener = self._progress_listener()
+            for query in self.queries:  # running now: its last events come to the listener
+                listener.expect(query)
             self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
             self.spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
             for update in aggregations:
                 query = self._start_aggregation(update, available_now)
-                self._late.watch(query, update.config.topic)
+                listener.watch(query, update.config.topic)
                 self.queries.append(query)
+
+    def _progress_listener(self) -> _ProgressListener:
+        """The job's query listener, registered with Spark on first use."""
+        if self._listener is None:
+            self._listener = _ProgressListener(self.config.name)
+            self.spark.streams.addListener(self._listener)
+        return self._listener
+
+    def _count_columns(self) -> tuple[Any, list[Any]]:
+        """The observed counts: events as they enter; enriched events, dead letters and records as they leave."""
+        from pyspark.sql import functions as f
+
+        cfg = self.config
+        if self._counted is None:  # built once: each functions call is a dozen py4j round trips
+            self._counted = (
+                f.count(f.lit(1)).alias("events"),
+                [
+                    f.count_if(f.col("topic") == cfg.enriched_topic).alias("enriched"),
+                    f.count_if(f.col("topic") == cfg.dead_letter_topic).alias("dead_letters"),
+                    f.count(f.lit(1)).alias("records"),
+                ],
+            )
+        return self._counted
 
     def _wait_loaded(self, loading: threading.Thread, poll_s: float = 0.2) -> bool:
         """Wait for the snapshots to load (the readiness gate), or for a stop; ``False`` when stopped first.
@@ -367,10 +390,17 @@ class StreamJob:
             .option("failOnDataLoss", str(events.fail_on_data_loss).lower())
             .load()
         )
+        # counted per epoch (observed metrics, in each epoch's progress: _count_epoch); events as they enter
+        # only when they are not one record each (as process_batch does)
+        counted_in, counted_out = self._count_columns()
+        frame = self._batch.frame(stream, self._writers())
+        if not self._batch.one_record_per_event or self._batch.drops_events:
+            frame = frame.observe(EPOCH_IN, counted_in)
         records = self._batch.records(
-            self._batch.frame(stream, self._writers()), [BoundLookup(lk, views[lk.snapshot]) for lk in cfg.lookups],
-            views,
-        )
+            frame, [BoundLookup(lk, views[lk.snapshot]) for lk in cfg.lookups], views,
+            EPOCH_WHERE if cfg.where is not None else None,
+        ).observe(EPOCH_OUT, *counted_out)
+        listener = self._progress_listener()
         writer = records.writeStream.format("kafka").outputMode("update")
         for key, value in sink_options(self._options).items():
             writer = writer.option(key, value)
@@ -378,7 +408,9 @@ class StreamJob:
             f"{cfg.name}-realtime-{uuid.uuid4().hex[:6]}"
         )
         interval = checkpoint_interval_s(cfg)
-        self.queries.append(writer.trigger(realTime=f"{interval} seconds").start())
+        query = writer.trigger(realTime=f"{interval} seconds").start()
+        listener.count(query, self._count_epoch)
+        self.queries.append(query)
         self._ready.set()
         for name in views:  # `threes status` and /metrics: the keys of this JVM's store (local[*]: every executor's)
             metrics.SNAPSHOT_KEYS.labels(cfg.name, name).set_function(
@@ -485,7 +517,6 @@ class StreamJob:
     def process_batch(self, batch: Any, batch_id: int) -> None:
         """Enrich one micro-batch and write its enriched events, updates and dead letters (``foreachBatch``)."""
         from pyspark.sql import Observation
-        from pyspark.sql import functions as f
 
         cfg = self.config
         started = time.monotonic()
@@ -510,16 +541,7 @@ class StreamJob:
 
         views, replay = self._views(batch_id, decoded if waiting else None)
         refreshed = time.monotonic()
-        if self._counted is None:  # built once: each functions call is a dozen py4j round trips
-            self._counted = (
-                f.count(f.lit(1)).alias("events"),
-                [
-                    f.count_if(f.col("topic") == cfg.enriched_topic).alias("enriched"),
-                    f.count_if(f.col("topic") == cfg.dead_letter_topic).alias("dead_letters"),
-                    f.count(f.lit(1)).alias("records"),
-                ],
-            )
-        counted_in, counted_out = self._counted
+        counted_in, counted_out = self._count_columns()
         frame = self._batch.frame(batch, self._writers(), self._writers.headers())
         seen_in = None
         # One record per event: the events are the records. Else counted as they enter: an observation
@@ -579,11 +601,7 @@ class StreamJob:
         except Exception as exc:  # the session stopped before the metrics arrived
             log.debug("job=%s batch=%d: no counts (%s)", cfg.name, batch_id, exc)
             return
-        counts["updates"] = counts["records"] - counts["enriched"] - counts["dead_letters"]
-        for kind in ("events", "enriched", "dead_letters", "updates"):
-            metrics.RECORDS.labels(cfg.name, kind).inc(counts[kind])
-        if "filtered" in counts:
-            metrics.FILTERED.labels(cfg.name).inc(counts["filtered"])
+        self._record_counts(counts)
         for snapshot, n in old_events:
             if n:
                 metrics.AS_OF_TOO_OLD.labels(cfg.name, snapshot).inc(n)
@@ -604,6 +622,35 @@ class StreamJob:
             replay,
             " ".join(f"{n}={offsets_json(v.offsets)}" for n, v in sorted(views.items())),
             *timings,
+        )
+
+    def _record_counts(self, counts: dict[str, int]) -> None:
+        """Add a batch's (or an epoch's) counts to the metrics; ``counts`` gains ``updates``."""
+        cfg = self.config
+        counts["updates"] = counts["records"] - counts["enriched"] - counts["dead_letters"]
+        for kind in ("events", "enriched", "dead_letters", "updates"):
+            metrics.RECORDS.labels(cfg.name, kind).inc(counts[kind])
+        if "filtered" in counts:
+            metrics.FILTERED.labels(cfg.name).inc(counts["filtered"])
+
+    def _count_epoch(self, progress: Any) -> None:
+        """Count a real-time epoch from its progress's observed metrics (Spark's listener thread)."""
+        cfg = self.config
+        observed_metrics = progress.observedMetrics or {}
+        out = observed_metrics.get(EPOCH_OUT)
+        if out is None:  # an epoch cancelled by a stop: its events are counted when a restart replays them
+            return
+        counts = {k: int(out[k] or 0) for k in ("enriched", "dead_letters", "records")}
+        seen_in, where = observed_metrics.get(EPOCH_IN), observed_metrics.get(EPOCH_WHERE)
+        counts["events"] = int(seen_in["events"] or 0) if seen_in is not None else counts["records"]
+        if where is not None:
+            counts["filtered"] = int(where["filtered"] or 0)
+        self._record_counts(counts)
+        self.counts[progress.batchId] = counts
+        log.info(
+            "job=%s epoch=%d events=%d filtered=%d enriched=%d dead_letters=%d updates=%d",
+            cfg.name, progress.batchId, counts["events"], counts.get("filtered", 0), counts["enriched"],
+            counts["dead_letters"], counts["updates"],
         )
 
     # -- running and stopping --------------------------------------------------------------------
@@ -653,18 +700,18 @@ class StreamJob:
                 time.sleep(0.1)
             query.stop()
         self.queries = []
-        if self._late is not None:
+        if self._listener is not None:
             # Spark delivers query events through an asynchronous bus: the stopped queries' last progress
             # (late events to count) and their termination may not have reached the listener yet. Removed
             # sooner, the listener would miss them, or get them in a call to a Python side that is exiting.
-            if not self._late.wait_terminated(grace_s):
+            if not self._listener.wait_terminated(grace_s):
                 log.warning(
-                    "job=%s the late-events listener did not hear the end of every query within %.0f s",
+                    "job=%s the progress listener did not hear the end of every query within %.0f s",
                     self.config.name,
                     grace_s,
                 )
-            self.spark.streams.removeListener(self._late)
-            self._late = None
+            self.spark.streams.removeListener(self._listener)
+            self._listener = None
         if self.http is not None:
             self.http.close()
             self.http = None
@@ -848,17 +895,20 @@ def _jvm_ignores_sigterm(spark: Any) -> Callable[[], None]:
     return restore
 
 
-class _LateEvents(StreamingQueryListener):
-    """Counts the enriched events each aggregation drops as late (older than its watermark).
+class _ProgressListener(StreamingQueryListener):
+    """The job's listener of its queries' progress: late events, and a real-time query's epoch counts.
 
-    Spark's event-time semantics drop such events in the stateful operators
-    (``dropDuplicatesWithinWatermark`` and the windowed aggregation) and only
-    report how many in each micro-batch's progress
-    (``stateOperators[].numRowsDroppedByWatermark``). So that none vanish
-    silently, this listener adds them to ``threes_stream_late_events_total``
-    (labels job, update topic) and logs a warning per micro-batch that dropped
-    any. The events themselves stay in the enriched topic (and their updates
-    in the projections); only the aggregate does not count them.
+    **Late events.** Spark's event-time semantics drop events older than the watermark in the
+    stateful operators (``dropDuplicatesWithinWatermark`` and the windowed aggregation) and only
+    report how many in each micro-batch's progress (``stateOperators[].numRowsDroppedByWatermark``).
+    So that none vanish silently, this listener adds them to ``threes_stream_late_events_total``
+    (labels job, update topic) and logs a warning per micro-batch that dropped any. The events
+    themselves stay in the enriched topic (and their updates in the projections); only the
+    aggregate does not count them.
+
+    **Epoch counts.** A real-time query has no ``foreachBatch`` where the job could read its
+    counts: its observed metrics (``Dataset.observe`` under a name) arrive in each epoch's
+    progress (``observedMetrics``), which :meth:`count` hands to a callback.
     """
 
     def __init__(self, job: str):
@@ -866,6 +916,7 @@ class _LateEvents(StreamingQueryListener):
         self.job = job
         self.dropped: dict[str, int] = {}  # update topic -> events dropped so far
         self._topics: dict[str, str] = {}  # query id -> update topic
+        self._counted: dict[str, Callable[[Any], None]] = {}  # query id -> what takes its progress
         self._ended = threading.Condition()
         self._expected: set[str] = set()  # run ids whose termination event will reach this listener
         self._terminated: set[str] = set()  # run ids whose termination event did
@@ -874,6 +925,11 @@ class _LateEvents(StreamingQueryListener):
         """Count the late events of an aggregation query writing ``topic`` (started after the listener)."""
         self._topics[str(query.id)] = topic
         self.dropped.setdefault(topic, 0)
+        self.expect(query)
+
+    def count(self, query: Any, on_progress: Callable[[Any], None]) -> None:
+        """Hand every progress of ``query`` (started after the listener) to ``on_progress``."""
+        self._counted[str(query.id)] = on_progress
         self.expect(query)
 
     def expect(self, query: Any) -> None:
@@ -904,8 +960,11 @@ class _LateEvents(StreamingQueryListener):
         """Nothing to do."""
 
     def onQueryProgress(self, event: Any) -> None:  # noqa: N802
-        """Add a micro-batch's late events to the counter."""
+        """Add a micro-batch's late events to the counter; hand a counted query's progress on."""
         progress = event.progress
+        on_progress = self._counted.get(str(progress.id))
+        if on_progress is not None:
+            on_progress(progress)
         topic = self._topics.get(str(progress.id))
         if topic is None:
             return

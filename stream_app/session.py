@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +29,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SPARK_VERSION = "4.2.0"
-"""The Spark of ``pyspark==4.2.0`` (pyproject.toml): the Kafka and Avro connectors must match it exactly."""
+
+
+def _installed_pyspark(pinned: str = "4.2.0") -> str:
+    try:
+        return metadata.version("pyspark")
+    except metadata.PackageNotFoundError:  # pragma: no cover - pyspark is a dependency
+        return pinned
+
+
+SPARK_VERSION = _installed_pyspark()
+"""The installed pyspark's version (pyproject.toml pins ``pyspark==4.2.0``). The Kafka and Avro connectors
+must match it exactly, so they follow it: another pyspark on the path (a benchmark of two Spark
+versions side by side, ``benchmarks/spark_versions.py``) gets its own."""
 SPARK_PACKAGES = (
     f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
     f"org.apache.spark:spark-avro_2.13:{SPARK_VERSION}",

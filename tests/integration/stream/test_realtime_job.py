@@ -18,6 +18,7 @@ from schemas.serde import MARKER, AvroSerializer
 from stream_app.realtime import lookup_jar
 
 from .conftest import FLIGHT, flight
+from .language_helpers import totals
 
 pytestmark = pytest.mark.spark
 
@@ -61,6 +62,8 @@ def test_realtime_gives_the_enriched_events_and_updates_of_microbatch(spark, env
     assert enriched_rt == enriched_mb and updates_rt == updates_mb
     assert enriched_rt[1]["origin_name"] == "Newark Liberty Intl" and enriched_rt[1]["late"] is True
     assert enriched_rt[2]["dest_name"] is None  # SFO: not in the snapshot, a left lookup
+    # counted per epoch, from the observed metrics in each epoch's progress (the where dropped ORD)
+    assert totals(job, 4) == {"events": 4, "filtered": 1, "enriched": 3, "dead_letters": 0, "updates": 3}
 
     # eventually fresh: later events see a renamed airport
     env.put_airport("EWR", "Newark RENAMED")
@@ -101,7 +104,7 @@ def test_realtime_reads_a_writer_schema_registered_after_the_start(spark, env):
     env.put_airport("EWR")
     env.put_flights([flight(1)])
     config = _config(env, mode="realtime", checkpoint_interval="5 seconds", updates=[])
-    env.start(spark, config)
+    job = env.start(spark, config)
     env.consume(env.enriched, lambda rs: 1 in _by_id(rs), timeout_s=180)  # the query runs its first epoch
 
     # a new writer of the events (one more field, with a name no earlier run registered): registered now
@@ -119,3 +122,4 @@ def test_realtime_reads_a_writer_schema_registered_after_the_start(spark, env):
     dead = DeadLetter.from_headers(list(letter["headers"].items()))
     assert (int(letter["headers"]["dlq.partition"]), int(letter["headers"]["dlq.offset"])) == corrupt
     assert dead.stage == "decode" and dead.message == "value has an unknown writer schema fingerprint " + "07" * 8
+    assert totals(job, 4) == {"events": 4, "filtered": 0, "enriched": 3, "dead_letters": 1, "updates": 0}

@@ -45,7 +45,7 @@ def test_events_older_than_the_watermark_are_counted_not_silently_lost(spark, en
     env.put_flights([at(3, 1, 6), at(4, 3, 13)])
     again = env.start(spark, config, available_now=True)
     assert again.await_termination(180)
-    late = again._late
+    late = again._listener
     # progress reaches listeners through Spark's asynchronous bus: the stop waits for the queries' last events
     again.stop()
     assert late.dropped[env.delays] == 1

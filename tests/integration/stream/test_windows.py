@@ -230,7 +230,7 @@ def test_session_windows_match_a_pandas_oracle_and_a_late_event_moves_the_start_
     while _aggregated_rows(job, env.delays) < len(flights) + 3:
         assert time.monotonic() < deadline + 180, "the aggregation did not read the late flight"
         time.sleep(1)
-    late_events = job._late
+    late_events = job._listener
     job.stop()  # progress reaches listeners through Spark's asynchronous bus: the stop waits for the last events
     assert late_events.dropped[env.delays] == 1
 

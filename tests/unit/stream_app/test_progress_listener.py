@@ -1,4 +1,4 @@
-"""The late-events listener's bookkeeping of query ends (what StreamJob.stop waits for before removing it)."""
+"""The progress listener: its bookkeeping of query ends (what StreamJob.stop waits for), and counted queries."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 import uuid
 from types import SimpleNamespace
 
-from stream_app.job import _LateEvents
+from stream_app.job import _ProgressListener
 
 
 def query(active: bool = True) -> SimpleNamespace:
@@ -18,7 +18,7 @@ def terminated(q: SimpleNamespace) -> SimpleNamespace:
 
 
 def test_waits_for_the_end_of_every_query_running_when_registered():
-    late = _LateEvents("job")
+    late = _ProgressListener("job")
     enrich, aggregate, ended_before = query(), query(), query(active=False)
     late.expect(enrich)
     late.expect(ended_before)  # its end may have been delivered before the listener was added: not waited for
@@ -32,8 +32,23 @@ def test_waits_for_the_end_of_every_query_running_when_registered():
 
 
 def test_an_end_delivered_before_expect_counts():
-    late = _LateEvents("job")
+    late = _ProgressListener("job")
     q = query()
     late.onQueryTerminated(terminated(q))  # the bus was faster than expect()
     late.expect(q)
     assert late.wait_terminated(0)
+
+
+def test_a_counted_querys_progress_goes_to_its_callback_and_no_other():
+    listener = _ProgressListener("job")
+    counted, other = query(), query()
+    got: list[int] = []
+    listener.count(counted, lambda progress: got.append(progress.batchId))
+    listener.expect(other)
+    for q, epoch in ((counted, 3), (other, 7), (counted, 4)):
+        listener.onQueryProgress(SimpleNamespace(progress=SimpleNamespace(id=q.id, batchId=epoch, stateOperators=[])))
+    assert got == [3, 4]
+    listener.onQueryTerminated(terminated(other))
+    assert not listener.wait_terminated(0)  # a counted query's end is waited for too
+    listener.onQueryTerminated(terminated(counted))
+    assert listener.wait_terminated(0)
