@@ -15,7 +15,14 @@ import pytest
 
 from schemas.serde import fingerprint, schema_json
 from stream_app.avro import decode_avro
-from stream_app.realtime import consumer_properties, lookup_column, lookup_jar, register_lookup, store_status
+from stream_app.realtime import (
+    close_stores,
+    consumer_properties,
+    lookup_column,
+    lookup_jar,
+    register_lookup,
+    store_status,
+)
 
 from .conftest import AIRPORT, AIRPORT_KEY, FLIGHT, flight
 
@@ -93,6 +100,7 @@ def test_lookups_in_a_realtime_query_see_reference_changes_and_tombstones(spark,
         assert status["bytes"] <= status["max_bytes"] == snapshot.max_bytes
     finally:
         query.stop()
+        close_stores(spark)  # the store's consumer would tail this test's topics for the rest of the session
 
 
 def test_the_jvm_store_reads_its_topics_over_sasl_ssl_with_the_pipelines_ca(spark, env, endpoints):
