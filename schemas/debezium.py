@@ -30,7 +30,7 @@ import base64
 import datetime as dt
 import decimal
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 UNAVAILABLE = "__debezium_unavailable_value"
@@ -238,7 +238,7 @@ def _full_name(schema: Mapping[str, Any]) -> str:
     return name if "." in name or not schema.get("namespace") else f"{schema['namespace']}.{name}"
 
 
-def envelope_reader(row: Mapping[str, Any], envelopes: list[Mapping[str, Any]]) -> dict[str, Any]:
+def envelope_reader(row: Mapping[str, Any], envelopes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The reader schema of Debezium change events whose ``after`` is read as ``row``.
 
     Only ``after`` and ``op`` are read (Avro schema resolution skips ``before``, ``source``,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from stream_app.columns import ColumnCache, rows_where
@@ -46,7 +47,7 @@ from stream_app.snapshot.data import DELETED, LK, SnapshotView, event_lookup_key
 from stream_app.snapshot.indexed import MATCHED, ArrowLookup, lookup_udf_function
 from stream_app.snapshot.mapped import MappedLookup, mapped_udf_function
 from stream_app.snapshot.versioned import event_time_ms, join_as_of
-from stream_app.stages import DeriveStep, LookupStep, Step
+from stream_app.stages import DeriveStep, LookupStep, Step, WhereStep
 
 
 @dataclass(frozen=True)
@@ -119,15 +120,17 @@ def enrich(
     columns = tuple(events.columns)
     star = cache.col("*")
     numbered = list(zip(ids if ids is not None else range(len(lookups)), lookups, strict=True))
+    def key_of(i: int, lookup: BoundLookup) -> Any:
+        return event_lookup_key(lookup.config.on, lookup.view.key_type).alias(f"__lk{i}")
+
+    def hash_of(i: int) -> Any:
+        return f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}")
+
     keys = [
-        cache.get(
-            ("lookup key", i, id(lookup.config), lookup.view.key_type.simpleString()),
-            lambda i=i, lookup=lookup: event_lookup_key(lookup.config.on, lookup.view.key_type).alias(f"__lk{i}"),
-        )
+        cache.get(("lookup key", i, id(lookup.config), lookup.view.key_type.simpleString()), partial(key_of, i, lookup))
         for i, lookup in numbered
     ]
-    hashes = [cache.get(("lookup hash", i), lambda i=i: f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}"))
-              for i, _lookup in numbered]
+    hashes = [cache.get(("lookup hash", i), partial(hash_of, i)) for i, _lookup in numbered]
     # two projections: the hash reads the key computed by the first
     df = cache.select(cache.select(events, [star, *keys]), [star, *hashes])
     # as_of lookups join the versions table by Spark whatever the engine of the latest values
@@ -276,6 +279,7 @@ def _as_of_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None)
     if view.versions is None:
         raise ValueError(f"lookup on {view.name!r} has as_of, but the snapshot keeps no versions (retention)")
     as_of = lookup.config.as_of
+    assert as_of is not None  # only as_of lookups come here
     at = event_time_ms(f.col(as_of), df.schema[as_of].dataType)
     values = lookup.value_columns()
     joined, value_cols = join_as_of(df, i, f"__lk{i}", at, view.versions, values, lookup.config.how, passthrough,
@@ -324,6 +328,14 @@ def _jvm_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None, c
     return cache.select(df, [star, *expanded])
 
 
+def _derived(step: DeriveStep) -> list[Any]:
+    return [column(text, name) for name, text in step.columns]
+
+
+def _dropped_column(step: WhereStep, passthrough: str | None) -> Any:
+    return _dropped(step.expression, passthrough).alias(DROPPED)
+
+
 def apply_steps(
     events: Any,
     steps: Sequence[Step],
@@ -354,14 +366,12 @@ def apply_steps(
     df = events
     for step in steps:
         if isinstance(step, DeriveStep):
-            cols = cache.get(("derive", step.columns),
-                             lambda step=step: [column(text, name) for name, text in step.columns])
+            cols = cache.get(("derive", step.columns), partial(_derived, step))
             df = cache.select(df, [cache.col("*"), *cols])
         elif isinstance(step, LookupStep):
             df = enrich(df, [lookups[i] for i in step.lookups], passthrough, cache, ids=step.lookups)
         else:
-            dropped = cache.get(("where", step.expression, passthrough),
-                                lambda step=step: _dropped(step.expression, passthrough).alias(DROPPED))
+            dropped = cache.get(("where", step.expression, passthrough), partial(_dropped_column, step, passthrough))
             df = cache.select(df, [cache.col("*"), dropped])
             if observation is not None:
                 df = df.observe(observation, f.count_if(f.col(DROPPED)).alias("filtered"))

@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -413,9 +414,7 @@ class StreamJob:
         self.queries.append(query)
         self._ready.set()
         for name in views:  # `threes status` and /metrics: the keys of this JVM's store (local[*]: every executor's)
-            metrics.SNAPSHOT_KEYS.labels(cfg.name, name).set_function(
-                lambda store=store_ids[name]: _store_keys(self.spark, store)
-            )
+            metrics.SNAPSHOT_KEYS.labels(cfg.name, name).set_function(partial(_store_keys, self.spark, store_ids[name]))
         log.info("job=%s mode=realtime checkpoint_interval_s=%d snapshots=%s", cfg.name, interval, sorted(views))
         if cfg.metrics_port:
             token = cfg.metrics_token
@@ -423,6 +422,7 @@ class StreamJob:
 
     def _start_aggregation(self, update: Any, available_now: bool) -> Any:
         # decode only the fields the aggregation reads: same record name, so every enriched writer resolves
+        assert self.plan is not None and self._writers is not None  # set by start()
         enriched = self.plan.enriched
         names = [fld["name"] for fld in enriched.avro["fields"]]
         reader = subset_schema(enriched.avro, aggregation_input_fields(update, names), full_name(enriched.avro) or "")
@@ -532,17 +532,19 @@ class StreamJob:
             raise FatalError(f"the snapshots did not load: {self._bootstrap_error}") from self._bootstrap_error
         # the writer schemas first: a snapshot record or event written under a schema registered since the
         # last batch then decodes in this one
-        self._writers.refresh()
+        writers, batch_plan = self._writers, self._batch
+        assert writers is not None and batch_plan is not None  # set by start()
+        writers.refresh()
         waiting = any(lk.wait_for_reference is not None for lk in cfg.lookups)
 
         def decoded() -> Any:  # the batch's events, to read their newest event time (wait_for_reference)
-            self._writers.refresh()
-            return self._batch.frame(batch, self._writers(), self._writers.headers())
+            writers.refresh()
+            return batch_plan.frame(batch, writers(), writers.headers())
 
         views, replay = self._views(batch_id, decoded if waiting else None)
         refreshed = time.monotonic()
         counted_in, counted_out = self._count_columns()
-        frame = self._batch.frame(batch, self._writers(), self._writers.headers())
+        frame = batch_plan.frame(batch, writers(), writers.headers())
         seen_in = None
         # One record per event: the events are the records. Else counted as they enter: an observation
         # is a stage of its own (it breaks the whole-stage code generation), so only when needed. A where

@@ -535,9 +535,9 @@ def build_plan(
     updates: list[UpdatePlan] = []
     if enriched is not None:
         for j, update in enumerate(config.updates):
-            plan = _update_plan(update, enriched, lambda path, msg, j=j: problem(f"updates[{j}].{path}", msg))
-            if plan is not None:
-                updates.append(plan)
+            update_plan = _update_plan(update, enriched, lambda path, msg, j=j: problem(f"updates[{j}].{path}", msg))
+            if update_plan is not None:
+                updates.append(update_plan)
     if problems:
         raise ConfigError(problems)
     if unknown or enriched is None:
@@ -547,16 +547,16 @@ def build_plan(
     snapshot_plans = {snap.name: _snapshot_plan(snap, *snaps[snap.name]) for snap in config.snapshots}
     for name, envelope in envelopes.items():
         snapshot_plans[name].envelope = _schema(envelope)
-    plan = JobPlan(config, _schema(event), snapshot_plans, _schema(enriched), updates, steps, transform)
+    job_plan = JobPlan(config, _schema(event), snapshot_plans, _schema(enriched), updates, steps, transform)
     if spark is not None:
-        plan.events.spark_type = spark_type(spark, plan.events)
-        plan.enriched.spark_type = spark_type(spark, plan.enriched)
-        for snap in snapshot_plans.values():
-            snap.key.spark_type = spark_type(spark, snap.key)
-            snap.value.spark_type = spark_type(spark, snap.value)
-            if snap.envelope is not None:
-                snap.envelope.spark_type = spark_type(spark, snap.envelope)
-    return plan
+        job_plan.events.spark_type = spark_type(spark, job_plan.events)
+        job_plan.enriched.spark_type = spark_type(spark, job_plan.enriched)
+        for snapshot in snapshot_plans.values():
+            snapshot.key.spark_type = spark_type(spark, snapshot.key)
+            snapshot.value.spark_type = spark_type(spark, snapshot.value)
+            if snapshot.envelope is not None:
+                snapshot.envelope.spark_type = spark_type(spark, snapshot.envelope)
+    return job_plan
 
 
 def _snapshot_plan(config: SnapshotConfig, key: dict[str, Any], value: dict[str, Any]) -> SnapshotPlan:

@@ -615,13 +615,13 @@ class SnapshotView:
 
     def overlay_ipc(self) -> bytes | None:
         """The overlay as Arrow IPC bytes (shipped with the lookup function), ``None`` when empty."""
-        if self.overlay_rows and self._overlay_ipc is None:
+        if self.overlay is not None and self.overlay_rows and self._overlay_ipc is None:
             self._overlay_ipc = ipc_bytes(self.overlay.select([LK, LH, DELETED, *self.value_type.fieldNames()]))
         return self._overlay_ipc
 
     def overlay_df(self, spark: Any) -> Any:
         """The overlay as a small DataFrame (Spark joins it by broadcast), ``None`` when empty."""
-        if self.overlay_rows and self._overlay_df is None:
+        if self.overlay is not None and self.overlay_rows and self._overlay_df is None:
             self._overlay_df = spark.createDataFrame(self.overlay.select([LK, DELETED, *self.value_type.fieldNames()]))
         return self._overlay_df
 

@@ -121,6 +121,8 @@ class SnapshotBase:
                 return
             self._prewarm()
             return
+        if table is None:
+            raise ValueError("install needs a table or a DataFrame")
         rows = table.num_rows
         if rows > self.config.broadcast_max_rows:
             self.install(df=self.spark.createDataFrame(table), offsets=offsets)

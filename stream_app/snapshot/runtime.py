@@ -126,7 +126,7 @@ class Snapshot:
         self.base = SnapshotBase(spark, self.cfg, self.value_names, self._empty_base(), checkpoint)
         self._log: pa.Table | None = None
         self._view: SnapshotView | None = None
-        self._last_checkpoint = (time.monotonic(), None)
+        self._last_checkpoint: tuple[float, dict[str, dict[int, int]] | None] = (time.monotonic(), None)
         self._checkpoint_thread: threading.Thread | None = None
         self._ranges = RangeReader(kafka)
         self._decoder: tuple[frozenset[bytes], Callable[[Any], Any]] | None = None
