@@ -41,6 +41,7 @@ import pyarrow.fs as pafs
 
 from connectors.exceptions import ConfigError, ConfigProblem, SetupError
 from stream_app.kafka_io import Offsets, offsets_json, parse_offsets
+from stream_app.session import SPARK_VERSION
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -427,11 +428,19 @@ def _first_line(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-#: Spark's checkpoint file manager over Hadoop's ``FileSystem`` API (rename by ``File.renameTo``).
-#: (in ``...streaming.checkpointing`` since Spark 4.1, which split the streaming execution package).
-FILE_SYSTEM_CHECKPOINT_MANAGER = (
-    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-)
+def file_system_checkpoint_manager(spark_version: str = SPARK_VERSION) -> str:
+    """Spark's checkpoint file manager over Hadoop's ``FileSystem`` API, for ``spark_version``.
+
+    In ``...execution.streaming.checkpointing`` since Spark 4.1, which split the streaming
+    execution package; in ``...execution.streaming`` before.
+    """
+    major, minor = (int(part) for part in spark_version.split(".")[:2])
+    package = "checkpointing." if (major, minor) >= (4, 1) else ""
+    return f"org.apache.spark.sql.execution.streaming.{package}FileSystemBasedCheckpointFileManager"
+
+
+#: The manager of the installed Spark (rename by ``File.renameTo``).
+FILE_SYSTEM_CHECKPOINT_MANAGER = file_system_checkpoint_manager()
 CHECKPOINT_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
 
 

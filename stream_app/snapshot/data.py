@@ -683,6 +683,20 @@ def _nullable_field(fld: pa.Field) -> pa.Field:
     return fld.with_nullable(True).with_type(_nullable_type(fld.type))
 
 
+def arrow_schema(spark_type: Any) -> pa.Schema:
+    """The Arrow schema of a Spark ``StructType``, timestamps as UTC instants (``spark.sql.session.timeZone``).
+
+    pyspark 4.2 names the zone (``timezone="UTC"``); pyspark 4.0 had ``timestamp_utc=True``, its
+    default (``benchmarks/spark_versions.py`` runs the job on both).
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(spark_type, timezone="UTC")
+    except TypeError:  # pyspark before 4.1
+        return to_arrow_schema(spark_type)
+
+
 def nullable_schema(schema: pa.Schema) -> pa.Schema:
     """The same schema with every field nullable, nested ones too (map keys excepted)."""
     return pa.schema([_nullable_field(fld) for fld in schema])

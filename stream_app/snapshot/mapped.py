@@ -139,9 +139,7 @@ def write_lookup_files(spark: Any, data: str, folder: str, partitions: int, sche
     Raises:
         RuntimeError: a data file does not name its bucket as Spark's bucketed writer does.
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    from stream_app.snapshot.data import nullable_schema
+    from stream_app.snapshot.data import arrow_schema, nullable_schema
 
     os.makedirs(folder, exist_ok=True)
     try:
@@ -156,8 +154,7 @@ def write_lookup_files(spark: Any, data: str, folder: str, partitions: int, sche
         if bucket is None or not 0 <= bucket < partitions:
             raise RuntimeError(f"lookup files: {data}/{name} is not a bucket file of {partitions} buckets")
         files.setdefault(bucket, []).append(os.path.join(data, name))
-    # Spark's timestamps are UTC instants (spark.sql.session.timeZone is UTC): pyspark 4.2 needs the zone named
-    target = nullable_schema(to_arrow_schema(schema, timezone="UTC"))
+    target = nullable_schema(arrow_schema(schema))
 
     def write(item: tuple[int, list[str]]) -> int:  # on an executor, per bucket
         import pyarrow.parquet as pq

@@ -63,6 +63,7 @@ from stream_app.snapshot.data import (
     RecordFormats,
     SnapshotView,
     apply_changes,
+    arrow_schema,
     below,
     dedupe_last,
     fill_unavailable,
@@ -210,13 +211,11 @@ class Snapshot:
 
     def _empty_base(self) -> pa.Table:
         from pyspark.sql import types as T
-        from pyspark.sql.pandas.types import to_arrow_schema
 
         spark_type = T.StructType(
             [T.StructField(LK, T.StringType()), T.StructField(LH, T.LongType()), *self.plan.value.spark_type.fields]
         )
-        # timestamps are UTC instants; pyspark 4.2 needs the zone named (4.0 had timestamp_utc=True)
-        return nullable_table(to_arrow_schema(spark_type, timezone="UTC").empty_table())
+        return nullable_table(arrow_schema(spark_type).empty_table())
 
     def _dead_letter_errors(self, decoded: Any, stage: str = "snapshot") -> int:
         # not a filter, which Spark pushed below the decode: every record decoded again per check of the reason

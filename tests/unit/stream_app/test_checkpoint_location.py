@@ -115,3 +115,14 @@ def test_a_local_uri_has_one_form(given, expected):
     assert cfg.checkpoint_location == expected
     assert "file:" not in spark_path(cfg.checkpoint_location).removeprefix("file:")  # never a folder named "file:"
     assert is_local_path(spark_path(cfg.checkpoint_location)) == (not given.startswith("s3a"))
+
+
+def test_the_file_system_manager_moved_with_spark_4_1():
+    from stream_app.checkpoint import file_system_checkpoint_manager
+
+    assert file_system_checkpoint_manager("4.0.0") == (
+        "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+    )
+    assert file_system_checkpoint_manager("4.2.0") == (
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+    )
