@@ -12,14 +12,15 @@ resolves the Kafka and Avro connectors of that version (``stream_app.session.SPA
 installed pyspark's), into ``.threes/spark-jars-<version>``.
 
 Each child runs ``stream_join``'s parts ``THREES_BENCH_SPARK_PARTS`` (default
-``throughput,latency20k``) with one round each and part 1's configurations
+``throughput,latency20k,bootstrap``) with one round each and part 1's configurations
 ``THREES_BENCH_SPARK_RUNS`` (default ``no_join,job_10k,job_1m``): enriched events/s of the job
-without a join, with a 10k-key and a 1M-key snapshot, and p50/p99 event -> enriched latency at
-20,000 events/s in micro-batch mode. A figure of a version is the median of its rounds.
+without a join, with a 10k-key and a 1M-key snapshot; p50/p99 event -> enriched latency at
+20,000 events/s in micro-batch mode; snapshot bootstrap keys/s at 100k and 1M keys and the
+refresh of 1k updates into the 1M-key snapshot. A figure of a version is the median of its rounds.
 
 Ratios are the speed-up of the new Spark over the old one, so above 1 means 4.2 is better:
-events/s new / old; latency old / new. Printed as a table, then one JSON line (``results.py record
-spark_versions``).
+events/s and keys/s new / old; latencies (``latency_*``, the refresh included) old / new.
+Printed as a table, then one JSON line (``results.py record spark_versions``).
 """
 
 from __future__ import annotations
@@ -42,10 +43,11 @@ log = logging.getLogger("spark_versions")
 
 OLD = os.environ.get("THREES_BENCH_SPARK_OLD", "4.0.0")
 ROUNDS = max(1, int(os.environ.get("THREES_BENCH_SPARK_ROUNDS", "2")))
-PARTS = os.environ.get("THREES_BENCH_SPARK_PARTS", "throughput,latency20k")
+PARTS = os.environ.get("THREES_BENCH_SPARK_PARTS", "throughput,latency20k,bootstrap")
 RUNS = os.environ.get("THREES_BENCH_SPARK_RUNS", "no_join,job_10k,job_1m")
 THROUGHPUT = [r for r in RUNS.split(",") if r]
 LATENCY = ("latency_p50_ms_microbatch_20k", "latency_p99_ms_microbatch_20k")
+BOOTSTRAP = ("bootstrap_100k", "bootstrap_1m")
 
 
 def old_pyspark(version: str = OLD) -> Path:
@@ -83,9 +85,12 @@ def run_child(pyspark_dir: Path | None) -> dict[str, Any]:
 
 
 def figures_of(run: dict[str, Any]) -> dict[str, float]:
-    """The compared figures of one run: events/s per configuration, latency p50/p99 (ms)."""
+    """The compared figures of one run: events/s per configuration, latency p50/p99 (ms), snapshot keys/s."""
     out = {f"events_per_s_{name}": float(run[name]["events_per_s"]) for name in THROUGHPUT if name in run}
     out.update({name: float(run[name]) for name in LATENCY if name in run})
+    out.update({f"{name}_keys_per_s": float(run[name]["keys_per_s"]) for name in BOOTSTRAP if name in run})
+    if "refresh_1k_of_1m" in run:  # seconds: lower is better, like the latencies
+        out["latency_refresh_1k_of_1m_ms"] = round(float(run["refresh_1k_of_1m"]["refresh_s"]) * 1000, 1)
     return out
 
 
