@@ -240,8 +240,7 @@ class SparkSessions:
         jars = LocalStack()  # the jars only: resolving them starts no service
         lookup = Path(__file__).parents[1] / "stream_app" / "jars" / "threes-lookup.jar"  # make jvm (realtime mode)
         self.session = spark_session(
-            # one session for every Spark test of a worker (hundreds of jobs): 3 GB, not the job's default
-            SparkSettings(master=master, app_name="threes-tests", driver_memory="3g"),
+            SparkSettings(master=master, app_name="threes-tests", driver_memory="2g"),
             jars=[*jars.spark_jars(), *([lookup] if lookup.is_file() else [])],
             local_jars=jars.spark_s3a_jars(),
         )
