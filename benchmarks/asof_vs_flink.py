@@ -74,7 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from peers import PeerTopics, load_note, measure_output, run_bench, size_label  # noqa: E402
-from stream_join import KS_EVENT, KS_REF, ks_enriched  # noqa: E402
+from stream_join import KS_EVENT, KS_REF, ks_enriched, value_rows  # noqa: E402
 
 KEYS = [int(n) for n in os.environ.get("THREES_BENCH_FLINK_KEYS", "10000,1000000").split(",")]
 VERSIONS = int(os.environ.get("THREES_BENCH_FLINK_VERSIONS", "5"))
@@ -234,21 +234,8 @@ class Bench:
 
         des, columnar = AvroDeserializer(self.store), ColumnarDecoder(self.store)
 
-        def rows(values: list[bytes]) -> Iterator[tuple[Any, ...]]:
-            by_schema: dict[bytes, list[bytes]] = {}
-            for v in values:
-                by_schema.setdefault(v[2:10], []).append(v)
-            for fp, group in by_schema.items():
-                if columnar.supports(fp):
-                    t = columnar.decode(fp, [v[10:] for v in group])
-                    yield from zip(*(t.column(n).to_pylist() for n in ("eid", "fk", "ts", "ref_name")), strict=True)
-                else:
-                    for v in group:
-                        d = des(v)
-                        yield d["eid"], d["fk"], d["ts"], d.get("ref_name")
-
         def check(values: list[bytes]) -> Iterator[tuple[Any, bool, bool]]:
-            for eid, fk, ts, name in rows(values):
+            for eid, fk, ts, name in value_rows(values, des, columnar, ("eid", "fk", "ts", "ref_name")):
                 yield eid, name is None, self.right(eid, fk, ts, name, keys)
 
         return check

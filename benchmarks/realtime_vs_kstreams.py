@@ -68,7 +68,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from peers import PeerTopics, end_offsets, load_note, measure_output, percentile, run_bench, size_label, wait_for_count  # noqa: E402
-from stream_join import KS_EVENT, KS_REF, ks_enriched, ks_ref_category, ks_ref_name, parse_results  # noqa: E402
+from stream_join import (  # noqa: E402
+    KS_EVENT,
+    KS_REF,
+    ks_enriched,
+    ks_ref_category,
+    ks_ref_name,
+    parse_results,
+    value_rows,
+)
 
 KEYS = [int(n) for n in os.environ.get("THREES_BENCH_RT_KEYS", "10000").split(",")]
 EVENTS = int(os.environ.get("THREES_BENCH_RT_EVENTS", "2000000"))
@@ -178,18 +186,8 @@ class Bench:
         des, columnar = AvroDeserializer(self.store), ColumnarDecoder(self.store)
 
         def check(values: list[bytes]) -> Iterator[tuple[Any, bool, bool]]:
-            by_schema: dict[bytes, list[bytes]] = {}
-            for v in values:
-                by_schema.setdefault(v[2:10], []).append(v)
-            for fp, group in by_schema.items():
-                if columnar.supports(fp):
-                    t = columnar.decode(fp, [v[10:] for v in group])
-                    rows: Any = zip(*(t.column(n).to_pylist() for n in ("eid", "fk", "ref_name", "ref_category")),
-                                    strict=True)
-                else:
-                    rows = ((d["eid"], d["fk"], d.get("ref_name"), d.get("ref_category")) for d in map(des, group))
-                for eid, fk, name, category in rows:
-                    yield eid, name is None, right(fk, name, category, keys)
+            for eid, fk, name, category in value_rows(values, des, columnar, ("eid", "fk", "ref_name", "ref_category")):
+                yield eid, name is None, right(fk, name, category, keys)
 
         return check
 

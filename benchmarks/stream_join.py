@@ -226,6 +226,28 @@ def ks_ref_category(i: int) -> str:
     return f"segment-{i % 997:03d}"
 
 
+ENRICHED_FIELDS = ("eid", "fk", "ref_name", "ref_category", "ref_score")  # what a check reads of an output value
+
+
+def value_rows(values: list[bytes], des: Any, columnar: Any, names: tuple[str, ...]) -> Iterator[tuple[Any, ...]]:
+    """The fields ``names`` of single-object Avro values, a tuple per value (``None`` for a field a writer lacks).
+
+    A chunk of one writer schema is decoded in columns (``schemas.columnar``: 2M records in seconds), record by
+    record otherwise (``des``, an ``AvroDeserializer``); the rows come grouped by writer schema.
+    """
+    by_schema: dict[bytes, list[bytes]] = {}
+    for v in values:
+        by_schema.setdefault(v[2:10], []).append(v)
+    for fp, group in by_schema.items():
+        if columnar.supports(fp):
+            t = columnar.decode(fp, [v[10:] for v in group])
+            cols = [t.column(n).to_pylist() if n in t.column_names else [None] * t.num_rows for n in names]
+            yield from zip(*cols, strict=True)
+        else:
+            for d in map(des, group):
+                yield tuple(d.get(n) for n in names)
+
+
 def parse_results(text: str) -> dict[str, dict[str, Any]]:
     """``RESULT <kind> k=v ...`` lines of the reference's tools, by kind (numbers as floats)."""
     out: dict[str, dict[str, Any]] = {}
@@ -941,25 +963,6 @@ class Bench:
         positions = dict.fromkeys(parts, 0)
         deadline = time.monotonic() + 600
 
-        def rows(values: list[bytes]) -> Iterator[tuple[int, str, Any, Any, Any]]:
-            """(eid, fk, ref_name, ref_category, ref_score) of each value: a chunk of one writer schema in
-            columns (the 2M records of a run decode in seconds), record by record otherwise."""
-            by_schema: dict[bytes, list[bytes]] = {}
-            for v in values:
-                by_schema.setdefault(v[2:10], []).append(v)
-            for fp, group in by_schema.items():
-                if columnar.supports(fp):
-                    t = columnar.decode(fp, [v[10:] for v in group])
-                    cols = [
-                        t.column(n).to_pylist() if n in t.column_names else [None] * t.num_rows
-                        for n in ("eid", "fk", "ref_name", "ref_category", "ref_score")
-                    ]
-                    yield from zip(*cols, strict=True)
-                else:
-                    for v in group:
-                        d = des(v)
-                        yield d["eid"], d["fk"], d.get("ref_name"), d.get("ref_category"), d.get("ref_score")
-
         while any(positions[p] < ends[p] for p in parts) and time.monotonic() < deadline:
             values: list[bytes] = []
             for msg in consumer.consume(10000, 1.0):
@@ -970,7 +973,7 @@ class Bench:
                 ts_types.add(ts_type)
                 stamps.append(ts)
                 values.append(msg.value())
-            for eid, fk, name, category, score in rows(values):
+            for eid, fk, name, category, score in value_rows(values, des, columnar, ENRICHED_FIELDS):
                 if eid in seen:
                     dups += 1
                 seen.add(eid)
