@@ -215,26 +215,19 @@ def measure_output(conf: dict[str, Any], topic: str, check: RowCheck, timeout_s:
             misses += missed
             wrong += not ok
     consumer.close()
-    count = len(stamps)
-    stamps.sort()
-    span = (stamps[-1] - stamps[0]) / 1000 if count else 0.0
-    mid = 0.0
-    if count > 100:
-        i10, i90 = int(count * 0.1), int(count * 0.9)
-        mid_span = (stamps[i90] - stamps[i10]) / 1000
-        mid = (i90 - i10) / mid_span if mid_span > 0 else 0.0
+    from stream_join import append_rates  # here: the modules that only need size_label do not load stream_join
+
+    rates = append_rates(stamps)  # sorts stamps
     return {
-        "count": count,
+        "count": len(stamps),
         "distinct": len(seen),
         "dups": dups,
         "misses": misses,
         "wrong": wrong,
         "log_append_time": ts_types == {TIMESTAMP_LOG_APPEND_TIME},
-        "span_s": span,
-        "rate_eps": (count - 1) / span if span > 0 else 0.0,
-        "p10_p90_rate_eps": mid,
-        "first_ms": stamps[0] if count else None,
-        "last_ms": stamps[-1] if count else None,
+        **rates,
+        "first_ms": stamps[0] if stamps else None,
+        "last_ms": stamps[-1] if stamps else None,
     }
 
 
