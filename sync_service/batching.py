@@ -55,6 +55,9 @@ class Job:
         waiting: ``True`` while it waits for a backpressure delay to pass.
         oldest_source_ts_ms: the oldest ``threes.source_ts`` header of its records,
             epoch ms (``None`` when none has one); set when decoded.
+        started_at: monotonic time (s) its current write began (``None`` while not being written).
+        thread_id: the worker thread writing it (``threading.get_ident()``; ``None`` likewise).
+        warned_at: monotonic time (s) of the last "write in flight for long" warning (0 for none).
     """
 
     sink: str
@@ -68,6 +71,9 @@ class Job:
     not_before: float = 0.0
     waiting: bool = False
     oldest_source_ts_ms: int | None = None
+    started_at: float | None = None
+    thread_id: int | None = None
+    warned_at: float = 0.0
 
     @property
     def first_offset(self) -> int:

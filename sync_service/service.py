@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +76,10 @@ so a larger share raises the peak; an eighth keeps it lower than a quarter
 _REBALANCE_CODES = frozenset(
     (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
 )
+STUCK_WRITE_WARN_S = 60.0
+"""A batch written for longer than this (s) is logged as a warning with its worker thread's stack, then again
+each time as long again passes: a target that accepts connections but never answers shows in the log (the
+clients' own timeouts and retries can hold one write for minutes)."""
 _REFUSAL_LOG_INTERVAL_S = 30.0  # a commit refused turn after turn is logged once per interval (then DEBUG)
 
 TP = tuple[str, int]
@@ -381,6 +387,7 @@ class SyncService:
         self._commit(asynchronous=True)
         if time.monotonic() - self._last_lag > 5.0:
             self._update_lag()
+            self._warn_long_writes()
         if time.monotonic() - self._last_status >= 1.0:
             self._update_status()
 
@@ -653,6 +660,38 @@ class SyncService:
         for topic, value in lag.items():
             self.metrics.lag.labels(self.config.name, topic).set(value)
 
+    def _warn_long_writes(self, now: float | None = None) -> list[Any]:
+        """Log each batch written for over :data:`STUCK_WRITE_WARN_S`, with where its worker thread is.
+
+        Returns:
+            The jobs warned about this time.
+        """
+        now = time.monotonic() if now is None else now
+        frames = None
+        warned = []
+        for slot in self.slots:
+            for buf in slot.buffers.values():
+                job = buf.inflight
+                started, thread = (job.started_at, job.thread_id) if job is not None else (None, None)
+                if job is None or started is None or now - started < STUCK_WRITE_WARN_S:
+                    continue
+                if now - job.warned_at < STUCK_WRITE_WARN_S:
+                    continue
+                job.warned_at = now
+                frames = sys._current_frames() if frames is None else frames  # noqa: SLF001 - the documented way
+                frame = frames.get(thread) if thread is not None else None
+                stack = "".join(traceback.format_stack(frame)) if frame is not None else "(thread not found)\n"
+                log.warning("sink=%s topic=%s partition=%d offsets=%d-%d write in flight for %.0f s (attempt %d); "
+                            "its thread is at:\n%s", slot.sink.name, job.topic, job.partition, job.first_offset,
+                            job.last_offset, now - started, job.attempts, stack.rstrip())
+                warned.append(job)
+        return warned
+
+    def _write_in_flight_s(self, slot: SinkSlot, now: float) -> float | None:
+        starts = [b.inflight.started_at for b in slot.buffers.values()
+                  if b.inflight is not None and b.inflight.started_at is not None]
+        return round(now - min(starts), 3) if starts else None
+
     # -- status -------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -662,9 +701,10 @@ class SyncService:
             ``{"service", "group", "state", "restarts", "lag", "dead_letters", "last_error", "paused":
             [[topic, partition]...], "partitions": [{"topic", "partition", "committed", "end_offset", "lag",
             "paused"}...], "sinks": [{"sink", "state", "restarts", "dead_letters", "last_error",
-            "oldest_pending_age_s"}...]}``; offsets are Kafka offsets, ages seconds. A sink's ``state`` is
-            ``running``, ``restarting``, ``recovering`` or ``blocked`` (its target refuses any record;
-            ``last_error`` then reads ``blocked: <what the target said>``).
+            "oldest_pending_age_s", "write_in_flight_s"}...]}``; offsets are Kafka offsets, ages seconds
+            (``write_in_flight_s``: how long its longest running write has run, ``None`` when none runs).
+            A sink's ``state`` is ``running``, ``restarting``, ``recovering`` or ``blocked`` (its target
+            refuses any record; ``last_error`` then reads ``blocked: <what the target said>``).
         """
         return self._status_doc
 
@@ -697,6 +737,7 @@ class SyncService:
                 "state": "blocked" if slot.blocked and slot.state != "running" else slot.state,
                 "restarts": slot.backoff.restarts if slot.backoff else 0, "dead_letters": slot.dead_letters,
                 "last_error": slot.last_error, "oldest_pending_age_s": round(age, 3),
+                "write_in_flight_s": self._write_in_flight_s(slot, time.monotonic()),
                 "next_restart_in_s": round(max(0.0, slot.restart_at - time.monotonic()), 1)
                 if slot.state == "restarting" else None,
             })

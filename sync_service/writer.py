@@ -140,7 +140,14 @@ class BatchWriter:
         Returns:
             The outcome for the runtime.
         """
-        start = time.monotonic()
+        start = job.started_at = time.monotonic()
+        job.thread_id = threading.get_ident()
+        try:
+            return self._run(job, start)
+        finally:
+            job.started_at = job.thread_id = None
+
+    def _run(self, job: Job, start: float) -> Outcome:
         try:
             if self.needs_open:
                 self._reopen()

@@ -187,11 +187,15 @@ def run() -> None:
     this is the one place they become output (``--debug`` shows the traceback).
     A crash inside a native library (librdkafka, the JVM bridge) prints every thread's Python
     stack to stderr (a part's log under ``threes run``) before the process ends, not a bare
-    exit code (:mod:`faulthandler`).
+    exit code (:mod:`faulthandler`). ``SIGUSR1`` prints the same stacks and the process goes on
+    (``kill -USR1 <pid>`` on a part that seems to hang says where each of its threads waits).
     """
     import faulthandler
+    import signal
 
     faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         app()
     except ThreesError as exc:

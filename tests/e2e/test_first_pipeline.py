@@ -13,8 +13,10 @@ in that order, exit code 0, no traceback.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
+import itertools
 import json
 import os
 import random
@@ -188,8 +190,9 @@ sync:
 class Output:
     """The lines a child prints, collected by a thread (so its pipe never fills)."""
 
-    def __init__(self, process: subprocess.Popen[str]):
+    def __init__(self, process: subprocess.Popen[str], logs: Path):
         self.lines: list[str] = []
+        self.logs = logs
         self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
         self._thread.start()
 
@@ -201,6 +204,45 @@ class Output:
     def text(self) -> str:
         return "\n".join(self.lines)
 
+    def report(self) -> str:
+        """Each part's threads in our code (from :func:`dump_stacks`) and log tail, then what ``threes run`` printed.
+
+        The part most worth reading comes last: a CI excerpt keeps the end.
+        """
+        parts = []
+        for log in sorted(self.logs.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()
+            dump = [i for i, line in enumerate(lines) if line.startswith(("Thread 0x", "Current thread 0x"))]
+            logged = [ln for ln in lines if ln and not ln.startswith(("  File ", "Thread 0x", "Current thread 0x"))]
+            threads = []
+            if dump:
+                bounds = [*dump, len(lines)]
+                for start, end in itertools.pairwise(bounds):
+                    frames = [ln for ln in lines[start + 1 : end] if ln.startswith("  File ")]
+                    if any(own in ln for ln in frames for own in OWN_CODE):
+                        threads.append("\n".join([lines[start], *frames[:12]]))
+            parts.append(f"--- {log.name}: threads in threes' code at the timeout ---\n" + "\n".join(threads))
+            parts.append(f"--- {log.name}: last 30 lines ---\n" + "\n".join(logged[-30:]))
+        status = [i for i, line in enumerate(self.lines) if line.startswith("[run] running:")]
+        printed = [line for i, line in enumerate(self.lines) if i in status[-3:] or i not in set(status)]
+        return "\n".join([*parts, "--- threes run printed ---", *printed[-60:]])
+
+
+OWN_CODE = ("/sync_service/", "/connectors/", "/stream_app/", "/schemas/")
+
+
+def dump_stacks(parent: int) -> None:
+    """Send SIGUSR1 to the children of ``parent`` (the parts of ``threes run``), then give them a second to print."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:  # the field after the state: the parent's pid
+            with contextlib.suppress(OSError):
+                os.kill(int(stat.parent.name), signal.SIGUSR1)
+    time.sleep(1.0)
+
 
 def wait_for(what: str, check: Any, timeout_s: float, process: subprocess.Popen[str], output: Output) -> Any:
     """Poll ``check()`` until truthy; fail with the run's output when it exits or ``timeout_s`` passes."""
@@ -210,9 +252,10 @@ def wait_for(what: str, check: Any, timeout_s: float, process: subprocess.Popen[
         if got:
             return got
         if process.poll() is not None:
-            pytest.fail(f"threes run exited ({process.returncode}) while waiting for {what}:\n{output.text()}")
+            pytest.fail(f"threes run exited ({process.returncode}) while waiting for {what}:\n{output.report()}")
         if time.monotonic() > deadline:
-            pytest.fail(f"no {what} within {timeout_s:.0f} s; threes run said:\n{output.text()[-6000:]}")
+            dump_stacks(process.pid)  # each part prints where its threads wait into its log (SIGUSR1)
+            pytest.fail(f"no {what} within {timeout_s:.0f} s; threes run said:\n{output.report()}")
         time.sleep(1.0)
 
 
@@ -284,7 +327,7 @@ def run(shop: Any, pg: Any, es_conn: Any, s3_conn: Any) -> dict[str, Any]:
         [THREES, "run", "pipeline.yaml", "--log-dir", "logs", "--offsets-topic", f"_threes_offsets.{names['u']}"],
         cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    output = Output(process)
+    output = Output(process, folder / "logs")
     try:
         wait_for("ready pipeline", lambda: any(line.startswith("[run] running:") for line in output.lines), 240,
                  process, output)

@@ -105,7 +105,7 @@ def test_a_broker_restart_under_threes_run_loses_and_doubles_nothing(
         [THREES, "run", "pipeline.yaml", "--log-dir", "logs", "--offsets-topic", f"_threes_offsets.{names['u']}"],
         cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    output = Output(process)
+    output = Output(process, folder / "logs")
     kafka_down, reader = False, None
     try:
         wait_for("ready pipeline", lambda: any(line.startswith("[run] running:") for line in output.lines), 240,

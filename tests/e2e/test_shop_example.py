@@ -143,7 +143,7 @@ def shop_run(tmp_path_factory: pytest.TempPathFactory, stack: Any, endpoints: An
         [THREES, "run", "pipeline.yaml", "--log-dir", "logs", "--offsets-topic", offsets_topic],
         cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    output = Output(process)
+    output = Output(process, folder / "logs")
     sinks = Sinks(pipeline)
     try:
         wait_for("ready pipeline", lambda: any(line.startswith("[run] running:") for line in output.lines), 300,
