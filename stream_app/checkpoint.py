@@ -218,10 +218,22 @@ class SnapshotCheckpoint:
         keep: how many versions to keep.
         spark_folder: the same ``snapshots/<name>`` folder as Spark names it
             (partitioned versions are written and read by Spark).
+        topic_ids: Kafka's id of each of the snapshot's topics now (KIP-516), written in each
+            manifest; a version written for a topic of the same name deleted since (another id) is
+            ignored. ``None``: not recorded, not checked.
     """
 
-    def __init__(self, fs: CheckpointFs, name: str, schema_id: str, keep: int = 2, spark_folder: str | None = None):
+    def __init__(
+        self,
+        fs: CheckpointFs,
+        name: str,
+        schema_id: str,
+        keep: int = 2,
+        spark_folder: str | None = None,
+        topic_ids: Mapping[str, str] | None = None,
+    ):
         self.fs = fs
+        self.topic_ids = dict(topic_ids or {})
         self.folder = fs.path("snapshots", name)
         self.spark_folder = spark_folder or self.folder
         self.schema_id = schema_id
@@ -269,6 +281,7 @@ class SnapshotCheckpoint:
             "partitions": partitions,
             "columns": columns_ddl,
             "schema_id": self.schema_id,
+            "topic_ids": self.topic_ids,
             "written_at": time.time(),
         }
         self.fs.write_atomic(f"{self.folder}/{version}/_manifest.json", json.dumps(manifest).encode())
@@ -292,6 +305,7 @@ class SnapshotCheckpoint:
             "offsets": json.loads(offsets_json(offsets)),
             "rows": table.num_rows,
             "schema_id": self.schema_id,
+            "topic_ids": self.topic_ids,
             "written_at": time.time(),
         }
         self.fs.write_atomic(f"{folder}/_manifest.json", json.dumps(manifest).encode())
@@ -305,7 +319,7 @@ class SnapshotCheckpoint:
         return folder
 
     def load(self) -> LoadedSnapshot | None:
-        """The newest valid version, or ``None`` (none written, or written for other schemas)."""
+        """The newest valid version, or ``None`` (none written, or written for other schemas or other topics)."""
         for version in reversed(self._versions()):
             raw = self.fs.read(f"{self.folder}/{version}/_manifest.json")
             if raw is None:
@@ -313,6 +327,16 @@ class SnapshotCheckpoint:
             manifest = json.loads(raw)
             if manifest.get("schema_id") != self.schema_id:
                 log.info("snapshot checkpoint %s/%s was written for other schemas: not used", self.folder, version)
+                return None
+            written = manifest.get("topic_ids") or {}
+            changed = sorted(t for t in written.keys() & self.topic_ids.keys() if written[t] != self.topic_ids[t])
+            if changed:
+                log.warning(
+                    "snapshot checkpoint %s/%s was written for topic(s) %s deleted and created again since (topic "
+                    "ids %s, now %s): not used, reading the topics",
+                    self.folder, version, changed, {t: written[t] for t in changed},
+                    {t: self.topic_ids[t] for t in changed},
+                )
                 return None
             offsets = parse_offsets(json.dumps(manifest["offsets"]))
             if manifest.get("format") == "partitioned":

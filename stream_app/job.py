@@ -152,7 +152,11 @@ class StreamJob:
         for snap_plan in plan.snapshots.values():
             name = snap_plan.config.name
             spark_folder = child(cfg.checkpoint_location, "snapshots", name)
-            checkpoint = SnapshotCheckpoint(fs, name, snap_plan.schema_id, spark_folder=spark_folder)
+            # the topics' ids: a checkpoint of a topic deleted and created again since is not loaded, and the
+            # watermarks check them at each metadata refresh (a topic deleted while the job runs stops it)
+            topic_ids = self._watermarks.topic_ids(snap_plan.config.topics)
+            checkpoint = SnapshotCheckpoint(fs, name, snap_plan.schema_id, spark_folder=spark_folder,
+                                            topic_ids=topic_ids)
             self.snapshots[snap_plan.config.name] = Snapshot(
                 self.spark, self.kafka, snap_plan, writers, self._watermarks, checkpoint, dead_letters, cfg.name,
                 headers=writers.headers,

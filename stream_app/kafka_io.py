@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from connectors.config.models import KafkaConfig
-from connectors.exceptions import SetupError
+from connectors.exceptions import FatalError, SetupError
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +257,9 @@ class TopicWatermarks:
         from connectors import clients
 
         self.timeout_s = timeout_s or kafka.request_timeout_s
+        self._kafka = kafka
+        self._admin: Any = None
+        self._ids: dict[str, str] = {}  # topic -> its Kafka topic id when first asked (topic_ids)
         # read_committed: the end offsets are the last stable offsets, what a read_committed read can reach
         self._consumer = clients.kafka_consumer(
             kafka, f"threes-stream-watermarks-{uuid.uuid4().hex}", isolation_level="read_committed"
@@ -266,25 +269,72 @@ class TopicWatermarks:
     def partitions(self, topic: str, max_age_s: float = 30.0) -> list[int]:
         """The partitions of ``topic`` (metadata asked again after ``max_age_s`` seconds: partitions may be added).
 
+        A topic whose id was asked (:meth:`topic_ids`) is checked to be the same topic at each refresh.
+
         Raises:
             SetupError: the topic does not exist or Kafka did not answer.
+            FatalError: the topic was deleted, or deleted and created again, since it was first seen.
         """
         known = self._partitions.get(topic)
         if known is None or time.monotonic() - known[0] > max_age_s:
-            from confluent_kafka import KafkaException
+            from confluent_kafka import KafkaError, KafkaException
 
             try:
                 meta = self._consumer.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
             except KafkaException as exc:
                 raise SetupError(f"Kafka did not answer metadata for topic {topic!r}: {exc}") from exc
             if meta is None or meta.error is not None or not meta.partitions:
+                gone = meta is None or meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                if known is not None and gone:
+                    raise FatalError(f"topic {topic!r} was deleted while the job ran; restart the job once it exists "
+                                     "again (its snapshot would otherwise answer from the deleted topic's records)")
                 raise SetupError(
                     f"topic {topic!r} does not exist",
                     "create it (the source connector creates its compacted topic) or fix the topic name",
                 )
+            if topic in self._ids:
+                now = self._topic_id(topic)
+                if now != self._ids[topic]:
+                    raise FatalError(
+                        f"topic {topic!r} was deleted and created again while the job ran (topic id "
+                        f"{self._ids[topic]}, now {now}); restart the job: it reads the new topic from its beginning "
+                        "(its snapshot would otherwise mix the two topics' records)"
+                    )
             known = (time.monotonic(), sorted(meta.partitions))
             self._partitions[topic] = known
         return known[1]
+
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
+        """Kafka's id of each topic (KIP-516): a topic deleted and created again has a new one.
+
+        The first id seen is kept, and :meth:`partitions` checks it at each metadata refresh.
+
+        Returns:
+            Topic -> id (22 characters, base64).
+
+        Raises:
+            SetupError: a topic does not exist, or Kafka did not answer.
+        """
+        for topic in topics:
+            if topic not in self._ids:
+                self._ids[topic] = self._topic_id(topic)
+        return {t: self._ids[t] for t in topics}
+
+    def _topic_id(self, topic: str) -> str:
+        from confluent_kafka import KafkaError, KafkaException, TopicCollection
+
+        from connectors import clients
+
+        if self._admin is None:
+            self._admin = clients.kafka_admin(self._kafka)
+        try:
+            futures = self._admin.describe_topics(TopicCollection([topic]), request_timeout=self.timeout_s)
+            description = futures[topic].result(self.timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise SetupError(f"topic {topic!r} does not exist", "create it or fix the topic name") from exc
+            raise SetupError(f"Kafka did not describe topic {topic!r}: {exc}") from exc
+        return str(description.topic_id)
 
     def _marks(self, topics: Iterable[str], which: int) -> Offsets:
         from connectors.topics import watermark_offsets

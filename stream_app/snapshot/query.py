@@ -578,7 +578,8 @@ def query_offline(
         with tempfile.TemporaryDirectory(prefix="threes-query-") as scratch:
             # duck-typed: what Snapshot reads of a SnapshotCheckpoint, never writing
             checkpoint: Any = ReadOnlyCheckpoint(fs, name, snap_plan.schema_id, child(config.checkpoint_location,
-                                                                                  "snapshots", name), scratch)
+                                                                                  "snapshots", name), scratch,
+                                                 topic_ids=watermarks.topic_ids(snap_plan.config.topics))
             snapshot = Snapshot(spark, kafka, snap_plan, writers, watermarks, checkpoint,
                                 DeadLetterProducer(kafka, config.dead_letter_topic, f"{config.name}-query"),
                                 f"{config.name}-query")
@@ -614,11 +615,13 @@ class ReadOnlyCheckpoint:
     itself (no usable checkpoint) goes to a scratch folder, and no manifest is written.
     """
 
-    def __init__(self, fs: Any, name: str, schema_id: str, spark_folder: str, scratch: str):
+    def __init__(self, fs: Any, name: str, schema_id: str, spark_folder: str, scratch: str,
+                 topic_ids: Any = None):
         from stream_app.checkpoint import SnapshotCheckpoint
 
-        self._real = SnapshotCheckpoint(fs, name, schema_id, spark_folder=spark_folder)
+        self._real = SnapshotCheckpoint(fs, name, schema_id, spark_folder=spark_folder, topic_ids=topic_ids)
         self.fs, self.folder, self.spark_folder, self.schema_id = fs, self._real.folder, spark_folder, schema_id
+        self.topic_ids = self._real.topic_ids
         self.scratch = scratch
 
     def load(self) -> Any:

@@ -354,6 +354,7 @@ class VersionedStore:
             "partitions": self.partitions,
             "columns": df.schema.toDDL(),
             "schema_id": self.schema_id,
+            "topic_ids": getattr(self.checkpoint, "topic_ids", {}),
             "written_at": time.time(),
         }
         self.checkpoint.fs.write_atomic(f"{self._folder()}/{version}/_manifest.json", json.dumps(manifest).encode())
@@ -380,6 +381,11 @@ class VersionedStore:
                 continue
             manifest = json.loads(raw)
             if manifest.get("schema_id") != self.schema_id:
+                return None
+            written, now = manifest.get("topic_ids") or {}, getattr(self.checkpoint, "topic_ids", {})
+            if any(written[t] != now[t] for t in written.keys() & now.keys()):
+                log.warning("snapshot=%s versions %s were written for topics deleted and created again since: "
+                            "not used", self.name, version)
                 return None
             manifest["offsets_parsed"] = parse_offsets(json.dumps(manifest["offsets"]))
             manifest["version"] = version

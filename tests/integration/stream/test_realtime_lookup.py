@@ -135,3 +135,86 @@ def test_the_jvm_store_reads_its_topics_over_sasl_ssl_with_the_pipelines_ca(spar
         assert record["name"] == "Newark Liberty Intl" and store.table().size() == 1
     finally:
         store.close()
+
+
+def test_a_store_stops_at_a_deleted_topic_and_refuses_its_state_file_once_the_topic_is_created_again(spark, env):
+    """A deleted snapshot topic fails the store's lookups; a store file of the deleted topic is never loaded.
+
+    Without the topic check, the store's consumer waits for the deleted topic without end and the lookups go on
+    answering from the old records; without the topic ids in the store file, a restart loads the old table and
+    reads the new topic on top of it.
+    """
+    import io
+
+    import fastavro
+    from py4j.protocol import Py4JJavaError
+
+    from connectors import clients
+    from connectors.topics import ensure_compacted_topic
+
+    lookup_jar()
+    env.put_airport("EWR")
+    env.put_airport("JFK")
+    jvm = spark.sparkContext._jvm
+    spec = jvm.threes.lookup.StoreSpec(
+        f"deleted-{env.unique}", consumer_properties(env.kafka.librdkafka_config()), env.airports,
+        env.kafka.schema_topic, schema_json(AIRPORT_KEY), schema_json(AIRPORT), 1 << 20, 120_000, "",
+        str(env.tmp / "stores"),
+    )
+    stores = jvm.threes.lookup.SnapshotStore
+    admin = clients.kafka_admin(env.kafka)
+
+    def name(store, faa: str) -> str | None:
+        key = io.BytesIO()
+        fastavro.schemaless_writer(key, fastavro.parse_schema(AIRPORT_KEY), {"faa": faa})
+        value = store.lookup(bytearray(key.getvalue()))
+        return None if value is None else fastavro.schemaless_reader(
+            io.BytesIO(bytes(value)), fastavro.parse_schema(AIRPORT))["name"]
+
+    def failure(store, timeout_s: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                name(store, "EWR")
+            except Py4JJavaError as exc:
+                return str(exc.java_exception.getMessage())
+            time.sleep(0.5)
+        raise AssertionError(f"the store still answers {timeout_s:.0f} s after its topic was deleted")
+
+    def recreate(*airports: tuple[str, str]) -> None:
+        deadline = time.monotonic() + 60
+        while True:  # the broker finishes the deletion in the background
+            try:
+                ensure_compacted_topic(env.conf, env.airports, partitions=2)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        for faa, new_name in airports:
+            env.put_airport(faa, new_name)
+
+    try:
+        store = stores.forSpec(spec)
+        assert name(store, "EWR") == "Newark Liberty Intl"
+        stores.closeStore(spec)  # a clean stop writes the store file
+        store = stores.forSpec(spec)
+        assert name(store, "JFK") == "John F Kennedy Intl" and store.loadedFromFile() == 2  # from the file
+
+        admin.delete_topics([env.airports])[env.airports].result(30)
+        said = failure(store)
+        assert f"topic {env.airports} was deleted while the job ran" in said, said
+        assert "Restart the job once the topic exists again" in said
+
+        stores.closeStore(spec)
+        recreate(("JFK", "JFK renamed"))
+        store = stores.forSpec(spec)  # a restart: the file holds the deleted topic's table
+        assert name(store, "JFK") == "JFK renamed"
+        assert name(store, "EWR") is None and store.loadedFromFile() == -1  # read from the new topic only
+
+        admin.delete_topics([env.airports])[env.airports].result(30)
+        recreate(("EWR", None))
+        said = failure(store)
+        assert f"topic {env.airports} was deleted" in said, said  # and created again, if the check saw it back
+    finally:
+        stores.closeStore(spec)

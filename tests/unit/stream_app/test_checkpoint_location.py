@@ -126,3 +126,20 @@ def test_the_file_system_manager_moved_with_spark_4_1():
     assert file_system_checkpoint_manager("4.2.0") == (
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
     )
+
+
+def test_a_snapshot_checkpoint_of_a_topic_created_again_since_is_not_loaded(tmp_path, caplog):
+    import pyarrow as pa
+
+    from stream_app.checkpoint import SnapshotCheckpoint
+
+    fs = CheckpointFs(str(tmp_path))
+    table = pa.table({"__lk": ["EWR"], "name": ["Newark"]})
+    SnapshotCheckpoint(fs, "airports", "s1", topic_ids={"state.airports": "old-id"}).save(table, {"state.airports": {0: 1}})
+    assert SnapshotCheckpoint(fs, "airports", "s1", topic_ids={"state.airports": "old-id"}).load() is not None
+    assert SnapshotCheckpoint(fs, "airports", "s1").load() is not None  # ids not known: not checked
+    assert SnapshotCheckpoint(fs, "airports", "s1", topic_ids={"state.airports": "new-id"}).load() is None
+    assert "state.airports" in caplog.text and "deleted and created again" in caplog.text
+    # a version written before topic ids were recorded is loaded (its offsets are still checked against the topics)
+    SnapshotCheckpoint(fs, "airports", "s1").save(table, {"state.airports": {0: 1}})
+    assert SnapshotCheckpoint(fs, "airports", "s1", topic_ids={"state.airports": "new-id"}).load() is not None

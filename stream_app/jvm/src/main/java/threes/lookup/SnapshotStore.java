@@ -11,16 +11,22 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.logging.Level;
 import java.util.logging.Logger;
 import org.apache.avro.Schema;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.common.KafkaFuture;
 import org.apache.kafka.common.PartitionInfo;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
 import org.apache.kafka.common.errors.WakeupException;
 import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 
@@ -42,6 +48,12 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  * <p>Records the store cannot read (no marker, unknown fingerprint, a body that does not decode) are
  * counted and logged, never applied; a snapshot that outgrows its {@code maxBytes} fails the store,
  * and every lookup after that throws with the numbers.
+ *
+ * <p>The store checks every {@link #TOPIC_CHECK_INTERVAL_MS} that its topics are still the ones it
+ * loaded (their Kafka topic ids, KIP-516). A topic deleted, or deleted and created again, while the
+ * store runs fails it: every lookup after that throws, saying which topic and what to do, rather than
+ * answer from records of a topic that no longer exists (a Kafka consumer would wait for the deleted
+ * topic without end, or read the new one on top of the old table).
  */
 public final class SnapshotStore implements AutoCloseable {
   private static final Logger LOG = Logger.getLogger(SnapshotStore.class.getName());
@@ -49,6 +61,9 @@ public final class SnapshotStore implements AutoCloseable {
 
   /** How often a store with a state folder writes its {@link StoreFile}, in milliseconds (and at close). */
   static final long WRITE_INTERVAL_MS = 60_000;
+
+  /** How often the store checks that its topics were not deleted or created again, in milliseconds. */
+  static final long TOPIC_CHECK_INTERVAL_MS = 10_000;
 
   private final StoreSpec spec;
   private final SnapshotTable table;
@@ -196,11 +211,13 @@ public final class SnapshotStore implements AutoCloseable {
     props.put("key.deserializer", ByteArrayDeserializer.class.getName());
     props.put("value.deserializer", ByteArrayDeserializer.class.getName());
     props.put("enable.auto.commit", "false");
+    props.put("allow.auto.create.topics", "false"); // a deleted topic stays deleted: never created again, uncompacted
     props.putIfAbsent("auto.offset.reset", "earliest");
     props.remove("group.id");
     Duration timeout = Duration.ofMillis(Math.max(10_000, spec.readyTimeoutMs()));
     SchemaTopic schemas = new SchemaTopic(spec.schemaTopic(), spec.consumerProperties(), timeout);
-    try (KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(props)) {
+    try (KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(props);
+        Admin admin = Admin.create(adminProperties(props))) {
       consumer = c;
       if (closing) {
         return;
@@ -218,15 +235,19 @@ public final class SnapshotStore implements AutoCloseable {
           partitions.add(new TopicPartition(topic, info.partition()));
         }
       }
+      Map<String, String> topicIds = topicIds(admin, timeout);
       c.assign(partitions);
       Map<String, Long> start = spec.startOffsetMap();
       Path file = spec.stateDir() == null || spec.stateDir().isBlank() ? null : StoreFile.path(spec.stateDir(), spec);
       if (file != null && Files.exists(file)) {
         try {
-          start = StoreFile.read(file, table);
+          start = StoreFile.read(file, table, topicIds);
           loadedFromFile = table.size();
           LOG.info(String.format("snapshot %s: %d keys loaded from %s, reading the tail from %s", spec.name(),
               table.size(), file, start));
+        } catch (StoreFile.StaleFileException e) {
+          table.clear();
+          LOG.info("snapshot " + spec.name() + ": reading the topics from their beginning: " + e.getMessage());
         } catch (IOException e) {
           table.clear();
           LOG.log(Level.WARNING, "snapshot " + spec.name() + ": unreadable " + file + ", reading the topics", e);
@@ -247,8 +268,17 @@ public final class SnapshotStore implements AutoCloseable {
       Map<TopicPartition, Long> end = new HashMap<>(c.endOffsets(partitions, timeout));
       long began = System.nanoTime();
       long written = System.currentTimeMillis();
+      long nextCheck = written + TOPIC_CHECK_INTERVAL_MS;
+      Map<String, KafkaFuture<TopicDescription>> check = null;
       try {
         while (!closing) {
+          if (check == null && System.currentTimeMillis() >= nextCheck) {
+            check = admin.describeTopics(spec.topicList()).topicNameValues(); // answered while polling
+          } else if (check != null && check.values().stream().allMatch(KafkaFuture::isDone)) {
+            verifyTopics(check, topicIds);
+            check = null;
+            nextCheck = System.currentTimeMillis() + TOPIC_CHECK_INTERVAL_MS;
+          }
           if (ready.getCount() > 0 && SchemaTopic.reached(c, end)) {
             LOG.info(String.format("snapshot %s ready: %d keys, %d bytes, %d records in %d ms", spec.name(),
                 table.size(), table.bytes(), applied.get(), (System.nanoTime() - began) / 1_000_000));
@@ -263,7 +293,7 @@ public final class SnapshotStore implements AutoCloseable {
           }
           if (file != null && ready.getCount() == 0 && System.currentTimeMillis() - written >= WRITE_INTERVAL_MS) {
             try {
-              save(c, partitions, file);
+              save(c, partitions, topicIds, file);
             } catch (IOException e) { // the lookups go on; a restart reads more of the topics
               LOG.log(Level.WARNING, "snapshot " + spec.name() + ": cannot write " + file, e);
             }
@@ -274,7 +304,7 @@ public final class SnapshotStore implements AutoCloseable {
         // close(): the consumer was woken to stop
       }
       if (file != null && ready.getCount() == 0) {
-        save(c, partitions, file); // a restart then reads only what came after
+        save(c, partitions, topicIds, file); // a restart then reads only what came after
       }
     } catch (Throwable e) {
       failure = e;
@@ -285,13 +315,71 @@ public final class SnapshotStore implements AutoCloseable {
     }
   }
 
-  private void save(KafkaConsumer<byte[], byte[]> c, List<TopicPartition> partitions, Path file) throws IOException {
+  /** The admin client settings among the consumer's (connection and security). */
+  private static Properties adminProperties(Properties consumer) {
+    Properties admin = new Properties();
+    for (String name : consumer.stringPropertyNames()) {
+      if (AdminClientConfig.configNames().contains(name)) {
+        admin.setProperty(name, consumer.getProperty(name));
+      }
+    }
+    return admin;
+  }
+
+  /** The ids of the store's topics now, topic to id. */
+  private Map<String, String> topicIds(Admin admin, Duration timeout) throws Exception {
+    Map<String, String> ids = new HashMap<>();
+    try {
+      Map<String, TopicDescription> described =
+          admin.describeTopics(spec.topicList()).allTopicNames().get(timeout.toMillis(), TimeUnit.MILLISECONDS);
+      described.forEach((topic, d) -> ids.put(topic, d.topicId().toString()));
+    } catch (ExecutionException e) {
+      throw e.getCause() instanceof Exception cause ? cause : e;
+    }
+    return ids;
+  }
+
+  /**
+   * Fail the store when a topic was deleted, or deleted and created again, since it was loaded.
+   *
+   * @throws IllegalStateException which topic, and what to do
+   */
+  private void verifyTopics(Map<String, KafkaFuture<TopicDescription>> check, Map<String, String> topicIds)
+      throws InterruptedException {
+    for (Map.Entry<String, KafkaFuture<TopicDescription>> e : check.entrySet()) {
+      String topic = e.getKey();
+      String id;
+      try {
+        id = e.getValue().get().topicId().toString();
+      } catch (ExecutionException failed) {
+        if (failed.getCause() instanceof UnknownTopicOrPartitionException) {
+          throw new IllegalStateException(String.format(
+              "snapshot %s: topic %s was deleted while the job ran; its lookups stop rather than answer from the "
+                  + "records read before. Restart the job once the topic exists again",
+              spec.name(), topic));
+        }
+        // Kafka away or slow: the consumer waits it out, and the next check asks again
+        LOG.fine("snapshot " + spec.name() + ": cannot check topic " + topic + ": " + failed.getCause());
+        continue;
+      }
+      if (!id.equals(topicIds.get(topic))) {
+        throw new IllegalStateException(String.format(
+            "snapshot %s: topic %s was deleted and created again while the job ran (topic id %s, now %s); its "
+                + "lookups stop rather than mix the two topics' records. Restart the job: it loads the new topic "
+                + "from its beginning",
+            spec.name(), topic, topicIds.get(topic), id));
+      }
+    }
+  }
+
+  private void save(KafkaConsumer<byte[], byte[]> c, List<TopicPartition> partitions, Map<String, String> topicIds,
+      Path file) throws IOException {
     Map<String, Long> offsets = new HashMap<>();
     for (TopicPartition tp : partitions) {
       offsets.put(tp.topic() + ":" + tp.partition(), c.position(tp));
     }
     long t0 = System.nanoTime();
-    StoreFile.write(file, table, offsets);
+    StoreFile.write(file, table, topicIds, offsets);
     LOG.info(String.format("snapshot %s: %d keys written to %s in %d ms", spec.name(), table.size(), file,
         (System.nanoTime() - t0) / 1_000_000));
   }

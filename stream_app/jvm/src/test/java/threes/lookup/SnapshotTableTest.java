@@ -105,15 +105,35 @@ class SnapshotTableTest {
     table.apply(new byte[] {6, 'E', 'W', 'R'}, new byte[] {1, 2});
     table.apply(new byte[] {6, 'J', 'F', 'K'}, new byte[] {3});
     java.nio.file.Path file = dir.resolve("airports.store");
-    StoreFile.write(file, table, Map.of("state.airports:0", 7L, "state.airports:1", 3L));
+    Map<String, String> ids = Map.of("state.airports", "AAAAAAAAAAAAAAAAAAAAAA");
+    StoreFile.write(file, table, ids, Map.of("state.airports:0", 7L, "state.airports:1", 3L));
     SnapshotTable loaded = new SnapshotTable("airports", 1 << 20);
-    assertEquals(Map.of("state.airports:0", 7L, "state.airports:1", 3L), StoreFile.read(file, loaded));
+    assertEquals(Map.of("state.airports:0", 7L, "state.airports:1", 3L), StoreFile.read(file, loaded, ids));
     assertEquals(2, loaded.size());
     assertEquals(table.bytes(), loaded.bytes());
     assertArrayEquals(new byte[] {1, 2}, loaded.get(new byte[] {6, 'E', 'W', 'R'}));
     // a table that no longer fits its bound is refused while loading, with the numbers
     assertThrows(SnapshotTable.SnapshotTooLargeException.class,
-        () -> StoreFile.read(file, new SnapshotTable("airports", 150)));
+        () -> StoreFile.read(file, new SnapshotTable("airports", 150), ids));
+  }
+
+  @Test
+  void aStoreFileOfATopicCreatedAgainSinceIsRefusedAndLoadsNothing(
+      @org.junit.jupiter.api.io.TempDir java.nio.file.Path dir) throws Exception {
+    SnapshotTable table = new SnapshotTable("airports", 1 << 20);
+    table.apply(new byte[] {6, 'E', 'W', 'R'}, new byte[] {1, 2});
+    java.nio.file.Path file = dir.resolve("airports.store");
+    StoreFile.write(file, table, Map.of("state.airports", "old-id"), Map.of("state.airports:0", 7L));
+    SnapshotTable loaded = new SnapshotTable("airports", 1 << 20);
+    StoreFile.StaleFileException stale = assertThrows(StoreFile.StaleFileException.class,
+        () -> StoreFile.read(file, loaded, Map.of("state.airports", "new-id")));
+    assertTrue(stale.getMessage().contains("{state.airports=old-id}"), stale.getMessage());
+    assertTrue(stale.getMessage().contains("{state.airports=new-id}"), stale.getMessage());
+    assertEquals(0, loaded.size());
+    // a file of the first version (no topic ids) cannot say which topics it holds: refused too
+    java.nio.file.Files.write(file, new byte[] {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
+    assertThrows(StoreFile.StaleFileException.class,
+        () -> StoreFile.read(file, loaded, Map.of("state.airports", "new-id")));
   }
 
   @Test
