@@ -343,7 +343,11 @@ class TopicWatermarks:
         for topic in topics:
             out[topic] = {}
             for partition in self.partitions(topic):  # a leader moving is waited out up to the timeout
-                out[topic][partition] = watermark_offsets(self._consumer, topic, partition, self.timeout_s)[which]
+                try:
+                    out[topic][partition] = watermark_offsets(self._consumer, topic, partition, self.timeout_s)[which]
+                except SetupError:
+                    self.partitions(topic, max_age_s=0)  # a topic deleted (or created again) says so
+                    raise
         return out
 
     def end_offsets(self, topics: Iterable[str]) -> Offsets:

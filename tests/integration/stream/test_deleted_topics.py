@@ -76,3 +76,26 @@ def test_a_restart_does_not_load_the_checkpoint_of_a_snapshot_topic_created_agai
     second.stop()
     # the checkpoint holds the deleted topic's table (its offsets alone would pass): the new topic is read instead
     assert restored["source"] == "topics" and restored["keys"] == 5 and restored["records"] == 10, restored
+
+
+@pytest.mark.spark
+def test_a_job_whose_snapshot_topic_is_deleted_while_it_runs_stops_and_says_which(spark, env):
+    from .test_enrich_job import Flow
+
+    env.put_airport("EWR")
+    env.put_airport("LAX")
+    job = env.start(spark)
+    try:
+        with Flow(env, period_s=0.2):
+            env.consume(env.enriched, lambda rs: len(rs) >= 3, timeout_s=120)
+            delete(env, env.airports)
+            deadline = time.monotonic() + 150  # the topic's metadata is asked again every 30 s
+            failed = []
+            while not failed and time.monotonic() < deadline:
+                failed = [q for q in job.queries if not q.isActive and q.exception() is not None]
+                time.sleep(1.0)
+        assert failed, "the job still runs 150 s after its snapshot topic was deleted"
+        said = str(failed[0].exception())
+        assert f"topic '{env.airports}' was deleted while the job ran" in said, said[-3000:]
+    finally:
+        job.stop(checkpoint=False)
