@@ -43,7 +43,7 @@ def test_make_builds_the_lookup_jar_with_its_classes_and_runs_the_java_tests(tmp
         names = set(jar.namelist())
     assert {"threes/lookup/LookupUdf.class", "threes/lookup/SnapshotStore.class"} <= names
     assert not any(n.startswith(("org/apache/", "scala/")) for n in names)  # Spark, Kafka, Avro: provided
-    assert "Tests run: 5, Failures: 0, Errors: 0" in (tmp_path / "maven.log").read_text()
+    assert "Tests run: 6, Failures: 0, Errors: 0" in (tmp_path / "maven.log").read_text()
 
 
 def test_a_broken_java_build_fails_make_with_a_clear_message(tmp_path):
