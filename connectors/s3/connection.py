@@ -28,6 +28,13 @@ class S3Connection(ConnectionConfig):
     secret_access_key: SecretStr | None = None
     session_token: SecretStr | None = None
     path_style: bool = Field(False, description="path-style addressing (MinIO, s3proxy)")
+    connect_timeout_s: float = Field(10.0, gt=0, description="seconds to open a connection")
+    request_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="seconds to wait for the answer to one request (botocore's read_timeout); a request is "
+        "tried up to 6 times (5 retries), so a server that never answers holds a call up to 6 times this long",
+    )
 
     def check(self, name: str, users: Sequence[ConnectorConfig]) -> list[CheckResult]:
         """``head_bucket`` each bucket the connectors of this connection name (``list_buckets`` without one).
@@ -72,7 +79,7 @@ class S3Connection(ConnectionConfig):
 
 
 def s3_client(conn: S3Connection) -> Any:
-    """A boto3 S3 client with adaptive retries.
+    """A boto3 S3 client with adaptive retries (5 retries, 6 attempts in all) and the connection's timeouts.
 
     Returns:
         A ``botocore`` S3 client.
@@ -84,8 +91,8 @@ def s3_client(conn: S3Connection) -> Any:
         region_name=conn.region,
         retries={"mode": "adaptive", "max_attempts": 5},
         s3={"addressing_style": "path" if conn.path_style else "auto"},
-        connect_timeout=10,
-        read_timeout=60,
+        connect_timeout=conn.connect_timeout_s,
+        read_timeout=conn.request_timeout_s,
     )
     return boto3.client(
         "s3",
