@@ -172,6 +172,19 @@ class CheckpointFs:
             self.fs.delete_file(path)
 
 
+def replaced_topics(written: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """The topics whose id in a manifest (``written``) differs from their id ``now``: deleted and created again.
+
+    Args:
+        written: topic -> Kafka topic id, as a manifest recorded them (``{}`` in manifests from before).
+        now: topic -> the id the topic has now (``{}`` when not known: nothing is compared).
+
+    Returns:
+        Those topics, sorted.
+    """
+    return sorted(t for t in written.keys() & now.keys() if written[t] != now[t])
+
+
 @dataclass(frozen=True)
 class LoadedSnapshot:
     """A snapshot read back from its checkpoint.
@@ -329,7 +342,7 @@ class SnapshotCheckpoint:
                 log.info("snapshot checkpoint %s/%s was written for other schemas: not used", self.folder, version)
                 return None
             written = manifest.get("topic_ids") or {}
-            changed = sorted(t for t in written.keys() & self.topic_ids.keys() if written[t] != self.topic_ids[t])
+            changed = replaced_topics(written, self.topic_ids)
             if changed:
                 log.warning(
                     "snapshot checkpoint %s/%s was written for topic(s) %s deleted and created again since (topic "

@@ -672,14 +672,14 @@ class SyncService:
         for slot in self.slots:
             for buf in slot.buffers.values():
                 job = buf.inflight
-                started, thread = (job.started_at, job.thread_id) if job is not None else (None, None)
-                if job is None or started is None or now - started < STUCK_WRITE_WARN_S:
+                if job is None:
                     continue
-                if now - job.warned_at < STUCK_WRITE_WARN_S:
+                started = job.started_at  # read once: the worker thread clears it when the write returns
+                if started is None or now - started < STUCK_WRITE_WARN_S or now - job.warned_at < STUCK_WRITE_WARN_S:
                     continue
                 job.warned_at = now
                 frames = sys._current_frames() if frames is None else frames  # noqa: SLF001 - the documented way
-                frame = frames.get(thread) if thread is not None else None
+                frame = frames.get(job.thread_id) if job.thread_id is not None else None
                 stack = "".join(traceback.format_stack(frame)) if frame is not None else "(thread not found)\n"
                 log.warning("sink=%s topic=%s partition=%d offsets=%d-%d write in flight for %.0f s (attempt %d); "
                             "its thread is at:\n%s", slot.sink.name, job.topic, job.partition, job.first_offset,

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connectors.updates import SOURCE_TS_HEADER
+from stream_app.checkpoint import replaced_topics
 from stream_app.kafka_io import Offsets, offsets_json, parse_offsets, read_range
 from stream_app.session import job_description
 from stream_app.snapshot.data import DELETED, ERROR, LK, OFFSET, PARTITION, RANK
@@ -354,7 +355,7 @@ class VersionedStore:
             "partitions": self.partitions,
             "columns": df.schema.toDDL(),
             "schema_id": self.schema_id,
-            "topic_ids": getattr(self.checkpoint, "topic_ids", {}),
+            "topic_ids": self.checkpoint.topic_ids,
             "written_at": time.time(),
         }
         self.checkpoint.fs.write_atomic(f"{self._folder()}/{version}/_manifest.json", json.dumps(manifest).encode())
@@ -382,8 +383,7 @@ class VersionedStore:
             manifest = json.loads(raw)
             if manifest.get("schema_id") != self.schema_id:
                 return None
-            written, now = manifest.get("topic_ids") or {}, getattr(self.checkpoint, "topic_ids", {})
-            if any(written[t] != now[t] for t in written.keys() & now.keys()):
+            if replaced_topics(manifest.get("topic_ids") or {}, self.checkpoint.topic_ids):
                 log.warning("snapshot=%s versions %s were written for topics deleted and created again since: "
                             "not used", self.name, version)
                 return None
