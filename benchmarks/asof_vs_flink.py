@@ -124,7 +124,7 @@ class Bench:
     """One run: the data per size, then Flink and the threes job on it, then the figures."""
 
     def __init__(self) -> None:
-        from connectors.config.models import KafkaConfig
+        from kernel.config.models import KafkaConfig
         from schemas.store import SchemaStore
         from threes.local import LocalStack
 

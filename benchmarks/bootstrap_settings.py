@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import snapshot_scale as scale  # noqa: E402
 
-from connectors.config.models import KafkaConfig  # noqa: E402
+from kernel.config.models import KafkaConfig  # noqa: E402
 
 KEYS = int(os.environ.get("THREES_BENCH_BOOT_KEYS", "2000000"))
 EVENTS = 100_000

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import snapshot_scale as scale  # noqa: E402
 
-from connectors.config.models import KafkaConfig  # noqa: E402
+from kernel.config.models import KafkaConfig  # noqa: E402
 
 PAIRS = int(os.environ.get("THREES_BENCH_GC_PAIRS", "2"))
 COLLECTORS = ("g1", "auto")

@@ -130,7 +130,7 @@ def run_job(spark: Any, kafka: Any, topics: dict[str, str], tmp: Path, expressio
 def main() -> None:
     from confluent_kafka.admin import AdminClient
 
-    from connectors.config.models import KafkaConfig
+    from kernel.config.models import KafkaConfig
     from stream_app.config import SparkSettings
     from stream_app.session import spark_session
     from threes.local import LocalStack

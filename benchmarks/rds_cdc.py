@@ -46,12 +46,12 @@ from rich.table import Table
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from connectors.config.models import KafkaConfig
 from connectors.rds.cdc import default_name
 from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.runtime.process import tune_gc
 from connectors.runtime.standalone import SourceWorker, task_specs
-from connectors.topics import end_offsets
+from kernel.config.models import KafkaConfig
+from kernel.kafka.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from threes.config import pipeline_from_dict

@@ -7,7 +7,7 @@ Usage::
 Both sides read the same table (``bench_rds_source_<rows>``, created once in the
 database ``threes_bench`` with ``generate_series`` and reused by later runs),
 encode key and value with the project's Avro serde, and produce with the same
-idempotent ``acks=all`` producer from :func:`connectors.clients.kafka_producer`
+idempotent ``acks=all`` producer from :func:`kernel.kafka.clients.kafka_producer`
 to a fresh compacted topic each:
 
 Both sides are timed from before their own setup (topic creation, schema
@@ -51,12 +51,12 @@ from rich.table import Table
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from connectors import clients
-from connectors.config.models import KafkaConfig
 from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.runtime.process import tune_gc
 from connectors.runtime.standalone import SourceWorker, task_specs
-from connectors.topics import end_offsets, ensure_compacted_topic
+from kernel.config.models import KafkaConfig
+from kernel.kafka import clients
+from kernel.kafka.topics import end_offsets, ensure_compacted_topic
 from schemas.serde import AvroSerializer
 from schemas.store import SchemaStore
 from threes.config import pipeline_from_dict

@@ -108,7 +108,7 @@ class Bench:
     """One run: per size, throughput of both sides; then latency of both sides at each rate."""
 
     def __init__(self) -> None:
-        from connectors.config.models import KafkaConfig
+        from kernel.config.models import KafkaConfig
         from schemas.store import SchemaStore
         from threes.local import LocalStack
 

@@ -55,7 +55,7 @@ def main() -> None:
     import pyarrow as pa
     from pyspark.sql import functions as f
 
-    from connectors.config.models import SchemaRegistryConfig
+    from kernel.config.models import SchemaRegistryConfig
     from schemas import load_schema
     from schemas.serde import MARKER, fingerprint
     from stream_app.batch import BatchPlan

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from connectors.config.models import KafkaConfig  # noqa: E402
+from kernel.config.models import KafkaConfig  # noqa: E402
 from schemas import load_schema  # noqa: E402
 from schemas.store import InMemorySchemaStore  # noqa: E402
 from threes.demo.data import FLIGHT_KEY, read_table  # noqa: E402

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import snapshot_scale as scale  # noqa: E402
 
-from connectors.config.models import KafkaConfig  # noqa: E402
+from kernel.config.models import KafkaConfig  # noqa: E402
 
 KEYS = int(os.environ.get("THREES_BENCH_JIT_KEYS", "1000000"))
 ROUNDS = int(os.environ.get("THREES_BENCH_JIT_ROUNDS", "2"))

@@ -102,7 +102,7 @@ def main() -> None:
 
     from stream_join import EVENT, KEY, VALUE, write_events_topic, write_snapshot_topic
 
-    from connectors.config.models import KafkaConfig
+    from kernel.config.models import KafkaConfig
     from schemas.store import SchemaStore
     from stream_app.config import SparkSettings, StreamJobConfig
     from stream_app.job import StreamJob
@@ -159,7 +159,7 @@ def main() -> None:
     batches = job.batches - batches_before
     job.stop(checkpoint=False)
     spark.stop()
-    from connectors import clients
+    from kernel.kafka import clients
 
     topics = [snapshot_topic, events_topic, config.enriched_topic, config.dead_letter_topic]
     for future in clients.kafka_admin(kafka).delete_topics(topics).values():

@@ -73,7 +73,7 @@ from stream_join import (  # noqa: E402
     write_snapshot_topic,
 )
 
-from connectors.config.models import KafkaConfig  # noqa: E402
+from kernel.config.models import KafkaConfig  # noqa: E402
 
 SCALE_KEYS = int(os.environ.get("THREES_BENCH_SCALE_KEYS", "10000000"))
 SCALE_EVENTS = int(os.environ.get("THREES_BENCH_SCALE_EVENTS", "500000"))

@@ -113,8 +113,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench_topics import BenchTopics  # noqa: E402
 
-from connectors.config.models import KafkaConfig  # noqa: E402
-from connectors.topics import ensure_compacted_topic  # noqa: E402
+from kernel.config.models import KafkaConfig  # noqa: E402
+from kernel.kafka.topics import ensure_compacted_topic  # noqa: E402
 from schemas.serde import AvroSerializer, fingerprint, schema_json  # noqa: E402
 from schemas.store import SchemaStore  # noqa: E402
 from stream_app.config import SparkSettings, StreamJobConfig  # noqa: E402

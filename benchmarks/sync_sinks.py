@@ -6,7 +6,7 @@
 **Inputs come from the wire.** The sinks' input is update records as the stream
 job writes them: keys and values single-object Avro (the project's serde,
 ``schemas.serde.AvroSerializer`` with an ``InMemorySchemaStore``) and a
-``version`` header (``connectors.updates.encode_version``), held in message
+``version`` header (``kernel.updates.encode_version``), held in message
 objects with the ``confluent_kafka.Message`` methods the service reads. Sinks
 are driven as the sync service drives them: batches of 10k messages of 4
 partitions, each handed to ``BatchWriter.run`` in a worker thread, which
@@ -98,7 +98,7 @@ docs or bytes and pay no decode at all, so a sink's ratio to them is conservativ
 * Fetching (``--only fetch``): seconds to drain a backlog of ``--quix-records`` update records (4
   partitions) with a bare ``confluent_kafka.Consumer`` (``consume(1000)`` in a loop, headers
   read), once with librdkafka's own ``fetch.queue.backoff.ms`` (1000 ms) and once with threes'
-  consumer defaults (``connectors.clients.CONSUMER_DEFAULTS``), alternating, each with a new
+  consumer defaults (``kernel.kafka.clients.CONSUMER_DEFAULTS``), alternating, each with a new
   group; ``fetch_ratio_default_vs_threes`` = default seconds / threes seconds (> 1: threes
   drains faster). With the default, a consumer whose prefetch queue filled waited ~1 s
   before fetching that partition again.
@@ -147,10 +147,10 @@ from schemas.serde import fingerprint  # noqa: E402
 
 if TYPE_CHECKING:
     from connectors.api.sink import SinkBatch, SinkRecord
-    from connectors.config.models import KafkaConfig
     from connectors.elasticsearch.connection import ElasticsearchConnection
     from connectors.rds.connection import RdsConnection
     from connectors.s3.connection import S3Connection
+    from kernel.config.models import KafkaConfig
     from sync_service.batching import Job
     from sync_service.writer import BatchWriter
     from threes.local import Endpoints
@@ -256,7 +256,7 @@ class Wire:
     def messages(self, partition: int, items: Iterable[tuple[int, dict[str, Any]]], version: int = 1,
                  topic: str = "bench") -> list[WireMessage]:
         """Encode ``(key, value)`` pairs as consecutive messages of one partition; the offset is the key."""
-        from connectors.updates import encode_version
+        from kernel.updates import encode_version
 
         headers = [("version", encode_version(version))]
         return [WireMessage(topic, partition, key, self.key_ser(key), self.value_ser(value), headers)
@@ -275,7 +275,7 @@ class Wire:
 
     def writer(self, sink: Any, columnar: bool = True) -> BatchWriter:
         """The service's ``BatchWriter`` of ``sink``: columnar values, or (``columnar=False``) fastavro per record."""
-        from connectors.config.models import RetryPolicy
+        from kernel.config.models import RetryPolicy
         from schemas.serde import AvroDeserializer
         from sync_service.metrics import SyncMetrics
         from sync_service.writer import BatchWriter
@@ -674,8 +674,8 @@ def produce_updates(kafka: KafkaConfig, topic: str, n: int) -> dict[int, int]:
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from connectors import clients
-    from connectors.updates import encode_version
+    from kernel.kafka import clients
+    from kernel.updates import encode_version
     from schemas.serde import AvroSerializer
     from schemas.store import SchemaStore
 
@@ -1093,8 +1093,8 @@ def rss_child(bootstrap: str, topic: str, bound: int, rate: float, seconds: floa
 def bench_rss(kafka: KafkaConfig, bound: int, input_rate: float, seconds: float) -> dict[str, float]:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from connectors import clients
-    from connectors.updates import encode_version
+    from kernel.kafka import clients
+    from kernel.updates import encode_version
     from schemas.serde import AvroSerializer
     from schemas.store import SchemaStore
 
@@ -1134,7 +1134,7 @@ def bench_fetch(kafka: KafkaConfig, n: int, rounds: int) -> dict[str, float]:
     """Drain the same backlog with librdkafka's fetch backoff and with threes' consumer defaults, alternating."""
     from confluent_kafka import Consumer
 
-    from connectors.clients import CONSUMER_DEFAULTS
+    from kernel.kafka.clients import CONSUMER_DEFAULTS
 
     topic = f"bench.fetch.{uuid.uuid4().hex[:8]}"
     highs = produce_updates(kafka, topic, n)
@@ -1237,9 +1237,9 @@ def main() -> None:
         b, topic, bound, rate, seconds = args.rss_child
         rss_child(b, topic, int(bound), float(rate), float(seconds))
         return
-    from connectors.config.models import KafkaConfig
     from connectors.elasticsearch.connection import ElasticsearchConnection
     from connectors.rds.connection import RdsConnection
+    from kernel.config.models import KafkaConfig
     from threes.local import Endpoints
 
     ep = Endpoints.from_env()

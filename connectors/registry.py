@@ -7,12 +7,12 @@ distribution can add a connector by declaring, in its ``pyproject.toml``::
     my_source = "my_package.config:MySourceConfig"
 
 The entry point names the connector's *config model* (a subclass of
-:class:`~connectors.config.models.SourceConnectorConfig` or
+:class:`~kernel.config.models.SourceConnectorConfig` or
 ``SinkConnectorConfig``), whose ``implementation`` names the class that runs.
 Validating a config therefore imports no database, Elasticsearch or S3 client.
 The framework itself imports no technology subpackage.
 
-A technology's connection model (a :class:`~connectors.config.models.ConnectionConfig`
+A technology's connection model (a :class:`~kernel.config.models.ConnectionConfig`
 subclass, with its client factory and its ``check``) is registered the same way::
 
     [project.entry-points."threes.connections"]
@@ -26,8 +26,8 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Any
 
-from connectors.config.models import ConnectionConfig, ConnectorConfig
-from connectors.exceptions import FatalError
+from kernel.config.models import ConnectionConfig, ConnectorConfig
+from kernel.exceptions import FatalError
 
 GROUP = "threes.connectors"
 CONNECTIONS_GROUP = "threes.connections"

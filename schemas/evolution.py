@@ -183,7 +183,7 @@ def plan_topic_schemas(
             would not re-snapshot its share of the entities whose old keys were
             tombstoned.
         topic_keys: returns some keys already in the topic (its latest records,
-            :func:`connectors.topics.recent_keys`); asked only when the key
+            :func:`kernel.kafka.topics.recent_keys`); asked only when the key
             subject has no version yet, so a topic written before versions were
             recorded (or whose versions were lost) is not re-keyed silently.
 

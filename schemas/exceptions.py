@@ -12,7 +12,7 @@ Kafka Connect's ``RetriableException`` / ``ConnectException`` split:
 
 The taxonomy lives here, in the bottom layer, so the wire format can raise it without
 importing anything above it (as Kafka's ``common.errors`` sits in its clients library);
-:mod:`connectors.exceptions` re-exports it for the framework and the connectors. A record
+:mod:`kernel.exceptions` re-exports it for the framework and the connectors. A record
 that cannot be decoded is a :class:`SerdeError` (a :class:`SkippableRecordError`: it goes to
 the dead letter queue); a schema that cannot be registered stops the task (a :class:`FatalError`).
 

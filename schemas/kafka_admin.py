@@ -1,7 +1,7 @@
 """Kafka admin primitives: cluster metadata, compacted topics, internal topics, watermark offsets.
 
 The schema topic (:mod:`schemas.store`) stands on these, so they live in the bottom layer;
-:mod:`connectors.topics` builds the framework's topic helpers on them and re-exports them.
+:mod:`kernel.kafka.topics` builds the framework's topic helpers on them and re-exports them.
 A compacted topic (``cleanup.policy=compact``) keeps the latest record per key; a record whose
 value is ``null`` is a tombstone and deletes the key (Kafka documentation, "Log Compaction").
 """

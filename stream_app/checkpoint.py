@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from connectors.exceptions import ConfigError, ConfigProblem, SetupError
+from kernel.exceptions import ConfigError, ConfigProblem, SetupError
 from stream_app.kafka_io import Offsets, offsets_json, parse_offsets
 from stream_app.session import SPARK_VERSION
 

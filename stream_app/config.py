@@ -38,8 +38,8 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from connectors.config.models import Name, SchemaRef, StrictModel, TopicName, metrics_endpoint_problem
-from connectors.config.safety import JIT_INLINE_FLAGS
+from kernel.config.models import Name, SchemaRef, StrictModel, TopicName, metrics_endpoint_problem
+from stream_app.spark_conf_safety import JIT_INLINE_FLAGS
 
 AGGREGATION = re.compile(
     r"^(?P<fn>[a-z_]+)(?:\((?P<field>[A-Za-z_][A-Za-z0-9_]*)(?:,(?P<p>[^,()]*))?\))?$"
@@ -358,7 +358,7 @@ class LookupConfig(StrictModel):
 
 
 class UpdateConfig(StrictModel):
-    """An update topic the job writes for the sync service (``connectors.updates`` contract).
+    """An update topic the job writes for the sync service (``kernel.updates`` contract).
 
     ``projection``: one upsert per enriched event, keyed by ``key``; its
     ``version`` is the event's Kafka offset (monotonic per key when the event
@@ -513,7 +513,7 @@ def memory_mib(text: str) -> float | None:
 class SparkSettings(StrictModel):
     """Where and how Spark runs.
 
-    ``conf`` is an allow-list (:func:`connectors.config.safety.spark_conf_problems`):
+    ``conf`` is an allow-list (:func:`stream_app.spark_conf_safety.spark_conf_problems`):
     tuning and deployment settings pass; settings that load code or files (``spark.jars``,
     ``spark.archives``, a class name, ``spark.pyspark.python``...) pass only when named in
     ``acknowledge_code_loading``; ``extraJavaOptions`` take GC/stack/time zone flags only;
@@ -563,7 +563,7 @@ class SparkSettings(StrictModel):
 
     @model_validator(mode="after")
     def _allow_listed_conf(self) -> SparkSettings:
-        from connectors.config.safety import spark_conf_problems
+        from stream_app.spark_conf_safety import spark_conf_problems
 
         problems = spark_conf_problems(self.conf, set(self.acknowledge_code_loading))
         if problems:
@@ -608,7 +608,7 @@ class SparkSettings(StrictModel):
         return f"{LEAN_INLINING} {own}".strip()
 
     def __repr_args__(self) -> Any:
-        from connectors.config.safety import spark_conf_secret
+        from stream_app.spark_conf_safety import spark_conf_secret
 
         for name, value in super().__repr_args__():
             if name == "conf":

@@ -34,10 +34,10 @@ from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from connectors import clients
-from connectors.config.models import KafkaConfig
-from connectors.exceptions import ConfigError, ConfigProblem, FatalError, SetupError
-from connectors.topics import cluster_metadata, ensure_compacted_topic, topic_configs
+from kernel.config.models import KafkaConfig
+from kernel.exceptions import ConfigError, ConfigProblem, FatalError, SetupError
+from kernel.kafka import clients
+from kernel.kafka.topics import cluster_metadata, ensure_compacted_topic, topic_configs
 from schemas.serde import schema_json
 from stream_app import expressions, metrics
 from stream_app.avro_schemas import subset_schema

@@ -15,8 +15,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from connectors.config.models import KafkaConfig
-from connectors.exceptions import FatalError, SetupError
+from kernel.config.models import KafkaConfig
+from kernel.exceptions import FatalError, SetupError
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ class TopicWatermarks:
     """
 
     def __init__(self, kafka: KafkaConfig, timeout_s: float | None = None):
-        from connectors import clients
+        from kernel.kafka import clients
 
         self.timeout_s = timeout_s or kafka.request_timeout_s
         self._kafka = kafka
@@ -323,7 +323,7 @@ class TopicWatermarks:
     def _topic_id(self, topic: str) -> str:
         from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
-        from connectors import clients
+        from kernel.kafka import clients
 
         if self._admin is None:
             self._admin = clients.kafka_admin(self._kafka)
@@ -337,7 +337,7 @@ class TopicWatermarks:
         return str(description.topic_id)
 
     def _marks(self, topics: Iterable[str], which: int) -> Offsets:
-        from connectors.topics import watermark_offsets
+        from kernel.kafka.topics import watermark_offsets
 
         out: Offsets = {}
         for topic in topics:
@@ -377,7 +377,7 @@ class RangeReader:
     """
 
     def __init__(self, kafka: KafkaConfig, timeout_s: float = 30.0):
-        from connectors import clients
+        from kernel.kafka import clients
 
         self.timeout_s = timeout_s
         self._consumer = clients.kafka_consumer(

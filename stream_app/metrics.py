@@ -91,7 +91,7 @@ def status_document() -> dict[str, Any]:
     """
     from prometheus_client import REGISTRY
 
-    from connectors.status.document import now_iso
+    from kernel.status.document import now_iso
 
     snaps: dict[tuple[str, str], dict[str, Any]] = {}
     for family in REGISTRY.collect():
@@ -120,15 +120,15 @@ def serve(port: int, host: str = "127.0.0.1", token: str | None = None, routes: 
         routes: more read-only JSON routes, prefix -> ``(path, query) -> (status, document)``
             (the job's interactive queries, ``/snapshots``).
         fast_routes: prefix -> the route's answer when it is microseconds, else ``None``
-            (run on the server's event loop: :meth:`~connectors.status.http.StatusServer.add_route`).
+            (run on the server's event loop: :meth:`~kernel.status.http.StatusServer.add_route`).
 
     Returns:
-        The :class:`~connectors.status.http.StatusServer`.
+        The :class:`~kernel.status.http.StatusServer`.
 
     Raises:
         ConfigError: ``host`` is not loopback and there is no token.
     """
-    from connectors.status.http import StatusServer
+    from kernel.status.http import StatusServer
 
     server = StatusServer(status_document, title="threes stream job")
     for prefix, route in (routes or {}).items():

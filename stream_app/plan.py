@@ -2,7 +2,7 @@
 
 Everything the config can only be checked against the schemas for (event and
 key fields of lookups, update keys, aggregation fields) is checked here, and
-every problem is reported at once as a :class:`~connectors.exceptions.ConfigError`
+every problem is reported at once as a :class:`~kernel.exceptions.ConfigError`
 with its path in the file (``stream.lookups[1].on.dest``). The output schemas
 (enriched events, update keys and values) are derived here too.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from connectors.exceptions import ConfigError, ConfigProblem
+from kernel.exceptions import ConfigError, ConfigProblem
 from schemas import load_schema
 from schemas.debezium import after_schema, envelope_reader
 from schemas.exceptions import SchemaNotFoundError

@@ -2,7 +2,7 @@
 
 On a cluster the executors' Python workers import ``stream_app`` (UDFs, the
 snapshot's worker-side index) and what it imports (``schemas``,
-``connectors``). Nothing guarantees the package is installed where the
+``kernel``). Nothing guarantees the package is installed where the
 executors run, and an installed copy may be another version than the
 driver's, so the driver zips the packages it imported itself and ships the zip
 with ``SparkContext.addPyFile`` (Spark's "Python Package Management" docs:
@@ -30,7 +30,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-PACKAGES = ("stream_app", "schemas", "connectors")
+PACKAGES = ("stream_app", "schemas", "kernel")
 """Top-level packages the executors may import: the job and everything it imports from this project."""
 
 _SKIP_DIRS = {"__pycache__"}

@@ -34,7 +34,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from connectors.exceptions import SetupError
+from kernel.exceptions import SetupError
 from stream_app.config import SnapshotConfig, StreamJobConfig, duration_s
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ def consumer_properties(librdkafka: dict[str, Any]) -> str:
     executor host.
 
     Args:
-        librdkafka: :meth:`connectors.config.models.KafkaConfig.librdkafka_config`.
+        librdkafka: :meth:`kernel.config.models.KafkaConfig.librdkafka_config`.
 
     Returns:
         ``key=value`` lines.

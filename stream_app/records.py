@@ -3,8 +3,8 @@
 Every output of a micro-batch (enriched event, update records, dead letters)
 is one such struct, so one pass over the batch writes all of them (the row
 ``topic`` column routes each record). Headers follow the project contracts:
-the update ``version`` (:mod:`connectors.updates`: 8-byte big-endian int64)
-and the dead letter headers (:mod:`connectors.dlq`), built here in the JVM.
+the update ``version`` (:mod:`kernel.updates`: 8-byte big-endian int64)
+and the dead letter headers (:mod:`kernel.dlq`), built here in the JVM.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from connectors.updates import SOURCE_TS_HEADER, VERSION_HEADER
+from kernel.updates import SOURCE_TS_HEADER, VERSION_HEADER
 from stream_app.kafka_io import sink_options
 
 HEADER_TYPE = "struct<key:string,value:binary>"
@@ -55,7 +55,7 @@ def record_of(*fields: Any) -> Any:
 
 
 def update_record(topic: str, key: Any, value: Any, version: Any, source_ts: Any = None) -> Any:
-    """An update record (``connectors.updates`` contract): key, value, ``version`` header.
+    """An update record (``kernel.updates`` contract): key, value, ``version`` header.
 
     Args:
         topic: the update topic.
@@ -111,7 +111,7 @@ def dead_letter_fields(
     value: Any,
     headers: Any = None,
 ) -> tuple[Any, Any, Any, Any]:
-    """A dead letter record's columns (``connectors.dlq`` contract): original key, value and headers kept.
+    """A dead letter record's columns (``kernel.dlq`` contract): original key, value and headers kept.
 
     Args:
         topic: the dead letter topic.

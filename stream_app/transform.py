@@ -49,7 +49,7 @@ def load_transform(ref: str, base_dir: Path | None = None) -> Transform:
     Raises:
         ValueError: the module cannot be imported (not found, or its import raised: the
             exception's type and first line), has no such attribute, or it is not callable. The
-            message is one line, for a :class:`~connectors.exceptions.ConfigError` at
+            message is one line, for a :class:`~kernel.exceptions.ConfigError` at
             ``stream.transform``.
     """
     module_name, _, attr = ref.partition(":")

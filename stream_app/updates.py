@@ -1,6 +1,6 @@
 """Update records for the sync service: projections of enriched events and stateful aggregations.
 
-Both follow the update-topic contract (:mod:`connectors.updates`): key, value
+Both follow the update-topic contract (:mod:`kernel.updates`): key, value
 (``null`` for a projection's ``delete_when``: a tombstone), and a ``version`` header that
 grows per key and is the same when a micro-batch is replayed, so a sink that
 applies only newer versions turns replays and duplicates into no-ops.
@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from connectors.updates import SOURCE_TS_HEADER
+from kernel.updates import SOURCE_TS_HEADER
 from stream_app.avro import decode_avro, encode_avro, framed
 from stream_app.columns import rows_where
 from stream_app.config import SESSION

@@ -15,8 +15,8 @@ import logging
 import struct
 from typing import Any
 
-from connectors.config.models import KafkaConfig, SchemaRegistryConfig
-from connectors.exceptions import SetupError
+from kernel.config.models import KafkaConfig, SchemaRegistryConfig
+from kernel.exceptions import SetupError
 from schemas.registry import MAGIC_BYTE, RegistryBridge, registry_client
 from schemas.store import SUBJECT_PREFIX, InMemorySchemaStore, SchemaStore
 from stream_app.kafka_io import RangeReader, TopicWatermarks

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, model_validator
 
-from connectors.config.models import (
+from kernel.config.models import (
     BatchPolicy,
     Name,
     RetryPolicy,

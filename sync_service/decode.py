@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from connectors.api.sink import SinkBatch, SinkRecord, records_from_columns
-from connectors.exceptions import SkippableRecordError
-from connectors.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, version_of
+from kernel.exceptions import SkippableRecordError
+from kernel.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, version_of
 from schemas.columnar import ColumnarDecodeError, ColumnarDecoder
 from schemas.exceptions import SerdeError
 from schemas.serde import HEADER_BYTES, MARKER, split
@@ -351,7 +351,7 @@ class JobDecoder:
         except ValueError as exc:
             raise SkippableRecordError(f"{where}: {exc}") from exc
         if version is None:
-            raise SkippableRecordError(f"{where}: no 'version' header (update-topic contract, connectors/updates.py)")
+            raise SkippableRecordError(f"{where}: no 'version' header (update-topic contract, kernel/updates.py)")
         if msg.key() is None:
             raise SkippableRecordError(f"{where}: no key (update records are keyed by the target key)")
         # serde errors propagate as they are: their class names the problem in the dead letter

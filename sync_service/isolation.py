@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from connectors.api.sink import RecordFailure, SinkBatch, SinkRecord, latest_per_key
-from connectors.exceptions import BatchRefusedError, SinkBlockedError, SkippableRecordError
+from kernel.exceptions import BatchRefusedError, SinkBlockedError, SkippableRecordError
 from sync_service.batching import RECORD_OVERHEAD_BYTES
 
 log = logging.getLogger(__name__)

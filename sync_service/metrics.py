@@ -125,9 +125,9 @@ class SyncMetrics:
             ConfigError: ``addr`` is not loopback and there is no token.
 
         Returns:
-            The :class:`~connectors.status.http.StatusServer` (its ``httpd`` holds the bound port).
+            The :class:`~kernel.status.http.StatusServer` (its ``httpd`` holds the bound port).
         """
-        from connectors.status.http import StatusServer
+        from kernel.status.http import StatusServer
 
         server = StatusServer(status or (lambda: {"sync": []}), self.registry, title=f"threes sync {self.service}")
         bound = server.serve(port, addr, token)

@@ -48,13 +48,14 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from connectors import clients, registry
+from connectors import registry
 from connectors.api.sink import Sink
-from connectors.config.models import KafkaConfig
-from connectors.exceptions import FatalError, SetupError
-from connectors.runtime.supervision import RestartBackoff
-from connectors.topics import cluster_metadata
-from connectors.updates import source_ts_of
+from kernel.config.models import KafkaConfig
+from kernel.exceptions import FatalError, SetupError
+from kernel.kafka import clients
+from kernel.kafka.topics import cluster_metadata
+from kernel.supervision import RestartBackoff
+from kernel.updates import source_ts_of
 from schemas.columnar import ColumnarDecoder
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
@@ -121,7 +122,7 @@ class SyncService:
 
     Delivery guarantee: at least once into every target, and effectively once
     in the targets' state, because every sink applies an update only when its
-    version is newer (``connectors/updates.py``).
+    version is newer (``kernel/updates.py``).
 
     Args:
         kafka: the pipeline's Kafka config.

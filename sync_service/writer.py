@@ -15,15 +15,15 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception, wait_random_exponential
 
 from connectors.api.sink import Sink, SinkBatch, SinkRecord
-from connectors.config.models import RetryPolicy
-from connectors.dlq import DeadLetter
-from connectors.exceptions import (
+from kernel.config.models import RetryPolicy
+from kernel.dlq import DeadLetter
+from kernel.exceptions import (
     FatalError,
     RetriableError,
     SinkBackpressureError,
     SinkBlockedError,
 )
-from connectors.runtime.supervision import StopRequested, retry_stop, stoppable_sleep
+from kernel.supervision import StopRequested, retry_stop, stoppable_sleep
 from schemas.columnar import ColumnarDecoder
 from sync_service.batching import Job
 from sync_service.decode import JobDecoder

@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 
-from connectors.config.models import KafkaConfig
 from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
 from connectors.rds import connection as rds_connection
 from connectors.rds.connection import RdsConnection
 from connectors.s3.connection import S3Connection, s3_client
+from kernel.config.models import KafkaConfig
 from threes.testing.plugin import draw_unique, remember_kafka
 
 ROOT = Path(__file__).resolve().parents[1]

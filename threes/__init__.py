@@ -1,7 +1,7 @@
 """The ``threes`` command-line tool: CLI plumbing, the local stack, the demo, the pipeline supervisor.
 
-Not part of the data path: the connector framework and its technologies are in
-``connectors/``, the stream job in ``stream_app/``, the sync service in
+Not part of the data path: the kernel every part shares is in ``kernel/``, the connector
+SDK, the source runtime and the technologies in ``connectors/``, the stream job in ``stream_app/``, the sync service in
 ``sync_service/``, the Avro contracts in ``schemas/``. This package drives them:
 
 * :mod:`threes.cli`: the ``threes`` command, assembled from the modules below;

@@ -1,10 +1,10 @@
 """``threes check``: reach every system a pipeline names, without side effects.
 
 Each check is read-only: Kafka metadata here, then each connection's own
-:meth:`~connectors.config.models.ConnectionConfig.check` (``SELECT 1``, Elasticsearch
+:meth:`~kernel.config.models.ConnectionConfig.check` (``SELECT 1``, Elasticsearch
 cluster health, S3 ``head_bucket`` for every bucket a connector names...). A failure says
 what failed and what to do, in one line per system (no traceback, no client
-library's log lines); it never prints a secret (:func:`connectors.redact.redact`
+library's log lines); it never prints a secret (:func:`kernel.redact.redact`
 runs over every detail).
 
 Then the pipeline itself, against what Kafka knows: the checks of ``threes validate``
@@ -25,16 +25,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from connectors import registry
-from connectors.config.models import CheckResult
-from connectors.exceptions import SetupError
-from connectors.redact import redact
+from kernel.config.models import CheckResult
+from kernel.exceptions import SetupError
+from kernel.redact import redact
 from threes.config import PipelineBase
 
 log = logging.getLogger(__name__)
 
 
 def _kafka(pipeline: PipelineBase) -> CheckResult:
-    from connectors.topics import cluster_metadata
+    from kernel.kafka.topics import cluster_metadata
 
     kafka = pipeline.kafka
     try:
@@ -81,7 +81,7 @@ def _pipeline(pipeline: PipelineBase, config_file: str | Path) -> list[CheckResu
         One failed result per problem (target ``file:line``, detail ``path: message``), or one
         ok result; a missing schema topic is a failed result when a snapshot needs its schemas.
     """
-    from connectors.topics import cluster_metadata
+    from kernel.kafka.topics import cluster_metadata
     from schemas.store import SchemaStore
     from threes.schemas_check import needs_writer_schemas, schema_problems
 

@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from connectors.exceptions import ConfigError, ThreesError
+from kernel.exceptions import ConfigError, ThreesError
 from threes.console import ConfigArg, console, fail, load, out
 
 app = typer.Typer(
@@ -30,7 +30,7 @@ app = typer.Typer(
 SERVICES = frozenset({"source", "stream", "sync"})
 """Command groups of long-running parts: they log what they do at INFO by default (snapshot done, ready, ...)."""
 
-OWN_LOGGERS = ("connectors", "stream_app", "sync_service", "schemas", "threes")
+OWN_LOGGERS = ("kernel", "connectors", "stream_app", "sync_service", "schemas", "threes")
 
 
 @app.callback()
@@ -42,7 +42,7 @@ def main(
     """Set up logging for every command."""
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
-    from connectors.redact import install_log_redaction
+    from kernel.redact import install_log_redaction
 
     install_log_redaction()  # every line, ours and the libraries', with URL passwords and config secrets masked
     sys.excepthook = _redacted_traceback  # an unexpected error's traceback (--debug) masks them too
@@ -62,10 +62,10 @@ def main(
 
 
 def _redacted_traceback(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
-    """Print a traceback as Python would, without locals, secrets masked (``connectors.redact``)."""
+    """Print a traceback as Python would, without locals, secrets masked (``kernel.redact``)."""
     import traceback
 
-    from connectors.redact import redact
+    from kernel.redact import redact
 
     sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))
 
@@ -183,7 +183,7 @@ _mount_subcommands()
 def run() -> None:
     """Console-script entry point: any error of threes ends as one clear red line, exit 1.
 
-    Commands raise :class:`~connectors.exceptions.ThreesError` subclasses freely;
+    Commands raise :class:`~kernel.exceptions.ThreesError` subclasses freely;
     this is the one place they become output (``--debug`` shows the traceback).
     A crash inside a native library (librdkafka, the JVM bridge) prints every thread's Python
     stack to stderr (a part's log under ``threes run``) before the process ends, not a bare

@@ -5,7 +5,7 @@ entries are discriminated unions over the connector config models found in the r
 (:mod:`connectors.registry`), so a third-party connector gets the same validation, errors and
 JSON Schema as a built-in one. Each part owns its own section's model: the stream job
 (:mod:`stream_app.config`), the sync services (:mod:`sync_service.config`), the connectors
-(:mod:`connectors.config.models` and each technology's ``config``).
+(:mod:`kernel.config.models` and each technology's ``config``).
 
 Typical use::
 
@@ -24,8 +24,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, create_model
 
 from connectors import registry
-from connectors.config.loader import load_yaml_model, validate_data
-from connectors.config.models import (
+from kernel.config.loader import load_yaml_model, validate_data
+from kernel.config.models import (
     ConnectionConfig,
     ConnectorConfig,
     KafkaConfig,

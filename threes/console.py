@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 
 console = Console(stderr=True)
 out = Console()

@@ -1,7 +1,7 @@
 """Dead letters read, selected and replayed: what ``threes dlq list|show|replay`` do (:mod:`threes.dlq`).
 
 The dead letter topics are the ones the config names (each sync service's and the stream job's
-``dead_letter_topic``); their records follow :mod:`connectors.dlq` (original key and value bytes,
+``dead_letter_topic``); their records follow :mod:`kernel.dlq` (original key and value bytes,
 ``dlq.*`` headers saying where from and why, the original headers after them).
 
 Replay produces a record's original key, value and headers (its ``version`` among them) back to its
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from connectors.dlq import PREFIX, DeadLetter
-from connectors.exceptions import SetupError, ThreesError
-from connectors.redact import redact
+from kernel.dlq import PREFIX, DeadLetter
+from kernel.exceptions import SetupError, ThreesError
+from kernel.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class ReplayResult:
 
 def replayed_ids(kafka: Any, replays_topic: str = REPLAYS_TOPIC) -> dict[str, dict[str, Any]]:
     """The dead letters replayed before: id -> the record of the replay (``{"to", "partition", "offset", ...}``)."""
-    from connectors.topics import read_latest_per_key
+    from kernel.kafka.topics import read_latest_per_key
 
     try:
         latest = read_latest_per_key(kafka.librdkafka_config(), replays_topic)
@@ -307,8 +307,8 @@ def replay(kafka: Any, letters: Sequence[Letter], *, to: str | None = None, dry_
             no ``to`` was given; nothing is sent then.
         SetupError: Kafka refused a record (the ones delivered before are recorded as replayed).
     """
-    from connectors import clients
-    from connectors.topics import internal_topic_options
+    from kernel.kafka import clients
+    from kernel.kafka.topics import internal_topic_options
     from schemas.kafka_admin import ensure_internal_topic
 
     _check_selection(letters, to, replayed_ids(kafka, replays_topic), force)

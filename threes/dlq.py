@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from connectors.exceptions import ThreesError
-from connectors.redact import redact
+from kernel.exceptions import ThreesError
+from kernel.redact import redact
 from threes.console import ConfigArg, console, fail, load, out
 
 dlq_app = typer.Typer(help="List, show and replay the dead letters of the config's dead letter topics.",
@@ -129,7 +129,7 @@ def show(config: ConfigArg, letter_id: Annotated[str, typer.Argument(help="<dlq 
         raise fail(ThreesError(f"no dead letter {letter_id} (threes dlq list shows the ids)"))
     letter = letters[0]
     try:
-        from connectors.topics import internal_topic_options
+        from kernel.kafka.topics import internal_topic_options
 
         store = SchemaStore(pipeline.kafka.librdkafka_config(), pipeline.kafka.schema_topic,
                             **internal_topic_options(pipeline.kafka))

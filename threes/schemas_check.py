@@ -2,7 +2,7 @@
 
 ``threes validate`` runs them after the config loaded: every schema a source,
 the stream job or a sink names is resolved (relative paths start at the config
-file's folder, :func:`connectors.config.models.resolve_config_path`) and
+file's folder, :func:`kernel.config.models.resolve_config_path`) and
 parsed; the stream job's lookups, projections and aggregations are checked with
 the job's own planner (:func:`stream_app.plan.build_plan`, types included); a
 sink's key columns are checked against the update topic it applies. Every
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from connectors.config.loader import locate
-from connectors.exceptions import ConfigError, ConfigProblem
+from kernel.config.loader import locate
+from kernel.exceptions import ConfigError, ConfigProblem
 
 WriterVersions = Callable[[str], list[str]]
 """subject (``<topic>-key`` / ``<topic>-value``) -> its writer schema versions' JSON, oldest first

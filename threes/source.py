@@ -63,13 +63,13 @@ def run(
     ] = "THREES_METRICS_TOKEN",
 ) -> None:
     """Run every source of CONFIG (or those named) until SIGTERM/SIGINT, which flush and store positions."""
-    from connectors.exceptions import ThreesError
     from connectors.runtime.standalone import SourceWorker, select_sources, task_specs
+    from kernel.exceptions import ThreesError
     from threes.console import fail, load, out
 
     pipeline = load(config)
     try:
-        from connectors.topics import check_credentials
+        from kernel.kafka.topics import check_credentials
 
         # a refused login or broker certificate ends here, in one line (a broker that is down is retried)
         check_credentials(pipeline.kafka.librdkafka_config(), pipeline.kafka.request_timeout_s)
@@ -98,9 +98,9 @@ def run(
 
 def _serve_status(worker: SourceWorker, title: str, port: int, host: str, token_env: str) -> None:
     """``/metrics`` next to ``/status`` and ``/status.json`` (the source tasks' states, positions, restarts)."""
-    from connectors.redact import register_secret
-    from connectors.status.document import source_document
-    from connectors.status.http import StatusServer, require_token_off_loopback
+    from connectors.runtime.status import source_document
+    from kernel.redact import register_secret
+    from kernel.status.http import StatusServer, require_token_off_loopback
 
     token = os.environ.get(token_env) or None
     register_secret(token)
@@ -115,7 +115,7 @@ def _run_tasks(worker: SourceWorker, specs: list[TaskSpec], group: str | None, o
     Raises:
         ThreesError: ``once`` with ``group``.
     """
-    from connectors.exceptions import ThreesError
+    from kernel.exceptions import ThreesError
 
     if group:
         if once:
@@ -173,7 +173,7 @@ def _log_progress(worker: Any, stop: threading.Event, every_s: float = 30.0) -> 
 def _offset_rows(pipeline: Any, connector: list[str] | None, offsets_topic: str) -> tuple[Any, list[Any], list[str]]:
     from connectors.runtime.offsets import OffsetStore
     from connectors.runtime.standalone import select_sources
-    from connectors.topics import internal_topic_options
+    from kernel.kafka.topics import internal_topic_options
 
     sources = select_sources(pipeline, connector)
     names = {s.name for s in sources}
@@ -186,7 +186,7 @@ def _offset_rows(pipeline: Any, connector: list[str] | None, offsets_topic: str)
 def list_offsets(config: ConfigArg, connector: ConnectorOpt = None, offsets_topic: OffsetsTopicOpt = "_threes_offsets",
                  as_json: Annotated[bool, typer.Option("--json", help="print JSON lines")] = False) -> None:
     """Show the stored position of every source of CONFIG (or of those named)."""
-    from connectors.exceptions import ThreesError
+    from kernel.exceptions import ThreesError
     from threes.console import fail, load, out
 
     pipeline = load(config)
@@ -216,8 +216,8 @@ def reset_offsets(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
 ) -> None:
     """Forget stored positions: the next run of those sources re-snapshots. Stop the sources first."""
-    from connectors import clients
-    from connectors.exceptions import ThreesError
+    from kernel.exceptions import ThreesError
+    from kernel.kafka import clients
     from threes.console import fail, load, out
 
     pipeline = load(config)

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from connectors.status.document import Gatherer
+    from threes.status_gather import Gatherer
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +59,10 @@ def status(
     restarts, paused partitions, dead letters, last errors): ``metrics_port``
     of the sync services and the stream job, and ``--endpoint`` for others.
     """
-    from connectors.exceptions import ThreesError
-    from connectors.redact import redact_document, register_secret
-    from connectors.status.document import Gatherer
+    from kernel.exceptions import ThreesError
+    from kernel.redact import redact_document, register_secret
     from threes.console import fail, load, out
+    from threes.status_gather import Gatherer
 
     pipeline = load(config)
     token = os.environ.get(token_env) or None
@@ -84,8 +84,8 @@ def status(
 
 def _serve(gatherer: Gatherer, title: str, port: int, addr: str, token: str | None) -> None:
     """Serve the status page, gathered per request, until Ctrl-C."""
-    from connectors.exceptions import ThreesError
-    from connectors.status.http import StatusServer
+    from kernel.exceptions import ThreesError
+    from kernel.status.http import StatusServer
     from threes.console import fail, out
 
     server = StatusServer(gatherer.gather, title=title)

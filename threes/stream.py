@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from connectors.exceptions import ConfigError, ThreesError
+from kernel.exceptions import ConfigError, ThreesError
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def run(
     if master:
         settings = settings.model_copy(update={"master": master})
     try:
-        from connectors.topics import cluster_metadata
+        from kernel.kafka.topics import cluster_metadata
 
         # before the SparkSession (seconds to start): a refused login or certificate fails at once, in one line
         meta = cluster_metadata(pipeline.kafka.librdkafka_config(), pipeline.kafka.request_timeout_s)
@@ -91,7 +91,7 @@ def run(
         spark = spark_session(settings, _jars(), _s3a_jars(pipeline.stream.checkpoint_location), extra)
         StreamJob(pipeline.stream, pipeline.kafka, spark, base_dir=config.parent).run(available_now)
     except ConfigError as exc:  # the plan's problems (schemas, lookups): with the file and line of each key
-        from connectors.config.loader import locate
+        from kernel.config.loader import locate
 
         raise fail(ConfigError(locate(exc.problems, config))) from None
     except ThreesError as exc:
@@ -147,7 +147,7 @@ def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | Non
     except QueryError as exc:
         raise fail(ThreesError(str(exc))) from None
     except ConfigError as exc:
-        from connectors.config.loader import locate
+        from kernel.config.loader import locate
 
         raise fail(ConfigError(locate(exc.problems, config))) from None
     except ThreesError as exc:

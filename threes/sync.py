@@ -42,7 +42,7 @@ def run(
     from connectors.runtime.process import keep_pandas_out
 
     keep_pandas_out()  # pyarrow would load it for nothing: 44 MB of every sync process (process.py)
-    from connectors.exceptions import ThreesError
+    from kernel.exceptions import ThreesError
     from sync_service.supervisor import ServiceSupervisor
     from threes.console import fail, load
 
@@ -52,7 +52,7 @@ def run(
         names = [s.name for s in pipeline.sync]
         raise fail(ThreesError(f"no sync service named {service!r} in {config} (have: {names})"))
     try:
-        from connectors.topics import check_credentials
+        from kernel.kafka.topics import check_credentials
 
         # a refused login or broker certificate ends here, in one line (a broker that is down is retried)
         check_credentials(pipeline.kafka.librdkafka_config(), pipeline.kafka.request_timeout_s)

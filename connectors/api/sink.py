@@ -12,26 +12,26 @@ What ``write`` may do, and what the runtime does about it:
 * return normally, with a list of :class:`RecordFailure` for records the target
   refused (a field Elasticsearch rejects, a value the database refuses): the
   runtime judges them (below); the batch is done;
-* raise :class:`~connectors.exceptions.BatchRefusedError` (a statement carrying
+* raise :class:`~kernel.exceptions.BatchRefusedError` (a statement carrying
   the batch failed because of some record, and the target did not say which):
   the runtime writes halves of the batch until the refused records stand alone;
-* raise :class:`~connectors.exceptions.SinkBlockedError` (no privilege, missing
+* raise :class:`~kernel.exceptions.SinkBlockedError` (no privilege, missing
   table or column, read-only, disk full: any record would hit it): the
   partitions feeding the sink pause, ``blocked: ...`` shows in the status, and
   the sink is opened again and the batch written again after a backoff,
   without bound; nothing is dead-lettered, whatever ``errors.tolerance`` says;
-* raise :class:`~connectors.exceptions.SinkBackpressureError` (HTTP 429, lock
+* raise :class:`~kernel.exceptions.SinkBackpressureError` (HTTP 429, lock
   timeout): the partitions feeding the sink are paused and the whole batch is
   written again after ``retry_after`` seconds, without bound (the target is
   alive, only busy);
-* raise :class:`~connectors.exceptions.RetriableError`: retried with jittered
+* raise :class:`~kernel.exceptions.RetriableError`: retried with jittered
   exponential backoff up to the service's retry policy, then the service stops
   without committing (nothing is lost, a restart resumes from the last commit);
-* raise :class:`~connectors.exceptions.FatalError`: the service stops without
+* raise :class:`~kernel.exceptions.FatalError`: the service stops without
   committing the batch.
 
 Writing the same batch twice must change nothing (the update-topic contract of
-``connectors/updates.py``: a version per key, applied only when newer).
+``kernel/updates.py``: a version per key, applied only when newer).
 
 **Record error or target error: by blast radius** (``sync_service/isolation.py``
 applies the rule, once for every sink). A refused record goes to the dead letter
@@ -46,8 +46,8 @@ topic only when
 
 Any other refusal, including that of a batch of one record that has no
 neighbour to compare with, is the target's: the batch is blocked
-(:class:`~connectors.exceptions.SinkBlockedError`), never dead-lettered. A
-sink therefore raises :class:`~connectors.exceptions.SinkBlockedError` at
+(:class:`~kernel.exceptions.SinkBlockedError`), never dead-lettered. A
+sink therefore raises :class:`~kernel.exceptions.SinkBlockedError` at
 once for errors it knows every record would hit (PostgreSQL SQLSTATE 42501,
 42P01, 42703, 25006, 53100; Elasticsearch ``cluster_block_exception``; S3
 ``AccessDenied``), and returns or raises the others with what it knows.
@@ -64,7 +64,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, cast
 
-from connectors.config.models import BatchPolicy, ConnectionConfig, SinkConnectorConfig
+from kernel.config.models import BatchPolicy, ConnectionConfig, SinkConnectorConfig
 from schemas.serde import HEADER_BYTES
 
 _LAZY = object()  # the value is decoded from ``encoded`` on first access

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from connectors.config.models import ConnectionConfig, KafkaConfig, SourceConnectorConfig
+from kernel.config.models import ConnectionConfig, KafkaConfig, SourceConnectorConfig
 
 Key = Mapping[str, Any] | bytes
 Value = Mapping[str, Any] | None
@@ -128,13 +128,13 @@ class SourceTask(ABC):
     Subclasses set ``source_header`` when they tag records with where they came
     from, implement :meth:`open`, :meth:`poll` and usually :meth:`reconcile`,
     and translate transient failures of their system into
-    :class:`~connectors.exceptions.RetriableError` (the worker retries the cycle
-    with backoff) and permanent ones into :class:`~connectors.exceptions.FatalError`.
+    :class:`~kernel.exceptions.RetriableError` (the worker retries the cycle
+    with backoff) and permanent ones into :class:`~kernel.exceptions.FatalError`.
 
     Args:
         config: the connector's validated config model.
         connection: the validated connection the config names (its technology's
-            :class:`~connectors.config.models.ConnectionConfig` subclass).
+            :class:`~kernel.config.models.ConnectionConfig` subclass).
         kafka: the pipeline's Kafka config (read-only; the worker owns the clients).
         task_id: this task's index, ``0 <= task_id < task_count``.
         task_count: how many tasks the connector was split into.

@@ -1,12 +1,5 @@
-"""Config models and loading shared by every part: Kafka, connections, policies, connector bases.
+"""Deprecated: the config models moved to :mod:`kernel.config`.
 
-* :mod:`connectors.config.models` - the Kafka connection, named connections, batch and retry
-  policies, and the base models of every connector's config.
-* :mod:`connectors.config.loader` - YAML to validated pydantic models, with each key's line
-  and ``${env:NAME}`` / ``${file:path}`` resolved.
-* :mod:`connectors.config.safety` - the allow-lists of pass-through options.
-
-The whole pipeline document is assembled above the parts, in :mod:`threes.config`
-(``load_pipeline``); the stream job's section is :mod:`stream_app.config`, the sync
-services' :mod:`sync_service.config`.
+``connectors.config.models`` still imports (with a :class:`DeprecationWarning`) for
+third-party connectors written against it; import :mod:`kernel.config.models` instead.
 """

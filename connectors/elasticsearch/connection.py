@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
-from connectors.config.models import CheckResult, ConnectionConfig, ConnectorConfig
+from kernel.config.models import CheckResult, ConnectionConfig, ConnectorConfig
 
 
 class ElasticsearchConnection(ConnectionConfig):
@@ -63,6 +63,10 @@ class ElasticsearchConnection(ConnectionConfig):
                 "the traffic): set accept_unverified_certificates: true to accept that, or give ca_certs"
             )
         return self
+
+    def local_services(self) -> tuple[str, ...]:
+        """The local stack's Elasticsearch."""
+        return ("elasticsearch",)
 
     def check(self, name: str, users: Sequence[ConnectorConfig]) -> list[CheckResult]:
         """Cluster health, one attempt (``threes check``): green or yellow passes."""

@@ -33,7 +33,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from connectors.exceptions import ConfigError, ConfigProblem
+from kernel.exceptions import ConfigError, ConfigProblem
 from schemas.serde import non_null_type
 
 _PRIMITIVE = {"boolean": "boolean", "int": "integer", "long": "long", "float": "float", "double": "double"}

@@ -11,7 +11,7 @@ from typing import Any
 from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
 from connectors.elasticsearch.config import ElasticsearchSinkConfig
 from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
-from connectors.exceptions import (
+from kernel.exceptions import (
     BatchRefusedError,
     FatalError,
     RetriableError,
@@ -19,7 +19,7 @@ from connectors.exceptions import (
     SinkBackpressureError,
     SinkBlockedError,
 )
-from connectors.redact import redact
+from kernel.redact import redact
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from typing import Any
 from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
 from connectors.elasticsearch.config import ElasticsearchSourceConfig
 from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
-from connectors.exceptions import ConfigError, FatalError, RetriableError
 from connectors.runtime.avro import CoercionError, avro_name, record_coercer
+from kernel.exceptions import ConfigError, FatalError, RetriableError
 
 log = logging.getLogger(__name__)
 

@@ -66,11 +66,11 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from connectors.api.source import SourceBatch
-from connectors.exceptions import ConfigError, FatalError, RetriableError, SetupError
 from connectors.rds import pgoutput
 from connectors.rds.pgoutput import UNCHANGED, lsn_int, lsn_text
 from connectors.rds.types import from_json_value, to_json_value
-from connectors.updates import VERSION_HEADER, encode_version
+from kernel.exceptions import ConfigError, FatalError, RetriableError, SetupError
+from kernel.updates import VERSION_HEADER, encode_version
 
 if TYPE_CHECKING:
     from connectors.rds.source import RdsSource

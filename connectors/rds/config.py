@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from connectors.config.models import SchemaRef, SinkConnectorConfig, SourceConnectorConfig
+from kernel.config.models import SchemaRef, SinkConnectorConfig, SourceConnectorConfig
 
 DEFAULT_BULK_INTERVAL_S = 300.0
 """``poll_interval_s`` of a source whose ``mode`` was not given and has no column to read incrementally."""

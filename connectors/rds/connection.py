@@ -1,7 +1,7 @@
 """The ``rds`` connection: a relational database through SQLAlchemy, its engine factory and its check.
 
 Registered in the ``threes.connections`` entry-point group as ``rds``. The URL's query options
-are an allow-list per driver (:func:`connectors.config.safety.url_query_problems`).
+are an allow-list per driver (:func:`connectors.rds.url_options.url_query_problems`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
-from connectors.config.models import CheckResult, ConnectionConfig, ConnectorConfig
-from connectors.exceptions import SetupError
+from kernel.config.models import CheckResult, ConnectionConfig, ConnectorConfig
+from kernel.exceptions import SetupError
 
 
 class RdsConnection(ConnectionConfig):
@@ -21,7 +21,7 @@ class RdsConnection(ConnectionConfig):
     A password written inside ``url`` (``user:PW@host`` or ``?password=PW``) is
     moved to ``password`` at load time, so the URL can be printed safely. The
     URL's query options are an allow-list per driver
-    (:func:`connectors.config.safety.url_query_problems`): ``passfile``,
+    (:func:`connectors.rds.url_options.url_query_problems`): ``passfile``,
     ``sslkey``, ``options``, MySQL's ``local_infile`` or ``read_default_file``
     and any unknown option are validation errors.
     """
@@ -53,7 +53,7 @@ class RdsConnection(ConnectionConfig):
                 self.password = SecretStr(str(secret))
             parsed = parsed._replace(password=None).set(query=query)
             self.url = parsed.render_as_string(hide_password=False)
-        from connectors.config.safety import url_query_problems
+        from connectors.rds.url_options import url_query_problems
 
         problems = url_query_problems(parsed.get_backend_name(), query)
         if problems:
@@ -68,6 +68,14 @@ class RdsConnection(ConnectionConfig):
         if self.password is not None:
             url = url.set(password=self.password.get_secret_value())
         return url
+
+    def local_services(self) -> tuple[str, ...]:
+        """``postgres`` for a PostgreSQL URL, ``mysql`` for MySQL or MariaDB (the local stack's MariaDB), else none."""
+        from sqlalchemy.engine import make_url
+
+        backend = make_url(self.url).get_backend_name()
+        name = {"postgresql": "postgres", "mysql": "mysql", "mariadb": "mysql"}.get(backend)
+        return (name,) if name else ()
 
     def check(self, name: str, users: Sequence[ConnectorConfig]) -> list[CheckResult]:
         """``SELECT 1`` and the server version (``threes check``)."""

@@ -12,14 +12,6 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, NoSuchTableError, SQLAlchemyError
 
 from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
-from connectors.exceptions import (
-    BatchRefusedError,
-    FatalError,
-    RetriableError,
-    SetupError,
-    SinkBackpressureError,
-    SinkBlockedError,
-)
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.rds.errors import classify as classify_db_error
@@ -36,7 +28,15 @@ from connectors.rds.sink_sql import (
     upsert_statement,
 )
 from connectors.rds.sink_types import table_from_avro
-from connectors.redact import redact
+from kernel.exceptions import (
+    BatchRefusedError,
+    FatalError,
+    RetriableError,
+    SetupError,
+    SinkBackpressureError,
+    SinkBlockedError,
+)
+from kernel.redact import redact
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from sqlalchemy import Column, Table, literal
 from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateColumn
 
-from connectors.exceptions import BatchRefusedError, FatalError, SinkBlockedError
 from connectors.rds.reading import MYSQL_DIALECTS
 from connectors.rds.sink_fit import REQUIRED_COMMENT, NewField
 from connectors.rds.sink_sql import pg_lock_timeout
 from connectors.rds.sink_types import sql_type
+from kernel.exceptions import BatchRefusedError, FatalError, SinkBlockedError
 
 log = logging.getLogger(__name__)
 

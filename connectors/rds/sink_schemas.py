@@ -45,11 +45,11 @@ from sqlalchemy import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from connectors.api.sink import RecordFailure, SinkBatch, SinkRecord
-from connectors.exceptions import SinkBlockedError, SkippableRecordError
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.reading import MYSQL_DIALECTS
 from connectors.rds.sink_evolve import TableEvolution, schema_name
 from connectors.rds.sink_fit import REQUIRED_COMMENT, FitPlan, arrow_type, misfits, plan_fit, required_fields_of
+from kernel.exceptions import SinkBlockedError, SkippableRecordError
 
 log = logging.getLogger(__name__)
 

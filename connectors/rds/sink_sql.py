@@ -21,8 +21,8 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.dml import Delete
 
-from connectors.exceptions import FatalError
 from connectors.rds.reading import MYSQL_DIALECTS
+from kernel.exceptions import FatalError
 
 log = logging.getLogger(__name__)
 

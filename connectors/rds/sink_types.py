@@ -35,8 +35,8 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.types import TypeEngine
 
-from connectors.exceptions import FatalError
 from connectors.rds.sink_fit import REQUIRED_COMMENT
+from kernel.exceptions import FatalError
 
 _PRIMITIVES: dict[str, Any] = {
     "boolean": Boolean,

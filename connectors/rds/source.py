@@ -56,7 +56,6 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError, DisconnectionError, NoSuchTableError, OperationalError, SQLAlchemyError
 
 from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
-from connectors.exceptions import ConfigError, FatalError, RetriableError, SetupError
 from connectors.rds.config import RdsSourceConfig
 from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.rds.reading import (
@@ -80,6 +79,7 @@ from connectors.rds.types import (
     to_json_value,
 )
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
+from kernel.exceptions import ConfigError, FatalError, RetriableError, SetupError
 
 log = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ from typing import Any
 
 from sqlalchemy import types as sqltypes
 
-from connectors.exceptions import FatalError
 from connectors.runtime.avro import avro_name
+from kernel.exceptions import FatalError
 
 UNBOUNDED_DECIMAL = (38, 9)
 """``(precision, scale)`` of an unbounded ``numeric`` column (38 is Spark's largest precision)."""

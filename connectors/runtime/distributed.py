@@ -39,10 +39,10 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import NewPartitions
 
-from connectors import clients
-from connectors.exceptions import SetupError
 from connectors.runtime.standalone import SourceWorker, TaskSpec
-from connectors.topics import ensure_internal_topic, internal_topic_options
+from kernel.exceptions import SetupError
+from kernel.kafka import clients
+from kernel.kafka.topics import ensure_internal_topic, internal_topic_options
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ class _TaskStates:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from connectors.runtime.supervision import TASK_STATES
+        from kernel.supervision import TASK_STATES
 
         family = GaugeMetricFamily(
             "threes_source_task_state",

@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.committed import latest_per_key
-from connectors.exceptions import FatalError, SetupError
-from connectors.topics import ensure_internal_topic
+from kernel.exceptions import FatalError, SetupError
+from kernel.kafka.committed import latest_per_key
+from kernel.kafka.topics import ensure_internal_topic
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class OffsetStore:
         topic: the offsets topic; created compacted when missing.
         timeout_s: admin and read timeouts, seconds.
         replication_factor: of the topic when created; ``None``: min(3, brokers)
-            (:func:`connectors.topics.internal_topic_settings`).
+            (:func:`kernel.kafka.topics.internal_topic_settings`).
         min_insync_replicas: of the topic when created; ``None``: the default there.
 
     Raises:
@@ -106,7 +106,7 @@ class OffsetStore:
 
         Positions written in a transaction (``exactly_once`` sources, ``--group``
         workers) count only once committed; an open transaction of another task
-        is waited out (see :mod:`connectors.committed`).
+        is waited out (see :mod:`kernel.kafka.committed`).
 
         Returns:
             Offsets key -> stored position, for every key not reset.

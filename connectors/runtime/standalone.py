@@ -14,13 +14,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from connectors.config.models import ConnectionConfig, KafkaConfig, RetryPolicy, SourceConnectorConfig
-from connectors.exceptions import ConfigError
 from connectors.registry import load_implementation
 from connectors.runtime import metrics
 from connectors.runtime.offsets import OFFSETS_TOPIC, OffsetStore, offsets_key
-from connectors.runtime.supervision import RestartBackoff
 from connectors.runtime.worker import TRANSACTION_TIMEOUT_MS, RunnerStats, TaskRunner
+from kernel.config.models import ConnectionConfig, KafkaConfig, RetryPolicy, SourceConnectorConfig
+from kernel.exceptions import ConfigError
+from kernel.supervision import RestartBackoff
 
 if TYPE_CHECKING:
     from connectors.api.source import SourceTask
@@ -125,7 +125,7 @@ class SourceWorker:
         retry: RetryPolicy | None = None,
         transactional: bool = False,
     ):
-        from connectors.topics import internal_topic_options
+        from kernel.kafka.topics import internal_topic_options
         from schemas.store import SchemaStore
 
         self.pipeline = pipeline

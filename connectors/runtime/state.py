@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from connectors.committed import high_watermarks, read_committed
+from kernel.kafka.committed import high_watermarks, read_committed
 
 log = logging.getLogger(__name__)
 

@@ -49,18 +49,18 @@ import fastavro
 from confluent_kafka import KafkaException
 from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
 
-from connectors import clients
 from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState
-from connectors.config.models import KafkaConfig, RetryPolicy, SourceConnectorConfig
-from connectors.exceptions import FatalError, RetriableError, SetupError, ThreesError
 from connectors.registry import load_implementation
 from connectors.runtime import metrics
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 from connectors.runtime.offsets import OffsetStore, PositionTracker, offsets_key, require_position_shape
 from connectors.runtime.state import LiveKeys, live_keys
-from connectors.runtime.supervision import StopRequested, describe_retry, retry_stop, stoppable_sleep
-from connectors.topics import ensure_compacted_topic, recent_keys
-from connectors.updates import with_source_ts
+from kernel.config.models import KafkaConfig, RetryPolicy, SourceConnectorConfig
+from kernel.exceptions import FatalError, RetriableError, SetupError, ThreesError
+from kernel.kafka import clients
+from kernel.kafka.topics import ensure_compacted_topic, recent_keys
+from kernel.supervision import StopRequested, describe_retry, retry_stop, stoppable_sleep
+from kernel.updates import with_source_ts
 from schemas.evolution import TopicSchemaPlan, plan_topic_schemas
 from schemas.exceptions import SerdeError
 from schemas.serde import MARKER, AvroSerializer

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from connectors.config.models import SinkConnectorConfig, SourceConnectorConfig
+from kernel.config.models import SinkConnectorConfig, SourceConnectorConfig
 
 
 class S3SourceConfig(SourceConnectorConfig):

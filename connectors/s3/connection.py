@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr
 
-from connectors.config.models import CheckResult, ConnectionConfig, ConnectorConfig
+from kernel.config.models import CheckResult, ConnectionConfig, ConnectorConfig
 
 
 class S3Connection(ConnectionConfig):
@@ -35,6 +35,10 @@ class S3Connection(ConnectionConfig):
         description="seconds to wait for the answer to one request (botocore's read_timeout); a request is "
         "tried up to 6 times (5 retries), so a server that never answers holds a call up to 6 times this long",
     )
+
+    def local_services(self) -> tuple[str, ...]:
+        """The local stack's S3-compatible server (s3proxy)."""
+        return ("s3",)
 
     def check(self, name: str, users: Sequence[ConnectorConfig]) -> list[CheckResult]:
         """``head_bucket`` each bucket the connectors of this connection name (``list_buckets`` without one).

@@ -46,7 +46,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState
-from connectors.exceptions import ConfigError, FatalError, RetriableError
 from connectors.runtime.avro import (
     CoercionError,
     avro_name,
@@ -56,6 +55,7 @@ from connectors.runtime.avro import (
 )
 from connectors.s3.config import S3SourceConfig
 from connectors.s3.connection import S3Connection, s3_client
+from kernel.exceptions import ConfigError, FatalError, RetriableError
 
 log = logging.getLogger(__name__)
 

@@ -155,7 +155,7 @@ def generate(seed: int = SEED, n_orders: int = 80) -> Shop:
 
 
 def _source(pipeline: Any, name: str, kind: str) -> Any:
-    from connectors.exceptions import ConfigError
+    from kernel.exceptions import ConfigError
 
     for source in pipeline.sources:
         if source.name == name:
@@ -178,8 +178,8 @@ def load_orders(pipeline: Any, shop: Shop) -> None:
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.schema import CreateSchema
 
-    from connectors.exceptions import SetupError
     from connectors.rds.connection import sql_engine
+    from kernel.exceptions import SetupError
 
     source = _source(pipeline, "orders", "rds_source")
     table = Table(source.table, MetaData(),
@@ -221,7 +221,7 @@ def load_customers(pipeline: Any, shop: Shop, base_dir: Path) -> None:
     from elasticsearch import ApiError, TransportError, helpers
 
     from connectors.elasticsearch.connection import elasticsearch_client
-    from connectors.exceptions import SetupError
+    from kernel.exceptions import SetupError
     from schemas import load_schema
     from threes.demo.reference_stores import es_mappings
 
@@ -253,8 +253,8 @@ def load_nations(pipeline: Any, shop: Shop) -> None:
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from connectors.exceptions import SetupError
     from connectors.s3.connection import s3_client
+    from kernel.exceptions import SetupError
 
     source = _source(pipeline, "nations", "s3_source")
     body = io.StringIO()
@@ -323,7 +323,7 @@ def produce_events(pipeline: Any, shop: Shop, base_dir: Path, *, closing: bool =
 
 def main(argv: list[str] | None = None) -> int:
     """``generate.py reference|events [--config PIPELINE] [--seed N]``; returns the exit code."""
-    from connectors.exceptions import ThreesError
+    from kernel.exceptions import ThreesError
     from threes.config import load_pipeline
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

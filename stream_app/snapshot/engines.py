@@ -28,10 +28,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from connectors import clients
-from connectors.config.models import KafkaConfig
-from connectors.dlq import DeadLetter
-from connectors.exceptions import RetriableError
+from kernel.config.models import KafkaConfig
+from kernel.dlq import DeadLetter
+from kernel.exceptions import RetriableError
+from kernel.kafka import clients
 from stream_app.config import SnapshotConfig
 from stream_app.session import job_description
 from stream_app.snapshot.data import (
@@ -261,7 +261,7 @@ class SnapshotBase:
 
 
 class DeadLetterProducer:
-    """Sends undecodable snapshot records to the dead letter topic (``connectors.dlq`` headers).
+    """Sends undecodable snapshot records to the dead letter topic (``kernel.dlq`` headers).
 
     Only bad records of the compacted topics come here (rare); bad events are
     dead-lettered by Spark in the micro-batch itself.

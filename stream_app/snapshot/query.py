@@ -3,7 +3,7 @@
 Kafka Streams' interactive queries let a service ask a running application for
 the value of key K instead of keeping a second database; here the stream job
 answers on its metrics port (``GET /snapshots/{name}/{key}``, served by
-:class:`~connectors.status.http.StatusServer` through a route the job
+:class:`~kernel.status.http.StatusServer` through a route the job
 registers) and ``threes query`` answers from the checkpoint without a job.
 
 A read never takes a lock a micro-batch waits for and never runs a Spark job:
@@ -23,7 +23,7 @@ A read never takes a lock a micro-batch waits for and never runs a Spark job:
 * ``as_of`` (a versioned snapshot): the versions table's bucket file, the
   version whose ``[__from, __to)`` holds the time.
 
-The HTTP server (:class:`~connectors.status.http.StatusServer`) answers a query
+The HTTP server (:class:`~kernel.status.http.StatusServer`) answers a query
 on its event loop when :meth:`SnapshotQueries.fast` can (the indexed and mapped
 cases: tens of microseconds, no file read, no lock) and on its thread pool
 otherwise (``as_of``, a Parquet bucket, the first query of a new base).

@@ -44,7 +44,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from connectors.config.models import KafkaConfig
+from kernel.config.models import KafkaConfig
 from stream_app import metrics
 from stream_app.checkpoint import SnapshotCheckpoint
 from stream_app.columns import rows_where
@@ -493,7 +493,7 @@ class Snapshot:
         return loaded
 
     def _tombstone_retention_s(self) -> float | None:
-        from connectors.topics import topic_configs
+        from kernel.kafka.topics import topic_configs
 
         values = []
         for topic in self.cfg.topics:

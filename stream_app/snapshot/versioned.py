@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.updates import SOURCE_TS_HEADER
+from kernel.updates import SOURCE_TS_HEADER
 from stream_app.checkpoint import replaced_topics
 from stream_app.kafka_io import Offsets, offsets_json, parse_offsets, read_range
 from stream_app.session import job_description

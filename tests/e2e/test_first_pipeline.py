@@ -228,7 +228,7 @@ class Output:
         return "\n".join([*parts, "--- threes run printed ---", *printed[-60:]])
 
 
-OWN_CODE = ("/sync_service/", "/connectors/", "/stream_app/", "/schemas/")
+OWN_CODE = ("/sync_service/", "/kernel/", "/connectors/", "/stream_app/", "/schemas/")
 
 
 def dump_stacks(parent: int) -> None:

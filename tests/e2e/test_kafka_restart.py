@@ -48,7 +48,7 @@ READER = """
 import sys, time
 from confluent_kafka import KafkaException
 from threes.config import load_pipeline
-from connectors.exceptions import ThreesError
+from kernel.exceptions import ThreesError
 from threes.pipeline.probes import KafkaProbe
 
 pipeline = load_pipeline(sys.argv[1])

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from connectors.config.loader import _Yaml12BoolLoader
+from kernel.config.loader import _Yaml12BoolLoader
 from stream_app.realtime import lookup_jar
 from threes.demo.isolate import realtime_variant
 from threes.demo.oracle import enriched_flights, match_counts, read_frame, select_days

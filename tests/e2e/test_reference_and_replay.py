@@ -7,10 +7,10 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from sqlalchemy import select, text
 
-from connectors import clients
-from connectors.config.models import KafkaConfig
 from connectors.rds.connection import sql_engine
 from connectors.s3.connection import s3_client
+from kernel.config.models import KafkaConfig
+from kernel.kafka import clients
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from threes.cli import app
@@ -97,7 +97,7 @@ def test_replay_names_the_row_the_columnar_encoder_could_not_write(kafka: KafkaC
     import pyarrow as pa
     import pytest
 
-    from connectors.exceptions import ConfigError
+    from kernel.exceptions import ConfigError
     from schemas import load_schema
     from threes.demo.replay import COLUMNAR_ROWS, Replayer, table_source
 

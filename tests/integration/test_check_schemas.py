@@ -11,7 +11,7 @@ import textwrap
 
 from typer.testing import CliRunner
 
-from connectors.topics import cluster_metadata
+from kernel.kafka.topics import cluster_metadata
 from schemas import load_schema
 from schemas.store import SchemaStore
 from threes.cli import app

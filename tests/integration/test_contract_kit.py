@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.config.models import KafkaConfig
+from kernel.config.models import KafkaConfig
 from tests.conftest import ROOT
 from threes.testing.sink import SinkContract
 from threes.testing.source import SourceContract

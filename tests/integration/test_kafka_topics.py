@@ -6,9 +6,9 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
-from connectors import clients
-from connectors.exceptions import ConfigError
-from connectors.topics import ensure_compacted_topic, read_latest_per_key, topic_configs
+from kernel.exceptions import ConfigError
+from kernel.kafka import clients
+from kernel.kafka.topics import ensure_compacted_topic, read_latest_per_key, topic_configs
 from schemas.exceptions import UnknownSchemaError
 from schemas.serde import AvroDeserializer, AvroSerializer, fingerprint
 from schemas.store import SchemaStore
@@ -54,8 +54,8 @@ def test_schema_topic_lets_a_new_reader_resolve_unseen_fingerprints(kafka_conf, 
 
 
 def test_produce_fails_clearly_when_kafka_is_unreachable():
-    from connectors.config.models import KafkaConfig
-    from connectors.exceptions import SetupError
+    from kernel.config.models import KafkaConfig
+    from kernel.exceptions import SetupError
 
     dead = KafkaConfig(bootstrap_servers="127.0.0.1:1", request_timeout_s=2).librdkafka_config()
     with pytest.raises(SetupError, match=r"Kafka at 127.0.0.1:1 did not answer.*threes local up"):
@@ -66,7 +66,7 @@ def test_produce_fails_clearly_when_kafka_is_unreachable():
 def test_committed_offsets_read_a_live_group_without_joining_it(kafka, topic):
     from confluent_kafka import TopicPartition
 
-    from connectors.topics import committed_offsets
+    from kernel.kafka.topics import committed_offsets
 
     admin = clients.kafka_admin(kafka)  # kept: its futures need the client alive
     admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)

@@ -8,7 +8,7 @@ import json
 
 from confluent_kafka import Producer
 
-from connectors.topics import ensure_compacted_topic
+from kernel.kafka.topics import ensure_compacted_topic
 from schemas import load_schema
 from schemas.serde import AvroDeserializer, AvroSerializer, canonical_form, fingerprint, parsing_fingerprint
 from schemas.store import SchemaStore

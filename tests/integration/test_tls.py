@@ -25,10 +25,10 @@ import pytest
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from connectors.config.models import KafkaConfig
-from connectors.exceptions import SetupError
 from connectors.rds.connection import RdsConnection, sql_engine
-from connectors.topics import cluster_metadata
+from kernel.config.models import KafkaConfig
+from kernel.exceptions import SetupError
+from kernel.kafka.topics import cluster_metadata
 from sync_service.service import SyncService
 from tests.integration.stream.conftest import Env, flight
 from tests.integration.sync.helpers import run_in_thread, wait_until
@@ -217,7 +217,7 @@ def test_long_running_commands_refuse_a_wrong_password_at_start_up_in_one_line(
 
 def test_a_broker_that_is_down_is_not_a_refusal() -> None:
     """Start-up tolerates a broker that does not answer yet (the runtime retries it)."""
-    from connectors.topics import check_credentials
+    from kernel.kafka.topics import check_credentials
 
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from connectors.exceptions import ConfigError
 from connectors.rds.connection import RdsConnection
+from kernel.exceptions import ConfigError
 from threes.cli import app
 from threes.config import load_pipeline, pipeline_from_dict
 

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from connectors import registry
-from connectors.config.models import KafkaConfig
+from kernel.config.models import KafkaConfig
 from stream_app.config import StreamJobConfig
 from sync_service.config import SyncServiceBase
 from threes.demo.config_docs import render, sections

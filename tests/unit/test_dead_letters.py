@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from connectors.dlq import DeadLetter
-from connectors.exceptions import ThreesError
+from kernel.dlq import DeadLetter
+from kernel.exceptions import ThreesError
 from threes.dead_letters import REPLAYED_FROM, Letter, parse_time, select_letters
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ["pyproject.toml", "README.md", "LICENSE", "connectors", "sync_service", "stream_app", "schemas",
+SOURCES = ["pyproject.toml", "README.md", "LICENSE", "kernel", "connectors", "sync_service", "stream_app", "schemas",
            "threes", "examples"]
 
 
@@ -135,3 +135,13 @@ def test_the_wheel_ships_the_contract_kit_and_its_pytest_plugin(installed: Insta
     location = Path(installed.py("import threes.testing.source, threes.testing.sink, threes.testing.plugin as p; "
                                  "print(p.__file__)"))
     assert location.is_relative_to(installed.venv), location
+
+
+def test_every_package_ships_py_typed(installed: Installed) -> None:
+    folders = installed.py(
+        "import importlib, pathlib; print(*[pathlib.Path(importlib.import_module(p).__file__).parent for p in "
+        "('kernel', 'connectors', 'sync_service', 'stream_app', 'schemas', 'threes')])"
+    ).split()
+    for folder in map(Path, folders):
+        assert folder.is_relative_to(installed.venv), folder
+        assert (folder / "py.typed").is_file(), f"{folder.name} ships no py.typed"

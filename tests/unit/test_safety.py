@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from connectors.config.models import KafkaConfig
 from connectors.elasticsearch.connection import ElasticsearchConnection
-from connectors.exceptions import ConfigError
 from connectors.rds.connection import RdsConnection
+from kernel.config.models import KafkaConfig
+from kernel.exceptions import ConfigError
 from stream_app.config import SparkSettings
 from tests.unit.test_config import MINIMAL, write
 from threes.config import load_pipeline

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastavro.schema import to_parsing_canonical_form
 
-from connectors.exceptions import ConfigError
-from connectors.topics import internal_topic_settings
+from kernel.exceptions import ConfigError
+from kernel.kafka.topics import internal_topic_settings
 from schemas.compatibility import Compatibility, check_compatibility, reader_writer_problems
 from schemas.evolution import key_subject, plan_topic_schemas, value_subject
 from schemas.exceptions import IncompatibleSchemaError, KeySchemaChangeError

@@ -8,7 +8,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from stream_app.plan import build_plan
 from threes.cli import app
 from threes.config import load_pipeline

@@ -145,7 +145,7 @@ class ChangeDriver:
         log.info("reference change applied: %s (%r -> %r)", change.label, change.old_value, change.new_value)
 
     def _state_value(self, change: ReferenceChange) -> Any:
-        from connectors.topics import read_latest_per_key
+        from kernel.kafka.topics import read_latest_per_key
         from schemas.serde import AvroDeserializer
         from schemas.store import SchemaStore
         from threes.demo.reference import source_for

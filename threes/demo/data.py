@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from connectors.exceptions import ConfigError, SetupError
+from kernel.exceptions import ConfigError, SetupError
 
 log = logging.getLogger(__name__)
 

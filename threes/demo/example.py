@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from connectors.exceptions import SetupError
+from kernel.exceptions import SetupError
 
 NYCFLIGHTS13 = "nycflights13/pipeline.yaml"
 """The demo's pipeline, relative to the examples folder."""

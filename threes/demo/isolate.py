@@ -167,7 +167,7 @@ def write_isolated(
     Returns:
         ``target`` as a :class:`~pathlib.Path`.
     """
-    from connectors.config.loader import _Yaml12BoolLoader
+    from kernel.config.loader import _Yaml12BoolLoader
 
     document = yaml.load(Path(source).read_text(), Loader=_Yaml12BoolLoader)  # noqa: S506 - a SafeLoader subclass
     target = Path(target)

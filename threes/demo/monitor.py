@@ -30,10 +30,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors import clients
 from connectors.elasticsearch.connection import elasticsearch_client
 from connectors.rds.connection import sql_engine
 from connectors.s3.connection import s3_client
+from kernel.kafka import clients
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class ProgressProbe:
     """
 
     def __init__(self, targets: Targets, list_every_s: float = 10.0):
-        from connectors.topics import GroupOffsets
+        from kernel.kafka.topics import GroupOffsets
 
         self.targets = targets
         self.list_every_s = list_every_s
@@ -176,7 +176,7 @@ class ProgressProbe:
 
     def committed(self, group: str, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Committed offsets of a consumer group over ``partitions`` (empty while Kafka does not answer)."""
-        from connectors.exceptions import SetupError
+        from kernel.exceptions import SetupError
 
         try:
             return self._groups.read(group, partitions, 10)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from connectors.exceptions import FatalError
+from kernel.exceptions import FatalError
 from threes.pipeline.processes import Child, signal_group, spawn, terminate, threes_command
 
 __all__ = ["Child", "PipelineProcesses", "threes_command"]

@@ -32,8 +32,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from connectors.exceptions import ConfigError, SetupError
 from connectors.rds.connection import RdsConnection, sql_engine
+from kernel.exceptions import ConfigError, SetupError
 from threes.demo.data import TABLES, read_frame
 from threes.demo.reference_diff import UPDATED_AT, LoadResult, diff, field_names, records, table_schema
 from threes.demo.reference_stores import load_elasticsearch, load_s3

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
-from connectors.exceptions import SetupError
 from connectors.s3.connection import S3Connection, s3_client
+from kernel.exceptions import SetupError
 from threes.demo.data import TABLES
 from threes.demo.reference_diff import UPDATED_AT, LoadResult, diff, field_names, records, table_schema
 

@@ -15,7 +15,7 @@ come from an Arrow table (a CSV file, a dataset) are encoded a thousand at a
 time by :class:`connectors.runtime.columnar.ColumnarEncoder`, the same bytes as
 ``fastavro``'s at about a fifth of its CPU; other rows one at a time.
 
-Delivery: ``acks=all`` with an idempotent producer (:func:`connectors.clients.kafka_producer`),
+Delivery: ``acks=all`` with an idempotent producer (:func:`kernel.kafka.clients.kafka_producer`),
 so a record acknowledged is in the log once; :meth:`Replayer.run` returns only after
 every record was acknowledged or failed, and reports failures by count.
 """
@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors import clients
-from connectors.config.models import KafkaConfig
-from connectors.exceptions import ConfigError, RetriableError, SetupError
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
-from connectors.updates import with_source_ts
+from kernel.config.models import KafkaConfig
+from kernel.exceptions import ConfigError, RetriableError, SetupError
+from kernel.kafka import clients
+from kernel.updates import with_source_ts
 from threes.demo.rows import (
     Row,
     RowSource,
@@ -298,7 +298,7 @@ class Replayer:
             SetupError: Kafka cannot be reached.
             RetriableError: some records were not acknowledged (the count and the first error).
             SkippableRecordError never: a row that does not match the schema is a
-            :class:`~connectors.exceptions.ConfigError` naming the row.
+            :class:`~kernel.exceptions.ConfigError` naming the row.
         """
         stats = stats or ReplayStats()
         stats.total = source.total

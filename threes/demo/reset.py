@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from connectors import clients
 from connectors.elasticsearch.connection import elasticsearch_client
-from connectors.exceptions import SetupError
 from connectors.rds.connection import sql_engine
 from connectors.s3.connection import s3_client
+from kernel.exceptions import SetupError
+from kernel.kafka import clients
 
 log = logging.getLogger(__name__)
 

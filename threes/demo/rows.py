@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connectors.exceptions import ConfigError, SetupError
 from connectors.rds.connection import RdsConnection, sql_engine
+from kernel.exceptions import ConfigError, SetupError
 
 log = logging.getLogger(__name__)
 

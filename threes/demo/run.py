@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.exceptions import FatalError, SetupError, ThreesError
+from kernel.exceptions import FatalError, SetupError, ThreesError
 from threes.demo.changes import ChangeDriver, ReferenceChange, default_changes
 from threes.demo.data import FLIGHT_KEY, TABLES, read_table
 from threes.demo.monitor import LatencySampler, Progress, ProgressProbe, Targets

@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
-from connectors.exceptions import SetupError
 from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.s3.connection import S3Connection, s3_client
+from kernel.exceptions import SetupError
 
 log = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ def run(
     """
     from rich.table import Table
 
-    from connectors.exceptions import ThreesError
+    from kernel.exceptions import ThreesError
     from threes.console import fail, load, out
     from threes.pipeline.lock import RunLock
     from threes.pipeline.plan import parse_only

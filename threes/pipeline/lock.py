@@ -23,7 +23,7 @@ import signal
 import time
 from pathlib import Path
 
-from connectors.exceptions import FatalError
+from kernel.exceptions import FatalError
 
 log = logging.getLogger(__name__)
 

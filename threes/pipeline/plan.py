@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 
 COMPONENTS: tuple[str, ...] = ("sources", "stream", "sync")
 """The parts of a pipeline, in start order (stopped in reverse)."""

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors import clients
-from connectors.exceptions import SetupError
+from kernel.exceptions import SetupError
+from kernel.kafka import clients
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class KafkaProbe:
     """
 
     def __init__(self, kafka: Any, offsets_topic: str = "_threes_offsets"):
-        from connectors.topics import GroupOffsets
+        from kernel.kafka.topics import GroupOffsets
 
         self.kafka = kafka
         self.offsets_topic = offsets_topic
@@ -179,7 +179,7 @@ class KafkaProbe:
         Raises:
             SetupError: Kafka did not answer.
         """
-        from connectors.topics import cluster_metadata
+        from kernel.kafka.topics import cluster_metadata
 
         now = time.monotonic()
         if self._topics is None or now - self._topics[0] >= max_age_s:
@@ -219,7 +219,7 @@ class KafkaProbe:
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import NewTopic
 
-        from connectors.exceptions import SetupError
+        from kernel.exceptions import SetupError
 
         if topic in self.topics(max_age_s=0):
             return False
@@ -519,7 +519,7 @@ def take_readings(
     """
     from confluent_kafka import KafkaException
 
-    from connectors.exceptions import ThreesError
+    from kernel.exceptions import ThreesError
 
     probe = None
     try:

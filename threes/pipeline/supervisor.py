@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connectors.exceptions import FatalError, SetupError
+from kernel.exceptions import FatalError, SetupError
 from threes.pipeline.plan import COMPONENTS, Part, plan_run
 from threes.pipeline.probes import (
     Flow,

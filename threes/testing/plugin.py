@@ -9,7 +9,7 @@ Options, each with an environment variable for CI (the option wins):
 
 * ``--threes-kafka HOST:PORT[,HOST:PORT]`` / ``THREES_KAFKA_BOOTSTRAP``: the brokers;
 * ``--threes-kafka-config FILE`` / ``THREES_KAFKA_CONFIG``: a YAML file holding the pipeline's
-  ``kafka:`` section (:class:`~connectors.config.models.KafkaConfig`: security protocol, SASL,
+  ``kafka:`` section (:class:`~kernel.config.models.KafkaConfig`: security protocol, SASL,
   CA file...), for brokers that need more than an address; ``${env:NAME}`` is resolved, so
   the password stays out of the file. ``--threes-kafka`` then only replaces its
   ``bootstrap_servers``;
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from connectors.config.models import KafkaConfig
+    from kernel.config.models import KafkaConfig
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +92,8 @@ def kafka_config_from(bootstrap: str | None, config_file: str | None) -> KafkaCo
         ConfigError: the file is missing or invalid (every problem, with its line).
         ValueError: neither is given.
     """
-    from connectors.config.loader import load_yaml_model
-    from connectors.config.models import KafkaConfig
+    from kernel.config.loader import load_yaml_model
+    from kernel.config.models import KafkaConfig
 
     if config_file:
         kafka = load_yaml_model(KafkaConfig, config_file)

@@ -8,7 +8,7 @@ service would):
 * ``bad_sink``: the same sink with wrong credentials or address (not opened);
 * ``state(sink)``: the target's state as ``{key_id: (version, value)}``.
 
-The contract (CONVENTIONS.md, ``connectors/updates.py``): a batch is written
+The contract (CONVENTIONS.md, ``kernel/updates.py``): a batch is written
 once; a replayed batch changes nothing; a tombstone deletes; an older version
 never overwrites a newer one; ``check()`` fails fast on bad credentials.
 
@@ -34,7 +34,7 @@ import fastavro
 import pytest
 
 from connectors.api.sink import Sink, SinkBatch, SinkRecord
-from connectors.exceptions import SetupError
+from kernel.exceptions import SetupError
 from schemas.serde import fingerprint
 
 ITEM_SCHEMA: dict[str, Any] = {

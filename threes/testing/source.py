@@ -37,11 +37,11 @@ from typing import Any
 
 import pytest
 
-from connectors.committed import latest_per_key
-from connectors.config.models import KafkaConfig, RetryPolicy
 from connectors.runtime.offsets import OffsetStore
 from connectors.runtime.standalone import SourceWorker, task_specs
-from connectors.topics import end_offsets
+from kernel.config.models import KafkaConfig, RetryPolicy
+from kernel.kafka.committed import latest_per_key
+from kernel.kafka.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from threes.config import PipelineBase, pipeline_from_dict
@@ -214,7 +214,7 @@ class SourceContract:
 
     def test_offsets_reset_resnapshots(self, ctx: dict[str, Any], threes_kafka: KafkaConfig) -> None:
         """``threes offsets reset`` makes the next run read every entity again."""
-        from connectors import clients
+        from kernel.kafka import clients
 
         n = self.initial_rows
         self.upsert(ctx, [self.make_row(i) for i in range(n)])

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from connectors.config.models import SinkConnectorConfig, SourceConnectorConfig
+from kernel.config.models import SinkConnectorConfig, SourceConnectorConfig
 
 
 class JsonfileSourceConfig(SourceConnectorConfig):

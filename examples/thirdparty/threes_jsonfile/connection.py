@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import Field, SecretStr
 
-from connectors.config.models import CheckResult, ConnectionConfig, ConnectorConfig
-from connectors.exceptions import SetupError
+from kernel.config.models import CheckResult, ConnectionConfig, ConnectorConfig
+from kernel.exceptions import SetupError
 
 TOKEN_FILE = ".token"
 """A folder holding this file accepts only connections whose ``token`` equals its content."""

@@ -11,7 +11,7 @@ from typing import Any, cast
 from urllib.parse import quote, unquote
 
 from connectors.api.sink import RecordFailure, Sink, SinkBatch, latest_per_key
-from connectors.exceptions import RetriableError, SetupError
+from kernel.exceptions import RetriableError, SetupError
 from threes_jsonfile.config import JsonfileSinkConfig
 from threes_jsonfile.connection import JsonfileConnection, open_folder
 

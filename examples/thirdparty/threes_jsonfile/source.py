@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
-from connectors.exceptions import ConfigError, RetriableError, SetupError
+from kernel.exceptions import ConfigError, RetriableError, SetupError
 from threes_jsonfile.config import JsonfileSourceConfig
 from threes_jsonfile.connection import JsonfileConnection, open_folder
 

@@ -55,7 +55,7 @@ def rows(engine: Any, table: str) -> dict[int, int]:
 
 def send_stamped(producer: Any, key: int, version: int, source_ts_ms: int) -> None:
     """Send an update like ``UpdateProducer.send``, with a ``threes.source_ts`` header (the source commit time)."""
-    from connectors.updates import encode_version, with_source_ts
+    from kernel.updates import encode_version, with_source_ts
     from threes.testing.sink import item
 
     headers = with_source_ts([("version", encode_version(version))], source_ts_ms)

@@ -28,10 +28,10 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from connectors.config.models import KafkaConfig
 from connectors.rds.connection import RdsConnection
 from connectors.runtime import metrics as source_metrics
 from connectors.runtime.standalone import SourceWorker, task_specs
+from kernel.config.models import KafkaConfig
 from sync_service.supervisor import ServiceSupervisor
 from tests.conftest import ROOT
 from tests.integration.ops.helpers import free_port, get_json, rows

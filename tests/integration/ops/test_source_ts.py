@@ -9,9 +9,9 @@ from typing import Any
 from confluent_kafka import Consumer
 from sqlalchemy import text
 
-from connectors.config.models import KafkaConfig
 from connectors.rds.connection import RdsConnection
-from connectors.updates import source_ts_of
+from kernel.config.models import KafkaConfig
+from kernel.updates import source_ts_of
 from tests.integration.sources.rds import source_pipeline
 from threes.testing.source import run_once
 
@@ -47,7 +47,7 @@ def test_a_live_source_reports_its_state_position_and_records_behind(
     kafka: KafkaConfig, pg: RdsConnection, pg_engine: Any, unique: str,
 ) -> None:
     from connectors.runtime.standalone import SourceWorker, task_specs
-    from connectors.status.document import source_document
+    from connectors.runtime.status import source_document
     from tests.integration.sync.helpers import wait_until
 
     table = f"behind_{unique}"

@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from connectors.config.models import KafkaConfig
 from connectors.rds.connection import RdsConnection
+from kernel.config.models import KafkaConfig
 from sync_service.supervisor import ServiceSupervisor
 from tests.conftest import ROOT
 from tests.integration.ops.helpers import free_port, get_json

@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from connectors.config.models import KafkaConfig
 from connectors.rds.connection import RdsConnection
+from kernel.config.models import KafkaConfig
 from tests.integration.ops.helpers import accept_all, fail_key, free_port, rows
 from tests.integration.sync.helpers import UpdateProducer, create_topic, wait_until
 

@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 from typer.testing import CliRunner
 
-from connectors.config.models import KafkaConfig
 from connectors.rds.connection import RdsConnection
+from kernel.config.models import KafkaConfig
 from sync_service.supervisor import ServiceSupervisor
 from tests.integration.ops.helpers import accept_all, fail_key, free_port, get_json, metric, rows, send_stamped
 from tests.integration.sync.helpers import UpdateProducer, create_topic, group_lag, pipeline, read_topic, wait_until

@@ -15,8 +15,8 @@ import signal
 import time
 from typing import Any
 
-from connectors import clients
-from connectors.topics import ensure_compacted_topic
+from kernel.kafka import clients
+from kernel.kafka.topics import ensure_compacted_topic
 from threes.config import pipeline_from_dict
 from threes.pipeline.probes import FlowReader, KafkaProbe
 

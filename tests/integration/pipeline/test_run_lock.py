@@ -84,7 +84,7 @@ def alive(pid: int) -> bool:
 
 def test_children_die_with_a_killed_run(tmp_path: Path, endpoints: Any, unique: str,
                                         kafka_conf: dict[str, Any]) -> None:
-    from connectors.topics import ensure_compacted_topic
+    from kernel.kafka.topics import ensure_compacted_topic
 
     ensure_compacted_topic(kafka_conf, f"updates.{unique}", partitions=1)  # as the stream job would: sync starts
     config = write_config(tmp_path, endpoints, unique, f"things.{unique}")

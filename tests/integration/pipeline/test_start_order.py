@@ -53,7 +53,7 @@ def stream_run(config: Path) -> subprocess.CompletedProcess[str]:
 
 def test_stream_run_before_its_events_topic_exists_is_one_line(tmp_path: Path, endpoints: Any, unique: str,
                                                                 kafka_conf: dict[str, Any]) -> None:
-    from connectors.topics import ensure_compacted_topic
+    from kernel.kafka.topics import ensure_compacted_topic
 
     ensure_compacted_topic(kafka_conf, f"things.{unique}", partitions=1)
     done = stream_run(write_config(tmp_path, endpoints, unique, f"things.{unique}"))
@@ -103,7 +103,7 @@ def test_run_restarts_a_part_that_dies_after_it_was_ready(tmp_path: Path, endpoi
                                                           kafka_conf: dict[str, Any]) -> None:
     import re
 
-    from connectors.topics import ensure_compacted_topic
+    from kernel.kafka.topics import ensure_compacted_topic
 
     ensure_compacted_topic(kafka_conf, f"updates.{unique}", partitions=1)  # as the stream job would
     config = write_config(tmp_path, endpoints, unique, f"things.{unique}")

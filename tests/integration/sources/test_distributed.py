@@ -18,8 +18,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-from connectors.committed import latest_per_key
-from connectors.topics import end_offsets
+from kernel.kafka.committed import latest_per_key
+from kernel.kafka.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from tests.conftest import ROOT

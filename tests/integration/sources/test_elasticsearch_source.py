@@ -172,7 +172,7 @@ def test_point_in_time_expiry_resumes_at_the_last_position(es: Any, es_conn: Any
 
 def test_point_in_time_expiry_during_a_snapshot_is_retriable(es: Any, es_conn: Any, kafka: Any,
                                                             unique: str) -> None:
-    from connectors.exceptions import RetriableError
+    from kernel.exceptions import RetriableError
 
     task = _pit_source(es, es_conn, kafka, unique, "snapshot")
     pages = task.poll()

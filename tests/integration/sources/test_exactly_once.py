@@ -26,8 +26,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-from connectors.committed import high_watermarks, read_committed
 from connectors.runtime.offsets import OffsetStore
+from kernel.kafka.committed import high_watermarks, read_committed
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from tests.conftest import ROOT

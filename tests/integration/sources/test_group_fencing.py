@@ -25,10 +25,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from connectors.committed import high_watermarks, read_committed
 from connectors.rds import connection as rds_connection
 from connectors.rds.connection import RdsConnection
 from connectors.runtime.offsets import OFFSETS_TOPIC
+from kernel.kafka.committed import high_watermarks, read_committed
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from tests.conftest import ROOT, sql_engine

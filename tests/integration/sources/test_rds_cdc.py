@@ -17,12 +17,12 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import text
 
-from connectors.exceptions import SetupError
 from connectors.rds.cdc import default_name
 from connectors.rds.pgoutput import lsn_int
 from connectors.runtime.offsets import OffsetStore
-from connectors.topics import end_offsets
-from connectors.updates import VERSION_HEADER, decode_version
+from kernel.exceptions import SetupError
+from kernel.kafka.topics import end_offsets
+from kernel.updates import VERSION_HEADER, decode_version
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from tests.integration.sources.rds import source_pipeline

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import text
 
 from connectors.runtime.offsets import OffsetStore
-from connectors.topics import end_offsets
+from kernel.kafka.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from tests.conftest import ROOT

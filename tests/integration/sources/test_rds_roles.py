@@ -21,9 +21,9 @@ from pydantic import SecretStr
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from connectors.exceptions import SetupError
 from connectors.rds.connection import RdsConnection
 from connectors.rds.source import RdsSource
+from kernel.exceptions import SetupError
 from tests.integration.sources.rds import source_pipeline
 from threes.testing.source import run_once, topic_state
 

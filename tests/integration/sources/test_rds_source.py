@@ -33,10 +33,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql
 
-from connectors.exceptions import ConfigError
 from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.runtime.offsets import OffsetStore
-from connectors.topics import ensure_compacted_topic
+from kernel.exceptions import ConfigError
+from kernel.kafka.topics import ensure_compacted_topic
 from tests.conftest import ROOT
 from tests.integration.sources.rds import RdsSourceContract, late_commit, source_pipeline
 from threes.testing.source import count_records, run_once, topic_state
@@ -468,7 +468,7 @@ def test_existing_non_compacted_topic_is_refused(
 def test_topic_is_created_with_configured_spec(
     pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
 ) -> None:
-    from connectors.topics import end_offsets, topic_configs
+    from kernel.kafka.topics import end_offsets, topic_configs
 
     table = f"spec_{unique}"
     _filled_table(pg_engine, table, 1, 50)

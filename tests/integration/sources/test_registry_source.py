@@ -17,8 +17,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentAv
 from confluent_kafka.serialization import MessageField, SerializationContext  # noqa: E402
 from sqlalchemy import text
 
-from connectors.committed import latest_per_key  # noqa: E402
-from connectors.config.models import RetryPolicy  # noqa: E402
+from kernel.config.models import RetryPolicy  # noqa: E402
+from kernel.kafka.committed import latest_per_key  # noqa: E402
 from schemas.registry import RegistryBridge, registry_client  # noqa: E402
 from schemas.serde import AvroDeserializer  # noqa: E402
 from schemas.store import InMemorySchemaStore  # noqa: E402

@@ -18,8 +18,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from sqlalchemy import text
 
-from connectors.exceptions import ConfigError
-from connectors.topics import end_offsets
+from kernel.exceptions import ConfigError
+from kernel.kafka.topics import end_offsets
 from schemas.serde import MARKER
 from schemas.store import SchemaStore
 from tests.integration.sources.rds import source_pipeline
@@ -29,7 +29,7 @@ D = decimal.Decimal
 
 
 def _run(kafka: Any, pg: Any, unique: str, table: str, **source: Any) -> Any:
-    from connectors.config.models import RetryPolicy
+    from kernel.config.models import RetryPolicy
 
     source.setdefault("key", ["id"])
     pipeline = source_pipeline(kafka, pg, name=f"ev-{unique}", topic=f"state.{unique}", table=table, mode="bulk",
@@ -191,7 +191,7 @@ def test_keys_written_before_the_logical_canonical_form_keep_their_bytes(
     from confluent_kafka import Producer
 
     from connectors.rds.source import RdsSource
-    from connectors.topics import ensure_compacted_topic, read_latest_per_key
+    from kernel.kafka.topics import ensure_compacted_topic, read_latest_per_key
     from schemas.serde import AvroSerializer, fingerprint, parsing_fingerprint, schema_json
 
     table, topic = f"up_{unique}", f"state.{unique}"
@@ -228,7 +228,7 @@ def test_a_key_change_is_seen_in_the_topic_when_no_version_was_recorded(
     kafka: Any, kafka_conf: Any, pg: Any, pg_engine: Any, unique: str, keyed: str
 ) -> None:
     """The schema versions are gone (another schema topic): the topic's latest keys still tell the key changed."""
-    from connectors.config.models import RetryPolicy
+    from kernel.config.models import RetryPolicy
     from threes.config import pipeline_from_dict
 
     topic = f"state.{unique}"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer
 
-from connectors import clients
-from connectors.topics import ensure_compacted_topic, watermark_offsets
+from kernel.kafka import clients
+from kernel.kafka.topics import ensure_compacted_topic, watermark_offsets
 from schemas import load_schema
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import SchemaStore

@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any
 
-from connectors.topics import ensure_compacted_topic
+from kernel.kafka.topics import ensure_compacted_topic
 from schemas.serde import AvroSerializer
 
 

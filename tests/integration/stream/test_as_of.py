@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from connectors.updates import with_source_ts
+from kernel.updates import with_source_ts
 
 from .conftest import airport, flight
 
@@ -136,7 +136,7 @@ def test_a_restart_between_the_changes_keeps_the_versions_kafka_no_longer_has(sp
     from confluent_kafka import KafkaException, TopicPartition
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-    from connectors import clients
+    from kernel.kafka import clients
 
     put_version(env, "A", T_A, header=False)
     put_version(env, "B", T1)

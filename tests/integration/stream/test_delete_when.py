@@ -20,7 +20,7 @@ import pytest
 from elasticsearch import NotFoundError, helpers
 from sqlalchemy import MetaData, Table, inspect, select
 
-from connectors.updates import decode_version
+from kernel.updates import decode_version
 from sync_service.service import SyncService
 from tests.integration.sync.helpers import group_lag, pipeline, run_in_thread, wait_until
 from tests.integration.sync.test_s3_sink import list_keys, read_rows

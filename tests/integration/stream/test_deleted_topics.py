@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from connectors import clients
-from connectors.exceptions import FatalError
-from connectors.topics import ensure_compacted_topic
+from kernel.exceptions import FatalError
+from kernel.kafka import clients
+from kernel.kafka.topics import ensure_compacted_topic
 from stream_app.kafka_io import TopicWatermarks
 
 from .conftest import AIRPORTS

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from connectors.dlq import DeadLetter
+from kernel.dlq import DeadLetter
 
 from .conftest import flight, offsets_header, same_on_every_master
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from connectors.dlq import DeadLetter
+from kernel.dlq import DeadLetter
 from schemas.serde import MARKER, AvroSerializer
 from stream_app.realtime import lookup_jar
 

@@ -110,7 +110,7 @@ def test_the_jvm_store_reads_its_topics_over_sasl_ssl_with_the_pipelines_ca(spar
 
     import fastavro
 
-    from connectors.config.models import KafkaConfig
+    from kernel.config.models import KafkaConfig
     from threes.local.kafka import upsert_scram_user
 
     lookup_jar()
@@ -149,8 +149,8 @@ def test_a_store_stops_at_a_deleted_topic_and_refuses_its_state_file_once_the_to
     import fastavro
     from py4j.protocol import Py4JJavaError
 
-    from connectors import clients
-    from connectors.topics import ensure_compacted_topic
+    from kernel.kafka import clients
+    from kernel.kafka.topics import ensure_compacted_topic
 
     lookup_jar()
     env.put_airport("EWR")

@@ -18,8 +18,8 @@ import pytest
 from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentAvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from connectors.config.models import SchemaRegistryConfig
-from connectors.dlq import DeadLetter
+from kernel.config.models import SchemaRegistryConfig
+from kernel.dlq import DeadLetter
 from schemas.registry import registry_client
 
 from .conftest import AIRPORT, AIRPORT_KEY, FLIGHT, Env, airport, flight

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.updates import version_of
+from kernel.updates import version_of
 from stream_app.checkpoint import CHECKPOINT_MANAGER_KEY, FILE_SYSTEM_CHECKPOINT_MANAGER
 
 from .conftest import flight, offsets_header, same_on_every_master

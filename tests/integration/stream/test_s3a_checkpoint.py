@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.exceptions import ConfigError, SetupError
+from kernel.exceptions import ConfigError, SetupError
 
 from .test_enrich_job import by_flight
 

@@ -284,7 +284,7 @@ def test_derive_columns_as_update_key_version_group_and_event_time(spark, env):
     types = {fld["name"]: fld["type"] for fld in job.plan.enriched.avro["fields"]}
     assert types["at_ts"] == ["null", {"type": "long", "logicalType": "timestamp-micros"}]  # Spark's type
 
-    from connectors.updates import decode_version
+    from kernel.updates import decode_version
 
     kept = [s for s in sales if s["amount"] >= 10]
     projected = env.consume(env.updates, lambda rs: len(rs) >= len(kept))

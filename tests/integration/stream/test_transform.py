@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 
 from .conftest import flight
 

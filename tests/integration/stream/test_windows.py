@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from connectors.updates import VERSION_HEADER, decode_version
+from kernel.updates import VERSION_HEADER, decode_version
 from tests.integration.stream.test_typed_aggregations import ORDER  # the same orders
 
 pytestmark = pytest.mark.spark

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from schemas.serde import AvroSerializer
 
 from .conftest import AIRPORT, AIRPORT_KEY, flight

@@ -11,10 +11,10 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from connectors import clients
-from connectors.config.models import KafkaConfig
-from connectors.topics import watermark_offsets
-from connectors.updates import encode_version
+from kernel.config.models import KafkaConfig
+from kernel.kafka import clients
+from kernel.kafka.topics import watermark_offsets
+from kernel.updates import encode_version
 from schemas.serde import AvroSerializer
 from schemas.store import SchemaStore
 from threes.config import pipeline_from_dict

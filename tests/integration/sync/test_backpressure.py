@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData, Table, func, inspect, select, text
 
-from connectors.config.models import KafkaConfig
 from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.rds.connection import RdsConnection
+from kernel.config.models import KafkaConfig
 from sync_service.service import PREFETCH_SHARE, SyncService
 from tests.integration.sync.helpers import UpdateProducer, create_topic, pipeline, run_in_thread, wait_until
 

@@ -25,11 +25,11 @@ from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from connectors.config.models import KafkaConfig
-from connectors.dlq import DeadLetter
 from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.rds.connection import RdsConnection
-from connectors.topics import watermark_offsets
+from kernel.config.models import KafkaConfig
+from kernel.dlq import DeadLetter
+from kernel.kafka.topics import watermark_offsets
 from sync_service.service import SyncService
 from tests.integration.sync.helpers import (
     UpdateProducer,

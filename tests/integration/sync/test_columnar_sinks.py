@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import MetaData, Table, select
 
 from connectors.api.sink import SinkBatch, latest_per_key
-from connectors.config.models import RetryPolicy
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.sink import RdsSink
-from connectors.updates import encode_version
+from kernel.config.models import RetryPolicy
+from kernel.updates import encode_version
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import InMemorySchemaStore
 from sync_service.batching import Job

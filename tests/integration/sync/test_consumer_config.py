@@ -7,7 +7,7 @@ from typing import Any
 
 import confluent_kafka
 
-from connectors.config.models import KafkaConfig
+from kernel.config.models import KafkaConfig
 from sync_service.service import SyncService
 from tests.integration.sync.helpers import create_topic
 from threes.config import pipeline_from_dict

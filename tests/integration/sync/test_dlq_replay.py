@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData, Table, select, text
 
-from connectors import clients
 from connectors.rds.connection import RdsConnection
-from connectors.topics import end_offsets
-from connectors.updates import encode_version
+from kernel.kafka import clients
+from kernel.kafka.topics import end_offsets
+from kernel.updates import encode_version
 from schemas.serde import AvroSerializer
 from schemas.store import SchemaStore
 from sync_service.service import SyncService

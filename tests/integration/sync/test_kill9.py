@@ -27,10 +27,10 @@ import yaml
 from elasticsearch import helpers
 from sqlalchemy import MetaData, Table, select
 
-from connectors.config.models import KafkaConfig
 from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.rds.connection import RdsConnection
 from connectors.s3.connection import S3Connection
+from kernel.config.models import KafkaConfig
 from tests.integration.sync.helpers import UpdateProducer, create_topic, group_lag, wait_until
 from tests.integration.sync.test_s3_sink import list_keys, s3_state
 

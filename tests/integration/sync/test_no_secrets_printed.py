@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from connectors.config.models import KafkaConfig
 from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.rds.connection import RdsConnection
-from connectors.redact import install_log_redaction
+from kernel.config.models import KafkaConfig
+from kernel.redact import install_log_redaction
 from sync_service.service import SyncService
 from tests.integration.sync.helpers import (
     UpdateProducer,

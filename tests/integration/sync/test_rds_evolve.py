@@ -15,13 +15,13 @@ import pytest
 from sqlalchemy import MetaData, Table, select
 
 from connectors.api.sink import SinkBatch, SinkRecord
-from connectors.config.models import RetryPolicy
-from connectors.exceptions import SinkBlockedError
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.connection import RdsConnection
 from connectors.rds.sink import RdsSink
 from connectors.rds.sink_fit import REQUIRED_COMMENT
-from connectors.updates import encode_version
+from kernel.config.models import RetryPolicy
+from kernel.exceptions import SinkBlockedError
+from kernel.updates import encode_version
 from schemas.serde import AvroDeserializer, AvroSerializer, fingerprint
 from schemas.store import InMemorySchemaStore
 from sync_service.batching import Job
@@ -156,8 +156,8 @@ KEYS = 200
 def test_two_replicas_add_two_columns_mid_stream_nothing_dead_lettered(
     kafka: Any, kafka_conf: dict[str, Any], db: RdsConnection, unique: str
 ) -> None:
-    from connectors import clients
     from connectors.rds.connection import sql_engine
+    from kernel.kafka import clients
     from schemas.store import SchemaStore
     from sync_service.service import SyncService
     from tests.integration.sync.helpers import create_topic, group_lag, pipeline, run_in_thread, wait_until

@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import MetaData, Table, select
 
 from connectors.api.sink import SinkBatch, SinkRecord
-from connectors.config.models import RetryPolicy
-from connectors.exceptions import SkippableRecordError
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.connection import RdsConnection
 from connectors.rds.sink import RdsSink
-from connectors.updates import encode_version
+from kernel.config.models import RetryPolicy
+from kernel.exceptions import SkippableRecordError
+from kernel.updates import encode_version
 from schemas.serde import AvroDeserializer, AvroSerializer, fingerprint
 from schemas.store import InMemorySchemaStore
 from sync_service.batching import Job
@@ -169,7 +169,7 @@ def test_a_dropped_required_field_is_a_warning_naming_table_and_column(pg: RdsCo
 def test_through_the_sync_service_the_reason_reaches_the_dead_letter_topic(
     kafka: Any, kafka_conf: dict[str, Any], pg: RdsConnection, pg_engine: Any, unique: str
 ) -> None:
-    from connectors import clients
+    from kernel.kafka import clients
     from schemas.store import SchemaStore
     from sync_service.service import SyncService
     from tests.integration.sync.helpers import create_topic, pipeline, read_topic, run_in_thread, wait_until

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from sqlalchemy import BigInteger, Column, Integer, MetaData, Table, Text, select, text
 
-from connectors.exceptions import SinkBackpressureError
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.connection import RdsConnection
 from connectors.rds.sink import RdsSink
+from kernel.exceptions import SinkBackpressureError
 from sync_service.isolation import write_isolating
 from threes.testing.sink import SinkContract, batch, record
 
@@ -124,7 +124,7 @@ class TestRdsSinkPostgres(RdsSinkContract):
         check_lock_held_is_backpressure(pg, pg_engine, f"items_{unique}", 0.5, lock)
 
     def test_existing_table_without_unique_key_is_refused(self, pg_engine: Any, pg: RdsConnection, unique: str) -> None:
-        from connectors.exceptions import FatalError
+        from kernel.exceptions import FatalError
 
         name = f"nokey_{unique}"
         Table(name, MetaData(), Column("id", BigInteger), Column("_version", BigInteger)).create(pg_engine)
@@ -213,7 +213,7 @@ def test_sync_service_into_mysql_dead_letters_a_refused_row(
     kafka: Any, kafka_conf: dict[str, Any], mysql: RdsConnection, mysql_engine: Any, unique: str
 ) -> None:
     """Through the sync service: upserts, newer versions, a tombstone, and one row MariaDB refuses -> the DLQ."""
-    from connectors.dlq import DeadLetter
+    from kernel.dlq import DeadLetter
     from sync_service.service import SyncService
     from tests.integration.sync.helpers import (
         UpdateProducer,

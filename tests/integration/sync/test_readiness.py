@@ -17,8 +17,8 @@ from typing import Any
 
 from sqlalchemy import MetaData, Table
 
-from connectors.config.models import KafkaConfig
 from connectors.rds.connection import RdsConnection
+from kernel.config.models import KafkaConfig
 from sync_service.service import SyncService
 from tests.integration.sync.helpers import UpdateProducer, create_topic, pipeline, run_in_thread, wait_until
 from threes.pipeline.probes import scrape, sync_assigned

@@ -13,9 +13,9 @@ from typing import Any
 
 from sqlalchemy import MetaData, Table, select, text
 
-from connectors.config.models import KafkaConfig
-from connectors.dlq import DeadLetter
 from connectors.rds.connection import RdsConnection
+from kernel.config.models import KafkaConfig
+from kernel.dlq import DeadLetter
 from sync_service.service import SyncService
 from tests.integration.sync.helpers import (
     UpdateProducer,

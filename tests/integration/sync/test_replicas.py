@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData, Table, inspect, select
 
-from connectors.config.models import KafkaConfig
 from connectors.rds.connection import RdsConnection
+from kernel.config.models import KafkaConfig
 from sync_service.service import SyncService
 from tests.integration.sync.helpers import UpdateProducer, create_topic, group_lag, pipeline, run_in_thread, wait_until
 

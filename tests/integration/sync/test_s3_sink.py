@@ -11,10 +11,10 @@ import fastavro
 import pyarrow.parquet as pq
 import pytest
 
-from connectors.exceptions import FatalError, SinkBlockedError
 from connectors.s3.config import S3SinkConfig
 from connectors.s3.connection import S3Connection
 from connectors.s3.sink import S3Sink, object_key
+from kernel.exceptions import FatalError, SinkBlockedError
 from threes.testing.sink import SinkContract, batch, record
 
 

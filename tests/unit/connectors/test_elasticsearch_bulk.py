@@ -11,7 +11,7 @@ import pytest
 from connectors.api.sink import SinkBatch, SinkRecord
 from connectors.elasticsearch.config import ElasticsearchSinkConfig
 from connectors.elasticsearch.sink import ElasticsearchItemError, ElasticsearchSink, ElasticsearchThrottledError
-from connectors.exceptions import RetriableError, SinkBackpressureError, SinkBlockedError
+from kernel.exceptions import RetriableError, SinkBackpressureError, SinkBlockedError
 
 
 class ScriptedClient:

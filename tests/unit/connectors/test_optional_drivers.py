@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from connectors.exceptions import SetupError
 from connectors.rds.connection import RdsConnection, sql_engine
+from kernel.exceptions import SetupError
 from threes.config import load_pipeline
 from threes.local.mysql import MySQL, greet_probe
 from threes.local.needs import services_for_pipeline

@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import types as sqltypes
 from sqlalchemy.dialects import mysql, postgresql
 
-from connectors.exceptions import FatalError
 from connectors.rds.types import (
     avro_record_schema,
     avro_type_for_sql,
@@ -22,6 +21,7 @@ from connectors.rds.types import (
     make_row_converter,
     to_json_value,
 )
+from kernel.exceptions import FatalError
 
 
 @pytest.mark.parametrize(("sql_type", "avro"), [

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from threes.config import pipeline_from_dict
 
 

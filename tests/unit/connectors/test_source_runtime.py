@@ -7,7 +7,6 @@ import decimal
 
 import pytest
 
-from connectors.exceptions import FatalError
 from connectors.runtime.avro import (
     CoercionError,
     avro_name,
@@ -17,6 +16,7 @@ from connectors.runtime.avro import (
 )
 from connectors.runtime.offsets import PositionTracker, offsets_key
 from connectors.runtime.worker import bad_fields
+from kernel.exceptions import FatalError
 
 
 class _Msg:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaException
 
-from connectors.exceptions import FatalError, RetriableError
 from connectors.runtime.offsets import PositionTracker
 from connectors.runtime.worker import TaskRunner, transactional_id
+from kernel.exceptions import FatalError, RetriableError
 
 
 class Err:

@@ -13,10 +13,10 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-from connectors.config.models import ErrorPolicy, RetryPolicy
-from connectors.exceptions import RetriableError
-from connectors.runtime.supervision import StopRequested
 from connectors.runtime.worker import TaskRunner
+from kernel.config.models import ErrorPolicy, RetryPolicy
+from kernel.exceptions import RetriableError
+from kernel.supervision import StopRequested
 
 FOREVER = ErrorPolicy(retry_timeout_s=-1)
 BACKOFF = RetryPolicy(initial_backoff_s=0.02, max_backoff_s=0.05)
@@ -76,7 +76,7 @@ def test_a_stop_before_the_next_attempt_makes_none() -> None:
 
 
 def test_sink_write_retries_end_on_stop_uncommitted_and_not_dead_lettered() -> None:
-    from connectors.updates import encode_version
+    from kernel.updates import encode_version
     from schemas.serde import AvroDeserializer, AvroSerializer
     from schemas.store import InMemorySchemaStore
     from sync_service.batching import Job

@@ -8,11 +8,11 @@ import pytest
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_exception_type, wait_none
 
-from connectors.config.models import ErrorPolicy, RetryPolicy
-from connectors.exceptions import RetriableError
 from connectors.runtime.standalone import SourceWorker, TaskSpec
-from connectors.runtime.supervision import RestartBackoff, describe_retry, retry_stop
 from connectors.runtime.worker import RunnerStats
+from kernel.config.models import ErrorPolicy, RetryPolicy
+from kernel.exceptions import RetriableError
+from kernel.supervision import RestartBackoff, describe_retry, retry_stop
 
 
 def test_error_policy_defaults_and_bounds() -> None:
@@ -28,7 +28,7 @@ def test_error_policy_defaults_and_bounds() -> None:
 
 
 def test_sources_refuse_tolerance_all() -> None:
-    from connectors.exceptions import ConfigError
+    from kernel.exceptions import ConfigError
     from threes.config import pipeline_from_dict
 
     doc = {"kafka": {"bootstrap_servers": "127.0.0.1:1"},
@@ -99,7 +99,7 @@ class _Runner:
 
 
 def _worker(outcomes: list[str]) -> tuple[SourceWorker, TaskSpec]:
-    from connectors.config.models import SourceConnectorConfig
+    from kernel.config.models import SourceConnectorConfig
 
     class Cfg(SourceConnectorConfig):
         implementation = "x:y"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from schemas import load_schema
 from threes.demo import data
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from connectors.api.sink import SinkRecord
-from connectors.config.loader import _Yaml12BoolLoader
 from connectors.elasticsearch.sink import doc_id as es_sink_doc_id
-from connectors.exceptions import FatalError
+from kernel.config.loader import _Yaml12BoolLoader
+from kernel.exceptions import FatalError
 from schemas import load_schema
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import InMemorySchemaStore

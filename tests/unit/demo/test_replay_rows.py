@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from schemas import load_schema
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import InMemorySchemaStore
@@ -109,7 +109,7 @@ def test_csv_dates_and_local_timestamps_read_into_timestamp_and_date_fields(tmp_
 
 
 def _replayer(store: InMemorySchemaStore) -> Any:
-    from connectors.config.models import KafkaConfig
+    from kernel.config.models import KafkaConfig
     from threes.demo.replay import Replayer
 
     # the constructor contacts no broker: the schemas go to the in-memory store

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.exceptions import ConfigError, SetupError
+from kernel.exceptions import ConfigError, SetupError
 from threes.config import load_pipeline
 from threes.pipeline.plan import COMPONENTS, parse_only, plan_run
 from threes.pipeline.probes import pipeline_topics, source_cycles, sources_ready
@@ -153,7 +153,7 @@ def test_a_partition_between_leaders_leaves_its_topic_unknown_and_the_reading_go
     # the supervisor's view of the pipeline must not stop on it (seen on a loaded CI run).
     import time
 
-    from connectors.topics import GroupOffsets
+    from kernel.kafka.topics import GroupOffsets
     from threes.pipeline.probes import KafkaProbe
 
     pl, _ = pipeline
@@ -173,7 +173,7 @@ def test_a_partition_between_leaders_leaves_its_topic_unknown_and_the_reading_go
 def test_a_group_coordinator_that_does_not_answer_leaves_the_commits_unknown_and_the_reading_goes_on(pipeline) -> None:
     import time
 
-    from connectors.topics import GroupOffsets
+    from kernel.kafka.topics import GroupOffsets
     from threes.pipeline.probes import KafkaProbe
 
     pl, _ = pipeline
@@ -187,8 +187,8 @@ def test_a_group_coordinator_that_does_not_answer_leaves_the_commits_unknown_and
 
 
 def test_kafka_is_an_error_until_it_answered_once_then_an_outage_to_wait_for(monkeypatch) -> None:
-    import connectors.topics
-    from connectors.config.models import KafkaConfig
+    import kernel.kafka.topics
+    from kernel.config.models import KafkaConfig
     from threes.pipeline.probes import KafkaOutage, KafkaProbe
 
     answers: list[object] = [SetupError("Kafka at 127.0.0.1:1 did not answer within 10 s")]
@@ -199,7 +199,7 @@ def test_kafka_is_an_error_until_it_answered_once_then_an_outage_to_wait_for(mon
             raise answer
         return answer
 
-    monkeypatch.setattr(connectors.topics, "cluster_metadata", metadata)
+    monkeypatch.setattr(kernel.kafka.topics, "cluster_metadata", metadata)
     probe = object.__new__(KafkaProbe)
     probe.kafka, probe._topics, probe.answered = KafkaConfig(bootstrap_servers="127.0.0.1:1"), None, False
     with pytest.raises(SetupError) as never:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from stream_app.checkpoint import (
     CHECKPOINT_MANAGER_KEY,
     FILE_SYSTEM_CHECKPOINT_MANAGER,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from connectors.config.models import KafkaConfig
+from kernel.config.models import KafkaConfig
 from stream_app.config import StreamJobConfig
 from stream_app.job import StreamJob
 

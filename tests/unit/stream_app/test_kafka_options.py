@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.config.models import KafkaConfig
+from kernel.config.models import KafkaConfig
 from stream_app.kafka_io import jaas_quote, sasl_jaas_config, spark_kafka_options
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from stream_app.config import StreamJobConfig
 from stream_app.plan import Aggregate, build_plan, writers_for
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from stream_app.config import StreamJobConfig
 from stream_app.plan import build_plan
 from stream_app.realtime import consumer_properties, realtime_problems

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from connectors.status.http import StatusServer
+from kernel.status.http import StatusServer
 from stream_app.snapshot.query import (
     QueryError,
     SnapshotQueries,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from connectors.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, source_ts_of
+from kernel.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, source_ts_of
 from stream_app.records import header_value, update_record
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from stream_app.config import StreamJobConfig
 from stream_app.expressions import ExpressionError, check, parse
 from stream_app.plan import build_plan

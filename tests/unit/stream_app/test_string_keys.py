@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from schemas.serde import AvroSerializer, fingerprint, schema_json
 from stream_app.config import LookupConfig, SnapshotConfig, StreamJobConfig
 from stream_app.enrich import BoundLookup, enrich

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from typer.testing import CliRunner
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from stream_app.plan import build_plan
 from threes.cli import app
 

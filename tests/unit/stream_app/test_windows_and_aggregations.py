@@ -10,7 +10,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from stream_app.config import AggregationSpec, UpdateConfig, parse_aggregation
 from stream_app.plan import Aggregate, build_plan
 from stream_app.updates import aggregation_input_fields, output_mode

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from connectors.api.sink import RecordFailure, Sink, SinkBatch
-from connectors.config.models import SinkConnectorConfig
+from kernel.config.models import SinkConnectorConfig
 
 
 class FakeMessage:

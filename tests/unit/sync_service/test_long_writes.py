@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from connectors.updates import encode_version
+from kernel.updates import encode_version
 from schemas.serde import AvroSerializer
 from schemas.store import InMemorySchemaStore
 from sync_service.batching import Job, PartitionBuffer

@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import JSON, BigInteger, DateTime, Integer, Numeric, Text
 
 from connectors.api.sink import SinkBatch, SinkRecord, latest_per_key
-from connectors.exceptions import FatalError
 from connectors.rds.sink_types import sql_type, table_from_avro
 from connectors.s3.config import S3SinkConfig
 from connectors.s3.sink import S3Sink, encode_avro, encode_jsonl, encode_parquet, object_key
+from kernel.exceptions import FatalError
 
 SCHEMA = {
     "type": "record",
@@ -242,8 +242,8 @@ def test_upload_errors_map_to_what_the_runtime_does(exc: Exception, expected: st
 
 def test_parquet_from_columns_equals_parquet_from_dicts_with_dates_and_tombstones() -> None:
     """The sync service's columnar values give the same objects, folders and rows as the per-record dicts."""
-    from connectors.config.models import RetryPolicy
-    from connectors.updates import encode_version
+    from kernel.config.models import RetryPolicy
+    from kernel.updates import encode_version
     from schemas.serde import AvroSerializer
     from schemas.store import InMemorySchemaStore
     from sync_service.batching import Job
@@ -292,8 +292,8 @@ def test_jsonl_from_columns_is_byte_identical_to_jsonl_from_dicts(nested: bool, 
     import copy
     from decimal import Decimal
 
-    from connectors.config.models import RetryPolicy
-    from connectors.updates import encode_version
+    from kernel.config.models import RetryPolicy
+    from kernel.updates import encode_version
     from schemas.serde import AvroDeserializer, AvroSerializer
     from schemas.store import InMemorySchemaStore
     from sync_service.batching import Job

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from connectors.config.models import ErrorPolicy, RetryPolicy
-from connectors.exceptions import FatalError, RetriableError
+from kernel.config.models import ErrorPolicy, RetryPolicy
+from kernel.exceptions import FatalError, RetriableError
 from schemas.serde import AvroDeserializer
 from schemas.store import InMemorySchemaStore
 from sync_service.metrics import SyncMetrics
@@ -60,7 +60,7 @@ def test_a_sink_that_cannot_open_again_is_not_tolerated() -> None:
 
 
 def test_the_oldest_source_timestamp_of_a_batch_is_read_with_its_heads() -> None:
-    from connectors.updates import with_source_ts
+    from kernel.updates import with_source_ts
 
     store = InMemorySchemaStore()
     raw = msgs(store, 3)

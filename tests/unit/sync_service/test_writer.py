@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.config.models import RetryPolicy
-from connectors.exceptions import FatalError, RetriableError, SinkBackpressureError
-from connectors.updates import encode_version
+from kernel.config.models import RetryPolicy
+from kernel.exceptions import FatalError, RetriableError, SinkBackpressureError
+from kernel.updates import encode_version
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import InMemorySchemaStore
 from sync_service.batching import Job
@@ -154,7 +154,7 @@ def test_record_keys_decoded_in_columns_equal_fastavro(store: InMemorySchemaStor
 
 def _mixed_job(store: InMemorySchemaStore) -> Job:
     """Two value writer schemas, tombstones, source timestamps on some records, an extra header."""
-    from connectors.updates import SOURCE_TS_HEADER
+    from kernel.updates import SOURCE_TS_HEADER
 
     other = {"type": "record", "name": "V", "fields": [{"name": "a", "type": "int"},
                                                        {"name": "b", "type": ["null", "string"], "default": None}]}

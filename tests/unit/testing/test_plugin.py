@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.exceptions import ConfigError
+from kernel.exceptions import ConfigError
 from threes.testing.plugin import draw_unique, kafka_config_from
 
 

@@ -19,16 +19,16 @@ from typing import Any, TypedDict
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from connectors.exceptions import SetupError
-from schemas.kafka_admin import (  # noqa: F401 - re-exported: the framework's topic helpers in one place
-    check_credentials,
-    cluster_metadata,
-    ensure_compacted_topic,
-    ensure_internal_topic,
-    internal_topic_settings,
-    topic_configs,
-    watermark_offsets,
-)
+from kernel.exceptions import SetupError
+
+# re-exported: the framework's topic helpers in one place
+from schemas.kafka_admin import check_credentials as check_credentials
+from schemas.kafka_admin import cluster_metadata as cluster_metadata
+from schemas.kafka_admin import ensure_compacted_topic as ensure_compacted_topic
+from schemas.kafka_admin import ensure_internal_topic as ensure_internal_topic
+from schemas.kafka_admin import internal_topic_settings as internal_topic_settings
+from schemas.kafka_admin import topic_configs as topic_configs
+from schemas.kafka_admin import watermark_offsets as watermark_offsets
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class GroupOffsets:
         Raises:
             SetupError: no answer within ``timeout_s`` seconds (as :func:`committed_offsets`).
         """
-        from connectors import clients
+        from kernel.kafka import clients
 
         if group not in self.consumers:
             self.consumers[group] = clients.kafka_consumer(self.kafka, group)
@@ -123,7 +123,7 @@ def read_latest_per_key(
 
     Tombstones remove their key, exactly as compaction would. Records of
     aborted or open transactions are not read (``read_committed``, see
-    :mod:`connectors.committed`).
+    :mod:`kernel.kafka.committed`).
 
     Args:
         kafka_config: librdkafka properties.
@@ -137,8 +137,8 @@ def read_latest_per_key(
         SetupError: the topic does not exist, or the end was not reached in time.
     """
     # read_committed, ended by the consumer's position: a transactional topic's last offset is a commit marker
-    from connectors.committed import latest_per_key
-    from connectors.exceptions import RetriableError
+    from kernel.exceptions import RetriableError
+    from kernel.kafka.committed import latest_per_key
 
     try:
         return latest_per_key(kafka_config, topic, timeout_s)

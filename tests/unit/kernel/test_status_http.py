@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from connectors.exceptions import ConfigError
-from connectors.status.http import StatusServer
+from kernel.exceptions import ConfigError
+from kernel.status.http import StatusServer
 from threes.config import pipeline_from_dict
 
 # a password in each kind of URL the config accepts, and a Kafka SASL password
@@ -141,8 +141,8 @@ def test_threes_status_table_and_json_mask_a_password_in_every_kind_of_url(tmp_p
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import yaml
 
-    from connectors.status.document import Gatherer
     from threes.cli import app
+    from threes.status_gather import Gatherer
 
     config = tmp_path / "pipeline.yaml"
     config.write_text(yaml.safe_dump(secret_config()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from connectors.config.models import KafkaConfig
+from kernel.config.models import KafkaConfig
 
 FETCH_QUEUE_BACKOFF_MS = 50
 """librdkafka's ``fetch.queue.backoff.ms`` for threes' consumers (librdkafka's own default: 1000).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from connectors.dlq import DeadLetter
-from connectors.redact import MASK, RedactingFilter, mask_url, redact
+from kernel.dlq import DeadLetter
+from kernel.redact import MASK, RedactingFilter, mask_url, redact
 from threes.config import pipeline_from_dict
 
 

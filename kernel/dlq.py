@@ -13,7 +13,7 @@ header                    value (UTF-8)
 ``dlq.offset``            original offset (decimal)
 ``dlq.stage``             where it failed: ``decode``, ``transform``, ``write``...
 ``dlq.error.class``       exception class name
-``dlq.error.message``     the error message (secrets masked by ``connectors.redact``)
+``dlq.error.message``     the error message (secrets masked by ``kernel.redact``)
 ``dlq.component``         which connector/service/job sent it
 ``dlq.timestamp_ms``      when it was dead-lettered, epoch milliseconds
 ========================  =============================================
@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from connectors.redact import redact
+from kernel.redact import redact
 
 PREFIX = "dlq."
 

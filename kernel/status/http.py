@@ -19,7 +19,7 @@ It binds ``127.0.0.1`` unless told otherwise: the page shows topics, positions a
 error texts. Binding any other address needs a bearer token (RFC 6750): every
 request but ``/healthz`` must then carry ``Authorization: Bearer <token>`` (compared
 in constant time), else it gets ``401``. Every string of the status document goes
-through the log redaction (:func:`connectors.redact.redact_document`) before it is
+through the log redaction (:func:`kernel.redact.redact_document`) before it is
 served.
 """
 
@@ -39,10 +39,10 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-from connectors.config.models import is_loopback
-from connectors.exceptions import ConfigError
-from connectors.redact import redact_document
-from connectors.status.page import render_page
+from kernel.config.models import is_loopback
+from kernel.exceptions import ConfigError
+from kernel.redact import redact_document
+from kernel.status.page import render_page
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class StatusServer:
     """Serve a registry's metrics and a status document over HTTP.
 
     Args:
-        status: returns the status document (:mod:`connectors.status.document`), called per request.
+        status: returns the status document (:mod:`kernel.status.document`), called per request.
         registry: the Prometheus registry of ``/metrics`` (default: the process's global one).
         title: the page's title.
         refresh_s: how often the page reloads itself, seconds (``<meta http-equiv="refresh">``).

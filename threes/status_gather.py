@@ -1,126 +1,20 @@
-"""The status document: what ``threes status``, ``/status`` and ``/status.json`` show.
+"""The pipeline's status document, gathered from Kafka and each process's endpoint (``threes status``).
 
-Shape (JSON; offsets are Kafka offsets, ages seconds, times ISO 8601 UTC)::
-
-    {"generated_at": "2026-11-23T21:00:00Z",
-     "sources":   [{"connector", "task", "state", "position", "position_updated_at", "records_behind",
-                    "rows_read", "acked", "restarts", "last_error"}],
-     "snapshots": [{"job", "snapshot", "keys", "age_s", "offsets": [{"topic", "partition", "end_offset"}]}],
-     "sync":      [{"service", "group", "state", "lag", "paused": [[topic, partition]], "dead_letters",
-                    "restarts", "last_error",
-                    "partitions": [{"topic", "partition", "committed", "end_offset", "lag", "paused"}],
-                    "sinks": [{"sink", "type", "state", "restarts", "dead_letters", "last_error",
-                               "oldest_pending_age_s"}]}],
-     "endpoints": [{"url", "ok", "error"}]}
-
-``state`` of a source task: ``starting``, ``running``, ``caught_up``,
-``restarting``, ``failed``, ``stopped``, or ``unknown`` (no process endpoint
-answered: only what Kafka stores is known). A sync service is ``starting``,
-``waiting_for_partitions`` (subscribed, but the consumer group has not assigned
-it a partition yet: not ready, e.g. while a restarted member waits out its old
-session), ``running``, ``degraded`` (a sink restarting), ``restarting``,
-``stopped`` or ``unknown``.
+Kafka holds what every part stores (committed offsets against high watermarks,
+stored source positions, snapshot topics' end offsets); each running process
+serves the part it knows live (``/status.json``, ``/metrics``). The shape is
+:mod:`kernel.status.document`'s.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import logging
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from typing import Any
 
+from kernel.status.document import fetch_json, fetch_text, iso_ms, now_iso
+
 log = logging.getLogger(__name__)
-
-
-def now_iso() -> str:
-    """The current UTC time, ISO 8601 with a ``Z``, second precision."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _iso_ms(ms: int | None) -> str | None:
-    if not ms:
-        return None
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-_BEHIND_TTL_S = 10.0
-_behind_cache: dict[int, tuple[float, int | None]] = {}
-
-
-def records_behind(task: Any) -> int | None:
-    """``task.records_behind()`` (rows the system holds past the task's read position), asked at most every 10 s."""
-    ask = getattr(task, "records_behind", None)
-    if ask is None:
-        return None
-    now = time.monotonic()
-    cached = _behind_cache.get(id(task))
-    if cached is not None and now - cached[0] < _BEHIND_TTL_S:
-        return cached[1]
-    try:
-        value = ask()
-    except Exception as exc:  # noqa: BLE001 - a status read never fails
-        log.debug("records behind unknown: %s", exc)
-        value = None
-    _behind_cache[id(task)] = (now, value)
-    return value
-
-
-def source_entries(worker: Any) -> list[dict[str, Any]]:
-    """The source tasks of a live :class:`~connectors.runtime.standalone.SourceWorker`, for its ``/status``.
-
-    ``records_behind`` is what the system holds past the task's read position
-    (rows after the cursor of an RDS source; ``null`` where a connector cannot
-    tell cheaply); ``in_flight`` the records produced and not yet acknowledged
-    by the broker (what a crash now would read again).
-    """
-    restarts = worker.restarts()
-    out = []
-    for key, s in sorted(worker.stats().items()):
-        runner = worker.runners.get(key)
-        out.append({
-            "connector": key.split("#", 1)[0], "task": key, "state": s.state, "position": s.position,
-            "position_updated_at": None,
-            "records_behind": records_behind(getattr(runner, "task", None)) if s.state != "failed" else None,
-            "in_flight": max(0, s.produced - s.acked), "rows_read": s.rows_read,
-            "acked": s.acked, "restarts": restarts.get(key, 0), "last_error": s.error,
-        })
-    return out
-
-
-def source_document(worker: Any) -> dict[str, Any]:
-    """The status document of a source process (its ``/status.json``)."""
-    return {"generated_at": now_iso(), "sources": source_entries(worker), "snapshots": [], "sync": [],
-            "endpoints": []}
-
-
-def _request(url: str, token: str | None) -> urllib.request.Request:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return urllib.request.Request(url, headers=headers)  # noqa: S310 - operator-given http URL
-
-
-def fetch_json(url: str, timeout_s: float = 3.0, token: str | None = None) -> dict[str, Any]:
-    """GET a JSON document (with ``Authorization: Bearer <token>`` when a token is given).
-
-    Raises:
-        OSError: the endpoint did not answer (``urllib.error.URLError`` is one; a 401 is an ``HTTPError``).
-        ValueError: the answer is not JSON.
-    """
-    with urllib.request.urlopen(_request(url, token), timeout=timeout_s) as resp:  # noqa: S310
-        return json.loads(resp.read())
-
-
-def fetch_text(url: str, timeout_s: float = 3.0, token: str | None = None) -> str:
-    """GET a text document (Prometheus exposition format), with a bearer token when given.
-
-    Raises:
-        OSError: the endpoint did not answer.
-    """
-    with urllib.request.urlopen(_request(url, token), timeout=timeout_s) as resp:  # noqa: S310
-        return resp.read().decode()
 
 
 def _secret(value: Any) -> str | None:
@@ -179,7 +73,7 @@ class Gatherer:
     # -- Kafka ------------------------------------------------------------------------------------
 
     def _consumer(self) -> Any:
-        from connectors import clients
+        from kernel.kafka import clients
 
         return clients.kafka_consumer(self.pipeline.kafka, "threes-status", enable_auto_commit=False)
 
@@ -201,7 +95,7 @@ class Gatherer:
             p = stored.get(spec.key)
             out.append({
                 "connector": spec.config.name, "task": spec.key, "state": "unknown",
-                "position": p.position if p else None, "position_updated_at": _iso_ms(p.updated_ms) if p else None,
+                "position": p.position if p else None, "position_updated_at": iso_ms(p.updated_ms) if p else None,
                 "records_behind": None, "rows_read": None, "acked": None, "restarts": None, "last_error": None,
             })
         return out
@@ -228,8 +122,8 @@ class Gatherer:
         return highs
 
     def _committed(self, group: str, tps: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
-        from connectors import clients
-        from connectors.topics import committed_offsets
+        from kernel.kafka import clients
+        from kernel.kafka.topics import committed_offsets
 
         consumer = clients.kafka_consumer(self.pipeline.kafka, group)  # never subscribes: does not join
         try:
@@ -247,12 +141,12 @@ class Gatherer:
         it knows is ``null``.
 
         Raises:
-            connectors.exceptions.SetupError: Kafka did not answer.
+            kernel.exceptions.SetupError: Kafka did not answer.
         """
         from confluent_kafka import KafkaException
 
-        from connectors.exceptions import SetupError
-        from connectors.topics import cluster_metadata
+        from kernel.exceptions import SetupError
+        from kernel.kafka.topics import cluster_metadata
 
         endpoints: list[dict[str, Any]] = []
         # Kafka answers, or the status is one clear line (no librdkafka log lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from connectors.status.page import render_page
+from kernel.status.page import render_page
 from threes.status import tables
 
 DOC = {

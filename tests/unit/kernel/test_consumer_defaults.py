@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import confluent_kafka
 
-from connectors import clients
-from connectors.config.models import KafkaConfig
+from kernel.config.models import KafkaConfig
+from kernel.kafka import clients
 
 
 class RecordingConsumer:

@@ -62,7 +62,7 @@ def render_page(doc: dict[str, Any], *, title: str = "threes", refresh_s: int = 
     """Render a status document as an HTML page.
 
     Args:
-        doc: the status document (:mod:`connectors.status.document`).
+        doc: the status document (:mod:`kernel.status.document`).
         title: the page title.
         refresh_s: seconds between automatic reloads (``<meta http-equiv="refresh">``).
 

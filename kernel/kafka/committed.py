@@ -25,8 +25,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from connectors.clients import CONSUMER_DEFAULTS
-from connectors.exceptions import RetriableError, SetupError
+from kernel.exceptions import RetriableError, SetupError
+from kernel.kafka.clients import CONSUMER_DEFAULTS
 from schemas.kafka_admin import watermark_offsets
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from connectors.exceptions import SetupError
-from connectors.topics import watermark_offsets
+from kernel.exceptions import SetupError
+from kernel.kafka.topics import watermark_offsets
 
 
 class LeaderMoving:

@@ -55,7 +55,7 @@ def source_ts_of(headers: Iterable[tuple[str, bytes | None]] | None) -> int | No
     """The ``threes.source_ts`` header of a consumed record, epoch ms; ``None`` when absent or malformed."""
     for key, value in headers or ():
         if key == SOURCE_TS_HEADER and value is not None and len(value) == 8:
-            return _INT64.unpack(value)[0]
+            return int(_INT64.unpack(value)[0])
     return None
 
 
@@ -85,7 +85,7 @@ def decode_version(value: bytes) -> int:
     """
     if len(value) != 8:
         raise ValueError(f"version header must be 8 bytes (big-endian int64), got {len(value)}")
-    return _INT64.unpack(value)[0]
+    return int(_INT64.unpack(value)[0])
 
 
 def version_of(headers: Iterable[tuple[str, bytes | None]] | None) -> int | None:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from connectors.exceptions import ConfigError, ConfigProblem
+from kernel.exceptions import ConfigError, ConfigProblem
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -250,7 +250,7 @@ def validate_data(
         problems.append(ConfigProblem(format_path(ref_path), msg, file, _line_for(ref_path, resolved, lines)[1]))
     if problems:
         raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path)))
-    from connectors.redact import register_secrets
+    from kernel.redact import register_secrets
 
     register_secrets(instance)  # masked in every log line and dead letter from now on
     return instance

@@ -1,0 +1,465 @@
+"""Config models shared by every part: Kafka, connections, policies, connector bases.
+
+All models forbid unknown keys (a typo is an error, not a silently ignored
+setting) and keep secrets in :class:`pydantic.SecretStr`, so ``repr``, logs and
+errors show ``**********``. Units are in the field names: ``_s`` seconds,
+``_ms`` milliseconds, ``_bytes`` bytes, ``records`` counts.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=200)]
+TopicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$", max_length=249)]
+
+
+def resolve_config_path(ref: str, info: ValidationInfo) -> str:
+    """One rule for relative paths in a config: they start at the config file's folder.
+
+    The loader passes the folder as validation context (``base_dir``); a relative
+    path becomes absolute there, so sources, the stream job, sync services and
+    ``threes validate`` read the same file whatever the working directory. A
+    name of a schema shipped with threes (``nycflights13/airport``) stays a name
+    when the config's folder has no such file.
+
+    Args:
+        ref: the value as written.
+        info: pydantic's validation info (``context["base_dir"]`` when loaded from a file).
+
+    Returns:
+        An absolute path, or ``ref`` unchanged (absolute already, a shipped name,
+        or validated without a config file).
+    """
+    base = (info.context or {}).get("base_dir") if info.context is not None else None
+    path = Path(ref).expanduser()
+    if base is None or path.is_absolute():
+        return str(path) if path.is_absolute() else ref
+    local = Path(base) / path
+    if not local.exists():
+        from schemas import SHIPPED
+
+        if (SHIPPED / (ref if ref.endswith(".avsc") else f"{ref}.avsc")).is_file():
+            return ref
+    return str(local.resolve())
+
+
+SchemaRef = Annotated[str, AfterValidator(resolve_config_path)]
+"""An Avro schema: a ``.avsc`` path (relative to the config file's folder) or the name of a shipped schema."""
+ConfigPath = Annotated[str, AfterValidator(resolve_config_path)]
+"""A file path in a config, relative to the config file's folder."""
+
+
+class StrictModel(BaseModel):
+    """Base of every config model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+WireFormat = Literal["avro", "confluent_avro"]
+"""How a topic's keys or values are framed: ``avro`` is threes' own Avro single-object encoding (writer
+schemas in ``kafka.schema_topic``); ``confluent_avro`` is Confluent's wire format (magic byte, 4-byte schema
+id) with writer schemas in ``kafka.schema_registry``."""
+
+
+class SchemaRegistryAuth(StrictModel):
+    """HTTP basic authentication to the schema registry (Confluent's ``basic.auth.user.info``)."""
+
+    username: str
+    password: SecretStr
+
+
+class SchemaRegistryTls(StrictModel):
+    """TLS to the schema registry: the CA that signed its certificate, and a client certificate for mTLS."""
+
+    ca_location: str | None = Field(None, description="PEM file of the CA that signed the registry's certificate")
+    certificate_location: str | None = Field(None, description="PEM client certificate (mutual TLS)")
+    key_location: str | None = Field(None, description="PEM private key of the client certificate")
+
+
+class SchemaRegistryConfig(StrictModel):
+    """A Confluent-compatible Schema Registry (Confluent's own, Apicurio's ``ccompat`` API, Karapace...).
+
+    Used where a topic's ``value_format``/``key_format`` is ``confluent_avro``; ``mock://<name>`` is
+    confluent-kafka's in-memory mock client (tests, one process only).
+    """
+
+    url: str = Field(pattern=r"^(https?|mock)://\S+$", description="http(s)://host:port[/path] of the registry")
+    auth: SchemaRegistryAuth | None = None
+    tls: SchemaRegistryTls | None = None
+    request_timeout_s: float = Field(10.0, gt=0, description="timeout of one registry request, seconds")
+
+    def client_config(self) -> dict[str, Any]:
+        """Return confluent-kafka ``SchemaRegistryClient`` properties, secrets revealed (pass only to the client)."""
+        conf: dict[str, Any] = {"url": self.url, "timeout": self.request_timeout_s}
+        if self.auth is not None:
+            conf["basic.auth.user.info"] = f"{self.auth.username}:{self.auth.password.get_secret_value()}"
+        if self.tls is not None:
+            if self.tls.ca_location:
+                conf["ssl.ca.location"] = self.tls.ca_location
+            if self.tls.certificate_location:
+                conf["ssl.certificate.location"] = self.tls.certificate_location
+            if self.tls.key_location:
+                conf["ssl.key.location"] = self.tls.key_location
+        return conf
+
+
+class KafkaConfig(StrictModel):
+    """How every part reaches Kafka.
+
+    ``client_config`` passes other librdkafka properties through
+    (https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md), from an
+    allow-list of known-safe ones (:mod:`kernel.config.safety`): a property that
+    loads code or files, runs a command, turns verification off or overrides a typed
+    setting is a validation error naming it and why. Secrets belong in the typed
+    fields, which are masked.
+    """
+
+    bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    client_config: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="other librdkafka properties, from an allow-list of known-safe ones (tuning: linger.ms, "
+        "client.id, fetch sizes...); security and connection settings come from the typed fields only",
+    )
+    schema_topic: TopicName = Field(
+        "_threes_schemas",
+        description="compacted topic holding Avro writer schemas keyed by fingerprint",
+    )
+    schema_registry: SchemaRegistryConfig | None = Field(
+        None,
+        description="a Confluent-compatible Schema Registry, for topics whose value_format/key_format is "
+        "confluent_avro; without it every topic uses the single-object format and kafka.schema_topic",
+    )
+    internal_replication_factor: int | None = Field(
+        None,
+        ge=1,
+        description="replication factor of the internal topics when created (_threes_schemas, _threes_offsets, "
+        "the task topics of --group workers); default min(3, number of brokers)",
+    )
+    internal_min_insync_replicas: int | None = Field(
+        None,
+        ge=1,
+        description="min.insync.replicas of the internal topics when created; default replication factor - 1 "
+        "(at least 1, at most 2): with acks=all a write survives the loss of any one broker",
+    )
+    request_timeout_s: float = Field(10.0, gt=0, description="timeout of admin/metadata calls")
+
+    @field_validator("client_config")
+    @classmethod
+    def _allow_listed_passthrough(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from kernel.config.safety import kafka_client_config_problems
+
+        problems = kafka_client_config_problems(value)
+        if problems:
+            raise ValueError("; ".join(f"'{key}' refused: {why}" for key, why in problems))
+        return value
+
+    def librdkafka_config(self) -> dict[str, Any]:
+        """Return the librdkafka properties, secrets revealed (pass only to the client).
+
+        Returns:
+            A dict for ``confluent_kafka`` ``Producer``/``Consumer``/``AdminClient``.
+        """
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        if self.ssl_ca_location:
+            conf["ssl.ca.location"] = self.ssl_ca_location
+        conf.update(self.client_config)
+        return conf
+
+
+class ConnectionConfig(StrictModel):
+    """Base of a named connection (``connections:`` in the YAML); one subclass per technology.
+
+    A technology's subpackage defines its connection model (``connectors/<tech>/connection.py``), with
+    ``type`` a ``Literal`` of its registry key, and registers it in the ``threes.connections``
+    entry-point group; the pipeline document's ``connections`` is the discriminated union of every
+    registered model (:func:`connectors.registry.connection_models`). The subclass also owns its
+    client factory and :meth:`check`.
+
+    Class attributes:
+        client_loggers: the client libraries' logger names, silenced while ``threes check`` runs
+            (each failure is reported once, as one result line).
+    """
+
+    client_loggers: ClassVar[tuple[str, ...]] = ()
+
+    type: str
+
+    def check(self, name: str, users: Sequence[ConnectorConfig]) -> list[CheckResult]:
+        """Reach the system read-only (``threes check``), without side effects.
+
+        Args:
+            name: the connection's name in the YAML (for messages and hints).
+            users: the connectors of the pipeline that use this connection (an S3 connection
+                checks each bucket they name).
+
+        Returns:
+            One result per thing checked; a failure is a result, never an exception.
+        """
+        raise NotImplementedError(f"connection type {self.type!r} has no check")
+
+    def local_services(self) -> tuple[str, ...]:
+        """The services of the local stack (``threes local up``) this connection reaches.
+
+        ``threes demo`` starts only the services its pipeline's connections declare
+        (:func:`threes.local.needs.services_for_pipeline`). Names are those of
+        :data:`threes.local.stack.SERVICES` (``postgres``, ``mysql``, ``elasticsearch``, ``s3``);
+        a technology the local stack does not run declares none (the default).
+
+        Returns:
+            Service names, possibly empty.
+        """
+        return ()
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of one check of ``threes check``.
+
+    Attributes:
+        system: the connection's type (``kafka``, ``rds``, ``elasticsearch``, ``s3``...).
+        target: what was checked (connection name, bucket...), never a secret.
+        ok: whether it answered as expected.
+        detail: what was seen (version, status) or what failed.
+        hint: what to do about a failure.
+    """
+
+    system: str
+    target: str
+    ok: bool
+    detail: str
+    hint: str = ""
+
+
+class TopicSpec(StrictModel):
+    """How a topic is created when it is missing."""
+
+    partitions: int = Field(1, ge=1)
+    replication_factor: int = Field(1, ge=1)
+    configs: dict[str, str] = Field(default_factory=dict, description="topic configs, e.g. min.insync.replicas")
+    compatibility: Literal[
+        "NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"
+    ] = Field(
+        "BACKWARD",
+        description="schema evolution rule of the topic's value schema, a schema registry's levels, checked by the "
+        "Apache Avro library when the source starts with a new schema (BACKWARD: the new schema reads the latest "
+        "version's data); an incompatible schema stops the source before it produces anything",
+    )
+
+
+class RetryPolicy(StrictModel):
+    """Retries with jittered exponential backoff (tenacity ``wait_random_exponential``).
+
+    How long transient errors are retried is the connector's ``errors.retry_timeout_s``
+    (:class:`ErrorPolicy`); ``max_attempts`` is an optional extra bound.
+    """
+
+    max_attempts: int | None = Field(
+        None, ge=1, description="attempts per failure streak; default: bounded by errors.retry_timeout_s only"
+    )
+    initial_backoff_s: float = Field(0.2, gt=0)
+    max_backoff_s: float = Field(30.0, gt=0)
+
+
+class ErrorPolicy(StrictModel):
+    """What a connector does when an operation fails (Kafka Connect's ``errors.*`` settings).
+
+    Transient errors (a target or the source system unreachable, a timeout) are
+    retried with the retry policy's backoff for ``retry_timeout_s``. After that,
+    and for errors that no retry cures:
+
+    * ``tolerance: none`` (default): the task stops and the supervisor restarts it
+      in process after ``restart_backoff_s`` (doubling per consecutive failure up to
+      ``restart_max_backoff_s``); it resumes from its stored position (source) or
+      the failing batch (sink), so offsets never pass a batch that was not written.
+    * ``tolerance: all`` (sinks): the batch's records go to the dead letter topic
+      with the last error in their headers and the sink goes on with the next batch.
+    """
+
+    retry_timeout_s: float = Field(
+        300.0,
+        description="how long transient errors are retried before the task fails, seconds; -1 retries forever "
+        "(Kafka Connect's errors.retry.timeout)",
+    )
+    tolerance: Literal["none", "all"] = Field(
+        "none",
+        description="after the retries: none stops the task (restarted with backoff), all sends the batch's "
+        "records to the dead letter topic and goes on (sinks only)",
+    )
+    restart_backoff_s: float = Field(1.0, gt=0, description="delay before the first restart of a failed task, s")
+    restart_max_backoff_s: float = Field(60.0, gt=0, description="longest delay between restarts, seconds")
+
+    @field_validator("retry_timeout_s")
+    @classmethod
+    def _timeout_or_forever(cls, value: float) -> float:
+        if value != -1 and value < 0:
+            raise ValueError("retry_timeout_s is a number of seconds >= 0, or -1 (retry forever)")
+        return value
+
+    @property
+    def retries_forever(self) -> bool:
+        """``True`` when ``retry_timeout_s`` is -1."""
+        return self.retry_timeout_s == -1
+
+    def restart_delay_s(self, failures: int) -> float:
+        """Delay before restart number ``failures`` (1-based) of a task, seconds: exponential, capped."""
+        return min(self.restart_max_backoff_s, self.restart_backoff_s * 2.0 ** max(0, failures - 1))
+
+
+class BatchPolicy(StrictModel):
+    """When a batch is flushed: whichever limit is reached first."""
+
+    max_records: int = Field(10_000, ge=1)
+    max_bytes: int = Field(16 * 1024 * 1024, ge=1)
+    max_age_ms: int = Field(1_000, ge=1)
+    flush_when_idle: bool = Field(
+        True,
+        description="also cut a batch as soon as a poll returns fewer records than asked for (the input is "
+        "drained for now) instead of waiting for max_age_ms; while a partition's batch is in flight its next "
+        "one still grows",
+    )
+
+
+class ConnectorConfig(StrictModel):
+    """Fields every connector has. Subclasses set ``type`` to a ``Literal`` registry key.
+
+    Class attributes:
+        implementation: ``"module:Class"`` of the connector, imported only when it runs.
+        connection_type: the ``type`` of connection the connector needs.
+        role: ``"source"`` or ``"sink"``.
+    """
+
+    implementation: ClassVar[str]
+    connection_type: ClassVar[str]
+    role: ClassVar[Literal["source", "sink"]]
+
+    name: Name
+    type: str
+    connection: Name = Field(description="name of an entry under `connections`")
+    errors: ErrorPolicy = Field(
+        default_factory=ErrorPolicy, description="retry timeout, tolerance and restarts of failed tasks"
+    )
+
+
+class SourceConnectorConfig(ConnectorConfig):
+    """Fields every source connector has."""
+
+    role: ClassVar[Literal["source", "sink"]] = "source"
+
+    topic: TopicName = Field(description="compacted topic the entities are written to")
+    topic_spec: TopicSpec = Field(default_factory=TopicSpec)
+    key: list[str] | None = Field(None, description="entity key field(s); default: the system's own key")
+    rekey: bool = Field(
+        False,
+        description="allow a key schema change (a primary key column int -> bigint): the source tombstones "
+        "every old key, then re-snapshots under the new key; without it a key schema change stops the source",
+    )
+
+    @model_validator(mode="after")
+    def _sources_do_not_skip(self) -> SourceConnectorConfig:
+        if self.errors.tolerance != "none":
+            raise ValueError(
+                "errors.tolerance: all applies to sinks; a source never skips state (a failed task is "
+                "restarted from its stored position)"
+            )
+        return self
+
+    value_format: WireFormat = Field(
+        "avro",
+        description="avro: single-object encoding, writer schemas in kafka.schema_topic; confluent_avro: Confluent's "
+        "wire format, the schema registered under <topic>-value (TopicNameStrategy) in kafka.schema_registry before "
+        "the first record, refused when the subject's compatibility level forbids it",
+    )
+    key_format: WireFormat = Field("avro", description="as value_format, for keys (subject <topic>-key)")
+
+    @model_validator(mode="after")
+    def _registry_formats_do_not_rekey(self) -> SourceConnectorConfig:
+        if self.key_format != self.value_format:
+            raise ValueError("key_format and value_format: a source writes its keys and values in one format")
+        if self.rekey and "confluent_avro" in (self.key_format, self.value_format):
+            raise ValueError("rekey: not available with confluent_avro topics (the registry's subject keeps "
+                             "one key schema history; migrate to a new topic instead)")
+        return self
+
+    value_schema: SchemaRef | None = Field(
+        None, description="Avro schema (.avsc path relative to the config file's folder, or name in schemas/)"
+    )
+    poll_interval_s: float = Field(5.0, gt=0)
+    batch_records: int = Field(10_000, ge=1)
+    exactly_once: bool = Field(
+        False,
+        description="write records and the task's position in one Kafka transaction (KIP-618): a crash neither "
+        "loses nor duplicates a record for read_committed readers; always on in --group mode (zombie fencing)",
+    )
+
+
+class SinkConnectorConfig(ConnectorConfig):
+    """Fields every sink connector has.
+
+    ``max_record_bytes`` is a per-record limit: a record larger than it (key and value
+    bytes as consumed) is dead-lettered with the reason instead of being sent, so one
+    record the target can never take does not hold its partition. When unset, the
+    sink's target limit applies (``Sink.default_max_record_bytes``).
+    """
+
+    role: ClassVar[Literal["source", "sink"]] = "sink"
+
+    topics: list[TopicName] = Field(min_length=1, description="update topics this sink applies")
+    max_record_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="largest record the sink writes, bytes of key and value as consumed; a larger one goes to the "
+        "dead letter topic with the reason, unsent. Default: the target's own limit (Elasticsearch's "
+        "http.max_content_length, 100 MiB; PostgreSQL's 1 GiB per field; none for S3)",
+    )
+
+
+def is_loopback(addr: str) -> bool:
+    """Whether ``addr`` (an IP address or ``localhost``) only accepts connections from this host."""
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def metrics_endpoint_problem(host: str, token: Any) -> str | None:
+    """Why a ``metrics_host`` / ``metrics_token`` pair is refused, ``None`` when it is fine.
+
+    Every status and metrics endpoint binds ``127.0.0.1`` by default; another address
+    serves topics, positions and error texts to the network, so it needs a bearer token.
+    """
+    if not is_loopback(host) and (token is None or not token.get_secret_value()):
+        return (f"metrics_host {host!r} is not a loopback address: set metrics_token (e.g. ${{env:METRICS_TOKEN}}); "
+                "clients then send 'Authorization: Bearer <token>'")
+    return None
