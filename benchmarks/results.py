@@ -14,9 +14,13 @@ Usage::
 A line of results.jsonl::
 
     {"benchmark": "stream_join", "date": "2026-11-28", "commit": "612e38c", "machine": "...",
-     "source": "run" | "docs", "figures": {...}, "note": "..."}
+     "source": "run" | "docs", "figures": {...}, "note": "...", "load_average": [1.2, 1.5, 1.4],
+     "rerun": "..."}
 
-``source: docs`` marks a figure taken from the documentation of that date (no JSON line of the run was kept).
+``source: docs`` marks a figure taken from the documentation of that date (no JSON line of the run was kept);
+its ``rerun`` says which run would replace it. ``load_average`` (1, 5 and 15 minutes, when ``record`` ran,
+right after the benchmark) is on the lines recorded since it was added. RESULTS.md shows the recorded runs
+first, then the figures from the docs under one heading, "Historical figures (not re-run)".
 """
 
 from __future__ import annotations
@@ -83,6 +87,9 @@ def record(benchmark: str, output: str, results: Path = RESULTS, note: str | Non
            now: dt.datetime | None = None) -> dict[str, Any]:
     """Append one run's figures (the output's last JSON line) to ``results``.
 
+    The line also holds the machine's load average (1, 5 and 15 minutes) when ``record`` runs: right after the
+    benchmark when its output is piped in, so a reader sees how busy the shared machine was.
+
     Args:
         benchmark: the benchmark's name (its module's, e.g. ``stream_join``).
         output: what the benchmark printed; its last JSON object line holds the figures.
@@ -97,7 +104,7 @@ def record(benchmark: str, output: str, results: Path = RESULTS, note: str | Non
         ValueError: the output holds no JSON object line.
     """
     figures = last_json_line(output)
-    entry = {
+    entry: dict[str, Any] = {
         "benchmark": benchmark,
         "date": (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d"),
         "commit": commit(),
@@ -107,6 +114,10 @@ def record(benchmark: str, output: str, results: Path = RESULTS, note: str | Non
     }
     if note:
         entry["note"] = note
+    try:
+        entry["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        pass
     with results.open("a") as f:
         f.write(json.dumps(entry, separators=(", ", ": ")) + "\n")
     return entry
@@ -153,8 +164,48 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|")
 
 
+HISTORICAL = "Historical figures (not re-run)"
+
+
+_NOTE_LOAD = re.compile(r"\bload (?:average )?(?:was )?((?:under |~)?\d[\d.]*(?:[-/]\d[\d.]*)*)")
+
+
+def _load(e: dict[str, Any]) -> str:
+    """The load average of a run: recorded with it (1 min), else among its figures, else as its note states it."""
+    if e.get("load_average"):
+        return _cell(e["load_average"][0])
+    load = dict(_flat(e["figures"])).get("load_average_1m")
+    if load is not None:
+        return _cell(load)
+    stated = _NOTE_LOAD.search(e.get("note", ""))
+    return f"{stated.group(1)} (note)" if stated else "not recorded"
+
+
+def _section(e: dict[str, Any], level: str) -> list[str]:
+    """One benchmark's heading, provenance, note and figures table."""
+    load = f", load average {', '.join(_cell(x) for x in e['load_average'])} (1, 5, 15 min)" \
+        if e.get("load_average") else ""
+    lines = ["", f"{level} {e['benchmark']}", "", f"{e['date']}, commit `{e['commit']}`, {e['machine']}{load}."]
+    if e.get("source") != "run":
+        lines.append(f"Figure from the docs of {e['date']} (no JSON line of the run was kept).")
+        lines += ["", f"Re-run that would replace it: {e.get('rerun') or 'not stated.'}"]
+    if e.get("note"):
+        lines += ["", e["note"]]
+    lines += ["", "| figure | value |", "|---|---|"]
+    lines += [f"| {key} | {_cell(value)} |" for key, value in _flat(e["figures"])]
+    return lines
+
+
 def render(results: Path = RESULTS, output: Path = RENDERED) -> str:
-    """Write the Markdown page of the latest figure per benchmark; return its text."""
+    """Write the Markdown page of the latest figure per benchmark; return its text.
+
+    The benchmarks with a recorded run (``source: run``) come first, by name; the figures quoted from the
+    docs (``source: docs``) follow under one heading, "Historical figures (not re-run)", by name, each with
+    the run that would replace it.
+    """
+    entries = latest(results)
+    runs = [entries[n] for n in sorted(entries) if entries[n].get("source") == "run"]
+    docs = [entries[n] for n in sorted(entries) if entries[n].get("source") != "run"]
     lines = [
         "# Benchmark results",
         "",
@@ -163,22 +214,31 @@ def render(results: Path = RESULTS, output: Path = RENDERED) -> str:
         "benchmark, `benchmarks/results.py record NAME < its output`, then `render`. A ratio is the threes figure",
         "over its peer's (higher is better for rates) measured in the same run.",
         "",
+        "Recorded runs: the benchmark's own JSON line, recorded by `benchmarks/results.py record`.",
+        "",
+        "| benchmark | date | commit | load average |",
+        "|---|---|---|---|",
     ]
-    entries = latest(results)
-    lines += ["| benchmark | date | commit | source |", "|---|---|---|---|"]
-    for name in sorted(entries):
-        e = entries[name]
-        source = "benchmark JSON" if e.get("source") == "run" else f"figure from the docs of {e['date']}"
-        lines.append(f"| [{name}](#{_anchor(name)}) | {e['date']} | `{e['commit']}` | {source} |")
-    for name in sorted(entries):
-        e = entries[name]
-        lines += ["", f"## {name}", "", f"{e['date']}, commit `{e['commit']}`, {e['machine']}."]
-        if e.get("source") != "run":
-            lines.append(f"Figure from the docs of {e['date']} (no JSON line of the run was kept).")
-        if e.get("note"):
-            lines += ["", e["note"]]
-        lines += ["", "| figure | value |", "|---|---|"]
-        lines += [f"| {key} | {_cell(value)} |" for key, value in _flat(e["figures"])]
+    lines += [f"| [{e['benchmark']}](#{_anchor(e['benchmark'])}) | {e['date']} | `{e['commit']}` | {_load(e)} |"
+              for e in runs]
+    if docs:
+        lines += ["", f"{len(docs)} more figures are quoted from the docs, not recorded runs: see",
+                  f"[{HISTORICAL}](#{_anchor(HISTORICAL)}) at the end."]
+    for e in runs:
+        lines += _section(e, "##")
+    if docs:
+        lines += [
+            "", f"## {HISTORICAL}", "",
+            "These figures were not recorded by `benchmarks/results.py`: each is quoted from the docs of its date",
+            "at the commit shown (mostly the commit that wrote the figure) and no JSON line of its run was kept. They",
+            "stay here as history; each says which re-run would replace it with a recorded one.",
+            "",
+            "| figure | docs of | commit |",
+            "|---|---|---|",
+        ]
+        lines += [f"| [{e['benchmark']}](#{_anchor(e['benchmark'])}) | {e['date']} | `{e['commit']}` |" for e in docs]
+        for e in docs:
+            lines += _section(e, "###")
     text = "\n".join(lines) + "\n"
     output.write_text(text)
     return text
