@@ -183,7 +183,8 @@ class DemoRun:
         loads = load_reference(pipeline, frames=references)
         done()
 
-        from threes.pipeline.supervisor import RunOptions, Supervisor
+        from threes.pipeline.parts import RunOptions
+        from threes.pipeline.supervisor import Supervisor
 
         log_dir = opts.log_dir or Path(".threes") / "demo" / time.strftime("%Y%m%d-%H%M%S")
         self.log_dir = log_dir

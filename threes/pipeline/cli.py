@@ -13,7 +13,8 @@ import typer
 
 if TYPE_CHECKING:
     from threes.config import PipelineBase
-    from threes.pipeline.supervisor import RunOptions, Supervisor
+    from threes.pipeline.parts import RunOptions
+    from threes.pipeline.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,8 @@ def run(
     from kernel.exceptions import ThreesError
     from threes.console import fail, load, out
     from threes.pipeline.lock import RunLock
+    from threes.pipeline.parts import RunOptions
     from threes.pipeline.plan import parse_only
-    from threes.pipeline.supervisor import RunOptions
 
     stop, force = _stop_on_signals()
     pipeline = load(config)
