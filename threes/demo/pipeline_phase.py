@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from kernel.exceptions import FatalError, ThreesError
 from threes.demo.changes import ChangeDriver, default_changes
 from threes.demo.data import FLIGHT_KEY
-from threes.demo.monitor import LatencySampler, Progress, ProgressProbe, Targets
+from threes.demo.latency import LatencySampler
+from threes.demo.monitor import Progress, ProgressProbe, Targets
 
 if TYPE_CHECKING:
     from threes.demo.replay import Replayer, ReplayStats
