@@ -11,7 +11,7 @@ from .process import PidRecord, ensure_ports_free, is_alive, owns, spawn, termin
 from .system import is_root
 
 if TYPE_CHECKING:
-    from .stack import Endpoints
+    from .endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
 
