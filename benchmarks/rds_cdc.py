@@ -55,7 +55,7 @@ from kernel.kafka.topics import end_offsets
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from threes.config import pipeline_from_dict
-from threes.local.stack import Endpoints
+from threes.local.endpoints import Endpoints
 
 DB = "threes_bench"
 ROWS = 10_000

@@ -60,7 +60,7 @@ from kernel.kafka.topics import end_offsets, ensure_compacted_topic
 from schemas.serde import AvroSerializer
 from schemas.store import SchemaStore
 from threes.config import pipeline_from_dict
-from threes.local.stack import Endpoints
+from threes.local.endpoints import Endpoints
 
 DB = "threes_bench"
 PAGE = 10_000

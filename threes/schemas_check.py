@@ -113,20 +113,35 @@ def schema_problems(
         for j, sink in enumerate(svc.sinks):
             where = f"sync[{i}].sinks[{j}]"
             value = load(sink.value_schema, f"{where}.value_schema") if getattr(sink, "value_schema", None) else None
-            for topic in sink.topics:
-                if topic not in updates:
-                    continue
-                key_fields = [f["name"] for f in updates[topic][0]["fields"]]
-                value_fields = [f["name"] for f in updates[topic][1]["fields"]]
-                for name in getattr(sink, "key", None) or []:
-                    if name not in key_fields:
-                        problems.append(ConfigProblem(
-                            f"{where}.key", f"no field {name!r} in the key of update topic {topic!r} "
-                                            f"(have: {key_fields})"))
-                if value is not None:
-                    missing = [n for n in value_fields if n not in {f["name"] for f in value["fields"]}]
-                    if missing:
-                        problems.append(ConfigProblem(
-                            f"{where}.value_schema", f"fields {missing} of update topic {topic!r} are not in "
-                                                     f"{sink.value_schema}"))
+            problems.extend(_sink_problems(where, sink, value, updates))
     return locate(problems, config_file)
+
+
+def _sink_problems(where: str, sink: Any, value: dict[str, Any] | None,
+                   updates: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> list[ConfigProblem]:
+    """A sink's key fields missing from its update topics' keys, their value fields missing from its schema.
+
+    Args:
+        where: the sink's config path (``sync[i].sinks[j]``).
+        sink: the sink's config.
+        value: its loaded value schema (``None``: it has none, or it did not load).
+        updates: update topic -> ``(key schema, value schema)`` of the stream job's plan.
+    """
+    problems: list[ConfigProblem] = []
+    for topic in sink.topics:
+        if topic not in updates:
+            continue
+        key_fields = [f["name"] for f in updates[topic][0]["fields"]]
+        value_fields = [f["name"] for f in updates[topic][1]["fields"]]
+        for name in getattr(sink, "key", None) or []:
+            if name not in key_fields:
+                problems.append(ConfigProblem(
+                    f"{where}.key", f"no field {name!r} in the key of update topic {topic!r} "
+                                    f"(have: {key_fields})"))
+        if value is not None:
+            missing = [n for n in value_fields if n not in {f["name"] for f in value["fields"]}]
+            if missing:
+                problems.append(ConfigProblem(
+                    f"{where}.value_schema", f"fields {missing} of update topic {topic!r} are not in "
+                                             f"{sink.value_schema}"))
+    return problems

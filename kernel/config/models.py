@@ -232,7 +232,7 @@ class ConnectionConfig(StrictModel):
 
         ``threes demo`` starts only the services its pipeline's connections declare
         (:func:`threes.local.needs.services_for_pipeline`). Names are those of
-        :data:`threes.local.stack.SERVICES` (``postgres``, ``mysql``, ``elasticsearch``, ``s3``);
+        :data:`threes.local.registry.SERVICES` (``postgres``, ``mysql``, ``elasticsearch``, ``s3``);
         a technology the local stack does not run declares none (the default).
 
         Returns:

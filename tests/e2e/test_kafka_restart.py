@@ -49,7 +49,7 @@ import sys, time
 from confluent_kafka import KafkaException
 from threes.config import load_pipeline
 from kernel.exceptions import ThreesError
-from threes.pipeline.probes import KafkaProbe
+from threes.pipeline.kafka_probe import KafkaProbe
 
 pipeline = load_pipeline(sys.argv[1])
 probe = KafkaProbe(pipeline.kafka)

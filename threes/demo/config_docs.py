@@ -282,9 +282,9 @@ service that already runs instead; `threes local env` prints them for the runnin
 
 
 def _local_stack() -> Iterator[str]:
-    """The section of the local stack's services, from its one registry (:data:`threes.local.stack.SERVERS`)."""
+    """The section of the local stack's services, from its one registry (:data:`threes.local.registry.SERVERS`)."""
+    from threes.local.registry import SERVERS, SPARK, TLS_CA_VAR
     from threes.local.spark_cluster import SparkMaster, cluster_services
-    from threes.local.stack import SERVERS, SPARK, TLS_CA_VAR
 
     yield '<a id="local-stack"></a>'
     yield "## The local stack (`threes local`)"

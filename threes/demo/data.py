@@ -232,6 +232,19 @@ def read_csv(
             )
         except (pa.ArrowInvalid, pa.ArrowKeyError) as exc:
             raise ConfigError(f"{path}: cannot read as {avro_schema.get('name')}: {exc}") from exc
+    table = _parse_zoned(table, target, path, timezone)
+    _check_nulls(table, target, path, avro_schema.get("name"))
+    return table.cast(target)
+
+
+def _parse_zoned(table: Any, target: Any, path: str | Path, timezone: str) -> Any:
+    """``table`` with its timestamp columns (read as text) parsed by :func:`parse_timestamps`.
+
+    Raises:
+        ConfigError: a value does not parse as a timestamp.
+    """
+    import pyarrow as pa
+
     for i, field in enumerate(target):
         if _zoned(field.type):
             try:
@@ -239,14 +252,18 @@ def read_csv(
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise ConfigError(f"{path}: column {field.name!r} is not a timestamp: {exc}") from exc
             table = table.set_column(i, field.name, column)
+    return table
+
+
+def _check_nulls(table: Any, target: Any, path: str | Path, schema_name: str | None) -> None:
+    """Raise :class:`ConfigError` naming the first null of a column that is not nullable in ``target``."""
     for field in target:
         if not field.nullable and table.column(field.name).null_count:
             row = table.column(field.name).is_null().to_pylist().index(True)
             raise ConfigError(
                 f"{path}: row {row + 1} has no value in column {field.name!r}, "
-                f"which is not nullable in {avro_schema.get('name')}"
+                f"which is not nullable in {schema_name}"
             )
-    return table.cast(target)
 
 
 def _zoned(arrow_type: Any) -> bool:

@@ -98,7 +98,7 @@ def load_sql(
     Raises:
         SetupError: the database cannot be reached or refused a statement.
     """
-    from sqlalchemy import and_, bindparam, delete, func, select, tuple_, update
+    from sqlalchemy import select
     from sqlalchemy.exc import SQLAlchemyError
 
     started = time.monotonic()
@@ -124,18 +124,9 @@ def load_sql(
             if inserts:
                 _insert(db, tbl, columns, inserts)
             if updates:
-                stmt = (
-                    update(tbl)
-                    .where(and_(*(tbl.c[k] == bindparam(f"k_{k}") for k in key)))
-                    .values({**{c: bindparam(f"v_{c}") for c in values}, UPDATED_AT: func.now()})
-                )
-                db.execute(stmt, [
-                    {**{f"k_{k}": r[k] for k in key}, **{f"v_{c}": r[c] for c in values}} for r in updates
-                ])
+                _update(db, tbl, key, values, updates)
             if deletes:
-                keycols = tuple_(*(tbl.c[k] for k in key))
-                for i in range(0, len(deletes), 1000):
-                    db.execute(delete(tbl).where(keycols.in_(deletes[i:i + 1000])))
+                _delete(db, tbl, key, deletes)
     except SQLAlchemyError as exc:
         reason = exc.args[0] if exc.args else ""
         raise SetupError(f"loading {table} into table {name}: {type(exc).__name__}: {reason}") from exc
@@ -145,6 +136,29 @@ def load_sql(
     result.elapsed_s = time.monotonic() - started
     log.info("reference load %s", result.summary())
     return result
+
+
+def _update(db: Any, tbl: Any, key: list[str], values: list[str], updates: list[dict[str, Any]]) -> None:
+    """Set the ``values`` columns of the rows ``updates`` name by ``key``, and their ``updated_at`` to now."""
+    from sqlalchemy import and_, bindparam, func, update
+
+    stmt = (
+        update(tbl)
+        .where(and_(*(tbl.c[k] == bindparam(f"k_{k}") for k in key)))
+        .values({**{c: bindparam(f"v_{c}") for c in values}, UPDATED_AT: func.now()})
+    )
+    db.execute(stmt, [
+        {**{f"k_{k}": r[k] for k in key}, **{f"v_{c}": r[c] for c in values}} for r in updates
+    ])
+
+
+def _delete(db: Any, tbl: Any, key: list[str], deletes: list[Any]) -> None:
+    """Delete the rows of these ``key`` tuples, 1,000 per statement."""
+    from sqlalchemy import delete, tuple_
+
+    keycols = tuple_(*(tbl.c[k] for k in key))
+    for i in range(0, len(deletes), 1000):
+        db.execute(delete(tbl).where(keycols.in_(deletes[i:i + 1000])))
 
 
 def _insert(db: Any, tbl: Any, columns: list[str], rows: list[dict[str, Any]]) -> None:

@@ -208,22 +208,11 @@ def sql_source(
     except SQLAlchemyError as exc:
         engine.dispose()
         raise SetupError(f"cannot read table {table!r}: {exc}") from exc
-    names = [f["name"] for f in value_schema["fields"]]
-    missing = [n for n in names if n not in tbl.c]
-    if missing:
+    try:
+        stmt = _select(tbl, table, value_schema, match, limit, order_by)
+    except ConfigError:
         engine.dispose()
-        raise ConfigError(f"table {table!r} has no column(s) {missing} of schema {value_schema.get('name')}")
-    stmt = select(*(tbl.c[n] for n in names))
-    for column, values in (match or {}).items():
-        if column not in tbl.c:
-            engine.dispose()
-            raise ConfigError(f"--match {column}=...: table {table!r} has no column {column!r}")
-        stmt = stmt.where(tbl.c[column].in_([tbl.c[column].type.python_type(v) for v in values]))
-    order = [tbl.c[c] for c in order_by] if order_by else list(tbl.primary_key.columns)
-    if order:
-        stmt = stmt.order_by(*order)
-    if limit is not None:
-        stmt = stmt.limit(limit)
+        raise
     with engine.connect() as db:
         total = db.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
 
@@ -237,3 +226,29 @@ def sql_source(
             engine.dispose()
 
     return RowSource(rows(), total, f"table {table}")
+
+
+def _select(tbl: Any, table: str, value_schema: dict[str, Any], match: Mapping[str, Sequence[str]] | None,
+            limit: int | None, order_by: Sequence[str] | None) -> Any:
+    """The ``SELECT`` of :func:`sql_source` on the reflected ``tbl`` (arguments as there).
+
+    Raises:
+        ConfigError: a field's or a ``match`` column does not exist.
+    """
+    from sqlalchemy import select
+
+    names = [f["name"] for f in value_schema["fields"]]
+    missing = [n for n in names if n not in tbl.c]
+    if missing:
+        raise ConfigError(f"table {table!r} has no column(s) {missing} of schema {value_schema.get('name')}")
+    stmt = select(*(tbl.c[n] for n in names))
+    for column, values in (match or {}).items():
+        if column not in tbl.c:
+            raise ConfigError(f"--match {column}=...: table {table!r} has no column {column!r}")
+        stmt = stmt.where(tbl.c[column].in_([tbl.c[column].type.python_type(v) for v in values]))
+    order = [tbl.c[c] for c in order_by] if order_by else list(tbl.primary_key.columns)
+    if order:
+        stmt = stmt.order_by(*order)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return stmt

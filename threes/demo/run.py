@@ -15,7 +15,7 @@ Phases (each one's wall time is in the summary):
    loaded) and the state topics hold every reference row;
 5. **pipeline** - the flights are replayed (:class:`~threes.demo.replay.Replayer`)
    while the two reference changes are made (:mod:`threes.demo.changes`), until
-   every sink holds every flight: this is the phase the 120 s target is about,
+   every sink holds every flight (:mod:`threes.demo.pipeline_phase`): this is the phase the 120 s target is about,
    from the first replayed flight to the last sink complete; the CPU seconds each
    component used over it (:mod:`threes.demo.cpu`, read from ``/proc``) and the
    pipeline's CPU microseconds per flight are in the summary's ``cpu``;
@@ -31,18 +31,16 @@ The pipeline's processes are stopped at the end, in reverse order (SIGTERM: they
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel.exceptions import FatalError, SetupError, ThreesError
-from threes.demo.changes import ChangeDriver, ReferenceChange, default_changes
-from threes.demo.data import FLIGHT_KEY, TABLES, read_table
-from threes.demo.monitor import LatencySampler, Progress, ProgressProbe, Targets
+from kernel.exceptions import FatalError, SetupError
+from threes.demo.changes import ReferenceChange
+from threes.demo.data import TABLES, read_table
+from threes.demo.monitor import Progress, ProgressProbe, Targets
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +138,53 @@ class DemoRun:
         Raises:
             ThreesError: a phase failed (config, systems, a pipeline process exiting, a timeout).
         """
-        from threes.config import load_pipeline
-        from threes.demo.oracle import reference_frames
+        from threes.demo.pipeline_phase import PipelinePhase
 
         opts = self.options
         began = time.monotonic()
+        pipeline, targets, flights = self._stack_and_flights()
+        reset, references, initial, loads = self._reset_and_load(pipeline)
+        self._make_supervisor(pipeline)
+        probe = ProgressProbe(targets)
+        try:
+            done = self._phase("start")
+            self._start(pipeline, targets)
+            done()
+            summary = PipelinePhase(self, pipeline, targets, probe, flights, references).run()
+        finally:
+            probe.close()
+            if not opts.keep_running:
+                self.state.message = "stopping the pipeline's processes (sync, stream, sources)"
+                self.on_update(self.state)
+                self.supervisor.shutdown()
+            self.supervisor.close()
+        if opts.verify:
+            summary["oracle"] = self._verify(targets, flights, initial, references)
+        self.phases["total"] = round(time.monotonic() - began, 1)
+        summary["phases_s"] = dict(self.phases)
+        summary["reset"] = {k: (len(v) if isinstance(v, list) else v) for k, v in reset.items()}
+        summary["reference_loads"] = [
+            {
+                "table": r.table,
+                "target": r.target,
+                "inserted": r.inserted,
+                "updated": r.updated,
+                "deleted": r.deleted,
+                "unchanged": r.unchanged,
+                "elapsed_s": round(r.elapsed_s, 2),
+            }
+            for r in loads
+        ]
+        summary["logs"] = str(self.log_dir)
+        self.state.phase = "done"
+        self.on_update(self.state)
+        return summary
+
+    def _stack_and_flights(self) -> tuple[Any, Targets, Any]:
+        """The **stack** phase (when asked), then ``(pipeline, targets, flights in event-time order)``."""
+        from threes.config import load_pipeline
+
+        opts = self.options
         if opts.start_stack:
             done = self._phase("stack")
             from threes.local import LocalStack
@@ -166,12 +206,17 @@ class DemoRun:
         self.state.total = total = flights.num_rows
         if total == 0:
             raise FatalError(f"no flights on the days {list(opts.days or [])}")
+        return pipeline, targets, flights
+
+    def _reset_and_load(self, pipeline: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[Any]]:
+        """The **reset** and **load_reference** phases: ``(reset, references, initial references, loads)``."""
+        from threes.demo.oracle import reference_frames
 
         done = self._phase("reset")
         from schemas import load_schema
         from threes.demo.reset import create_flights_index, reset_pipeline
 
-        reset = reset_pipeline(pipeline, opts.offsets_topic)
+        reset = reset_pipeline(pipeline, self.options.offsets_topic)
         create_flights_index(pipeline, load_schema("nycflights13/enriched_flight"))
         done()
 
@@ -182,9 +227,14 @@ class DemoRun:
         initial = {name: frame.copy() for name, frame in references.items()}
         loads = load_reference(pipeline, frames=references)
         done()
+        return reset, references, initial, loads
 
-        from threes.pipeline.supervisor import RunOptions, Supervisor
+    def _make_supervisor(self, pipeline: Any) -> None:
+        """``threes run``'s supervisor for the pipeline (no restarts; the events topic with the demo's partitions)."""
+        from threes.pipeline.parts import RunOptions
+        from threes.pipeline.supervisor import Supervisor
 
+        opts = self.options
         log_dir = opts.log_dir or Path(".threes") / "demo" / time.strftime("%Y%m%d-%H%M%S")
         self.log_dir = log_dir
         run_options = RunOptions(config=opts.config, offsets_topic=opts.offsets_topic, log_dir=log_dir,
@@ -195,49 +245,21 @@ class DemoRun:
         if stream_part is not None and stream_part.part.create_events is not None:
             topic, spec = stream_part.part.create_events
             stream_part.part.create_events = (topic, spec.model_copy(update={"partitions": opts.partitions}))
-        probe = ProgressProbe(targets)
-        try:
-            done = self._phase("start")
-            self._start(pipeline, targets)
-            done()
-            summary = self._stream(pipeline, targets, probe, flights, references)
-        finally:
-            probe.close()
-            if not opts.keep_running:
-                self.state.message = "stopping the pipeline's processes (sync, stream, sources)"
-                self.on_update(self.state)
-                self.supervisor.shutdown()
-            self.supervisor.close()
-        if opts.verify:
-            done = self._phase("verify")
-            from threes.demo.oracle import enriched_flights
-            from threes.demo.verify import verify
 
-            frame = read_frame_of(flights)
-            expected = enriched_flights(frame, initial)
-            applied = [c for c in self.state.changes if c.applied_at is not None]
-            alternatives = enriched_flights(frame, references) if applied else None
-            summary["oracle"] = verify(targets, expected, alternatives, applied, opts.partitions)
-            done()
-        self.phases["total"] = round(time.monotonic() - began, 1)
-        summary["phases_s"] = dict(self.phases)
-        summary["reset"] = {k: (len(v) if isinstance(v, list) else v) for k, v in reset.items()}
-        summary["reference_loads"] = [
-            {
-                "table": r.table,
-                "target": r.target,
-                "inserted": r.inserted,
-                "updated": r.updated,
-                "deleted": r.deleted,
-                "unchanged": r.unchanged,
-                "elapsed_s": round(r.elapsed_s, 2),
-            }
-            for r in loads
-        ]
-        summary["logs"] = str(log_dir)
-        self.state.phase = "done"
-        self.on_update(self.state)
-        return summary
+    def _verify(self, targets: Targets, flights: Any, initial: dict[str, Any],
+                references: dict[str, Any]) -> dict[str, Any]:
+        """The **verify** phase: every sink against the oracle (with the changes applied and without)."""
+        done = self._phase("verify")
+        from threes.demo.oracle import enriched_flights
+        from threes.demo.verify import verify
+
+        frame = read_frame_of(flights)
+        expected = enriched_flights(frame, initial)
+        applied = [c for c in self.state.changes if c.applied_at is not None]
+        alternatives = enriched_flights(frame, references) if applied else None
+        result = verify(targets, expected, alternatives, applied, self.options.partitions)
+        done()
+        return result
 
     def _start(self, pipeline: Any, targets: Targets) -> None:
         """Sources, stream job and sync services in ``threes run``'s order; wait until all are ready.
@@ -266,181 +288,6 @@ class DemoRun:
         waiting = [f"{p.name}: {p.detail}" for p in supervisor.parts if p.status != "ready" and p.detail]
         self.state.message = "; ".join(waiting)
         self.on_update(self.state)
-
-    def _stream(
-        self, pipeline: Any, targets: Targets, probe: ProgressProbe, flights: Any, references: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Replay, make the changes, watch until every sink is complete; the pipeline phase."""
-        from schemas import load_schema
-        from threes.demo.oracle import ROUTE_KEY
-        from threes.demo.replay import Replayer, ReplayStats, table_source
-
-        opts = self.options
-        total = self.state.total
-        sinks = targets.sinks  # what "every sink holds every flight" waits for
-        sampler = LatencySampler(probe, FLIGHT_KEY, ROUTE_KEY, every=opts.sample_every)
-        self.state.changes = default_changes() if opts.changes else []
-        driver = ChangeDriver(pipeline, probe, self.state.changes, total, references, exact=opts.exact_changes)
-        replayer = Replayer(
-            pipeline.kafka,
-            targets.events_topic,
-            load_schema("nycflights13/flight"),
-            FLIGHT_KEY,
-            key_schema=load_schema("nycflights13/flight_key"),
-            partitions=opts.partitions,
-            rate=opts.rate,
-        )
-        stats = ReplayStats()
-        failure: list[BaseException] = []
-
-        def on_produce(index: int, row: dict[str, Any]) -> None:
-            sampler.on_produce(index, row)
-            driver.gate(index)
-
-        def replay() -> None:
-            try:
-                replayer.run(table_source(flights, "nycflights13 flights"), stats, on_produce=on_produce)
-            except BaseException as exc:  # noqa: BLE001 - reported by the watching loop
-                failure.append(exc)
-
-        done = self._phase("pipeline")
-        meter = self._cpu_meter()
-        thread = threading.Thread(target=replay, name="demo-replay", daemon=True)
-        thread.start()
-        while stats.started is None and thread.is_alive():
-            time.sleep(0.05)
-        t0 = stats.started or time.time()
-        self.state.first_event_at = t0
-        deadline = t0 + opts.timeout_s
-        completed: dict[str, float] = self.state.sinks_done
-        progress = Progress(at=t0)
-        tick = 0
-        while True:
-            self.supervisor.tick()  # raises when a part exited (no restarts in the demo)
-            if failure:
-                raise failure[0] if isinstance(failure[0], ThreesError) else FatalError(f"replay: {failure[0]}")
-            progress = probe.read()
-            self.state.progress, self.state.events_in, self.state.replay_rate = progress, stats.acked, stats.rate
-            if "replay" not in completed and not thread.is_alive():
-                completed["replay"] = stats.finished or time.time()
-            search = _service_of(pipeline, "elasticsearch_sink")
-            if progress.es_docs < total <= progress.committed.get(search, 0) and progress.lag.get(search, 1) == 0:
-                probe.es_refresh()  # the sink has written everything: make it visible to the count now
-                progress.es_docs = probe.es_count()
-            if progress.es_docs >= total:
-                completed.setdefault("elasticsearch", progress.at)
-            if progress.pg_flights is not None and progress.pg_flights >= total:
-                completed.setdefault("postgres", progress.at)
-            archive = _service_of(pipeline, "s3_sink")
-            if progress.committed.get(archive, 0) >= total and progress.lag.get(archive, 1) == 0:
-                completed.setdefault("s3", progress.at)
-            all_sinks = {"replay", *sinks} <= set(completed)
-            if tick % 2 == 0 or all_sinks:
-                sampler.poll()
-                self.state.latencies = sampler.latencies()
-            if meter is not None and tick % 5 == 0:
-                self.state.cpu = meter.read().as_dict(stats.acked, per="flight")
-            driver.poll(stats.produced, progress.enriched_out)
-            self.on_update(self.state)
-            if all_sinks and not _waiting_for_changes(driver, progress.at, completed, sinks):
-                break
-            if time.time() > deadline:
-                raise FatalError(
-                    f"not complete {opts.timeout_s:.0f} s after the first flight: events in "
-                    f"{stats.acked}/{total}, enriched {progress.enriched_out}, Elasticsearch "
-                    f"{progress.es_docs}, route_stats flights {_or_none(progress.pg_flights)}, archive committed "
-                    f"{progress.committed.get(archive, 0)} (logs: {self.log_dir})"
-                )
-            tick += 1
-            time.sleep(1.0)
-        cpu = self.state.cpu = meter.read().as_dict(total, per="flight") if meter is not None else {}
-        progress = self.state.progress = probe.read(fresh=True)  # lists the archive now, for the sampler too
-        sampler.poll()
-        done()
-        all_done = max(completed[s] for s in sinks)
-        until = round(all_done - t0, 1)
-        checked = {
-            "elasticsearch": {"index": targets.es[1], "docs": progress.es_docs},
-            "s3": {
-                "bucket": targets.s3[1],
-                "prefix": targets.s3[2],
-                "objects": progress.s3_objects,
-                "rows": progress.committed.get(archive, 0),
-            },
-        }
-        if targets.pg is not None:
-            checked["postgres"] = {"table": targets.pg[1], "rows": progress.pg_rows, "flights": progress.pg_flights}
-        return {
-            "flights": total,
-            "events_in": stats.acked,
-            "enriched_out": progress.enriched_out,
-            "dead_letters": progress.dead_letters,
-            "replay": {
-                "elapsed_s": round(stats.elapsed_s, 1),
-                "events_per_s": round(stats.rate),
-                "rate_limit": opts.rate,
-                "paused_for_changes_s": round(driver.paused_s, 1),
-            },
-            "first_flight_to_sink_complete_s": {s: round(completed[s] - t0, 1) for s in sinks},
-            "first_flight_to_all_sinks_s": until,
-            "target_s": opts.target_s,
-            "target_met": until <= opts.target_s,
-            "throughput_events_per_s": round(total / max(until, 1e-6)),
-            "sinks": {s: checked[s] for s in sinks},
-            "latency_s": sampler.latencies(),
-            "latency_note": f"1 flight in {opts.sample_every} sampled; produce call to first poll (~1 s) that sees it",
-            "lag": dict(progress.lag),
-            "cpu": cpu,
-        }
-
-    def _cpu_meter(self) -> Any:
-        """Start measuring CPU per component (``None`` where ``/proc`` cannot be read: not Linux).
-
-        Components: each pipeline process (``sources``, ``sync``, ``stream``), this process
-        (``demo``: the replay and the watcher) and the local stack's servers it recorded (the
-        Spark standalone cluster's only when the stream job runs on a ``spark://`` master).
-        """
-        from threes.demo.cpu import CpuMeter, stack_pids
-
-        def roots() -> dict[str, int]:
-            out = dict(self.supervisor.pids())
-            out["demo"] = os.getpid()
-            try:
-                servers = stack_pids()
-                stream = getattr(self.pipeline, "stream", None)
-                if stream is None or not str(stream.spark.master).startswith("spark://"):
-                    # a standalone cluster left running (tests, another job) does no work for this demo
-                    servers = {k: v for k, v in servers.items() if not k.startswith("spark-")}
-                out.update(servers)
-            except Exception as exc:  # noqa: BLE001 - measuring must never fail the run
-                log.warning("demo: the local stack's processes are not measured: %s", exc)
-            return out
-
-        meter = CpuMeter(roots)
-        try:
-            meter.start()
-        except OSError as exc:
-            log.warning("demo: CPU per component is not measured (/proc unreadable: %s)", exc)
-            return None
-        return meter
-
-
-def _service_of(pipeline: Any, sink_type: str) -> str:
-    return next(svc.name for svc in pipeline.sync for s in svc.sinks if s.type == sink_type)
-
-
-def _waiting_for_changes(
-    driver: ChangeDriver, now: float, completed: dict[str, float], sinks: Sequence[str], grace_s: float = 30.0
-) -> bool:
-    """Give a change applied late up to ``grace_s`` after the ``sinks`` completed to show up."""
-    if not driver.pending():
-        return False
-    sinks_done = max(completed[s] for s in sinks)
-    return now - sinks_done < grace_s
-
-
-def _or_none(count: int | None) -> str:
-    return "(no such sink)" if count is None else str(count)
 
 
 def read_frame_of(table: Any) -> Any:

@@ -116,7 +116,12 @@ def summary_table(summary: dict[str, Any]) -> Group:
 
     cpu = cpu_table(summary.get("cpu") or {})
 
-    oracle = summary.get("oracle", {})
+    checks = _oracle_table(summary.get("oracle", {}))
+    return Group(*(t for t in (phases, main, cpu, checks) if t is not None))
+
+
+def _oracle_table(oracle: dict[str, Any]) -> Table:
+    """The summary's checks against the oracle: match rates, each sink, each reference change, the verdict."""
     checks = Table("check", "result", title="oracle (pandas, from the CSV files)")
     rates = oracle.get("match_rate", {})
     expected = oracle.get("expected_match_rate", {})
@@ -150,7 +155,7 @@ def summary_table(summary: dict[str, Any]) -> Group:
         skipped = sorted(oracle.get("skipped") or {})
         checks.add_row("full output matches the oracle", verdict + (f" (skipped: {', '.join(skipped)})" if skipped
                                                                     else ""))
-    return Group(*(t for t in (phases, main, cpu, checks) if t is not None))
+    return checks
 
 
 COMPONENT_TITLES = {

@@ -19,8 +19,10 @@ that already run elsewhere: ``up`` then only waits for them.
 """
 
 from .common import LocalStackError
+from .endpoints import Endpoints
+from .registry import ENV_VARS, SERVERS, SERVICES
 from .spark import local_spark_conf
-from .stack import ENV_VARS, SERVERS, SERVICES, Endpoints, LocalStack, ServiceStatus
+from .stack import LocalStack, ServiceStatus
 
 __all__ = [
     "ENV_VARS",

@@ -28,7 +28,7 @@ from .service import Service
 from .system import as_user, chown_tree, ensure_system_user, find_java, make_traversable
 
 if TYPE_CHECKING:
-    from .stack import Endpoints
+    from .endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from .system import find_java
 from .tls import Certificates, ensure_certificates
 
 if TYPE_CHECKING:
-    from .stack import Endpoints
+    from .endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
 

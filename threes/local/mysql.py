@@ -30,7 +30,7 @@ from .service import Service
 from .system import SYSTEM_BIN, apt_install, as_user, chown_tree, ensure_system_user, find_program, make_traversable
 
 if TYPE_CHECKING:
-    from .stack import Endpoints
+    from .endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
 

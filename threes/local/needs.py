@@ -21,7 +21,7 @@ def services_for_pipeline(pipeline: Any) -> list[str]:
         pipeline: a validated pipeline model (``connections``, optional ``stream``).
 
     Returns:
-        Service names of :data:`threes.local.stack.SERVICES`, Kafka always first.
+        Service names of :data:`threes.local.registry.SERVICES`, Kafka always first.
     """
     needed = ["kafka"]
     for conn in getattr(pipeline, "connections", {}).values():

@@ -26,7 +26,9 @@ from .system import apt_install, chown_tree, ensure_system_user, find_program, m
 from .tls import ensure_certificates
 
 if TYPE_CHECKING:
-    from .stack import Endpoints
+    import pwd
+
+    from .endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
 
@@ -138,42 +140,7 @@ class Postgres(Service):
             os.chown(self.log, user.pw_uid, user.pw_gid)
         marker = self.dir / ".initialized"
         if not (marker.exists() and (self.data / "PG_VERSION").exists()):
-            logger.info("postgres: initdb in %s", self.data)
-            marker.unlink(missing_ok=True)
-            shutil.rmtree(self.data, ignore_errors=True)
-            self.data.mkdir(mode=0o700)
-            pwfile = self.dir / ".pwfile"
-            pwfile.write_text(PG_PASSWORD + "\n")
-            if user:
-                os.chown(self.data, user.pw_uid, user.pw_gid)
-                os.chown(pwfile, user.pw_uid, user.pw_gid)
-            try:
-                run(
-                    self._as_user(
-                        [
-                            self._bin("initdb"),
-                            "-D",
-                            str(self.data),
-                            "-U",
-                            PG_USER,
-                            f"--pwfile={pwfile}",
-                            "--auth-local=trust",
-                            "--auth-host=scram-sha-256",
-                            "-E",
-                            "UTF8",
-                            "--locale=C.UTF-8",
-                        ]
-                    ),
-                    what="initialise the PostgreSQL data dir (initdb)",
-                    log=self.log,
-                    cwd=self.dir,
-                    timeout=180,
-                )
-            finally:
-                pwfile.unlink(missing_ok=True)
-            with (self.data / "postgresql.conf").open("a") as conf:
-                conf.write("\n# Added by threes.local.postgres\ninclude 'threes.conf'\n")
-            marker.touch()
+            self._initdb(marker, user)
         settings = {**SETTINGS, "unix_socket_directories": f"'{self.socket_dir}'", **self._tls_settings(user)}
         conf_file = self.data / "threes.conf"
         conf_file.write_text(
@@ -182,6 +149,49 @@ class Postgres(Service):
         )
         if user:
             os.chown(conf_file, user.pw_uid, user.pw_gid)
+
+    def _initdb(self, marker: Path, user: pwd.struct_passwd | None) -> None:
+        """Create the data folder with ``initdb`` (the password from a file removed after), then ``marker``.
+
+        Raises:
+            LocalStackError: If ``initdb`` fails.
+        """
+        logger.info("postgres: initdb in %s", self.data)
+        marker.unlink(missing_ok=True)
+        shutil.rmtree(self.data, ignore_errors=True)
+        self.data.mkdir(mode=0o700)
+        pwfile = self.dir / ".pwfile"
+        pwfile.write_text(PG_PASSWORD + "\n")
+        if user:
+            os.chown(self.data, user.pw_uid, user.pw_gid)
+            os.chown(pwfile, user.pw_uid, user.pw_gid)
+        try:
+            run(
+                self._as_user(
+                    [
+                        self._bin("initdb"),
+                        "-D",
+                        str(self.data),
+                        "-U",
+                        PG_USER,
+                        f"--pwfile={pwfile}",
+                        "--auth-local=trust",
+                        "--auth-host=scram-sha-256",
+                        "-E",
+                        "UTF8",
+                        "--locale=C.UTF-8",
+                    ]
+                ),
+                what="initialise the PostgreSQL data dir (initdb)",
+                log=self.log,
+                cwd=self.dir,
+                timeout=180,
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write("\n# Added by threes.local.postgres\ninclude 'threes.conf'\n")
+        marker.touch()
 
     def _tls_settings(self, user: object | None) -> dict[str, str]:
         """Copy the stack's server certificate and key where the server's user owns them; return the settings.

@@ -209,20 +209,7 @@ def run(
     full_env.update(env or {})
     try:
         if log is not None:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with log.open("ab") as out:
-                out.write(f"\n=== {datetime.now(UTC).isoformat()} {' '.join(cmd)}\n".encode())
-                out.flush()
-                proc = subprocess.run(
-                    list(cmd),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=cwd,
-                    env=full_env,
-                    timeout=timeout,
-                    check=False,
-                )
+            proc = _run_logged(cmd, log, cwd, full_env, timeout)
             output = ""
         else:
             proc = subprocess.run(
@@ -243,6 +230,25 @@ def run(
         where = f"see {log}" if log is not None else _last_line(output)
         raise LocalStackError(f"could not {what} (exit code {proc.returncode}); {where}")
     return output
+
+
+def _run_logged(cmd: Sequence[str], log: Path, cwd: Path | None, env: dict[str, str],
+                timeout: float) -> subprocess.CompletedProcess[bytes]:
+    """Run ``cmd`` with its output appended to ``log`` after a line naming it and the time (UTC)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        out.write(f"\n=== {datetime.now(UTC).isoformat()} {' '.join(cmd)}\n".encode())
+        out.flush()
+        return subprocess.run(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
 
 
 def _last_line(text: str) -> str:

@@ -11,7 +11,7 @@ from .process import PidRecord, ensure_ports_free, is_alive, owns, spawn, termin
 from .system import is_root
 
 if TYPE_CHECKING:
-    from .stack import Endpoints
+    from .endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class Service:
         name: Service name used on the command line and for files (``kafka``).
         title: Human name used in messages (``Kafka``).
         env_var: Environment variable that points at an already-running service.
-        endpoint_vars: :class:`~threes.local.stack.Endpoints` field -> the environment variable
+        endpoint_vars: :class:`~threes.local.endpoints.Endpoints` field -> the environment variable
             that overrides it, for every endpoint of this service (``threes local env`` prints
             them; the first is :attr:`env_var`).
         ports: TCP ports on 127.0.0.1 the service listens on.

@@ -29,7 +29,7 @@ from .service import Service
 from .system import find_java
 
 if TYPE_CHECKING:
-    from .stack import Endpoints
+    from .endpoints import Endpoints
 
 logger = logging.getLogger(__name__)
 

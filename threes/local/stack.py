@@ -1,4 +1,8 @@
-"""Orchestration of the local stack: up, down, status, endpoints, Spark jars."""
+"""Orchestration of the local stack: up, down, status, endpoints, Spark jars.
+
+The services are listed in :mod:`threes.local.registry`; where they are reached in
+:mod:`threes.local.endpoints`.
+"""
 
 from __future__ import annotations
 
@@ -8,149 +12,20 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from .common import HOST, Layout, LocalStackError, wait_until
-from .elasticsearch import HTTP_PORT, Elasticsearch
-from .kafka import KAFKA_PORT, SASL_PASSWORD, SASL_SSL_PORT, SASL_USERNAME, Kafka
-from .mysql import MYSQL_URL, MySQL
-from .postgres import PG_DATABASE, PG_PASSWORD, PG_PORT, PG_USER, Postgres
-from .s3 import ACCESS_KEY_ID, REGION, S3, S3_PORT, SECRET_ACCESS_KEY
+from .common import Layout, LocalStackError, wait_until
+from .endpoints import Endpoints
+from .registry import _START_ORDER, SERVERS, SERVICES, SPARK
 from .service import Service
 from .spark import resolve_s3a_jars, resolve_spark_jars, s3a_jars_dir, spark_jars_dir
-from .spark_cluster import MASTER_URL, SparkMaster, cluster_services, external_master_probe
-from .tls import tls_dir
+from .spark_cluster import cluster_services, external_master_probe
 
 logger = logging.getLogger(__name__)
-
-SERVERS: tuple[type[Service], ...] = (Kafka, Postgres, Elasticsearch, S3, MySQL)
-"""The stack's servers, the one list of them: ``threes local up|down|status|env``, the test
-fixtures (``tests/conftest.py``) and ``threes docs`` read it. Listed in this order by
-``status``; a new service is a :class:`~threes.local.service.Service` subclass added here."""
-
-SPARK = "spark"
-"""The name of the Spark part: connector jars, and the standalone cluster when named explicitly."""
-
-SERVICES: tuple[str, ...] = (*(server.name for server in SERVERS), SPARK)
-"""Every service name ``up`` accepts.
-
-``spark`` named explicitly (``up --service spark``) resolves the Spark connector and
-S3A jars and starts the standalone cluster (a master and two workers); a plain ``up``
-only resolves the connector jars, so the demo and ``local[*]`` jobs do not pay for a
-cluster they do not use.
-"""
-
-# Start order: the slowest to become healthy first (Elasticsearch), waited for in parallel;
-# sorted() is stable, so servers of equal timeout keep the order of SERVERS.
-_START_ORDER: tuple[str, ...] = (
-    *(server.name for server in sorted(SERVERS, key=lambda server: -server.health_timeout)),
-    SPARK,
-)
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    """Where each service of the stack is reached.
-
-    Attributes:
-        kafka_bootstrap: Kafka ``bootstrap.servers`` (``host:port[,host:port]``).
-        postgres_url: SQLAlchemy URL, ``postgresql+psycopg://user:password@host:port/db``.
-        elasticsearch_url: Elasticsearch HTTP URL.
-        s3_endpoint_url: S3 endpoint URL (path-style addressing).
-        s3_access_key_id: S3 access key id.
-        s3_secret_access_key: S3 secret access key.
-        s3_region: S3 region name.
-        mysql_url: SQLAlchemy URL of the MySQL-compatible server (MariaDB),
-            ``mysql+pymysql://user:password@host:port/db?charset=utf8mb4``.
-        spark_master: Master URL of the Spark standalone cluster (``spark://host:port``).
-        kafka_sasl_bootstrap: ``host:port`` of the broker's SASL_SSL (SCRAM-SHA-512)
-            listener; empty when Kafka is external and no SASL_SSL address was given.
-        kafka_sasl_username: SCRAM user of that listener.
-        kafka_sasl_password: Its password.
-        tls_ca_location: PEM file of the CA that signed the stack's server
-            certificates (Kafka SASL_SSL, PostgreSQL); clients verify against it.
-    """
-
-    kafka_bootstrap: str
-    postgres_url: str
-    elasticsearch_url: str
-    s3_endpoint_url: str
-    s3_access_key_id: str
-    s3_secret_access_key: str
-    s3_region: str = REGION
-    mysql_url: str = MYSQL_URL
-    spark_master: str = MASTER_URL
-    kafka_sasl_bootstrap: str = f"{HOST}:{SASL_SSL_PORT}"
-    kafka_sasl_username: str = SASL_USERNAME
-    kafka_sasl_password: str = SASL_PASSWORD
-    tls_ca_location: str = ""
-
-    @classmethod
-    def local(cls, home: Path | None = None) -> Endpoints:
-        """Return the endpoints of the project-local services (no overrides).
-
-        Args:
-            home: The stack's folder (for the CA file); ``$THREES_HOME`` or ``./.threes`` when None.
-        """
-        if home is None:
-            home = Path(os.environ.get("THREES_HOME") or ".threes").expanduser().resolve()
-        return cls(
-            kafka_bootstrap=f"{HOST}:{KAFKA_PORT}",
-            postgres_url=(f"postgresql+psycopg://{PG_USER}:{PG_PASSWORD}@{HOST}:{PG_PORT}/{PG_DATABASE}"),
-            elasticsearch_url=f"http://{HOST}:{HTTP_PORT}",
-            s3_endpoint_url=f"http://{HOST}:{S3_PORT}",
-            s3_access_key_id=ACCESS_KEY_ID,
-            s3_secret_access_key=SECRET_ACCESS_KEY,
-            s3_region=REGION,
-            mysql_url=MYSQL_URL,
-            spark_master=MASTER_URL,
-            tls_ca_location=str(tls_dir(Layout(home)) / "ca.pem"),
-        )
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, home: Path | None = None) -> Endpoints:
-        """Return the local endpoints with ``THREES_*`` environment overrides applied.
-
-        An external Kafka (``THREES_KAFKA_BOOTSTRAP``) has no SASL_SSL address
-        unless ``THREES_KAFKA_SASL_BOOTSTRAP`` gives one.
-
-        Args:
-            environ: Mapping to read (defaults to ``os.environ``, read at call time).
-            home: The stack's folder (see :meth:`local`).
-        """
-        env = os.environ if environ is None else environ
-        base = cls.local(home)
-        values = {field: env.get(var) or getattr(base, field) for field, var in ENV_VARS.items()}
-        if env.get("THREES_KAFKA_BOOTSTRAP") and not env.get("THREES_KAFKA_SASL_BOOTSTRAP"):
-            values["kafka_sasl_bootstrap"] = ""
-        return cls(**values)
-
-    def as_env(self) -> dict[str, str]:
-        """Return the ``THREES_*`` variables that describe these endpoints.
-
-        ``THREES_SPARK_MASTER`` only when it is set already: the standalone cluster is
-        started on request (``--service spark``), and a config's
-        ``${env:THREES_SPARK_MASTER:-local[2]}`` must not point at a cluster nobody started.
-        """
-        return {
-            var: getattr(self, field)
-            for field, var in ENV_VARS.items()
-            if (field != "spark_master" or os.environ.get(var)) and getattr(self, field)
-        }
-
-
-TLS_CA_VAR = "THREES_TLS_CA"
-"""The environment variable of the CA file, shared by every server with TLS (not one service's)."""
-
-ENV_VARS: dict[str, str] = {
-    **{field: var for server in (*SERVERS, SparkMaster) for field, var in server.endpoint_vars.items()},  # type: ignore[attr-defined]
-    "tls_ca_location": TLS_CA_VAR,
-}
-"""Endpoints field -> environment variable that overrides it, from each service's ``endpoint_vars``."""
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@
   and what each waits for before it starts, derived from the config alone;
 * :mod:`threes.pipeline.processes` - child processes of the real ``threes``
   commands, each in its own process group, logging to a file;
-* :mod:`threes.pipeline.probes` - readiness and progress read from Kafka and
-  the children's metrics endpoints;
+* :mod:`threes.pipeline.probes` - readiness read from the children's metrics endpoints;
+* :mod:`threes.pipeline.kafka_probe` - topics, watermarks and consumer groups read from Kafka;
+* :mod:`threes.pipeline.flow_reader` - the live view's readings, taken in a child process;
+* :mod:`threes.pipeline.parts` - the run's options and each part's state;
 * :mod:`threes.pipeline.supervisor` - starts them in order, restarts a child
   that dies with backoff, stops them in reverse order;
 * :mod:`threes.pipeline.view` - the rich live view;

@@ -13,36 +13,44 @@ import typer
 
 if TYPE_CHECKING:
     from threes.config import PipelineBase
-    from threes.pipeline.supervisor import RunOptions, Supervisor
+    from threes.pipeline.parts import RunOptions
+    from threes.pipeline.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 
+OnlyOpt = Annotated[
+    list[str] | None,
+    typer.Option("--only", help="run only these parts: sources, stream, sync (repeatable or comma list); "
+                                "each still waits in Kafka for what it needs"),
+]
+LogDirOpt = Annotated[
+    Path | None,
+    typer.Option("--log-dir", help="each part's log goes here as <part>.log "
+                                   "(default .threes/run/<config name>-<time>)"),
+]
+OffsetsTopicOpt = Annotated[str, typer.Option("--offsets-topic", help="compacted topic of the sources' positions")]
+StartTimeoutOpt = Annotated[
+    float, typer.Option("--start-timeout", help="seconds a part may wait to start or to be ready (0: forever)")
+]
+NoRestartOpt = Annotated[
+    bool, typer.Option("--no-restart", help="stop the run when a part exits, instead of restarting it")
+]
+TakeOverOpt = Annotated[
+    bool, typer.Option("--force", help="take over from a `threes run` of the same CONFIG that still runs: "
+                                       "SIGTERM to it (its parts stop cleanly), up to 60 s, then SIGKILL; "
+                                       "then this run starts")
+]
+
+
 def run(
     config: Annotated[Path, typer.Argument(help="connector config YAML", show_default=False)],
-    only: Annotated[
-        list[str] | None,
-        typer.Option("--only", help="run only these parts: sources, stream, sync (repeatable or comma list); "
-                                    "each still waits in Kafka for what it needs"),
-    ] = None,
-    log_dir: Annotated[
-        Path | None,
-        typer.Option("--log-dir", help="each part's log goes here as <part>.log "
-                                       "(default .threes/run/<config name>-<time>)"),
-    ] = None,
-    offsets_topic: Annotated[str, typer.Option("--offsets-topic", help="compacted topic of the sources' positions")]
-    = "_threes_offsets",
-    start_timeout: Annotated[
-        float, typer.Option("--start-timeout", help="seconds a part may wait to start or to be ready (0: forever)")
-    ] = 600.0,
-    no_restart: Annotated[
-        bool, typer.Option("--no-restart", help="stop the run when a part exits, instead of restarting it")
-    ] = False,
-    take_over: Annotated[
-        bool, typer.Option("--force", help="take over from a `threes run` of the same CONFIG that still runs: "
-                                           "SIGTERM to it (its parts stop cleanly), up to 60 s, then SIGKILL; "
-                                           "then this run starts")
-    ] = False,
+    only: OnlyOpt = None,
+    log_dir: LogDirOpt = None,
+    offsets_topic: OffsetsTopicOpt = "_threes_offsets",
+    start_timeout: StartTimeoutOpt = 600.0,
+    no_restart: NoRestartOpt = False,
+    take_over: TakeOverOpt = False,
 ) -> None:
     """Run the whole pipeline of CONFIG: sources, then the stream job, then the sync services.
 
@@ -57,13 +65,11 @@ def run(
     the first holds its lock (CONFIG's folder/.threes/run/*.lock), naming the first's PID; --force stops the
     first and takes over.
     """
-    from rich.table import Table
-
     from kernel.exceptions import ThreesError
-    from threes.console import fail, load, out
+    from threes.console import fail, load
     from threes.pipeline.lock import RunLock
+    from threes.pipeline.parts import RunOptions
     from threes.pipeline.plan import parse_only
-    from threes.pipeline.supervisor import RunOptions
 
     stop, force = _stop_on_signals()
     pipeline = load(config)
@@ -86,13 +92,22 @@ def run(
         raise fail(exc) from None
     finally:
         lock.release()  # after the parts stopped: a --force waiting for it starts only then
+    _print_stopped(supervisor, options)
+    if code:
+        raise typer.Exit(code)
+
+
+def _print_stopped(supervisor: Supervisor, options: RunOptions) -> None:
+    """The table of the parts as they stopped: status, restarts, log file."""
+    from rich.table import Table
+
+    from threes.console import out
+
     table = Table("part", "status", "restarts", "log", title="threes run: stopped")
     for state in supervisor.parts:
         table.add_row(state.name, state.detail or state.status, str(state.restarts),
                       str(options.log_dir / f"{state.name}.log"))
     out.print(table)
-    if code:
-        raise typer.Exit(code)
 
 
 def _stop_on_signals() -> tuple[threading.Event, threading.Event]:

@@ -149,25 +149,7 @@ def plan_run(
             args += ["--metrics-port", str(sources_metrics_port)]
         parts.append(Part("sources", args, metrics_ports=[p for p in [sources_metrics_port] if p]))
     if "stream" in only and stream is not None:
-        snapshot_topics = list(dict.fromkeys(t for snap in stream.snapshots for t in snap.topics))
-        port = stream.metrics_port or stream_metrics_port
-        args = ["stream", "run", path]
-        if stream.metrics_port is None and stream_metrics_port is not None:
-            args += ["--metrics-port", str(stream_metrics_port)]
-        part = Part(
-            "stream", args, metrics_ports=[port] if port else [],
-            create_events=(stream.events.topic, stream.events.topic_spec),
-            # the running micro-batch (up to 30 s), the queries' last events (up to 30 s), the checkpoint
-            stop_timeout_s=120.0,
-        )
-        if "sources" in only and sources:
-            part.wait_sources_ready = True
-            part.topics = [TopicNeed(t, creators.get(t, "an outside producer")) for t in snapshot_topics
-                           if t not in {s.topic for s in sources}]
-        else:
-            part.topics = [TopicNeed(t, creators.get(t, "an outside producer")) for t in snapshot_topics]
-            part.positions = sorted(s.name for s in sources if s.topic in snapshot_topics)
-        parts.append(part)
+        parts.append(_stream_part(pipeline, path, "sources" in only and bool(sources), creators, stream_metrics_port))
     if "sync" in only and services:
         topics = list(dict.fromkeys(t for svc in services for sink in svc.sinks for t in sink.topics))
         parts.append(Part(
@@ -180,3 +162,36 @@ def plan_run(
         raise ConfigError(f"{config}: nothing to run: --only {','.join(only)} but the config has "
                           f"{', '.join(have) or 'no sources, stream job or sync services'}")
     return parts
+
+
+def _stream_part(pipeline: Any, path: str, with_sources: bool, creators: dict[str, str],
+                 stream_metrics_port: int | None) -> Part:
+    """The stream job's part: it waits for the sources' first snapshot when they run here, else for positions.
+
+    Args:
+        pipeline: the validated pipeline (it has a ``stream:``).
+        path: the YAML path the child reads.
+        with_sources: the sources run in this run too.
+        creators: topic -> who creates it (:func:`topic_creators`).
+        stream_metrics_port: the stream job's metrics port when the config sets none.
+    """
+    stream, sources = pipeline.stream, list(pipeline.sources)
+    snapshot_topics = list(dict.fromkeys(t for snap in stream.snapshots for t in snap.topics))
+    port = stream.metrics_port or stream_metrics_port
+    args = ["stream", "run", path]
+    if stream.metrics_port is None and stream_metrics_port is not None:
+        args += ["--metrics-port", str(stream_metrics_port)]
+    part = Part(
+        "stream", args, metrics_ports=[port] if port else [],
+        create_events=(stream.events.topic, stream.events.topic_spec),
+        # the running micro-batch (up to 30 s), the queries' last events (up to 30 s), the checkpoint
+        stop_timeout_s=120.0,
+    )
+    if with_sources:
+        part.wait_sources_ready = True
+        part.topics = [TopicNeed(t, creators.get(t, "an outside producer")) for t in snapshot_topics
+                       if t not in {s.topic for s in sources}]
+    else:
+        part.topics = [TopicNeed(t, creators.get(t, "an outside producer")) for t in snapshot_topics]
+        part.positions = sorted(s.name for s in sources if s.topic in snapshot_topics)
+    return part

@@ -6,14 +6,14 @@ The supervisor ticks about twice a second. Each tick it
    stops with the end of its log) when it had never become ready, else it is
    restarted after a backoff (1 s, doubling up to 60 s; the count starts over
    once it stayed up for a minute), like systemd's ``Restart=on-failure``;
-2. checks whether a starting child became ready (:mod:`threes.pipeline.probes`);
+2. checks whether a starting child became ready (:mod:`threes.pipeline.probes`, :mod:`threes.pipeline.kafka_probe`);
 3. starts the next waiting part once every earlier part was started and what it
    waits for holds (:mod:`threes.pipeline.plan`), creating the events topic
    first when the stream job is about to start; a Kafka that stops answering
-   after it answered once (:class:`~threes.pipeline.probes.KafkaOutage`) is
+   after it answered once (:class:`~threes.pipeline.kafka_probe.KafkaOutage`) is
    waited for, up to the start timeout;
 4. shows the newest reading of the pipeline's flow, which a child process of its own takes from
-   Kafka every ``flow_every_s`` (:class:`~threes.pipeline.probes.FlowReader`), so a tick never
+   Kafka every ``flow_every_s`` (:class:`~threes.pipeline.flow_reader.FlowReader`), so a tick never
    waits on Kafka for the live view and a native crash of a Kafka client there ends only that
    child (a new one starts).
 
@@ -28,104 +28,24 @@ import functools
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kernel.exceptions import FatalError, SetupError
-from threes.pipeline.plan import COMPONENTS, Part, plan_run
-from threes.pipeline.probes import (
-    Flow,
-    FlowReader,
-    KafkaOutage,
-    KafkaProbe,
-    scrape,
-    source_cycles,
-    sources_ready,
-    sync_assigned,
-)
-from threes.pipeline.processes import Child, signal_group, spawn
+from threes.pipeline.flow_reader import FlowReader
+from threes.pipeline.kafka_probe import Flow, KafkaOutage, KafkaProbe
+from threes.pipeline.parts import PartState, RunOptions, free_port
+from threes.pipeline.plan import plan_run
+from threes.pipeline.probes import scrape, source_cycles, sources_ready, sync_assigned
+from threes.pipeline.processes import signal_group, spawn
 
 log = logging.getLogger(__name__)
 
 
 CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
 """Exit codes of a stopped child that count as a clean stop (systemd's default success statuses)."""
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it), for a child's metrics endpoint."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class RunOptions:
-    """How ``threes run`` runs a pipeline.
-
-    Attributes:
-        config: the pipeline YAML.
-        only: the parts to run (:func:`threes.pipeline.plan.parse_only`).
-        offsets_topic: where the sources keep their positions.
-        log_dir: each part's log goes to ``<log_dir>/<part>.log``.
-        start_timeout_s: give up when a part waits to start, or to be ready, longer than this
-            (seconds; 0 waits forever).
-        restart: restart a part that exits after it was ready (else the run stops).
-        max_backoff_s: longest delay before a restart, seconds.
-        flow_every_s: how often the live view's Kafka figures are read, seconds.
-    """
-
-    config: Path
-    only: tuple[str, ...] = COMPONENTS
-    offsets_topic: str = "_threes_offsets"
-    log_dir: Path = Path(".threes/run")
-    start_timeout_s: float = 600.0
-    restart: bool = True
-    max_backoff_s: float = 60.0
-    flow_every_s: float = 2.0
-
-
-@dataclass
-class PartState:
-    """A part of the run and how it is doing (read by the live view).
-
-    Attributes:
-        part: what it runs and waits for.
-        status: ``waiting``, ``starting``, ``ready``, ``restarting``, ``stopping``, ``stopped`` or ``failed``.
-        detail: what it waits for or what it does, for people.
-        child: its current process (``None`` before the first start).
-        since: ``time.monotonic()`` of the last status change.
-        restarts: restarts so far.
-        ever_ready: it became ready at least once.
-        exit_code: the code of its last exit (``None``: still runs, or killed).
-    """
-
-    part: Part
-    status: str = "waiting"
-    detail: str = ""
-    child: Child | None = None
-    since: float = field(default_factory=time.monotonic)
-    restarts: int = 0
-    ever_ready: bool = False
-    exit_code: int | None = None
-    _failures: int = 0
-    _restart_at: float | None = None
-
-    @property
-    def name(self) -> str:
-        """``sources``, ``stream`` or ``sync``."""
-        return self.part.name
-
-    def set(self, status: str, detail: str = "") -> None:
-        """Change the status (``since`` moves only when the status does)."""
-        if status != self.status:
-            self.since = time.monotonic()
-        self.status, self.detail = status, detail
 
 
 class Supervisor:

@@ -97,7 +97,7 @@ class SinkContract:
         """The target's live entities: ``str(key)`` -> ``(version, value)``; deleted keys absent."""
         raise NotImplementedError
 
-    def artifacts(self, sink: Sink) -> Any:
+    def artifacts(self, sink: Sink) -> object:
         """What a replay must not change besides the state (S3: the object names). None by default."""
         return None
 

@@ -39,6 +39,7 @@ import pytest
 
 from connectors.runtime.offsets import OffsetStore
 from connectors.runtime.standalone import SourceWorker, task_specs
+from connectors.runtime.worker import RunnerStats
 from kernel.config.models import KafkaConfig, RetryPolicy
 from kernel.kafka.committed import latest_per_key
 from kernel.kafka.topics import end_offsets
@@ -49,7 +50,7 @@ from threes.config import PipelineBase, pipeline_from_dict
 
 def run_once(
     pipeline: PipelineBase, offsets_topic: str = "_threes_offsets", retry: RetryPolicy | None = None
-) -> dict[str, Any]:
+) -> dict[str, RunnerStats]:
     """Run every source of ``pipeline`` once, until each task caught up or failed.
 
     Args:
@@ -163,7 +164,7 @@ class SourceContract:
         for key, row in expected.items():
             assert actual[key] == row, f"key {key}: topic holds {actual[key]!r}, system holds {row!r}"
 
-    def run_ok(self, pipeline: PipelineBase) -> Any:
+    def run_ok(self, pipeline: PipelineBase) -> RunnerStats:
         """Run the source once and assert it caught up; returns its task's stats."""
         stats = run_once(pipeline)
         (s,) = stats.values()
@@ -238,6 +239,7 @@ class SourceContract:
         stats = _run_once_no_retry(pipeline)
         (s,) = stats.values()
         assert s.state == "failed"
+        assert s.error is not None, "a failed task carries its error"
         assert ctx["name"] in s.error
         assert secret not in s.error
 
@@ -246,5 +248,5 @@ class SourceContract:
         return (next(iter(row.values())),)
 
 
-def _run_once_no_retry(pipeline: PipelineBase) -> dict[str, Any]:
+def _run_once_no_retry(pipeline: PipelineBase) -> dict[str, RunnerStats]:
     return run_once(pipeline, retry=RetryPolicy(max_attempts=1))

@@ -2,7 +2,7 @@
 
 librdkafka has aborted on an assertion (``SIGABRT``) while a broker went away mid-request
 (``docs/operations.md``); in the supervisor's own process that ended ``threes run``. The
-isolated :class:`~threes.pipeline.probes.FlowReader` takes the readings in a child of its own,
+isolated :class:`~threes.pipeline.flow_reader.FlowReader` takes the readings in a child of its own,
 against the real broker here: the child is killed with the signal such a crash sends, a new
 child starts, and readings go on (with a record produced after the crash in them).
 """
@@ -18,7 +18,8 @@ from typing import Any
 from kernel.kafka import clients
 from kernel.kafka.topics import ensure_compacted_topic
 from threes.config import pipeline_from_dict
-from threes.pipeline.probes import FlowReader, KafkaProbe
+from threes.pipeline.flow_reader import FlowReader
+from threes.pipeline.kafka_probe import KafkaProbe
 
 
 def _wait(what: str, check: Any, timeout_s: float = 60.0) -> None:

@@ -21,7 +21,8 @@ from threes.config import load_pipeline
 from threes.demo.changes import ReferenceChange, check_boundary
 from threes.demo.data import FLIGHT_KEY
 from threes.demo.isolate import isolate, write_isolated
-from threes.demo.monitor import LatencySampler, Progress, Targets, doc_id, key_id
+from threes.demo.latency import LatencySampler, doc_id, key_id
+from threes.demo.monitor import Progress, Targets
 from threes.demo.processes import PipelineProcesses
 from threes.demo.replay import partition_for
 from threes.demo.reset import pipeline_topics

@@ -1,4 +1,4 @@
-"""The local stack's services are one registry (``threes.local.stack.SERVERS``) that every reader derives from."""
+"""The local stack's services are one registry (``threes.local.registry.SERVERS``) that every reader derives from."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from threes.demo.config_docs import render
 from threes.local import SERVERS, SERVICES, LocalStack, LocalStackError
 from threes.local.cli import local_app
-from threes.local.stack import _START_ORDER, ENV_VARS, Endpoints
+from threes.local.endpoints import Endpoints
+from threes.local.registry import _START_ORDER, ENV_VARS
 
 
 @pytest.fixture

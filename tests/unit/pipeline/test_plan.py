@@ -8,8 +8,9 @@ import pytest
 
 from kernel.exceptions import ConfigError, SetupError
 from threes.config import load_pipeline
+from threes.pipeline.kafka_probe import pipeline_topics
 from threes.pipeline.plan import COMPONENTS, parse_only, plan_run
-from threes.pipeline.probes import pipeline_topics, source_cycles, sources_ready
+from threes.pipeline.probes import source_cycles, sources_ready
 
 YAML = """
 kafka: {bootstrap_servers: 127.0.0.1:1}
@@ -154,7 +155,7 @@ def test_a_partition_between_leaders_leaves_its_topic_unknown_and_the_reading_go
     import time
 
     from kernel.kafka.topics import GroupOffsets
-    from threes.pipeline.probes import KafkaProbe
+    from threes.pipeline.kafka_probe import KafkaProbe
 
     pl, _ = pipeline
     probe = object.__new__(KafkaProbe)
@@ -174,7 +175,7 @@ def test_a_group_coordinator_that_does_not_answer_leaves_the_commits_unknown_and
     import time
 
     from kernel.kafka.topics import GroupOffsets
-    from threes.pipeline.probes import KafkaProbe
+    from threes.pipeline.kafka_probe import KafkaProbe
 
     pl, _ = pipeline
     probe = object.__new__(KafkaProbe)
@@ -189,7 +190,7 @@ def test_a_group_coordinator_that_does_not_answer_leaves_the_commits_unknown_and
 def test_kafka_is_an_error_until_it_answered_once_then_an_outage_to_wait_for(monkeypatch) -> None:
     import kernel.kafka.topics
     from kernel.config.models import KafkaConfig
-    from threes.pipeline.probes import KafkaOutage, KafkaProbe
+    from threes.pipeline.kafka_probe import KafkaOutage, KafkaProbe
 
     answers: list[object] = [SetupError("Kafka at 127.0.0.1:1 did not answer within 10 s")]
 
@@ -212,8 +213,9 @@ def test_kafka_is_an_error_until_it_answered_once_then_an_outage_to_wait_for(mon
 
 
 def test_a_part_waiting_to_start_waits_out_a_kafka_outage(pipeline, tmp_path: Path) -> None:
-    from threes.pipeline.probes import KafkaOutage
-    from threes.pipeline.supervisor import RunOptions, Supervisor
+    from threes.pipeline.kafka_probe import KafkaOutage
+    from threes.pipeline.parts import RunOptions
+    from threes.pipeline.supervisor import Supervisor
 
     pl, path = pipeline
 
@@ -255,8 +257,9 @@ def test_a_tick_never_waits_for_a_flow_reading_that_kafka_holds_up(pipeline, tmp
     import threading
     import time
 
-    from threes.pipeline.probes import Flow
-    from threes.pipeline.supervisor import RunOptions, Supervisor
+    from threes.pipeline.kafka_probe import Flow
+    from threes.pipeline.parts import RunOptions
+    from threes.pipeline.supervisor import Supervisor
 
     pl, path = pipeline
     answer = threading.Event()
@@ -303,8 +306,8 @@ def test_a_watermark_consumer_that_keeps_failing_is_renewed_and_the_next_one_rea
 
     from confluent_kafka import KafkaError, KafkaException
 
-    import threes.pipeline.probes as probes
-    from threes.pipeline.probes import KafkaProbe
+    import threes.pipeline.kafka_probe as kafka_probe
+    from threes.pipeline.kafka_probe import KafkaProbe
 
     class Stuck:
         closed = False
@@ -316,8 +319,8 @@ def test_a_watermark_consumer_that_keeps_failing_is_renewed_and_the_next_one_rea
             self.closed = True
 
     stuck = Stuck()
-    monkeypatch.setattr(probes.clients, "kafka_consumer", lambda kafka, group: _Consumer())
-    monkeypatch.setattr(probes, "RENEW_AFTER_S", 0.0)
+    monkeypatch.setattr(kafka_probe.clients, "kafka_consumer", lambda kafka, group: _Consumer())
+    monkeypatch.setattr(kafka_probe, "RENEW_AFTER_S", 0.0)
     probe = object.__new__(KafkaProbe)
     probe.kafka, probe._consumer = None, stuck
     probe._suspect_since, probe._renewed_at = None, time.monotonic()

@@ -8,9 +8,10 @@ import pytest
 
 from sync_service.metrics import SyncMetrics
 from threes.pipeline import supervisor as supervisor_module
+from threes.pipeline.parts import PartState
 from threes.pipeline.plan import Part
 from threes.pipeline.probes import sync_assigned
-from threes.pipeline.supervisor import PartState, Supervisor
+from threes.pipeline.supervisor import Supervisor
 
 
 def exposition(service: str, assigned: int | None) -> str:
