@@ -313,7 +313,7 @@ def drive(writer: BatchWriter, todo: list[Job], partitions: int) -> None:
 
     ``partitions=1``: one partition, one batch at a time. Otherwise batches of
     ``partitions`` partitions in flight at once, up to the sink's adaptive
-    concurrency limit (``sync_service.service._dispatch``); ``run`` holds a
+    concurrency limit (``sync_service.dispatch.BatchDispatch._dispatch``); ``run`` holds a
     limiter slot around each write unless the sink splits its own requests.
 
     Raises:
