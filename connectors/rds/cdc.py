@@ -73,7 +73,7 @@ from kernel.exceptions import ConfigError, FatalError, RetriableError, SetupErro
 from kernel.updates import VERSION_HEADER, encode_version
 
 if TYPE_CHECKING:
-    from connectors.rds.source import RdsSource
+    from connectors.rds.source_columnar import ColumnarPages
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class PgChangeStream:
         source: the opened source (table reflected, converters built).
     """
 
-    def __init__(self, source: RdsSource):
+    def __init__(self, source: ColumnarPages):
         self.source = source
         cfg = source.config
         self.name = cfg.name
