@@ -275,7 +275,7 @@ class Wire:
 
     def writer(self, sink: Any, columnar: bool = True) -> BatchWriter:
         """The service's ``BatchWriter`` of ``sink``: columnar values, or (``columnar=False``) fastavro per record."""
-        from kernel.config.models import RetryPolicy
+        from kernel.config.policies import RetryPolicy
         from schemas.serde import AvroDeserializer
         from sync_service.metrics import SyncMetrics
         from sync_service.writer import BatchWriter

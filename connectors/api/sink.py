@@ -64,7 +64,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, cast
 
-from kernel.config.models import BatchPolicy, ConnectionConfig, SinkConnectorConfig
+from kernel.config.models import ConnectionConfig, SinkConnectorConfig
+from kernel.config.policies import BatchPolicy
 from schemas.serde import HEADER_BYTES
 
 _LAZY = object()  # the value is decoded from ``encoded`` on first access

@@ -17,7 +17,8 @@ from connectors.registry import load_implementation
 from connectors.runtime.columnar import ColumnarEncoder
 from connectors.runtime.offsets import OffsetStore, PositionTracker
 from connectors.runtime.state import LiveKeys
-from kernel.config.models import KafkaConfig, RetryPolicy, SourceConnectorConfig
+from kernel.config.models import KafkaConfig, SourceConnectorConfig
+from kernel.config.policies import RetryPolicy
 
 
 @dataclass

@@ -20,7 +20,8 @@ from connectors.runtime.offsets import OFFSETS_TOPIC, OffsetStore, offsets_key
 from connectors.runtime.position_commits import TRANSACTION_TIMEOUT_MS
 from connectors.runtime.runner_state import RunnerStats
 from connectors.runtime.worker import TaskRunner
-from kernel.config.models import ConnectionConfig, KafkaConfig, RetryPolicy, SourceConnectorConfig
+from kernel.config.models import ConnectionConfig, KafkaConfig, SourceConnectorConfig
+from kernel.config.policies import RetryPolicy
 from kernel.exceptions import ConfigError
 from kernel.supervision import RestartBackoff
 

@@ -54,7 +54,8 @@ from connectors.runtime.produce import RecordProducer
 from connectors.runtime.runner_state import RunnerStats
 from connectors.runtime.serializers import TopicSerializers
 from connectors.runtime.state import LiveKeys, live_keys
-from kernel.config.models import KafkaConfig, RetryPolicy, SourceConnectorConfig
+from kernel.config.models import KafkaConfig, SourceConnectorConfig
+from kernel.config.policies import RetryPolicy
 from kernel.exceptions import FatalError, RetriableError, ThreesError
 from kernel.kafka import clients
 from kernel.kafka.topics import ensure_compacted_topic

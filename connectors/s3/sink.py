@@ -15,7 +15,7 @@ from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord
 from connectors.s3.config import S3SinkConfig
 from connectors.s3.connection import S3Connection, s3_client
 from connectors.s3.formats import ParquetSchemas, encode_avro, encode_jsonl, encode_parquet
-from kernel.config.models import BatchPolicy
+from kernel.config.policies import BatchPolicy
 from kernel.exceptions import FatalError, RetriableError, SetupError, SinkBackpressureError, SinkBlockedError
 
 __all__ = ["S3Sink", "encode_avro", "encode_jsonl", "encode_parquet", "object_key"]

@@ -10,7 +10,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_none
 
 from connectors.runtime.runner_state import RunnerStats
 from connectors.runtime.standalone import SourceWorker, TaskSpec
-from kernel.config.models import ErrorPolicy, RetryPolicy
+from kernel.config.policies import ErrorPolicy, RetryPolicy
 from kernel.exceptions import RetriableError
 from kernel.supervision import RestartBackoff, describe_retry, retry_stop
 

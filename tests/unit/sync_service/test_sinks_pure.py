@@ -242,7 +242,7 @@ def test_upload_errors_map_to_what_the_runtime_does(exc: Exception, expected: st
 
 def test_parquet_from_columns_equals_parquet_from_dicts_with_dates_and_tombstones() -> None:
     """The sync service's columnar values give the same objects, folders and rows as the per-record dicts."""
-    from kernel.config.models import RetryPolicy
+    from kernel.config.policies import RetryPolicy
     from kernel.updates import encode_version
     from schemas.serde import AvroSerializer
     from schemas.store import InMemorySchemaStore
@@ -292,7 +292,7 @@ def test_jsonl_from_columns_is_byte_identical_to_jsonl_from_dicts(nested: bool, 
     import copy
     from decimal import Decimal
 
-    from kernel.config.models import RetryPolicy
+    from kernel.config.policies import RetryPolicy
     from kernel.updates import encode_version
     from schemas.serde import AvroDeserializer, AvroSerializer
     from schemas.store import InMemorySchemaStore
