@@ -146,7 +146,7 @@ from bench_topics import BenchTopics  # noqa: E402
 from schemas.serde import fingerprint  # noqa: E402
 
 if TYPE_CHECKING:
-    from connectors.api.sink import SinkBatch, SinkRecord
+    from connectors.api.sink_records import SinkBatch, SinkRecord
     from connectors.elasticsearch.connection import ElasticsearchConnection
     from connectors.rds.connection import RdsConnection
     from connectors.s3.connection import S3Connection
@@ -400,7 +400,7 @@ def bench_pg(conn: RdsConnection, n: int, rounds: int) -> dict[str, float]:
     from psycopg import sql
     from sqlalchemy import MetaData, Table, text
 
-    from connectors.api.sink import SinkBatch
+    from connectors.api.sink_records import SinkBatch
     from connectors.rds.config import RdsSinkConfig
     from connectors.rds.sink import RdsSink
     from connectors.rds.sink_types import table_from_avro
@@ -1041,7 +1041,8 @@ def rss_child(bootstrap: str, topic: str, bound: int, rate: float, seconds: floa
     from connectors.runtime.process import keep_pandas_out
 
     keep_pandas_out()  # as `threes sync run` does
-    from connectors.api.sink import RecordFailure, Sink
+    from connectors.api.sink import Sink
+    from connectors.api.sink_records import RecordFailure
     from sync_service.service import SyncService
     from threes.config import pipeline_from_dict
 

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
-from connectors.api.sink import SinkBatch, SinkRecord, records_from_columns
+from connectors.api.sink_records import SinkBatch, SinkRecord, records_from_columns
 from kernel.exceptions import SkippableRecordError
 from kernel.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, version_of
 from schemas.columnar import ColumnarDecodeError, ColumnarDecoder

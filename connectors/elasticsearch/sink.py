@@ -8,7 +8,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
+from connectors.api.sink import Sink
+from connectors.api.sink_records import RecordFailure, SinkBatch, SinkRecord, latest_per_key
 from connectors.elasticsearch.config import ElasticsearchSinkConfig
 from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
 from kernel.exceptions import (

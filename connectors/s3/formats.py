@@ -15,7 +15,7 @@ from decimal import Decimal
 from operator import attrgetter
 from typing import Any
 
-from connectors.api.sink import SinkRecord
+from connectors.api.sink_records import SinkRecord
 
 # a record's envelope fields, gathered into columns by one map each
 _IS_DELETE, _ROW, _KEY = attrgetter("is_delete"), attrgetter("row"), attrgetter("key")

@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 
 from s3transfer.subscribers import BaseSubscriber
 
-from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord
+from connectors.api.sink import Sink
+from connectors.api.sink_records import RecordFailure, SinkBatch, SinkRecord
 from connectors.s3.config import S3SinkConfig
 from connectors.s3.connection import S3Connection, s3_client
 from connectors.s3.formats import ParquetSchemas, encode_avro, encode_jsonl, encode_parquet

@@ -14,7 +14,7 @@ import fastavro
 import pytest
 from sqlalchemy import MetaData, Table, select
 
-from connectors.api.sink import SinkBatch, SinkRecord
+from connectors.api.sink_records import SinkBatch, SinkRecord
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.connection import RdsConnection
 from connectors.rds.sink import RdsSink
