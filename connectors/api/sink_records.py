@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from schemas.serde import HEADER_BYTES
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _LAZY = object()  # the value is decoded from ``encoded`` on first access
 
@@ -177,9 +180,9 @@ class SinkBatch:
     first_offset: int
     last_offset: int
     records: list[SinkRecord] = field(default_factory=list)
-    tables: dict[bytes, Any] = field(default_factory=dict)
+    tables: dict[bytes, pa.Table] = field(default_factory=dict)
 
-    def value_table(self, records: Sequence[SinkRecord]) -> Any:
+    def value_table(self, records: Sequence[SinkRecord]) -> pa.Table | None:
         """The values of ``records`` (upserts of one writer schema) as one Arrow table, in their order.
 
         Args:

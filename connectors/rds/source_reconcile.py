@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select, tuple_
 from sqlalchemy.exc import DisconnectionError, SQLAlchemyError
 
-from connectors.api.source import SourceBatch, TopicState, tombstone_batches
+from connectors.api.source import BoundedLiveKeys, SourceBatch, TopicState, tombstone_batches
 from connectors.rds.read_errors import db_reason, read_error
 from connectors.rds.source_state import RdsSourceBase
 from kernel.exceptions import RetriableError
@@ -72,12 +72,11 @@ class KeyReconciliation(RdsSourceBase):
         """
         live, encode = state.live, state.encode_key
         # a LiveKeys (the worker's) compares on disk in chunks; a plain dict (tests) in memory
-        bounded = hasattr(live, "split")
         seen: set[bytes] = set()
         missing: list[tuple[Any, ...]] = []
 
         def split(rows: list[tuple[Any, ...]], keys: list[bytes]) -> None:
-            if bounded:
+            if isinstance(live, BoundedLiveKeys):
                 absent = set(live.split(keys))
                 missing.extend(r for r, kb in zip(rows, keys, strict=True) if kb in absent)
                 return
@@ -99,7 +98,7 @@ class KeyReconciliation(RdsSourceBase):
         split(rows, keys)
         result.close()
         conn.rollback()
-        gone_keys = live.unseen() if bounded else (kb for kb in live if kb not in seen)
+        gone_keys = live.unseen() if isinstance(live, BoundedLiveKeys) else (kb for kb in live if kb not in seen)
         return gone_keys, missing
 
     def _missing_rows(self, conn: Any, missing: list[tuple[Any, ...]]) -> Iterator[SourceBatch]:

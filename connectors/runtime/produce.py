@@ -112,6 +112,7 @@ class RecordProducer(PositionCommits):
         the record and field that cannot be encoded, as for any batch.
         """
         table = batch.columns
+        assert table is not None  # called for a column-wise batch only
         encoded: tuple[list[bytes], list[bytes]] | None = None
         if self._columnar is not None:
             try:

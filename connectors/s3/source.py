@@ -45,7 +45,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState
+from connectors.api.source import BoundedLiveKeys, SourceBatch, SourceSchemas, SourceTask, TopicState
 from connectors.runtime.avro import (
     CoercionError,
     avro_name,
@@ -393,13 +393,13 @@ class S3Source(SourceTask):
         if not self.listed:
             self.listed = {o["Key"]: o for o in self._list()}
         live = state.live
-        if hasattr(live, "by_tag"):
+        if isinstance(live, BoundedLiveKeys):
             groups: Iterator[tuple[str, list[bytes]]] = live.by_tag()  # one object's keys at a time, from disk
         else:
             by_object: dict[str, list[bytes]] = {}
-            for kb, obj in live.items():
-                if obj is not None:
-                    by_object.setdefault(obj, []).append(kb)
+            for kb, tag in live.items():
+                if tag is not None:
+                    by_object.setdefault(tag, []).append(kb)
             groups = iter(sorted(by_object.items()))
         for key, tagged in groups:
             obj = self.listed.get(key)
