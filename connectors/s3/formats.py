@@ -281,7 +281,7 @@ def _envelope_table(records: list[SinkRecord], values: Any, schema: Any) -> Any:
     if any(row is not None and row < 0 for row in rows):
         raise ValueError("an upsert has no row in the columnar values")
     # one take of the struct column: the object's rows, nulls for its tombstones
-    from schemas.columnar import null_rows_filled
+    from schemas.arrow_conform import null_rows_filled
 
     value = null_rows_filled(values.take(pa.array(rows, pa.int64())))
     columns = [
