@@ -15,7 +15,8 @@ from sqlalchemy import JSON, BigInteger, DateTime, Integer, Numeric, Text
 from connectors.api.sink_records import SinkBatch, SinkRecord, latest_per_key
 from connectors.rds.sink_types import sql_type, table_from_avro
 from connectors.s3.config import S3SinkConfig
-from connectors.s3.sink import S3Sink, encode_avro, encode_jsonl, encode_parquet, object_key
+from connectors.s3.sink import S3Sink, encode_avro, encode_jsonl, encode_parquet
+from connectors.s3.sink_objects import object_key
 from kernel.exceptions import FatalError
 
 SCHEMA = {
