@@ -299,16 +299,10 @@ def _fit_numeric(
     plan: FitPlan, column: str, t: Any, sql: str, source: tuple[str, int, int, int, int], nullable: bool,
     widest: tuple[int, int],
 ) -> None:
-    """A numeric field into a ``numeric(p, s)`` column ``t``: a check where it may not fit, and the widening.
+    """:func:`plan_fit` for a numeric field (``source``: ``_avro_numeric``'s) into column ``t``, ``numeric(p, s)``.
 
-    Args:
-        plan: the plan to add to.
-        column: the column's name.
-        t: its SQL type (a ``Numeric``, not a ``Float``).
-        sql: that type rendered by the dialect, for messages.
-        source: the field's ``(name, precision, scale, lo, hi)`` (``_avro_numeric``).
-        nullable: the field is nullable.
-        widest: the dialect's largest ``(precision, scale)``: a widening past it is not planned.
+    Adds a check where the field's values may not fit, and the widening when it stays within ``widest``
+    (the dialect's largest ``(precision, scale)``).
     """
     if t.precision is None:
         return  # PostgreSQL's unbounded numeric holds any decimal exactly

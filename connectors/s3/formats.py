@@ -247,22 +247,24 @@ def encode_parquet(
             ``ArrowInvalid``/``ArrowTypeError`` are such errors).
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     schema, needs_safe = (schemas or _SCHEMAS).get(fingerprint, value_schema)
     if values is not None and schema is not None:
-        table = _envelope_table(records, values, schema)
-        out = io.BytesIO()
-        pq.write_table(table, out, compression=compression, use_dictionary=len(records) >= DICTIONARY_MIN_ROWS)
-        return out.getvalue()
+        return _parquet_file(_envelope_table(records, values, schema), compression, len(records))
     rows = [envelope(r) for r in records]
     if needs_safe:
         for row in rows:
             if row["value"] is not None:
                 row["value"] = _arrow_safe(row["value"])
-    table = pa.Table.from_pylist(rows, schema=schema)
+    return _parquet_file(pa.Table.from_pylist(rows, schema=schema), compression, len(records))
+
+
+def _parquet_file(table: Any, compression: str, records: int) -> bytes:
+    """``table`` (of ``records`` rows) as a Parquet file: dictionary encoding from ``DICTIONARY_MIN_ROWS`` rows."""
+    import pyarrow.parquet as pq
+
     out = io.BytesIO()
-    pq.write_table(table, out, compression=compression, use_dictionary=len(records) >= DICTIONARY_MIN_ROWS)
+    pq.write_table(table, out, compression=compression, use_dictionary=records >= DICTIONARY_MIN_ROWS)
     return out.getvalue()
 
 
