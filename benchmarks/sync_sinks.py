@@ -146,7 +146,7 @@ from bench_topics import BenchTopics  # noqa: E402
 from schemas.serde import fingerprint  # noqa: E402
 
 if TYPE_CHECKING:
-    from connectors.api.sink import SinkBatch, SinkRecord
+    from connectors.api.sink_records import SinkBatch, SinkRecord
     from connectors.elasticsearch.connection import ElasticsearchConnection
     from connectors.rds.connection import RdsConnection
     from connectors.s3.connection import S3Connection
@@ -275,7 +275,7 @@ class Wire:
 
     def writer(self, sink: Any, columnar: bool = True) -> BatchWriter:
         """The service's ``BatchWriter`` of ``sink``: columnar values, or (``columnar=False``) fastavro per record."""
-        from kernel.config.models import RetryPolicy
+        from kernel.config.policies import RetryPolicy
         from schemas.serde import AvroDeserializer
         from sync_service.metrics import SyncMetrics
         from sync_service.writer import BatchWriter
@@ -313,7 +313,7 @@ def drive(writer: BatchWriter, todo: list[Job], partitions: int) -> None:
 
     ``partitions=1``: one partition, one batch at a time. Otherwise batches of
     ``partitions`` partitions in flight at once, up to the sink's adaptive
-    concurrency limit (``sync_service.service._dispatch``); ``run`` holds a
+    concurrency limit (``sync_service.dispatch.BatchDispatch._dispatch``); ``run`` holds a
     limiter slot around each write unless the sink splits its own requests.
 
     Raises:
@@ -400,7 +400,7 @@ def bench_pg(conn: RdsConnection, n: int, rounds: int) -> dict[str, float]:
     from psycopg import sql
     from sqlalchemy import MetaData, Table, text
 
-    from connectors.api.sink import SinkBatch
+    from connectors.api.sink_records import SinkBatch
     from connectors.rds.config import RdsSinkConfig
     from connectors.rds.sink import RdsSink
     from connectors.rds.sink_types import table_from_avro
@@ -1041,7 +1041,8 @@ def rss_child(bootstrap: str, topic: str, bound: int, rate: float, seconds: floa
     from connectors.runtime.process import keep_pandas_out
 
     keep_pandas_out()  # as `threes sync run` does
-    from connectors.api.sink import RecordFailure, Sink
+    from connectors.api.sink import Sink
+    from connectors.api.sink_records import RecordFailure
     from sync_service.service import SyncService
     from threes.config import pipeline_from_dict
 

@@ -24,22 +24,28 @@ from __future__ import annotations
 import functools
 import importlib
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, overload
 
-from kernel.config.models import ConnectionConfig, ConnectorConfig
+from kernel.config.models import ConnectionConfig, ConnectorConfig, SinkConnectorConfig, SourceConnectorConfig
 from kernel.exceptions import FatalError
+
+if TYPE_CHECKING:  # for the annotations only: validating a config imports no connector code
+    from connectors.api.sink import Sink
+    from connectors.api.source import SourceTask
+
+_Model = TypeVar("_Model")  # the base class of an entry-point group
 
 GROUP = "threes.connectors"
 CONNECTIONS_GROUP = "threes.connections"
 
 
-def _load(group: str, base: type, what: str) -> dict[str, Any]:
+def _load(group: str, base: type[_Model], what: str) -> dict[str, type[_Model]]:
     """Load an entry-point group's classes, each a subclass of ``base``, by entry-point name.
 
     Raises:
         FatalError: an entry point cannot be imported or is not a ``base`` subclass (naming the plugin).
     """
-    found: dict[str, Any] = {}
+    found: dict[str, type[_Model]] = {}
     for ep in sorted(entry_points(group=group), key=lambda e: e.name):
         try:
             model = ep.load()
@@ -76,21 +82,34 @@ def models_for(role: str) -> list[type[ConnectorConfig]]:
     return [m for m in config_models().values() if m.role == role]
 
 
-def load_implementation(config: ConnectorConfig) -> type:
+@overload
+def load_implementation(config: SourceConnectorConfig) -> type[SourceTask]: ...
+
+
+@overload
+def load_implementation(config: SinkConnectorConfig) -> type[Sink]: ...
+
+
+@overload
+def load_implementation(config: ConnectorConfig) -> type[SourceTask] | type[Sink]: ...
+
+
+def load_implementation(config: ConnectorConfig) -> type[SourceTask] | type[Sink]:
     """Import the class that runs a connector.
 
     Args:
         config: a validated connector config.
 
     Returns:
-        The class named by ``config.implementation`` (``"module:Class"``).
+        The class named by ``config.implementation`` (``"module:Class"``): a :class:`SourceTask` subclass for a
+        source's config, a :class:`Sink` subclass for a sink's (not checked here: the class is the plugin's).
 
     Raises:
         FatalError: the module or class does not exist.
     """
     module_name, _, attr = config.implementation.partition(":")
     try:
-        implementation: type = getattr(importlib.import_module(module_name), attr)
+        implementation: type[SourceTask] | type[Sink] = getattr(importlib.import_module(module_name), attr)
         return implementation
     except (ImportError, AttributeError) as exc:
         raise FatalError(

@@ -18,7 +18,7 @@ from typing import Any
 
 from tenacity import stop_after_attempt, stop_after_delay, stop_any, stop_never, stop_when_event_set
 
-from kernel.config.models import ErrorPolicy, RetryPolicy
+from kernel.config.policies import ErrorPolicy, RetryPolicy
 
 TASK_STATES = ("starting", "running", "caught_up", "restarting", "failed", "stopped")
 """Every state a supervised task can be in (the ``state`` label of the task state gauges)."""

@@ -203,19 +203,7 @@ def plan_topic_schemas(
         change = describe_change(store.get_json(key_versions[-1]), key_schema)
         _rekey_or_refuse(plan, connector, change, rekey, tasks, list(key_versions))
     else:
-        legacy = legacy_key_fingerprint(store, key_schema)
-        framed = {bytes(k[2:HEADER_BYTES]) for k in (topic_keys() if topic_keys else ()) if k[:2] == MARKER}
-        if not framed:  # a new or empty topic (or nothing to look at)
-            plan.key_fingerprint = legacy or plan.key_fingerprint
-        elif plan.key_fingerprint in framed:
-            pass
-        elif legacy is not None and legacy in framed:
-            plan.key_fingerprint = legacy
-        else:
-            known = [fp for fp in sorted(framed) if _known(store, fp)]
-            change = (describe_change(store.get_json(known[0]), key_schema) if known
-                      else [("<root>", f"the topic's keys carry fingerprint(s) {sorted(f.hex() for f in framed)}")])
-            _rekey_or_refuse(plan, connector, change, rekey, tasks, sorted(framed))
+        _plan_unversioned_key(store, plan, connector, key_schema, rekey, tasks, topic_keys)
     check_compatibility(
         value_schema,
         store.version_schemas(value_subject(topic)),
@@ -224,3 +212,32 @@ def plan_topic_schemas(
         subject=value_subject(topic),
     )
     return plan
+
+
+def _plan_unversioned_key(
+    store: Any,
+    plan: TopicSchemaPlan,
+    connector: str,
+    key_schema: Schema,
+    rekey: bool,
+    tasks: int,
+    topic_keys: Callable[[], Iterable[bytes]] | None,
+) -> None:
+    """:func:`plan_topic_schemas` for a key subject without versions: judged by the keys already in the topic.
+
+    The key fingerprint becomes the one the topic's keys are framed with (the plan's, or a legacy one);
+    keys framed with another schema are a key change (re-key or refuse).
+    """
+    legacy = legacy_key_fingerprint(store, key_schema)
+    framed = {bytes(k[2:HEADER_BYTES]) for k in (topic_keys() if topic_keys else ()) if k[:2] == MARKER}
+    if not framed:  # a new or empty topic (or nothing to look at)
+        plan.key_fingerprint = legacy or plan.key_fingerprint
+    elif plan.key_fingerprint in framed:
+        pass
+    elif legacy is not None and legacy in framed:
+        plan.key_fingerprint = legacy
+    else:
+        known = [fp for fp in sorted(framed) if _known(store, fp)]
+        change = (describe_change(store.get_json(known[0]), key_schema) if known
+                  else [("<root>", f"the topic's keys carry fingerprint(s) {sorted(f.hex() for f in framed)}")])
+        _rekey_or_refuse(plan, connector, change, rekey, tasks, sorted(framed))

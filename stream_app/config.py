@@ -38,7 +38,8 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
-from kernel.config.models import Name, SchemaRef, StrictModel, TopicName, metrics_endpoint_problem
+from kernel.config.endpoints import metrics_endpoint_problem
+from kernel.config.fields import Name, SchemaRef, StrictModel, TopicName
 from stream_app.spark_conf_safety import JIT_INLINE_FLAGS
 
 AGGREGATION = re.compile(

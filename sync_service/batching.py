@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernel.config.models import BatchPolicy
+from kernel.config.policies import BatchPolicy
 
 # Per-record overhead of a consumed message object, its header list and the lists holding
 # it, bytes: counted with the payload so that the memory bound holds for small records too.

@@ -8,15 +8,10 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, model_validator
 
-from kernel.config.models import (
-    BatchPolicy,
-    Name,
-    RetryPolicy,
-    SinkConnectorConfig,
-    StrictModel,
-    TopicName,
-    metrics_endpoint_problem,
-)
+from kernel.config.endpoints import metrics_endpoint_problem
+from kernel.config.fields import Name, StrictModel, TopicName
+from kernel.config.models import SinkConnectorConfig
+from kernel.config.policies import BatchPolicy, RetryPolicy
 
 
 class SyncServiceBase(StrictModel):

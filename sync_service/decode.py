@@ -13,7 +13,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
-from connectors.api.sink import SinkBatch, SinkRecord, records_from_columns
+from connectors.api.sink_records import SinkBatch, SinkRecord, records_from_columns
 from kernel.exceptions import SkippableRecordError
 from kernel.updates import _INT64, SOURCE_TS_HEADER, VERSION_HEADER, version_of
 from schemas.columnar import ColumnarDecodeError, ColumnarDecoder
@@ -194,14 +194,8 @@ class JobDecoder:
         if found is None:
             return None
         versions_raw, headers = found
-        try:
-            key_heads = {k[:HEADER_BYTES] for k in keys}
-        except TypeError:  # a message without a key
-            return None
-        if len(key_heads) != 1:
-            return None  # key schemas changed within the batch: per message
-        (key_head,) = key_heads
-        if len(key_head) != HEADER_BYTES or key_head[:2] != MARKER:
+        key_head = _single_key_head(keys)
+        if key_head is None:
             return None
         value_heads = [v[:HEADER_BYTES] if v is not None else None for v in values]
         schemas = self._value_schemas(value_heads)
@@ -215,12 +209,7 @@ class JobDecoder:
         if decoded_keys is None or len(decoded_keys) != n:
             return None  # the per-message path decodes the keys with fastavro and names a bad one
         versions = struct.unpack(f">{n}q", b"".join(versions_raw))
-        source_ts = [
-            ts for ts in (h.get(SOURCE_TS_HEADER) for h in headers) if ts is not None and len(ts) == 8
-        ]
-        job.oldest_source_ts_ms = (
-            min(struct.unpack(f">{len(source_ts)}q", b"".join(source_ts))) if source_ts else None
-        )
+        job.oldest_source_ts_ms = _oldest_source_ts_ms(headers)
         fingerprints: dict[bytes | None, bytes | None] = {h: (h[2:] if h is not None else None) for h in schemas}
         sizes = [RECORD_OVERHEAD_BYTES + len(k) + (len(v) if v is not None else 0)
                  for k, v in zip(keys, values, strict=True)]
@@ -388,3 +377,23 @@ class JobDecoder:
             if bad:
                 raise bad[0][1]
         return record
+
+
+def _single_key_head(keys: list[Any]) -> bytes | None:
+    """The single-object header all ``keys`` share; ``None`` when one is missing or off shape, or they differ."""
+    try:
+        key_heads = {k[:HEADER_BYTES] for k in keys}
+    except TypeError:  # a message without a key
+        return None
+    if len(key_heads) != 1:
+        return None  # key schemas changed within the batch: per message
+    (key_head,) = key_heads
+    if len(key_head) != HEADER_BYTES or key_head[:2] != MARKER:
+        return None
+    return bytes(key_head)
+
+
+def _oldest_source_ts_ms(headers: list[dict[str, bytes]]) -> int | None:
+    """The oldest ``threes.source_ts`` of the messages' headers (epoch ms); ``None`` when none carries one."""
+    source_ts = [ts for ts in (h.get(SOURCE_TS_HEADER) for h in headers) if ts is not None and len(ts) == 8]
+    return min(struct.unpack(f">{len(source_ts)}q", b"".join(source_ts))) if source_ts else None

@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from connectors.api.sink import RecordFailure, SinkBatch, SinkRecord, latest_per_key
+from connectors.api.sink_records import RecordFailure, SinkBatch, SinkRecord, latest_per_key
 from kernel.exceptions import BatchRefusedError, SinkBlockedError, SkippableRecordError
 from sync_service.batching import RECORD_OVERHEAD_BYTES
 

@@ -38,15 +38,12 @@ from __future__ import annotations
 
 import logging
 import queue
-import sys
 import threading
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException
 
 from connectors import registry
 from connectors.api.sink import Sink
@@ -55,14 +52,15 @@ from kernel.exceptions import FatalError, SetupError
 from kernel.kafka import clients
 from kernel.kafka.topics import cluster_metadata
 from kernel.supervision import RestartBackoff
-from kernel.updates import source_ts_of
 from schemas.columnar import ColumnarDecoder
 from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
-from sync_service.batching import PartitionBuffer, message_size
+from sync_service.batching import message_size
 from sync_service.concurrency import AdaptiveConcurrency
 from sync_service.metrics import SyncMetrics
-from sync_service.writer import BatchWriter, Outcome
+from sync_service.rebalance import PartitionHandoff
+from sync_service.state import TP, SinkSlot
+from sync_service.writer import BatchWriter
 
 log = logging.getLogger(__name__)
 
@@ -73,51 +71,8 @@ The service's peak RSS comes when paused partitions resume and the queue is take
 so a larger share raises the peak; an eighth keeps it lower than a quarter
 (``benchmarks/sync_sinks.py --only rss``, benchmarks/RESULTS.md#sync_sinksrss).
 """
-# commit errors of a member whose group is rebalancing (its generation or membership is being renewed)
-_REBALANCE_CODES = frozenset(
-    (KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.UNKNOWN_MEMBER_ID)
-)
-STUCK_WRITE_WARN_S = 60.0
-"""A batch written for longer than this (s) is logged as a warning with its worker thread's stack, then again
-each time as long again passes: a target that accepts connections but never answers shows in the log (the
-clients' own timeouts and retries can hold one write for minutes)."""
-_REFUSAL_LOG_INTERVAL_S = 30.0  # a commit refused turn after turn is logged once per interval (then DEBUG)
 
-TP = tuple[str, int]
-
-
-@dataclass
-class _Reopened:
-    """The result of opening a failed sink again (``error`` is ``None`` when it opened)."""
-
-    slot: SinkSlot
-    error: BaseException | None
-
-
-@dataclass
-class SinkSlot:
-    """A sink with its runtime state: pool, limiter, buffers, in-flight count."""
-
-    sink: Sink
-    writer: BatchWriter
-    limiter: AdaptiveConcurrency
-    pool: ThreadPoolExecutor
-    buffers: dict[TP, PartitionBuffer] = field(default_factory=dict)
-    inflight: int = 0
-    memory_paused: bool = False
-    backoff: RestartBackoff | None = None
-    state: str = "running"  # running, restarting (waiting for restart_at), recovering (one batch probes)
-    restart_at: float = 0.0  # monotonic time of the next restart
-    dead_letters: int = 0
-    last_error: str | None = None
-    blocked: bool = False  # the last failure was the target refusing any record (SinkBlockedError)
-
-    def bytes(self) -> int:
-        """Buffered plus in-flight bytes of this sink."""
-        return sum(b.total_bytes for b in self.buffers.values())
-
-
-class SyncService:
+class SyncService(PartitionHandoff):
     """Consume update topics and apply them to sinks; commit only after durable writes.
 
     Delivery guarantee: at least once into every target, and effectively once
@@ -154,20 +109,20 @@ class SyncService:
         self.config = config
         self.metrics = metrics or SyncMetrics(config.name)
         self._serve = serve
-        self._status_doc: dict[str, Any] = {"service": config.name, "group": config.consumer_group(),
-                                            "state": "starting", "sinks": [], "partitions": [], "paused": []}
+        self._status_doc = {"service": config.name, "group": config.consumer_group(),
+                            "state": "starting", "sinks": [], "partitions": [], "paused": []}
         self._last_status = 0.0
-        self._highs: dict[TP, int] = {}
+        self._highs = {}
         self._stop = threading.Event()
-        self._outcomes: queue.SimpleQueue[Outcome | _Reopened] = queue.SimpleQueue()
-        self._fatal: BaseException | None = None
-        self._assigned: set[TP] = set()
+        self._outcomes = queue.SimpleQueue()
+        self._fatal = None
+        self._assigned = set()
         # not ready before the group gave this member partitions: a restarted member may wait out the old
         # member's session timeout (session.timeout.ms, 45 s by default) before its first assignment
         self.metrics.assigned.labels(config.name).set(0)
-        self._paused: set[TP] = set()
-        self._committed: dict[TP, int] = {}
-        self._refusals_logged: dict[int, float] = {}  # commit error code -> when last logged (monotonic s)
+        self._paused = set()
+        self._committed = {}
+        self._refusals_logged = {}  # commit error code -> when last logged (monotonic s)
         self._last_lag = 0.0
         self._step_bytes = 0  # most bytes one consume() returned lately
         # records per consume(): at most 1,000, and a 20th of the bound at 1 KiB per record
@@ -176,10 +131,10 @@ class SyncService:
         self._schema_store = schema_store
         self._bridge: Any = None  # a RegistryBridge when kafka.schema_registry is set (open())
         self._connections = connections
-        self.slots: list[SinkSlot] = []
-        self._by_topic: dict[str, list[SinkSlot]] = {}
-        self.consumer: Any = None
-        self.producer: Any = None
+        self.slots = []
+        self._by_topic = {}
+        self.consumer = None
+        self.producer = None
         # librdkafka's prefetch limit per partition (queued.max.messages.kbytes), set by open()
         self.queued_kbytes = 0
         # the bound of the records the service holds: buffer_max_bytes less the prefetch share (open())
@@ -392,470 +347,3 @@ class SyncService:
         if time.monotonic() - self._last_status >= 1.0:
             self._update_status()
 
-    def _route(self, tp: TP, msgs: list[Any], size: int) -> int:
-        """Buffer consecutive records of one partition (``size`` bytes) for every sink of the topic."""
-        self.metrics.records_in.labels(self.config.name, tp[0]).inc(len(msgs))
-        for slot in self._by_topic.get(tp[0], ()):
-            buf = slot.buffers.get(tp)
-            if buf is None:
-                buf = slot.buffers[tp] = PartitionBuffer(
-                    slot.sink.name, tp[0], tp[1], slot.sink.batch_policy(self.config.batch)
-                )
-            buf.extend(msgs, size)
-        return size
-
-    def _submit(self, slot: SinkSlot, job: Any) -> None:
-        slot.inflight += 1
-        job.waiting = False
-        future = slot.pool.submit(slot.writer.run, job)
-        future.add_done_callback(lambda f: self._outcomes.put(f.result()))
-
-    def _dispatch(self, only: set[TP] | None = None, force: bool = False, idle: bool = False) -> None:
-        now = time.monotonic()
-        for slot in self.slots:
-            if slot.state == "restarting":
-                if now < slot.restart_at:
-                    continue
-                slot.state = "recovering"
-                assert slot.backoff is not None
-                slot.backoff.restarting()
-                self.metrics.restarts.labels(self.config.name, slot.sink.name).inc()
-                log.info("sink=%s restarting (restart %d)", slot.sink.name, slot.backoff.restarts)
-                if not any(b.inflight is not None for b in slot.buffers.values()):
-                    # nothing failed to write (it failed opening): opening it again is the restart
-                    slot.inflight += 1
-                    slot.pool.submit(self._reopen, slot)
-            eager = force or slot.memory_paused
-            for tp, buf in slot.buffers.items():
-                if only is not None and tp not in only:
-                    continue
-                job = buf.inflight
-                if slot.state == "recovering" and slot.inflight > 0:
-                    break  # one batch at a time until the restarted sink wrote one
-                if job is not None:
-                    if job.waiting and now >= job.not_before and slot.inflight < slot.limiter.limit:
-                        job.not_before = 0.0
-                        self._submit(slot, job)  # the backpressure or restart delay passed: write it again
-                    continue
-                if not buf.records or slot.inflight >= slot.limiter.limit:
-                    continue
-                if eager or buf.due(now) or (idle and buf.due_when_idle()):
-                    self._submit(slot, buf.take())
-
-    def _take_outcomes(self) -> None:
-        while True:
-            try:
-                outcome = self._outcomes.get_nowait()
-            except queue.Empty:
-                return
-            self._apply_outcome(outcome)
-
-    def _sink_failed(self, slot: SinkSlot, error: BaseException, blocked: bool = False) -> None:
-        """Fail the sink's task: its partitions pause and it is restarted (reopened) after a backoff.
-
-        Its buffered and failed batches stay: the restart writes the failed batch
-        first, so the committed offset never passes it. Other sinks go on.
-
-        Args:
-            slot: the sink.
-            error: why.
-            blocked: the target refuses any record (``SinkBlockedError``): ``last_error`` reads
-                ``blocked: <error>`` and the sink's state in the status document ``blocked``
-                until a batch is written.
-        """
-        assert slot.backoff is not None
-        if slot.state == "restarting":
-            return  # another in-flight batch failed with it: one failure, one restart
-        delay = slot.backoff.failed(error)
-        slot.state = "restarting"
-        slot.restart_at = time.monotonic() + delay
-        slot.blocked = blocked
-        slot.last_error = (f"blocked: {error}" if blocked else str(error))[:2000]
-        slot.writer.needs_open = True
-        log.error("sink=%s task failed (%d in a row), restarting in %.1f s: %s", slot.sink.name,
-                  slot.backoff.failures, delay, error)
-
-    def _reopen(self, slot: SinkSlot) -> None:
-        """Open a failed sink again (a worker thread); the loop learns the result through the outcomes queue."""
-        try:
-            slot.writer._reopen()
-        except Exception as exc:  # noqa: BLE001 - reported to the loop, which backs off again
-            self._outcomes.put(_Reopened(slot, exc))
-            return
-        self._outcomes.put(_Reopened(slot, None))
-
-    def _slot(self, name: str) -> SinkSlot:
-        return next(s for s in self.slots if s.sink.name == name)
-
-    def _apply_outcome(self, outcome: Outcome | _Reopened) -> None:
-        if isinstance(outcome, _Reopened):
-            outcome.slot.inflight -= 1
-            if outcome.error is None:
-                outcome.slot.state = "running"
-                log.info("sink=%s recovered: opened again", outcome.slot.sink.name)
-            else:
-                outcome.slot.state = "running"
-                self._sink_failed(outcome.slot, outcome.error)
-            return
-        job = outcome.job
-        slot = self._slot(job.sink)
-        slot.inflight -= 1
-        buf = slot.buffers.get((job.topic, job.partition))
-        if buf is None or buf.inflight is not job:
-            return  # the partition was revoked or lost meanwhile: its new owner writes it again
-        name, sink = self.config.name, slot.sink.name
-        if outcome.status == "done":
-            buf.complete()
-            self._done(slot, outcome)
-        elif outcome.status == "backpressure":
-            slot.limiter.backpressure()
-            self.metrics.retries.labels(name, sink).inc()
-            job.waiting = True
-            job.not_before = time.monotonic() + outcome.retry_after
-            log.warning("sink=%s topic=%s partition=%d offsets=%d-%d backpressure, pausing its partitions: %s",
-                        sink, job.topic, job.partition, job.first_offset, job.last_offset, outcome.error)
-        else:
-            blocked = outcome.status == "blocked"
-            log.error("sink=%s topic=%s partition=%d offsets=%d-%d %s: %s", sink, job.topic, job.partition,
-                      job.first_offset, job.last_offset, "blocked" if blocked else "failed", outcome.error)
-            # decoded again after the restart (dead letters of this attempt were not produced)
-            job.decoded, job.dead = None, []
-            if slot.state == "recovering":
-                slot.state = "running"  # the probe failed: a new failure, a longer delay
-            self._sink_failed(slot, outcome.error or RuntimeError("failed"), blocked=blocked)
-            job.waiting = True
-            job.not_before = slot.restart_at
-
-    def _done(self, slot: SinkSlot, outcome: Outcome) -> None:
-        """A durable batch: the sink is running (again), its counters, freshness and the flush's summary line."""
-        job, name, sink = outcome.job, self.config.name, slot.sink.name
-        slot.blocked = False
-        if slot.state != "running":
-            log.info("sink=%s recovered after restart %d", sink, slot.backoff.restarts if slot.backoff else 0)
-            slot.state = "running"
-        if slot.backoff is not None:
-            slot.backoff.succeeded()
-        if outcome.dead:
-            slot.dead_letters += outcome.dead
-        if outcome.tolerated is not None:
-            slot.last_error = str(outcome.tolerated)[:2000]
-        self.metrics.records_out.labels(name, sink).inc(outcome.applied)
-        self.metrics.batch_latency.labels(name, sink).observe(outcome.elapsed_s)
-        if job.oldest_source_ts_ms is not None and outcome.applied:
-            self.metrics.source_freshness.labels(name, sink).observe(
-                max(0.0, time.time() - job.oldest_source_ts_ms / 1000.0)
-            )
-        if outcome.newest_timestamp_ms > 0:
-            age = max(0.0, time.time() - outcome.newest_timestamp_ms / 1000.0)
-            self.metrics.freshness.labels(name, sink).set(age)
-        log.info(
-            "sink=%s topic=%s partition=%d offsets=%d-%d records=%d applied=%d dead=%d attempts=%d elapsed_s=%.3f",
-            sink, job.topic, job.partition, job.first_offset, job.last_offset, len(job.raw),
-            outcome.applied, outcome.dead, job.attempts, outcome.elapsed_s,
-        )
-
-    # -- backpressure -------------------------------------------------------------------------
-
-    def _update_pauses(self) -> None:
-        share = self.buffer_bytes // max(1, len(self.slots))
-        bound = max(share // 4, share - self._step_bytes)
-        want: set[TP] = set()
-        total = 0
-        for slot in self.slots:
-            used = slot.bytes()
-            total += used
-            if used >= bound:
-                slot.memory_paused = True
-            elif used < bound // 2:
-                slot.memory_paused = False
-            backoff = slot.state == "restarting" or any(
-                b.inflight is not None and b.inflight.waiting for b in slot.buffers.values()
-            )
-            for tp, buf in slot.buffers.items():
-                if slot.memory_paused or backoff or (buf.inflight is not None and buf.full()):
-                    want.add(tp)
-        want &= self._assigned
-        self.metrics.buffered_bytes.labels(self.config.name).set(total)
-        pause = want - self._paused
-        resume = (self._paused - want) & self._assigned
-        if pause:
-            self.consumer.pause([TopicPartition(t, p) for t, p in sorted(pause)])
-            log.info("paused partitions=%s buffered_bytes=%d", sorted(pause), total)
-        if resume:
-            self.consumer.resume([TopicPartition(t, p) for t, p in sorted(resume)])
-            log.info("resumed partitions=%s buffered_bytes=%d", sorted(resume), total)
-        self._paused = want
-        self.metrics.paused.labels(self.config.name).set(len(want))
-
-    # -- commits --------------------------------------------------------------------------------
-
-    def _positions(self, tps: set[TP] | None = None) -> dict[TP, int]:
-        """Per partition, the first offset not yet durable in every sink reading it."""
-        out: dict[TP, int] = {}
-        for tp in tps if tps is not None else self._assigned:
-            offsets = []
-            for slot in self._by_topic.get(tp[0], ()):
-                buf = slot.buffers.get(tp)
-                offsets.append(buf.safe_offset() if buf is not None else None)
-            known = [o for o in offsets if o is not None]
-            if offsets and len(known) == len(offsets):
-                out[tp] = min(known)
-        return out
-
-    def _commit(self, asynchronous: bool, tps: set[TP] | None = None) -> None:
-        todo = {tp: pos for tp, pos in self._positions(tps).items() if pos > self._committed.get(tp, -1)}
-        if not todo:
-            return
-        offsets = [TopicPartition(t, p, pos) for (t, p), pos in sorted(todo.items())]
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
-        except KafkaException as exc:
-            log.warning("commit of %s failed (retried at the next turn): %s", sorted(todo.items()), exc)
-            return
-        self._committed.update(todo)
-        log.debug("committed %s", sorted(todo.items()))
-
-    def _on_commit(self, err: Any, partitions: list[TopicPartition]) -> None:
-        """The result of a commit, from librdkafka (called in ``consume()``, on the loop's thread).
-
-        A refused commit (the whole request, or one partition) is forgotten, so the
-        next turn's :meth:`_commit` makes it again: without this, an asynchronous
-        commit refused during a rebalance stayed "done" and a partition that
-        received nothing more kept its old committed offset (its lag never reached 0).
-        """
-        failed = [p for p in partitions if err is not None or p.error is not None]
-        if not failed:
-            return
-        retry = []
-        for p in failed:
-            tp = (p.topic, p.partition)
-            if self._committed.get(tp) == p.offset:  # not overtaken by a newer commit meanwhile
-                del self._committed[tp]
-                retry.append((tp, p.offset))
-        if retry:  # (a refused synchronous commit raised in _commit, which logged it)
-            error = err if err is not None else failed[0].error
-            assert error is not None  # a failed partition carries its error
-            # a commit made while the group rebalances is refused as a matter of course: not a warning;
-            # a refusal that lasts (say, an ACL) is made again every turn but logged once per interval
-            level = logging.INFO if error.code() in _REBALANCE_CODES else logging.WARNING
-            now = time.monotonic()
-            if now - self._refusals_logged.get(error.code(), -_REFUSAL_LOG_INTERVAL_S) < _REFUSAL_LOG_INTERVAL_S:
-                level = logging.DEBUG
-            else:
-                self._refusals_logged[error.code()] = now
-            log.log(level, "commit of %s refused (made again at the next turn): %s", sorted(retry), error)
-
-    def _update_lag(self) -> None:
-        self._last_lag = time.monotonic()
-        lag: dict[str, int] = {}
-        for tp in list(self._assigned):
-            try:
-                _low, high = self.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
-            except KafkaException:
-                continue
-            if high is None or high < 0:
-                continue
-            self._highs[tp] = high
-            committed = self._committed.get(tp, 0)
-            lag[tp[0]] = lag.get(tp[0], 0) + max(0, high - committed)
-        for topic, value in lag.items():
-            self.metrics.lag.labels(self.config.name, topic).set(value)
-
-    def _warn_long_writes(self, now: float | None = None) -> list[Any]:
-        """Log each batch written for over :data:`STUCK_WRITE_WARN_S`, with where its worker thread is.
-
-        Returns:
-            The jobs warned about this time.
-        """
-        now = time.monotonic() if now is None else now
-        frames = None
-        warned = []
-        for slot in self.slots:
-            for buf in slot.buffers.values():
-                job = buf.inflight
-                if job is None:
-                    continue
-                started = job.started_at  # read once: the worker thread clears it when the write returns
-                if started is None or now - started < STUCK_WRITE_WARN_S or now - job.warned_at < STUCK_WRITE_WARN_S:
-                    continue
-                job.warned_at = now
-                frames = sys._current_frames() if frames is None else frames  # noqa: SLF001 - the documented way
-                frame = frames.get(job.thread_id) if job.thread_id is not None else None
-                stack = "".join(traceback.format_stack(frame)) if frame is not None else "(thread not found)\n"
-                log.warning("sink=%s topic=%s partition=%d offsets=%d-%d write in flight for %.0f s (attempt %d); "
-                            "its thread is at:\n%s", slot.sink.name, job.topic, job.partition, job.first_offset,
-                            job.last_offset, now - started, job.attempts, stack.rstrip())
-                warned.append(job)
-        return warned
-
-    def _write_in_flight_s(self, slot: SinkSlot, now: float) -> float | None:
-        starts = [b.inflight.started_at for b in slot.buffers.values()
-                  if b.inflight is not None and b.inflight.started_at is not None]
-        return round(now - min(starts), 3) if starts else None
-
-    # -- status -------------------------------------------------------------------------------
-
-    def status(self) -> dict[str, Any]:
-        """The service's part of the status document (thread-safe: a copy made by the loop every second).
-
-        Returns:
-            ``{"service", "group", "state", "restarts", "lag", "dead_letters", "last_error", "paused":
-            [[topic, partition]...], "partitions": [{"topic", "partition", "committed", "end_offset", "lag",
-            "paused"}...], "sinks": [{"sink", "state", "restarts", "dead_letters", "last_error",
-            "oldest_pending_age_s", "write_in_flight_s"}...]}``; offsets are Kafka offsets, ages seconds
-            (``write_in_flight_s``: how long its longest running write has run, ``None`` when none runs).
-            A sink's ``state`` is ``running``, ``restarting``, ``recovering`` or ``blocked`` (its target
-            refuses any record; ``last_error`` then reads ``blocked: <what the target said>``).
-        """
-        return self._status_doc
-
-    def _pending_age_s(self, slot: SinkSlot, now: float) -> float:
-        oldest: float | None = None
-        for buf in slot.buffers.values():
-            msg = buf.first_pending()
-            if msg is None:
-                continue
-            ts_ms = source_ts_of(msg.headers())
-            if ts_ms is None:
-                ts_ms = msg.timestamp()[1]
-            if ts_ms > 0 and (oldest is None or ts_ms < oldest):
-                oldest = ts_ms
-        return 0.0 if oldest is None else max(0.0, now - oldest / 1000.0)
-
-    def _update_status(self, state: str | None = None) -> None:
-        """Refresh the pending-age and state gauges and the status document (the loop's thread, every second)."""
-        self._last_status = time.monotonic()
-        now = time.time()
-        name = self.config.name
-        sinks = []
-        for slot in self.slots:
-            age = self._pending_age_s(slot, now)
-            self.metrics.oldest_pending_age.labels(name, slot.sink.name).set(age)
-            for st in ("running", "restarting", "recovering"):
-                self.metrics.sink_state.labels(name, slot.sink.name, st).set(1 if slot.state == st else 0)
-            sinks.append({
-                "sink": slot.sink.name, "type": slot.sink.config.type,
-                "state": "blocked" if slot.blocked and slot.state != "running" else slot.state,
-                "restarts": slot.backoff.restarts if slot.backoff else 0, "dead_letters": slot.dead_letters,
-                "last_error": slot.last_error, "oldest_pending_age_s": round(age, 3),
-                "write_in_flight_s": self._write_in_flight_s(slot, time.monotonic()),
-                "next_restart_in_s": round(max(0.0, slot.restart_at - time.monotonic()), 1)
-                if slot.state == "restarting" else None,
-            })
-        partitions = []
-        for tp in sorted(self._assigned):
-            committed = self._committed.get(tp)
-            high = self._highs.get(tp)
-            partitions.append({
-                "topic": tp[0], "partition": tp[1], "committed": committed, "end_offset": high,
-                "lag": None if high is None else max(0, high - (committed or 0)), "paused": tp in self._paused,
-            })
-        errors = [s["last_error"] for s in sinks if s["state"] != "running" and s["last_error"]]
-        if state is None and not self._assigned:
-            state = "waiting_for_partitions"  # not ready: the group has not given this member partitions (yet)
-        if state is None:
-            state = "running" if all(s["state"] == "running" for s in sinks) else "degraded"
-        self._status_doc = {
-            "service": name, "group": self.config.consumer_group(), "state": state,
-            "restarts": int(self.metrics.value("threes_sync_service_restarts_total")),
-            "lag": sum(p["lag"] or 0 for p in partitions), "dead_letters": sum(s["dead_letters"] for s in sinks),
-            "last_error": errors[0] if errors else None,
-            "paused": [list(tp) for tp in sorted(self._paused)], "partitions": partitions, "sinks": sinks,
-        }
-
-    # -- rebalance ------------------------------------------------------------------------------
-
-    def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        tps = {(p.topic, p.partition) for p in partitions}
-        was_ready = bool(self._assigned)
-        self._assigned |= tps
-        self.metrics.assigned.labels(self.config.name).set(len(self._assigned))
-        log.info("assigned partitions=%s", sorted(tps))
-        if self._assigned and not was_ready:
-            log.info("sync service=%s ready: %d partition(s) assigned", self.config.name, len(self._assigned))
-        if self._status_doc.get("state") == "waiting_for_partitions":
-            self._update_status()  # ready now, not at the next second's refresh
-
-    def _drain(self, tps: set[TP], timeout_s: float) -> bool:
-        """Flush the buffers of ``tps`` and wait for their writes; ``False`` on timeout or failure."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self._fatal is None:
-            self._take_outcomes()
-            self._dispatch(only=tps, force=True)
-            busy = any(
-                (buf.records or buf.inflight is not None)
-                for slot in self.slots if slot.state == "running" for tp, buf in slot.buffers.items() if tp in tps
-            )
-            if not busy:
-                return True
-            time.sleep(0.01)
-        return False
-
-    def _forget(self, tps: set[TP]) -> None:
-        for slot in self.slots:
-            for tp in tps:
-                slot.buffers.pop(tp, None)
-        for tp in tps:
-            self._committed.pop(tp, None)
-        self._assigned -= tps
-        self._paused -= tps
-        self.metrics.assigned.labels(self.config.name).set(len(self._assigned))
-
-    def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        tps = {(p.topic, p.partition) for p in partitions}
-        drained = self._drain(tps, self.config.revoke_timeout_s)
-        self._commit(asynchronous=False, tps=tps & self._assigned)
-        if not drained:
-            log.warning("revoked partitions=%s before every write finished: the new owner writes them again "
-                        "(harmless, updates are versioned)", sorted(tps))
-        self._forget(tps)
-        log.info("revoked partitions=%s", sorted(tps))
-
-    def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        tps = {(p.topic, p.partition) for p in partitions}
-        log.warning("lost partitions=%s (no commit: another member owns them now)", sorted(tps))
-        self._forget(tps)
-
-    # -- shutdown -------------------------------------------------------------------------------
-
-    def _shutdown(self) -> None:
-        if self.consumer is None:
-            return
-        try:
-            if self._fatal is None and self._assigned:
-                # stop fetching but keep polling (membership) while the last writes finish
-                self.consumer.pause([TopicPartition(t, p) for t, p in sorted(self._assigned)])
-                deadline = time.monotonic() + self.config.revoke_timeout_s
-                while time.monotonic() < deadline and self._fatal is None:
-                    self._take_outcomes()
-                    self._dispatch(force=True)
-                    # a failed sink's batches are not waited for: its new owner or next start writes them
-                    if not any(b.records or b.inflight for s in self.slots if s.state == "running"
-                               for b in s.buffers.values()):
-                        break
-                    self.consumer.consume(num_messages=1, timeout=0.05)
-            else:
-                self._wait_inflight(10.0)
-            self._commit(asynchronous=False)
-            log.info("sync service=%s committed=%s", self.config.name, sorted(self._committed.items()))
-        except KafkaException as exc:
-            log.warning("final commit failed: %s", exc)
-        finally:
-            try:
-                self.consumer.close()
-            finally:
-                for slot in self.slots:
-                    slot.pool.shutdown(wait=True, cancel_futures=True)
-                    slot.sink.close()
-                if self.producer is not None:
-                    self.producer.flush(10.0)
-                self.consumer = None
-                log.info("sync service=%s stopped", self.config.name)
-
-    def _wait_inflight(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while any(s.inflight for s in self.slots) and time.monotonic() < deadline:
-            try:
-                self._apply_outcome(self._outcomes.get(timeout=0.1))
-            except queue.Empty:
-                continue

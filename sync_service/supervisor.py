@@ -7,7 +7,7 @@ first). What is left for this level is the service as a whole: its consumer
 supervisor builds a new :class:`~sync_service.service.SyncService`, which
 rejoins the consumer group and resumes from the committed offsets, after
 ``errors.restart_backoff_s`` doubling up to ``errors.restart_max_backoff_s``
-(the defaults of :class:`~kernel.config.models.ErrorPolicy`). The metrics
+(the defaults of :class:`~kernel.config.policies.ErrorPolicy`). The metrics
 and the ``/status`` endpoint outlive the restarts, so the restart count is
 visible. Other services of the process never stop for it.
 """
@@ -18,7 +18,8 @@ import logging
 import threading
 from typing import Any
 
-from kernel.config.models import ErrorPolicy, KafkaConfig
+from kernel.config.models import KafkaConfig
+from kernel.config.policies import ErrorPolicy
 from kernel.supervision import RestartBackoff
 from sync_service.metrics import SyncMetrics
 from sync_service.service import SyncService

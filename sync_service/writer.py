@@ -14,8 +14,9 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, wait_random_exponential
 
-from connectors.api.sink import Sink, SinkBatch, SinkRecord
-from kernel.config.models import RetryPolicy
+from connectors.api.sink import Sink
+from connectors.api.sink_records import SinkBatch, SinkRecord
+from kernel.config.policies import RetryPolicy
 from kernel.dlq import DeadLetter
 from kernel.exceptions import (
     FatalError,

@@ -24,15 +24,9 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, create_model
 
 from connectors import registry
+from kernel.config.fields import Name, StrictModel
 from kernel.config.loader import load_yaml_model, validate_data
-from kernel.config.models import (
-    ConnectionConfig,
-    ConnectorConfig,
-    KafkaConfig,
-    Name,
-    SourceConnectorConfig,
-    StrictModel,
-)
+from kernel.config.models import ConnectionConfig, ConnectorConfig, KafkaConfig, SourceConnectorConfig
 from stream_app.config import StreamJobConfig
 from sync_service.config import SyncServiceBase
 

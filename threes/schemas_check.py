@@ -2,7 +2,7 @@
 
 ``threes validate`` runs them after the config loaded: every schema a source,
 the stream job or a sink names is resolved (relative paths start at the config
-file's folder, :func:`kernel.config.models.resolve_config_path`) and
+file's folder, :func:`kernel.config.fields.resolve_config_path`) and
 parsed; the stream job's lookups, projections and aggregations are checked with
 the job's own planner (:func:`stream_app.plan.build_plan`, types included); a
 sink's key columns are checked against the update topic it applies. Every

@@ -24,9 +24,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from kernel.config.models import ConnectionConfig, KafkaConfig, SourceConnectorConfig
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 Key = Mapping[str, Any] | bytes
 Value = Mapping[str, Any] | None
@@ -65,7 +68,7 @@ class SourceBatch:
     position: dict[str, Any] | None
     headers: list[tuple[str, bytes]] | None = None
     rows_read: int | None = None
-    columns: Any = None
+    columns: pa.Table | None = None
     source_ts_ms: int | None = None
 
     def __post_init__(self) -> None:
@@ -103,6 +106,41 @@ class SourceSchemas:
     value: dict[str, Any]
 
 
+class LiveKeyView(Protocol):
+    """The live keys of a state topic as a task reads them: encoded key bytes -> the ``source_header`` tag.
+
+    A plain ``dict[bytes, str | None]`` is one (tests); the worker's
+    :class:`~connectors.runtime.state.LiveKeys` is one on disk, and adds ``split``, ``unseen``
+    and ``by_tag`` to compare in bounded memory (a task checks for them with ``hasattr``).
+    """
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` (encoded key bytes) is live."""
+
+    def __len__(self) -> int:
+        """Live keys."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        """The live keys (encoded)."""
+
+    def items(self) -> Iterable[tuple[bytes, str | None]]:
+        """``(encoded key, its tag)`` per live key; the tag is ``None`` when its record has no such header."""
+
+
+@runtime_checkable
+class BoundedLiveKeys(LiveKeyView, Protocol):
+    """Live keys that compare in bounded memory (the worker's on-disk ``LiveKeys``); ``isinstance`` tells."""
+
+    def split(self, keys: Iterable[bytes]) -> list[bytes]:
+        """Mark the live ones of ``keys`` seen; return the others (not live), in their order."""
+
+    def unseen(self) -> Iterator[bytes]:
+        """The live keys never marked seen by :meth:`split`."""
+
+    def by_tag(self) -> Iterator[tuple[str, list[bytes]]]:
+        """``(tag, its live keys)`` per tag, one tag's keys at a time (keys without a tag left out)."""
+
+
 @dataclass
 class TopicState:
     """The live keys of a state topic, read to its end offsets by the worker for reconciliation.
@@ -117,7 +155,7 @@ class TopicState:
             so a task compares keys as bytes, the way compaction does.
     """
 
-    live: Any
+    live: LiveKeyView
     encode_key: Callable[[Mapping[str, Any]], bytes]
     end_offsets: dict[int, int] = field(default_factory=dict)
 

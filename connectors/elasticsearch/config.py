@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from kernel.config.models import ConfigPath, SinkConnectorConfig, SourceConnectorConfig
+from kernel.config.fields import ConfigPath
+from kernel.config.models import SinkConnectorConfig, SourceConnectorConfig
 
 
 class ElasticsearchSourceConfig(SourceConnectorConfig):

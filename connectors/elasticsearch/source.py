@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
+from connectors.api.source import BoundedLiveKeys, SourceBatch, SourceSchemas, SourceTask, TopicState, tombstone_batches
 from connectors.elasticsearch.config import ElasticsearchSourceConfig
 from connectors.elasticsearch.connection import ElasticsearchConnection, elasticsearch_client
 from connectors.runtime.avro import CoercionError, avro_name, record_coercer
@@ -326,7 +326,6 @@ class ElasticsearchSource(SourceTask):
         ids = self._snapshot_ids
         self._snapshot_ids = None
         live, encode = state.live, state.encode_key
-        bounded = hasattr(live, "split")
         seen: set[bytes] = set()
 
         def id_chunks() -> Iterator[list[str]]:
@@ -340,7 +339,7 @@ class ElasticsearchSource(SourceTask):
 
         for chunk in id_chunks():
             by_key = {encode({"_id": i}): i for i in chunk}
-            if bounded:
+            if isinstance(live, BoundedLiveKeys):
                 missing = [by_key[kb] for kb in live.split(list(by_key))]
             else:
                 seen.update(kb for kb in by_key if kb in live)
@@ -349,7 +348,7 @@ class ElasticsearchSource(SourceTask):
                 resp = self._call(lambda c=missing: self.es.mget(index=self.config.index, ids=c),
                                   "fetching documents")
                 yield SourceBatch([self._record(d) for d in resp["docs"] if d.get("found")], None)
-        gone_keys = live.unseen() if bounded else (kb for kb in list(live) if kb not in seen)
+        gone_keys = live.unseen() if isinstance(live, BoundedLiveKeys) else (kb for kb in list(live) if kb not in seen)
         yield from tombstone_batches(gone_keys, self.config.batch_records)
 
     def describe_key(self, key: Any) -> str:

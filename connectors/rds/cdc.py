@@ -59,7 +59,6 @@ is null); restart the source to publish the new schema.
 from __future__ import annotations
 
 import logging
-import re
 import select as select_module
 import time
 from collections.abc import Iterator, Mapping
@@ -67,13 +66,15 @@ from typing import TYPE_CHECKING, Any
 
 from connectors.api.source import SourceBatch
 from connectors.rds import pgoutput
-from connectors.rds.pgoutput import UNCHANGED, lsn_int, lsn_text
+from connectors.rds.cdc_changes import ChangeRows
+from connectors.rds.cdc_setup import ReplicationSetup, default_name, first_line
+from connectors.rds.pgoutput import lsn_int, lsn_text
 from connectors.rds.types import from_json_value, to_json_value
 from kernel.exceptions import ConfigError, FatalError, RetriableError, SetupError
 from kernel.updates import VERSION_HEADER, encode_version
 
 if TYPE_CHECKING:
-    from connectors.rds.source import RdsSource
+    from connectors.rds.source_columnar import ColumnarPages
 
 log = logging.getLogger(__name__)
 
@@ -83,74 +84,14 @@ _STATUS_INTERVAL_S = 10.0
 _HEARTBEAT_S = 5.0
 
 
-def default_name(connector: str) -> str:
-    """``threes_<connector>`` folded to what a slot name may hold (``[a-z0-9_]``, at most 63 characters)."""
-    return ("threes_" + re.sub(r"[^a-z0-9_]", "_", connector.lower()))[:63]
-
-
-def server_problems(
-    *, wal_level: str, superuser: bool, replication: bool, role: str, source: str
-) -> list[str]:
-    """What keeps a PostgreSQL server from serving ``mode: cdc`` (empty when nothing).
-
-    Args:
-        wal_level: ``current_setting('wal_level')``.
-        superuser: the connector's role is a superuser.
-        replication: the role has the ``REPLICATION`` attribute.
-        role: the role's name, for the message.
-        source: the connector's name, for the message.
-
-    Returns:
-        One line per problem, each saying what to change.
-    """
-    problems = []
-    if wal_level != "logical":
-        problems.append(
-            f"source {source!r}: mode cdc needs wal_level = logical on the PostgreSQL server (it is {wal_level!r}); "
-            "set it in postgresql.conf (on RDS: rds.logical_replication = 1 in the parameter group) and restart "
-            "the server"
-        )
-    if not (superuser or replication):
-        problems.append(
-            f"source {source!r}: mode cdc needs the REPLICATION attribute for role {role!r}; run "
-            f"ALTER ROLE \"{role}\" REPLICATION (on RDS: GRANT rds_replication TO \"{role}\")"
-        )
-    return problems
-
-
-def identity_problem(
-    *, ident: str, identity_columns: list[str], key_columns: list[str], table: str, source: str
-) -> str | None:
-    """Whether deletes of ``table`` carry its key (a message when they do not).
-
-    Args:
-        ident: ``pg_class.relreplident``: ``d`` default, ``f`` full, ``i`` index, ``n`` nothing.
-        identity_columns: the columns of the replica identity (primary key or index; empty when none).
-        key_columns: the connector's key columns.
-        table: the table's name, for the message.
-        source: the connector's name, for the message.
-    """
-    if ident == "f":
-        return None
-    if ident != "n" and identity_columns and set(key_columns) <= set(identity_columns):
-        return None
-    what = {"n": "REPLICA IDENTITY NOTHING", "d": "its primary key", "i": "its replica identity index"}[ident]
-    if ident == "d" and not identity_columns:
-        what = "no primary key"
-    return (
-        f"source {source!r}: deletes of table {table} would not carry the key {key_columns} ({what}); run "
-        f"ALTER TABLE {table} REPLICA IDENTITY FULL (or USING INDEX on a unique index of the key)"
-    )
-
-
-class PgChangeStream:
+class PgChangeStream(ReplicationSetup, ChangeRows):
     """The ``cdc`` mode of one :class:`~connectors.rds.source.RdsSource` task (see module docstring).
 
     Args:
         source: the opened source (table reflected, converters built).
     """
 
-    def __init__(self, source: RdsSource):
+    def __init__(self, source: ColumnarPages):
         self.source = source
         cfg = source.config
         self.name = cfg.name
@@ -172,15 +113,6 @@ class PgChangeStream:
         self._last_yield = time.monotonic()
 
     # -- open -----------------------------------------------------------------------------------------
-
-    def conninfo(self) -> str:
-        """The libpq connection string SQLAlchemy's psycopg dialect would use (TLS options included)."""
-        import psycopg
-        from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
-
-        _args, kwargs = PGDialect_psycopg().create_connect_args(self.source.connection.sqlalchemy_url())
-        kwargs.setdefault("connect_timeout", int(max(1, self.source.connection.connect_timeout_s)))
-        return psycopg.conninfo.make_conninfo(**kwargs)
 
     def open(self, position: Mapping[str, Any] | None) -> None:
         """Check the server, ensure the publication and slot, and decide where to start.
@@ -207,9 +139,9 @@ class PgChangeStream:
             slot = self._slot_state(pc)
             pc.rollback()
         except psycopg.OperationalError as exc:
-            raise RetriableError(f"source {self.name!r}: cannot check the server for cdc: {_first(exc)}") from exc
+            raise RetriableError(f"source {self.name!r}: cannot check the server for cdc: {first_line(exc)}") from exc
         except psycopg.Error as exc:
-            raise SetupError(f"source {self.name!r}: cannot prepare cdc: {_first(exc)}") from exc
+            raise SetupError(f"source {self.name!r}: cannot prepare cdc: {first_line(exc)}") from exc
         self._connect_replication()
         if position is None or slot is None or slot["wal_status"] == "lost":
             if position is not None:
@@ -234,145 +166,6 @@ class PgChangeStream:
             log.info("source=%s resuming the interrupted snapshot after key %s", self.name, self.snapshot_after)
         log.info("source=%s slot=%s publication=%s streaming from lsn=%s (slot confirmed %s)",
                  self.name, self.slot, self.publication, lsn_text(self.lsn), slot["confirmed_flush_lsn"])
-
-    def _check_server(self, pc: Any) -> None:
-        wal_level, role, superuser, replication = pc.execute(
-            "SELECT current_setting('wal_level'), current_user, rolsuper, rolreplication "
-            "FROM pg_roles WHERE rolname = current_user"
-        ).fetchone()
-        problems = server_problems(
-            wal_level=wal_level, superuser=superuser, replication=replication, role=role, source=self.name
-        )
-        if problems:
-            raise SetupError("; ".join(problems))
-
-    def _check_table(self, pc: Any) -> int:
-        """The table's OID, after checking its replica identity carries the key."""
-        from psycopg import sql
-
-        src, cfg = self.source, self.source.config
-        qualified = sql.Identifier(*([cfg.schema_name] if cfg.schema_name else []), cfg.table or "")
-        self.qualified = qualified.as_string(pc)
-        oid, ident = pc.execute(
-            sql.SQL("SELECT c.oid, c.relreplident FROM pg_class c WHERE c.oid = {}::regclass").format(
-                sql.Literal(self.qualified)
-            )
-        ).fetchone()
-        columns = [
-            r[0]
-            for r in pc.execute(
-                "SELECT a.attname FROM pg_index i JOIN pg_attribute a "
-                "ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
-                "WHERE i.indrelid = %s AND CASE WHEN %s = 'i' THEN i.indisreplident ELSE i.indisprimary END",
-                (oid, ident),
-            ).fetchall()
-        ]
-        problem = identity_problem(
-            ident=ident, identity_columns=columns, key_columns=src.key_columns, table=self.qualified, source=self.name
-        )
-        if problem:
-            raise SetupError(problem)
-        return int(oid)
-
-    def _ensure_publication(self, pc: Any) -> None:
-        import psycopg
-        from psycopg import sql
-
-        row = pc.execute(
-            "SELECT puballtables, pubinsert AND pubupdate AND pubdelete FROM pg_publication WHERE pubname = %s",
-            (self.publication,),
-        ).fetchone()
-        if row is None:
-            stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                sql.Identifier(self.publication), sql.SQL(self.qualified)
-            )
-            try:
-                pc.execute(stmt)
-                pc.commit()
-            except psycopg.errors.InsufficientPrivilege as exc:
-                pc.rollback()
-                raise SetupError(
-                    f"source {self.name!r}: cannot create publication {self.publication!r} "
-                    f"({_first(exc)}); the table's owner (or a superuser) can run: {stmt.as_string(pc)}"
-                ) from exc
-            log.info("source=%s created publication %s for %s", self.name, self.publication, self.qualified)
-            return
-        alltables, all_ops = row
-        if not all_ops:
-            raise SetupError(
-                f"source {self.name!r}: publication {self.publication!r} does not publish every insert, update "
-                f"and delete; run ALTER PUBLICATION \"{self.publication}\" SET (publish = 'insert, update, delete, "
-                "truncate')"
-            )
-        published = pc.execute(
-            "SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
-            "WHERE p.pubname = %s AND r.prrelid = %s",
-            (self.publication, self.table_oid),
-        ).fetchone()
-        if not alltables and published is None:
-            raise SetupError(
-                f"source {self.name!r}: publication {self.publication!r} does not publish table {self.qualified}; "
-                f"run ALTER PUBLICATION \"{self.publication}\" ADD TABLE {self.qualified}"
-            )
-
-    def _slot_state(self, pc: Any) -> dict[str, Any] | None:
-        row = pc.execute(
-            "SELECT plugin, d.datname = current_database(), confirmed_flush_lsn::text, wal_status, active_pid "
-            "FROM pg_replication_slots s LEFT JOIN pg_database d ON d.oid = s.datoid WHERE slot_name = %s",
-            (self.slot,),
-        ).fetchone()
-        if row is None:
-            return None
-        plugin, same_db, confirmed, wal_status, active_pid = row
-        if plugin != "pgoutput" or not same_db:
-            raise SetupError(
-                f"source {self.name!r}: replication slot {self.slot!r} exists for plugin {plugin!r} or another "
-                "database; set `slot_name` to another name or drop that slot"
-            )
-        if active_pid is not None:
-            raise RetriableError(
-                f"source {self.name!r}: replication slot {self.slot!r} is in use by server process {active_pid} "
-                "(another instance of this source, or one that just died)"
-            )
-        return {"confirmed_flush_lsn": confirmed, "wal_status": wal_status}
-
-    def _connect_replication(self) -> None:
-        import psycopg2
-        import psycopg2.extras
-
-        try:
-            self._repl = psycopg2.connect(
-                self.conninfo(), connection_factory=psycopg2.extras.LogicalReplicationConnection
-            )
-        except psycopg2.OperationalError as exc:
-            reason = _first(exc)
-            if "pg_hba.conf" in reason or "replication" in reason:
-                raise SetupError(
-                    f"source {self.name!r}: the server refuses replication connections ({reason}); allow them "
-                    "for this role in pg_hba.conf (database `replication`)"
-                ) from exc
-            raise RetriableError(f"source {self.name!r}: replication connection failed: {reason}") from exc
-        self._cur = self._repl.cursor()
-
-    def _create_slot(self) -> None:
-        import psycopg2
-
-        try:
-            self._cur.execute(f'CREATE_REPLICATION_SLOT "{self.slot}" LOGICAL pgoutput EXPORT_SNAPSHOT')
-            _name, consistent, snapshot, _plugin = self._cur.fetchone()
-        except psycopg2.Error as exc:
-            raise SetupError(
-                f"source {self.name!r}: cannot create replication slot {self.slot!r}: {_first(exc)}"
-            ) from exc
-        self.lsn = self.snapshot_lsn = lsn_int(consistent)
-        self.snapshot_name = snapshot
-        self.snapshot_after = None
-        log.info("source=%s created slot %s at lsn=%s (snapshot %s)", self.name, self.slot, consistent, snapshot)
-
-    def _drop_slot(self, pc: Any) -> None:
-        pc.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
-        pc.commit()
-        log.warning("source=%s dropped replication slot %s (a new snapshot follows)", self.name, self.slot)
 
     # -- snapshot -------------------------------------------------------------------------------------
 
@@ -463,10 +256,10 @@ class PgChangeStream:
             yield from self._read()
         except (psycopg2.OperationalError, psycopg2.InterfaceError, psycopg.OperationalError) as exc:
             self._close_replication()
-            raise RetriableError(f"source {self.name!r}: change stream interrupted: {_first(exc)}") from exc
+            raise RetriableError(f"source {self.name!r}: change stream interrupted: {first_line(exc)}") from exc
         except psycopg2.Error as exc:
             self._close_replication()
-            raise FatalError(f"source {self.name!r}: the change stream failed: {_first(exc)}") from exc
+            raise FatalError(f"source {self.name!r}: the change stream failed: {first_line(exc)}") from exc
 
     def _start(self) -> None:
         self._cur.start_replication(
@@ -529,92 +322,6 @@ class PgChangeStream:
                     log.warning("source=%s table %s truncated: reconciling", self.name, self.qualified)
                     self.truncated = True
 
-    def _relation(self, rel: pgoutput.Relation) -> None:
-        """Map a relation's columns to the source's columns by name (a table of another publication is kept out)."""
-        from psycopg.adapt import Transformer
-        from psycopg.pq import Format
-
-        if rel.relid != self.table_oid:
-            return
-        src = self.source
-        names = [c[0] for c in rel.columns]
-        index = {n: i for i, n in enumerate(names)}
-        wanted = [src.field_to_column[f] for f in src.field_names]
-        missing = [c for c in wanted if c not in index]
-        if missing or len(names) != len(wanted):
-            log.warning(
-                "source=%s table %s changed shape (columns now %s); mapped by name, missing %s as null; "
-                "restart the source to publish the new schema",
-                self.name, self.qualified, names, missing,
-            )
-        tx = Transformer(self._raw.driver_connection)
-        tx.set_loader_types([c[1] for c in rel.columns], Format.TEXT)
-        positions = [index.get(c) for c in wanted]
-        key_positions = [index.get(k) for k in src.key_columns]
-        self._relations[rel.relid] = (tx, positions, key_positions)
-
-    def _load(self, rel: Any, values: tuple[Any, ...]) -> list[Any]:
-        tx, positions, _keys = rel
-        loaded = tx.load_sequence([None if v is UNCHANGED else v for v in values])
-        out = [None if p is None else loaded[p] for p in positions]
-        for i, p in enumerate(positions):
-            if p is not None and values[p] is UNCHANGED:
-                out[i] = UNCHANGED
-        return out
-
-    def _key_of(self, rel: Any, values: tuple[Any, ...]) -> dict[str, Any]:
-        src = self.source
-        row = self._load(rel, values)
-        v = src.to_key(tuple(row[src.field_names.index(f)] for f in src.key_fields))
-        return dict(v)
-
-    def _apply(self, rel: Any, change: pgoutput.Change, records: list[Any]) -> None:
-        src = self.source
-        if change.op == "delete":
-            key = self._key_of(rel, change.old or ())
-            if any(v is None for v in key.values()):
-                raise FatalError(
-                    f"source {self.name!r}: a delete of {self.qualified} carries no key {src.key_columns}; "
-                    f"run ALTER TABLE {self.qualified} REPLICA IDENTITY FULL"
-                )
-            records.append((key, None))
-            return
-        row = self._load(rel, change.new or ())
-        if any(v is UNCHANGED for v in row):
-            filled = self._fill_unchanged(rel, change, row)
-            if filled is None:
-                return  # the row is gone: its delete follows in the stream
-            row = filled
-        value = src.to_value(tuple(row))
-        if value is None:
-            return  # a row left out (a NaN in a NOT NULL decimal, see RdsSource)
-        key = {k: value[k] for k in src.key_fields}
-        if change.op == "update" and change.old is not None:
-            old_key = self._key_of(rel, change.old)
-            if all(v is not None for v in old_key.values()) and old_key != key:
-                records.append((old_key, None))  # the key changed: the old entity is gone
-        records.append((key, value))
-
-    def _fill_unchanged(self, rel: Any, change: pgoutput.Change, row: list[Any]) -> list[Any] | None:
-        """Unchanged TOASTed values: from the old row (``REPLICA IDENTITY FULL``), else read from the table."""
-        from sqlalchemy import and_, literal, select
-
-        src = self.source
-        if change.old is not None and not change.old_is_key:
-            old = self._load(rel, change.old)
-            return [o if v is UNCHANGED else v for v, o in zip(row, old, strict=True)]
-        key_idx = [src.field_names.index(f) for f in src.key_fields]
-        cond = and_(*[c == literal(row[i], c.type) for c, i in zip(src.key_cols, key_idx, strict=True)])
-        compiled = select(*src.columns).where(cond).compile(dialect=src.engine.dialect)
-        pc = self._raw.driver_connection
-        try:
-            current = pc.execute(str(compiled), compiled.params).fetchone()
-        finally:
-            pc.rollback()
-        if current is None:
-            return None
-        return [current[i] if v is UNCHANGED else v for i, v in enumerate(row)]
-
     # -- commit ---------------------------------------------------------------------------------------
 
     def commit(self, position: Mapping[str, Any]) -> None:
@@ -654,7 +361,3 @@ class PgChangeStream:
                 log.debug("source=%s closing the connection: %s", self.name, exc)
             self._raw = None
 
-
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

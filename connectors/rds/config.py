@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from kernel.config.models import SchemaRef, SinkConnectorConfig, SourceConnectorConfig
+from kernel.config.fields import SchemaRef
+from kernel.config.models import SinkConnectorConfig, SourceConnectorConfig
 
 DEFAULT_BULK_INTERVAL_S = 300.0
 """``poll_interval_s`` of a source whose ``mode`` was not given and has no column to read incrementally."""

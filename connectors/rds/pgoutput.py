@@ -177,35 +177,14 @@ def parse(payload: bytes) -> Begin | Commit | Relation | Change | Truncate | Non
         end_lsn = r.take(_U64)
         return Commit(commit_lsn, end_lsn, ts_ms(r.take(_I64)))
     if kind == "R":
-        relid = r.take(_U32)
-        namespace = r.string()
-        name = r.string()
-        ident = chr(r.take(_I8) & 0xFF)
-        cols = []
-        for _ in range(r.take(_I16)):
-            flags = r.take(_I8)
-            col = r.string()
-            oid = r.take(_U32)
-            r.take(_I32)  # typmod
-            cols.append((col, oid, bool(flags & 1)))
-        return Relation(relid, namespace or "pg_catalog", name, ident, tuple(cols))
+        return _relation(r)
     if kind == "I":
         relid = r.take(_U32)
         if r.byte() != "N":
             raise ProtocolError("insert without a new tuple")
         return Change("insert", relid, r.tuple_data(), None, False)
     if kind == "U":
-        relid = r.take(_U32)
-        tag = r.byte()
-        old = None
-        old_is_key = False
-        if tag in ("K", "O"):
-            old = r.tuple_data()
-            old_is_key = tag == "K"
-            tag = r.byte()
-        if tag != "N":
-            raise ProtocolError("update without a new tuple")
-        return Change("update", relid, r.tuple_data(), old, old_is_key)
+        return _update(r)
     if kind == "D":
         relid = r.take(_U32)
         tag = r.byte()
@@ -219,6 +198,37 @@ def parse(payload: bytes) -> Begin | Commit | Relation | Change | Truncate | Non
     if kind in ("O", "Y", "M"):
         return None
     raise ProtocolError(f"unknown pgoutput message kind {kind!r}")
+
+
+def _relation(r: _Reader) -> Relation:
+    """The body of a Relation message (``R``): the table's name, replica identity and columns."""
+    relid = r.take(_U32)
+    namespace = r.string()
+    name = r.string()
+    ident = chr(r.take(_I8) & 0xFF)
+    cols = []
+    for _ in range(r.take(_I16)):
+        flags = r.take(_I8)
+        col = r.string()
+        oid = r.take(_U32)
+        r.take(_I32)  # typmod
+        cols.append((col, oid, bool(flags & 1)))
+    return Relation(relid, namespace or "pg_catalog", name, ident, tuple(cols))
+
+
+def _update(r: _Reader) -> Change:
+    """The body of an Update message (``U``): the new tuple, after the old one or its key when sent."""
+    relid = r.take(_U32)
+    tag = r.byte()
+    old = None
+    old_is_key = False
+    if tag in ("K", "O"):
+        old = r.tuple_data()
+        old_is_key = tag == "K"
+        tag = r.byte()
+    if tag != "N":
+        raise ProtocolError("update without a new tuple")
+    return Change("update", relid, r.tuple_data(), old, old_is_key)
 
 
 def lsn_text(lsn: int) -> str:

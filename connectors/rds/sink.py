@@ -11,7 +11,8 @@ from sqlalchemy import BigInteger, Column, MetaData, Table, inspect, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, NoSuchTableError, SQLAlchemyError
 
-from connectors.api.sink import RecordFailure, Sink, SinkBatch, SinkRecord, latest_per_key
+from connectors.api.sink import Sink
+from connectors.api.sink_records import RecordFailure, SinkBatch, SinkRecord, latest_per_key
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.rds.errors import classify as classify_db_error

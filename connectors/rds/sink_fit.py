@@ -285,18 +285,7 @@ def plan_fit(
             if s > 0 or lo < c_lo or hi > c_hi:
                 plan.checks.append(FieldCheck(column.name, sql, name, scale=0, lo=c_lo, hi=c_hi, nullable=nullable))
         elif source is not None and isinstance(t, sqltypes.Numeric) and not isinstance(t, sqltypes.Float):
-            if t.precision is None:
-                continue  # PostgreSQL's unbounded numeric holds any decimal exactly
-            name, p, s, lo, hi = source
-            c_p, c_s = int(t.precision), int(t.scale or 0)
-            if s <= c_s and p - s <= c_p - c_s:
-                continue
-            plan.checks.append(FieldCheck(column.name, sql, name, scale=c_s if s > c_s else None,
-                                          int_digits=c_p - c_s if p - s > c_p - c_s else None, nullable=nullable))
-            wide_s = max(s, c_s)
-            wide_p = max(p - s, c_p - c_s) + wide_s
-            if wide_p <= max_p and wide_s <= max_s:
-                plan.widen.append((column.name, Numeric(wide_p, wide_s)))
+            _fit_numeric(plan, column.name, t, sql, source, nullable, (max_p, max_s))
         elif _is_string(avro) and isinstance(t, sqltypes.String) and t.length:
             plan.checks.append(FieldCheck(column.name, sql, "string", max_length=t.length, nullable=nullable))
     for name, f in fields.items():
@@ -304,6 +293,29 @@ def plan_fit(
             nullable = non_null_type(f["type"])[1]
             plan.add.append(NewField(name, f["type"], nullable, "default" in f, f.get("default")))
     return plan
+
+
+def _fit_numeric(
+    plan: FitPlan, column: str, t: Any, sql: str, source: tuple[str, int, int, int, int], nullable: bool,
+    widest: tuple[int, int],
+) -> None:
+    """:func:`plan_fit` for a numeric field (``source``: ``_avro_numeric``'s) into column ``t``, ``numeric(p, s)``.
+
+    Adds a check where the field's values may not fit, and the widening when it stays within ``widest``
+    (the dialect's largest ``(precision, scale)``).
+    """
+    if t.precision is None:
+        return  # PostgreSQL's unbounded numeric holds any decimal exactly
+    name, p, s, _lo, _hi = source
+    c_p, c_s = int(t.precision), int(t.scale or 0)
+    if s <= c_s and p - s <= c_p - c_s:
+        return
+    plan.checks.append(FieldCheck(column, sql, name, scale=c_s if s > c_s else None,
+                                  int_digits=c_p - c_s if p - s > c_p - c_s else None, nullable=nullable))
+    wide_s = max(s, c_s)
+    wide_p = max(p - s, c_p - c_s) + wide_s
+    if wide_p <= widest[0] and wide_s <= widest[1]:
+        plan.widen.append((column, Numeric(wide_p, wide_s)))
 
 
 def required_fields_of(schema: dict[str, Any]) -> set[str]:

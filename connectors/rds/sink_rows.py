@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import JSON, Table
 
-from connectors.api.sink import SinkBatch, SinkRecord
+from connectors.api.sink_records import SinkBatch, SinkRecord
 from connectors.rds.sink_sql import csv_safe
 
 

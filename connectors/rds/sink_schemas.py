@@ -44,7 +44,7 @@ from typing import Any
 from sqlalchemy import Table
 from sqlalchemy.exc import SQLAlchemyError
 
-from connectors.api.sink import RecordFailure, SinkBatch, SinkRecord
+from connectors.api.sink_records import RecordFailure, SinkBatch, SinkRecord
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.reading import MYSQL_DIALECTS
 from connectors.rds.sink_evolve import TableEvolution, schema_name

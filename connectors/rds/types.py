@@ -118,26 +118,9 @@ def avro_type_for_sql(sql_type: sqltypes.TypeEngine, where: str = "column") -> t
         return {"type": "array", "items": ["null", item]}, conv
     if isinstance(t, sqltypes.Boolean):
         return "boolean", None
-    if isinstance(t, sqltypes.BigInteger):
-        if getattr(t, "unsigned", False):
-            return {"type": "bytes", "logicalType": "decimal", "precision": 20, "scale": 0}, decimal.Decimal
-        return "long", None
-    if isinstance(t, sqltypes.Integer):
-        return ("long" if getattr(t, "unsigned", False) else "int"), None
-    if isinstance(t, sqltypes.Float):
-        is_single = type(t).__name__.upper() in ("REAL", "FLOAT4") or getattr(t, "precision", None) in range(1, 25)
-        # MySQL's reflected DOUBLE/FLOAT default to asdecimal=True: SQLAlchemy hands out Decimal
-        return ("float" if is_single else "double"), (float if t.asdecimal else None)
-    if isinstance(t, sqltypes.Numeric):
-        precision, scale = t.precision, t.scale
-        if precision is None:
-            precision, scale = UNBOUNDED_DECIMAL
-        return {
-            "type": "bytes",
-            "logicalType": "decimal",
-            "precision": int(precision),
-            "scale": int(scale or 0),
-        }, None
+    number = _avro_number(t)
+    if number is not None:
+        return number
     if isinstance(t, sqltypes.DateTime):
         if is_instant(t):
             return {"type": "long", "logicalType": "timestamp-micros"}, ensure_aware
@@ -158,6 +141,31 @@ def avro_type_for_sql(sql_type: sqltypes.TypeEngine, where: str = "column") -> t
         f"{where} has SQL type {t!r}, which has no Avro mapping; "
         "select it cast to a supported type in a `mode: query` source"
     )
+
+
+def _avro_number(t: sqltypes.TypeEngine) -> tuple[Any, Converter | None] | None:
+    """:func:`avro_type_for_sql` of an integer, floating-point or fixed-point type; ``None`` for other types."""
+    if isinstance(t, sqltypes.BigInteger):
+        if getattr(t, "unsigned", False):
+            return {"type": "bytes", "logicalType": "decimal", "precision": 20, "scale": 0}, decimal.Decimal
+        return "long", None
+    if isinstance(t, sqltypes.Integer):
+        return ("long" if getattr(t, "unsigned", False) else "int"), None
+    if isinstance(t, sqltypes.Float):
+        is_single = type(t).__name__.upper() in ("REAL", "FLOAT4") or getattr(t, "precision", None) in range(1, 25)
+        # MySQL's reflected DOUBLE/FLOAT default to asdecimal=True: SQLAlchemy hands out Decimal
+        return ("float" if is_single else "double"), (float if t.asdecimal else None)
+    if isinstance(t, sqltypes.Numeric):
+        precision, scale = t.precision, t.scale
+        if precision is None:
+            precision, scale = UNBOUNDED_DECIMAL
+        return {
+            "type": "bytes",
+            "logicalType": "decimal",
+            "precision": int(precision),
+            "scale": int(scale or 0),
+        }, None
+    return None
 
 
 def avro_record_schema(

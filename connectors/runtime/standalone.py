@@ -17,8 +17,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from connectors.registry import load_implementation
 from connectors.runtime import metrics
 from connectors.runtime.offsets import OFFSETS_TOPIC, OffsetStore, offsets_key
-from connectors.runtime.worker import TRANSACTION_TIMEOUT_MS, RunnerStats, TaskRunner
-from kernel.config.models import ConnectionConfig, KafkaConfig, RetryPolicy, SourceConnectorConfig
+from connectors.runtime.position_commits import TRANSACTION_TIMEOUT_MS
+from connectors.runtime.runner_state import RunnerStats
+from connectors.runtime.worker import TaskRunner
+from kernel.config.models import ConnectionConfig, KafkaConfig, SourceConnectorConfig
+from kernel.config.policies import RetryPolicy
 from kernel.exceptions import ConfigError
 from kernel.supervision import RestartBackoff
 

@@ -15,7 +15,7 @@ from decimal import Decimal
 from operator import attrgetter
 from typing import Any
 
-from connectors.api.sink import SinkRecord
+from connectors.api.sink_records import SinkRecord
 
 # a record's envelope fields, gathered into columns by one map each
 _IS_DELETE, _ROW, _KEY = attrgetter("is_delete"), attrgetter("row"), attrgetter("key")
@@ -247,22 +247,24 @@ def encode_parquet(
             ``ArrowInvalid``/``ArrowTypeError`` are such errors).
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     schema, needs_safe = (schemas or _SCHEMAS).get(fingerprint, value_schema)
     if values is not None and schema is not None:
-        table = _envelope_table(records, values, schema)
-        out = io.BytesIO()
-        pq.write_table(table, out, compression=compression, use_dictionary=len(records) >= DICTIONARY_MIN_ROWS)
-        return out.getvalue()
+        return _parquet_file(_envelope_table(records, values, schema), compression, len(records))
     rows = [envelope(r) for r in records]
     if needs_safe:
         for row in rows:
             if row["value"] is not None:
                 row["value"] = _arrow_safe(row["value"])
-    table = pa.Table.from_pylist(rows, schema=schema)
+    return _parquet_file(pa.Table.from_pylist(rows, schema=schema), compression, len(records))
+
+
+def _parquet_file(table: Any, compression: str, records: int) -> bytes:
+    """``table`` (of ``records`` rows) as a Parquet file: dictionary encoding from ``DICTIONARY_MIN_ROWS`` rows."""
+    import pyarrow.parquet as pq
+
     out = io.BytesIO()
-    pq.write_table(table, out, compression=compression, use_dictionary=len(records) >= DICTIONARY_MIN_ROWS)
+    pq.write_table(table, out, compression=compression, use_dictionary=records >= DICTIONARY_MIN_ROWS)
     return out.getvalue()
 
 
@@ -281,7 +283,7 @@ def _envelope_table(records: list[SinkRecord], values: Any, schema: Any) -> Any:
     if any(row is not None and row < 0 for row in rows):
         raise ValueError("an upsert has no row in the columnar values")
     # one take of the struct column: the object's rows, nulls for its tombstones
-    from schemas.columnar import null_rows_filled
+    from schemas.arrow_conform import null_rows_filled
 
     value = null_rows_filled(values.take(pa.array(rows, pa.int64())))
     columns = [

@@ -36,39 +36,28 @@ The previous position format (every object ever seen) is read and converted.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
-import io
-import json
 import logging
-import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from connectors.api.source import SourceBatch, SourceSchemas, SourceTask, TopicState
+from connectors.api.source import BoundedLiveKeys, SourceBatch, SourceSchemas, SourceTask, TopicState
 from connectors.runtime.avro import (
     CoercionError,
-    avro_name,
-    infer_record_schema,
     key_schema_from,
     record_coercer,
 )
 from connectors.s3.config import S3SourceConfig
 from connectors.s3.connection import S3Connection, s3_client
+from connectors.s3.objects import ObjectChanged, ObjectReads
 from kernel.exceptions import ConfigError, FatalError, RetriableError
 
 log = logging.getLogger(__name__)
 
 OBJECT_HEADER = "threes.s3.object"
-_SPOOL_BYTES = 64 * 1024 * 1024  # objects up to this size are buffered in memory, larger ones on disk
-_INFER_ROWS = 100
 
 
-class _ObjectChanged(Exception):
-    """The object's ETag is no longer the listed one (HTTP 412 on If-Match)."""
-
-
-class S3Source(SourceTask):
+class S3Source(ObjectReads, SourceTask):
     """Rows of objects under ``s3://bucket/prefix`` into a compacted topic, keyed by ``key``.
 
     Delivery guarantee: at least once. An object's row count is stored only
@@ -153,110 +142,6 @@ class S3Source(SourceTask):
                 key, entry = half[0]
                 self.reading = {"key": key, "etag": entry.get("etag"), "rows": int(entry.get("rows", 0))}
 
-    def _infer_schema(self) -> dict[str, Any]:
-        cfg = self.config
-        listed = self._list()
-        if not listed:
-            raise ConfigError(f"source {cfg.name!r}: no object under {self.where} to infer the value schema from; "
-                              "set `value_schema`")
-        key, etag = listed[0]["Key"], listed[0]["ETag"]
-        name = avro_name(cfg.name)
-        if cfg.format == "avro":
-            import fastavro
-
-            with self._download(key, etag) as f:
-                writer_schema = fastavro.reader(f).writer_schema
-            if not isinstance(writer_schema, dict) or writer_schema.get("type") != "record":
-                raise ConfigError(f"source {cfg.name!r}: s3://{cfg.bucket}/{key} holds {writer_schema!r} values, "
-                                  "not records")
-            schema = writer_schema
-        elif cfg.format == "parquet":
-            import pyarrow.parquet as pq
-
-            with self._download(key, etag) as f:
-                schema = _arrow_schema_to_avro(pq.ParquetFile(f).schema_arrow, name)
-        else:
-            samples = []
-            for row in self._rows(key, etag):
-                samples.append(row)
-                if len(samples) >= _INFER_ROWS:
-                    break
-            schema = infer_record_schema(name, samples, namespace="threes.s3",
-                                         doc=f"rows of {self.where}, schema inferred from {key}")
-        log.info("source=%s inferred value schema from s3://%s/%s: %s", cfg.name, cfg.bucket, key, json.dumps(schema))
-        return schema
-
-    # -- listing and reading ------------------------------------------------------------------------
-
-    def _list(self) -> list[dict[str, Any]]:
-        """Objects under the prefix, key order; folder markers (``.../``) left out."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        out: list[dict[str, Any]] = []
-        try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.config.bucket, Prefix=self.config.prefix
-            ):
-                out.extend(o for o in page.get("Contents", []) if not o["Key"].endswith("/"))
-        except (BotoCoreError, ClientError) as exc:
-            raise RetriableError(f"source {self.name!r}: listing {self.where} failed: {exc}") from exc
-        return sorted(out, key=lambda o: o["Key"])
-
-    def _download(self, key: str, etag: str) -> Any:
-        """The object's bytes in a seekable spooled file, exactly the listed version (If-Match)."""
-        f = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)
-        body = self._get(key, etag)
-        for chunk in iter(lambda: body.read(1024 * 1024), b""):
-            f.write(chunk)
-        f.seek(0)
-        return f
-
-    def _get(self, key: str, etag: str) -> Any:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            return self.client.get_object(Bucket=self.config.bucket, Key=key, IfMatch=etag)["Body"]
-        except ClientError as exc:
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if status in (404, 412):
-                raise _ObjectChanged(key) from exc
-            raise RetriableError(f"source {self.name!r}: reading s3://{self.config.bucket}/{key} failed: {exc}") \
-                from exc
-        except BotoCoreError as exc:
-            raise RetriableError(f"source {self.name!r}: reading s3://{self.config.bucket}/{key} failed: {exc}") \
-                from exc
-
-    def _rows(self, key: str, etag: str) -> Iterator[dict[str, Any]]:
-        """Raw rows of one object, in file order."""
-        fmt = self.config.format
-        if fmt == "csv":
-            text = io.TextIOWrapper(self._get(key, etag), encoding="utf-8-sig", newline="")
-            yield from csv.DictReader(text, delimiter=self.config.csv_delimiter)
-        elif fmt == "jsonl":
-            text = io.TextIOWrapper(self._get(key, etag), encoding="utf-8")
-            for n, line in enumerate(text, start=1):
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise FatalError(f"source {self.name!r}: s3://{self.config.bucket}/{key} line {n} is not "
-                                         f"JSON: {exc.msg}") from exc
-        elif fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            with self._download(key, etag) as f:
-                for batch in pq.ParquetFile(f).iter_batches(batch_size=self.config.batch_records):
-                    yield from batch.to_pylist()
-        else:
-            import fastavro
-
-            with self._download(key, etag) as f:
-                for record in fastavro.reader(f):
-                    if not isinstance(record, dict):  # a file of primitive values: nothing to key a row by
-                        raise FatalError(f"source {self.name!r}: s3://{self.config.bucket}/{key} holds "
-                                         f"{type(record).__name__} values, not records")
-                    yield record
-
     # -- poll -------------------------------------------------------------------------------------------
 
     def _position(self) -> dict[str, Any]:
@@ -310,7 +195,7 @@ class S3Source(SourceTask):
                 skip = int(self.reading.get("rows", 0))
             try:
                 yield from self._read_object(key, etag, modified, skip)
-            except _ObjectChanged:
+            except ObjectChanged:
                 log.info("source=%s s3://%s/%s changed while being read; next cycle", self.name, cfg.bucket, key)
                 complete = False
                 break  # the mark must not pass an object not read
@@ -393,13 +278,13 @@ class S3Source(SourceTask):
         if not self.listed:
             self.listed = {o["Key"]: o for o in self._list()}
         live = state.live
-        if hasattr(live, "by_tag"):
+        if isinstance(live, BoundedLiveKeys):
             groups: Iterator[tuple[str, list[bytes]]] = live.by_tag()  # one object's keys at a time, from disk
         else:
             by_object: dict[str, list[bytes]] = {}
-            for kb, obj in live.items():
-                if obj is not None:
-                    by_object.setdefault(obj, []).append(kb)
+            for kb, tag in live.items():
+                if tag is not None:
+                    by_object.setdefault(tag, []).append(kb)
             groups = iter(sorted(by_object.items()))
         for key, tagged in groups:
             obj = self.listed.get(key)
@@ -418,7 +303,7 @@ class S3Source(SourceTask):
             try:
                 current = {state.encode_key(k) for k, _v in
                            (self._record(row, key, n) for n, row in enumerate(self._rows(key, obj["ETag"]), 1))}
-            except _ObjectChanged:
+            except ObjectChanged:
                 continue  # changed again: the next cycle re-reads it and comes back here
             gone = [kb for kb in tagged if kb not in current]
             if gone:
@@ -445,34 +330,3 @@ def _mark_json(mark: tuple[dt.datetime, str] | None) -> dict[str, str] | None:
     return None if mark is None else {"modified": mark[0].isoformat(), "key": mark[1]}
 
 
-def _arrow_schema_to_avro(schema: Any, name: str) -> dict[str, Any]:
-    """An Avro record schema from a Parquet file's Arrow schema (nullable fields as unions with null)."""
-    import pyarrow as pa
-
-    def avro_type(t: Any) -> Any:
-        if pa.types.is_boolean(t):
-            return "boolean"
-        if pa.types.is_integer(t):
-            return "int" if t.bit_width <= 32 and pa.types.is_signed_integer(t) else "long"
-        if pa.types.is_floating(t):
-            return "float" if t.bit_width == 32 else "double"
-        if pa.types.is_decimal(t):
-            return {"type": "bytes", "logicalType": "decimal", "precision": t.precision, "scale": t.scale}
-        if pa.types.is_timestamp(t):
-            return {"type": "long", "logicalType": "timestamp-micros" if t.tz else "local-timestamp-micros"}
-        if pa.types.is_date(t):
-            return {"type": "int", "logicalType": "date"}
-        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            return "bytes"
-        return "string"
-
-    fields = []
-    for f in schema:
-        t = avro_type(f.type)
-        field: dict[str, Any] = {"name": avro_name(f.name), "type": ["null", t] if f.nullable else t}
-        if f.nullable:
-            field["default"] = None
-        if field["name"] != f.name:
-            field["source.field"] = f.name
-        fields.append(field)
-    return {"type": "record", "name": name, "namespace": "threes.s3", "fields": fields}

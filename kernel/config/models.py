@@ -1,80 +1,28 @@
-"""Config models shared by every part: Kafka, connections, policies, connector bases.
+"""Config models shared by every part: Kafka, the schema registry, connections, connector bases.
 
 All models forbid unknown keys (a typo is an error, not a silently ignored
 setting) and keep secrets in :class:`pydantic.SecretStr`, so ``repr``, logs and
 errors show ``**********``. Units are in the field names: ``_s`` seconds,
-``_ms`` milliseconds, ``_bytes`` bytes, ``records`` counts.
+``_ms`` milliseconds, ``_bytes`` bytes, ``records`` counts. Their field types and base model are in
+:mod:`kernel.config.fields`, the shared policies (retries, errors, batches, topics) in
+:mod:`kernel.config.policies`.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=200)]
-TopicName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]+$", max_length=249)]
-
-
-def resolve_config_path(ref: str, info: ValidationInfo) -> str:
-    """One rule for relative paths in a config: they start at the config file's folder.
-
-    The loader passes the folder as validation context (``base_dir``); a relative
-    path becomes absolute there, so sources, the stream job, sync services and
-    ``threes validate`` read the same file whatever the working directory. A
-    name of a schema shipped with threes (``nycflights13/airport``) stays a name
-    when the config's folder has no such file.
-
-    Args:
-        ref: the value as written.
-        info: pydantic's validation info (``context["base_dir"]`` when loaded from a file).
-
-    Returns:
-        An absolute path, or ``ref`` unchanged (absolute already, a shipped name,
-        or validated without a config file).
-    """
-    base = (info.context or {}).get("base_dir") if info.context is not None else None
-    path = Path(ref).expanduser()
-    if base is None or path.is_absolute():
-        return str(path) if path.is_absolute() else ref
-    local = Path(base) / path
-    if not local.exists():
-        from schemas import SHIPPED
-
-        if (SHIPPED / (ref if ref.endswith(".avsc") else f"{ref}.avsc")).is_file():
-            return ref
-    return str(local.resolve())
-
-
-SchemaRef = Annotated[str, AfterValidator(resolve_config_path)]
-"""An Avro schema: a ``.avsc`` path (relative to the config file's folder) or the name of a shipped schema."""
-ConfigPath = Annotated[str, AfterValidator(resolve_config_path)]
-"""A file path in a config, relative to the config file's folder."""
-
-
-class StrictModel(BaseModel):
-    """Base of every config model: unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-WireFormat = Literal["avro", "confluent_avro"]
-"""How a topic's keys or values are framed: ``avro`` is threes' own Avro single-object encoding (writer
-schemas in ``kafka.schema_topic``); ``confluent_avro`` is Confluent's wire format (magic byte, 4-byte schema
-id) with writer schemas in ``kafka.schema_registry``."""
+from kernel.config.fields import Name, SchemaRef, StrictModel, TopicName, WireFormat
+from kernel.config.policies import ErrorPolicy, TopicSpec
 
 
 class SchemaRegistryAuth(StrictModel):
@@ -260,95 +208,6 @@ class CheckResult:
     hint: str = ""
 
 
-class TopicSpec(StrictModel):
-    """How a topic is created when it is missing."""
-
-    partitions: int = Field(1, ge=1)
-    replication_factor: int = Field(1, ge=1)
-    configs: dict[str, str] = Field(default_factory=dict, description="topic configs, e.g. min.insync.replicas")
-    compatibility: Literal[
-        "NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"
-    ] = Field(
-        "BACKWARD",
-        description="schema evolution rule of the topic's value schema, a schema registry's levels, checked by the "
-        "Apache Avro library when the source starts with a new schema (BACKWARD: the new schema reads the latest "
-        "version's data); an incompatible schema stops the source before it produces anything",
-    )
-
-
-class RetryPolicy(StrictModel):
-    """Retries with jittered exponential backoff (tenacity ``wait_random_exponential``).
-
-    How long transient errors are retried is the connector's ``errors.retry_timeout_s``
-    (:class:`ErrorPolicy`); ``max_attempts`` is an optional extra bound.
-    """
-
-    max_attempts: int | None = Field(
-        None, ge=1, description="attempts per failure streak; default: bounded by errors.retry_timeout_s only"
-    )
-    initial_backoff_s: float = Field(0.2, gt=0)
-    max_backoff_s: float = Field(30.0, gt=0)
-
-
-class ErrorPolicy(StrictModel):
-    """What a connector does when an operation fails (Kafka Connect's ``errors.*`` settings).
-
-    Transient errors (a target or the source system unreachable, a timeout) are
-    retried with the retry policy's backoff for ``retry_timeout_s``. After that,
-    and for errors that no retry cures:
-
-    * ``tolerance: none`` (default): the task stops and the supervisor restarts it
-      in process after ``restart_backoff_s`` (doubling per consecutive failure up to
-      ``restart_max_backoff_s``); it resumes from its stored position (source) or
-      the failing batch (sink), so offsets never pass a batch that was not written.
-    * ``tolerance: all`` (sinks): the batch's records go to the dead letter topic
-      with the last error in their headers and the sink goes on with the next batch.
-    """
-
-    retry_timeout_s: float = Field(
-        300.0,
-        description="how long transient errors are retried before the task fails, seconds; -1 retries forever "
-        "(Kafka Connect's errors.retry.timeout)",
-    )
-    tolerance: Literal["none", "all"] = Field(
-        "none",
-        description="after the retries: none stops the task (restarted with backoff), all sends the batch's "
-        "records to the dead letter topic and goes on (sinks only)",
-    )
-    restart_backoff_s: float = Field(1.0, gt=0, description="delay before the first restart of a failed task, s")
-    restart_max_backoff_s: float = Field(60.0, gt=0, description="longest delay between restarts, seconds")
-
-    @field_validator("retry_timeout_s")
-    @classmethod
-    def _timeout_or_forever(cls, value: float) -> float:
-        if value != -1 and value < 0:
-            raise ValueError("retry_timeout_s is a number of seconds >= 0, or -1 (retry forever)")
-        return value
-
-    @property
-    def retries_forever(self) -> bool:
-        """``True`` when ``retry_timeout_s`` is -1."""
-        return self.retry_timeout_s == -1
-
-    def restart_delay_s(self, failures: int) -> float:
-        """Delay before restart number ``failures`` (1-based) of a task, seconds: exponential, capped."""
-        return min(self.restart_max_backoff_s, self.restart_backoff_s * 2.0 ** max(0, failures - 1))
-
-
-class BatchPolicy(StrictModel):
-    """When a batch is flushed: whichever limit is reached first."""
-
-    max_records: int = Field(10_000, ge=1)
-    max_bytes: int = Field(16 * 1024 * 1024, ge=1)
-    max_age_ms: int = Field(1_000, ge=1)
-    flush_when_idle: bool = Field(
-        True,
-        description="also cut a batch as soon as a poll returns fewer records than asked for (the input is "
-        "drained for now) instead of waiting for max_age_ms; while a partition's batch is in flight its next "
-        "one still grows",
-    )
-
-
 class ConnectorConfig(StrictModel):
     """Fields every connector has. Subclasses set ``type`` to a ``Literal`` registry key.
 
@@ -442,24 +301,3 @@ class SinkConnectorConfig(ConnectorConfig):
         "http.max_content_length, 100 MiB; PostgreSQL's 1 GiB per field; none for S3)",
     )
 
-
-def is_loopback(addr: str) -> bool:
-    """Whether ``addr`` (an IP address or ``localhost``) only accepts connections from this host."""
-    if addr == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
-
-
-def metrics_endpoint_problem(host: str, token: Any) -> str | None:
-    """Why a ``metrics_host`` / ``metrics_token`` pair is refused, ``None`` when it is fine.
-
-    Every status and metrics endpoint binds ``127.0.0.1`` by default; another address
-    serves topics, positions and error texts to the network, so it needs a bearer token.
-    """
-    if not is_loopback(host) and (token is None or not token.get_secret_value()):
-        return (f"metrics_host {host!r} is not a loopback address: set metrics_token (e.g. ${{env:METRICS_TOKEN}}); "
-                "clients then send 'Authorization: Bearer <token>'")
-    return None

@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-from kernel.config.models import is_loopback
+from kernel.config.endpoints import is_loopback
 from kernel.exceptions import ConfigError
 from kernel.redact import redact_document
 from kernel.status.page import render_page

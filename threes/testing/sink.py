@@ -33,7 +33,8 @@ from typing import Any
 import fastavro
 import pytest
 
-from connectors.api.sink import Sink, SinkBatch, SinkRecord
+from connectors.api.sink import Sink
+from connectors.api.sink_records import SinkBatch, SinkRecord
 from kernel.exceptions import SetupError
 from schemas.serde import fingerprint
 

@@ -40,7 +40,8 @@ import pytest
 from connectors.runtime.offsets import OffsetStore
 from connectors.runtime.standalone import SourceWorker, task_specs
 from connectors.runtime.worker import RunnerStats
-from kernel.config.models import KafkaConfig, RetryPolicy
+from kernel.config.models import KafkaConfig
+from kernel.config.policies import RetryPolicy
 from kernel.kafka.committed import latest_per_key
 from kernel.kafka.topics import end_offsets
 from schemas.serde import AvroDeserializer

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import text
 
-from connectors.rds.cdc import default_name
+from connectors.rds.cdc_setup import default_name
 from connectors.rds.pgoutput import lsn_int
 from connectors.runtime.offsets import OffsetStore
 from kernel.exceptions import SetupError

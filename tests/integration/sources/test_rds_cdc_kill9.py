@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import text
 
 from connectors.runtime.offsets import OffsetStore
-from connectors.runtime.worker import TRANSACTION_TIMEOUT_MS
+from connectors.runtime.position_commits import TRANSACTION_TIMEOUT_MS
 from tests.conftest import ROOT
 from tests.integration.sources.rds import write_source_run_config
 from tests.integration.sources.test_rds_cdc import changes, drop_slot

@@ -17,7 +17,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentAv
 from confluent_kafka.serialization import MessageField, SerializationContext  # noqa: E402
 from sqlalchemy import text
 
-from kernel.config.models import RetryPolicy  # noqa: E402
+from kernel.config.policies import RetryPolicy  # noqa: E402
 from kernel.kafka.committed import latest_per_key  # noqa: E402
 from schemas.registry import RegistryBridge, registry_client  # noqa: E402
 from schemas.serde import AvroDeserializer  # noqa: E402

@@ -29,7 +29,7 @@ D = decimal.Decimal
 
 
 def _run(kafka: Any, pg: Any, unique: str, table: str, **source: Any) -> Any:
-    from kernel.config.models import RetryPolicy
+    from kernel.config.policies import RetryPolicy
 
     source.setdefault("key", ["id"])
     pipeline = source_pipeline(kafka, pg, name=f"ev-{unique}", topic=f"state.{unique}", table=table, mode="bulk",
@@ -228,7 +228,7 @@ def test_a_key_change_is_seen_in_the_topic_when_no_version_was_recorded(
     kafka: Any, kafka_conf: Any, pg: Any, pg_engine: Any, unique: str, keyed: str
 ) -> None:
     """The schema versions are gone (another schema topic): the topic's latest keys still tell the key changed."""
-    from kernel.config.models import RetryPolicy
+    from kernel.config.policies import RetryPolicy
     from threes.config import pipeline_from_dict
 
     topic = f"state.{unique}"

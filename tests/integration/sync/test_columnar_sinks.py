@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import MetaData, Table, select
 
-from connectors.api.sink import SinkBatch, latest_per_key
+from connectors.api.sink_records import SinkBatch, latest_per_key
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.sink import RdsSink
-from kernel.config.models import RetryPolicy
+from kernel.config.policies import RetryPolicy
 from kernel.updates import encode_version
 from schemas.serde import AvroDeserializer, AvroSerializer
 from schemas.store import InMemorySchemaStore

@@ -170,7 +170,7 @@ def test_a_column_widened_by_hand_is_used_before_a_value_is_refused(pg: RdsConne
     # (a batch of refused records only would block and reopen the sink, which reflects the table anyway)
     import fastavro
 
-    from connectors.api.sink import SinkBatch, SinkRecord
+    from connectors.api.sink_records import SinkBatch, SinkRecord
     from connectors.rds.config import RdsSinkConfig
     from connectors.rds.sink import RdsSink
     from schemas.serde import fingerprint

@@ -85,7 +85,7 @@ def test_a_created_index_is_mapped_from_the_avro_schema(es_conn, es, unique, tmp
 
     import fastavro
 
-    from connectors.api.sink import SinkRecord
+    from connectors.api.sink_records import SinkRecord
     from schemas.serde import fingerprint
 
     (tmp_path / "mapping.json").write_text('{"properties": {"comment": {"type": "text"}}}')

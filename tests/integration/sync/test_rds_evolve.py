@@ -14,12 +14,12 @@ import fastavro
 import pytest
 from sqlalchemy import MetaData, Table, select
 
-from connectors.api.sink import SinkBatch, SinkRecord
+from connectors.api.sink_records import SinkBatch, SinkRecord
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.connection import RdsConnection
 from connectors.rds.sink import RdsSink
 from connectors.rds.sink_fit import REQUIRED_COMMENT
-from kernel.config.models import RetryPolicy
+from kernel.config.policies import RetryPolicy
 from kernel.exceptions import SinkBlockedError
 from kernel.updates import encode_version
 from schemas.serde import AvroDeserializer, AvroSerializer, fingerprint

@@ -14,11 +14,11 @@ import fastavro
 import pytest
 from sqlalchemy import MetaData, Table, select
 
-from connectors.api.sink import SinkBatch, SinkRecord
+from connectors.api.sink_records import SinkBatch, SinkRecord
 from connectors.rds.config import RdsSinkConfig
 from connectors.rds.connection import RdsConnection
 from connectors.rds.sink import RdsSink
-from kernel.config.models import RetryPolicy
+from kernel.config.policies import RetryPolicy
 from kernel.exceptions import SkippableRecordError
 from kernel.updates import encode_version
 from schemas.serde import AvroDeserializer, AvroSerializer, fingerprint

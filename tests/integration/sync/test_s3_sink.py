@@ -13,7 +13,8 @@ import pytest
 
 from connectors.s3.config import S3SinkConfig
 from connectors.s3.connection import S3Connection
-from connectors.s3.sink import S3Sink, object_key
+from connectors.s3.sink import S3Sink
+from connectors.s3.sink_objects import object_key
 from kernel.exceptions import FatalError, SinkBlockedError
 from threes.testing.sink import SinkContract, batch, record
 

@@ -8,9 +8,10 @@ from typing import Any
 import orjson
 import pytest
 
-from connectors.api.sink import SinkBatch, SinkRecord
+from connectors.api.sink_records import SinkBatch, SinkRecord
+from connectors.elasticsearch.bulk import ElasticsearchItemError, ElasticsearchThrottledError
 from connectors.elasticsearch.config import ElasticsearchSinkConfig
-from connectors.elasticsearch.sink import ElasticsearchItemError, ElasticsearchSink, ElasticsearchThrottledError
+from connectors.elasticsearch.sink import ElasticsearchSink
 from kernel.exceptions import RetriableError, SinkBackpressureError, SinkBlockedError
 
 

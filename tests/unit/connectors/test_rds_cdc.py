@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from connectors.rds import pgoutput
-from connectors.rds.cdc import default_name, identity_problem, server_problems
+from connectors.rds.cdc_setup import default_name, identity_problem, server_problems
 from connectors.rds.config import RdsSourceConfig
 
 

@@ -15,7 +15,7 @@ from connectors.runtime.avro import (
     record_coercer,
 )
 from connectors.runtime.offsets import PositionTracker, offsets_key
-from connectors.runtime.worker import bad_fields
+from connectors.runtime.produce import bad_fields
 from kernel.exceptions import FatalError
 
 

@@ -12,7 +12,8 @@ import pytest
 from confluent_kafka import KafkaException
 
 from connectors.runtime.offsets import PositionTracker
-from connectors.runtime.worker import TaskRunner, transactional_id
+from connectors.runtime.position_commits import transactional_id
+from connectors.runtime.worker import TaskRunner
 from kernel.exceptions import FatalError, RetriableError
 
 

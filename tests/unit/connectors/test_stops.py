@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from connectors.runtime.worker import TaskRunner
-from kernel.config.models import ErrorPolicy, RetryPolicy
+from kernel.config.policies import ErrorPolicy, RetryPolicy
 from kernel.exceptions import RetriableError
 from kernel.supervision import StopRequested
 

@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_exception_type, wait_none
 
+from connectors.runtime.runner_state import RunnerStats
 from connectors.runtime.standalone import SourceWorker, TaskSpec
-from connectors.runtime.worker import RunnerStats
-from kernel.config.models import ErrorPolicy, RetryPolicy
+from kernel.config.policies import ErrorPolicy, RetryPolicy
 from kernel.exceptions import RetriableError
 from kernel.supervision import RestartBackoff, describe_retry, retry_stop
 

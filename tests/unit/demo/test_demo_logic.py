@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from connectors.api.sink import SinkRecord
+from connectors.api.sink_records import SinkRecord
 from connectors.elasticsearch.sink import doc_id as es_sink_doc_id
 from kernel.config.loader import _Yaml12BoolLoader
 from kernel.exceptions import FatalError

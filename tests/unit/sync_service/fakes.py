@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from connectors.api.sink import RecordFailure, Sink, SinkBatch
+from connectors.api.sink import Sink
+from connectors.api.sink_records import RecordFailure, SinkBatch
 from kernel.config.models import SinkConnectorConfig
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kernel.config.models import BatchPolicy
+from kernel.config.policies import BatchPolicy
 from sync_service.batching import RECORD_OVERHEAD_BYTES, PartitionBuffer, message_size
 from tests.unit.sync_service.fakes import FakeMessage
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from connectors.api.sink import RecordFailure, SinkBatch, SinkRecord
+from connectors.api.sink_records import RecordFailure, SinkBatch, SinkRecord
 from kernel.exceptions import BatchRefusedError, SinkBlockedError
 from sync_service.batching import RECORD_OVERHEAD_BYTES
 from sync_service.isolation import bisect, judge, write_isolating

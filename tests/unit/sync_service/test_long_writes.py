@@ -13,7 +13,7 @@ from kernel.updates import encode_version
 from schemas.serde import AvroSerializer
 from schemas.store import InMemorySchemaStore
 from sync_service.batching import Job, PartitionBuffer
-from sync_service.service import STUCK_WRITE_WARN_S
+from sync_service.status import STUCK_WRITE_WARN_S
 from tests.unit.sync_service.fakes import FakeMessage, FakeProducer, ScriptedSink
 from tests.unit.sync_service.test_commit import service
 from tests.unit.sync_service.test_writer import SCHEMA, writer

@@ -12,10 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import JSON, BigInteger, DateTime, Integer, Numeric, Text
 
-from connectors.api.sink import SinkBatch, SinkRecord, latest_per_key
+from connectors.api.sink_records import SinkBatch, SinkRecord, latest_per_key
 from connectors.rds.sink_types import sql_type, table_from_avro
 from connectors.s3.config import S3SinkConfig
-from connectors.s3.sink import S3Sink, encode_avro, encode_jsonl, encode_parquet, object_key
+from connectors.s3.sink import S3Sink, encode_avro, encode_jsonl, encode_parquet
+from connectors.s3.sink_objects import object_key
 from kernel.exceptions import FatalError
 
 SCHEMA = {
@@ -242,7 +243,7 @@ def test_upload_errors_map_to_what_the_runtime_does(exc: Exception, expected: st
 
 def test_parquet_from_columns_equals_parquet_from_dicts_with_dates_and_tombstones() -> None:
     """The sync service's columnar values give the same objects, folders and rows as the per-record dicts."""
-    from kernel.config.models import RetryPolicy
+    from kernel.config.policies import RetryPolicy
     from kernel.updates import encode_version
     from schemas.serde import AvroSerializer
     from schemas.store import InMemorySchemaStore
@@ -292,7 +293,7 @@ def test_jsonl_from_columns_is_byte_identical_to_jsonl_from_dicts(nested: bool, 
     import copy
     from decimal import Decimal
 
-    from kernel.config.models import RetryPolicy
+    from kernel.config.policies import RetryPolicy
     from kernel.updates import encode_version
     from schemas.serde import AvroDeserializer, AvroSerializer
     from schemas.store import InMemorySchemaStore

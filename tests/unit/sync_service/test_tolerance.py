@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernel.config.models import ErrorPolicy, RetryPolicy
+from kernel.config.policies import ErrorPolicy, RetryPolicy
 from kernel.exceptions import FatalError, RetriableError
 from schemas.serde import AvroDeserializer
 from schemas.store import InMemorySchemaStore

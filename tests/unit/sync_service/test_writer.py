@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel.config.models import RetryPolicy
+from kernel.config.policies import RetryPolicy
 from kernel.exceptions import FatalError, RetriableError, SinkBackpressureError
 from kernel.updates import encode_version
 from schemas.serde import AvroDeserializer, AvroSerializer
