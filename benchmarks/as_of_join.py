@@ -62,8 +62,9 @@ def main() -> None:
 
     from stream_app.config import LookupConfig
     from stream_app.enrich import BoundLookup, enrich
-    from stream_app.snapshot.data import LK, SnapshotView
+    from stream_app.snapshot.data import LK
     from stream_app.snapshot.versioned import VersionsView, merge_versions
+    from stream_app.snapshot.view import SnapshotView
 
     spark = session()
     folder = Path(tempfile.mkdtemp(prefix="threes-asof-"))

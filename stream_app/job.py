@@ -355,7 +355,7 @@ class StreamJob:
             register_event_decoder,
             register_lookup,
         )
-        from stream_app.snapshot.data import SnapshotView
+        from stream_app.snapshot.view import SnapshotView
 
         cfg, plan = self.config, self.plan
         assert plan is not None and self._writers is not None

@@ -39,7 +39,7 @@ from stream_app.config import SESSION
 from stream_app.expressions import column as expr_column
 from stream_app.plan import Aggregate, UpdatePlan
 from stream_app.records import dead_letter, header_value, update_record
-from stream_app.snapshot.data import corrupt_to_null
+from stream_app.snapshot.decoding import corrupt_to_null
 
 COUNT = "__count"
 EVENT_DATE = "__event_date"

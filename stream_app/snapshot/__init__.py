@@ -3,8 +3,13 @@
 Modules, from data to runtime:
 
 * :mod:`~stream_app.snapshot.data`: pure functions from compacted-topic records
-  to the latest value per key (decoding, lookup keys, tombstones, change sets)
-  and :class:`~stream_app.snapshot.data.SnapshotView`, what one micro-batch joins.
+  to the latest value per key (lookup keys, tombstones).
+* :mod:`~stream_app.snapshot.decoding`: the record decoders of the snapshot
+  formats (single-object and Confluent Avro, Connect JSON, Debezium envelopes).
+* :mod:`~stream_app.snapshot.arrow_tables`: the base and overlay on the driver
+  as Arrow tables (change sets, IPC bytes, nullable schemas).
+* :mod:`~stream_app.snapshot.view`: :class:`~stream_app.snapshot.view.SnapshotView`,
+  what one micro-batch joins.
 * :mod:`~stream_app.snapshot.engines`: where a snapshot's base lives by its size
   (broadcast for small snapshots, partitioned by key on the executors above).
 * :mod:`~stream_app.snapshot.partitioned`: the partitioned store on the

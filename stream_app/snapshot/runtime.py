@@ -51,6 +51,15 @@ from stream_app.columns import rows_where
 from stream_app.kafka_io import Offsets, RangeReader, TopicWatermarks, count_between, offsets_json, read_range
 from stream_app.plan import SnapshotPlan, writers_for
 from stream_app.session import job_description
+from stream_app.snapshot.arrow_tables import (
+    apply_changes,
+    arrow_schema,
+    below,
+    dedupe_last,
+    fill_unavailable,
+    nullable_schema,
+    nullable_table,
+)
 from stream_app.snapshot.data import (
     DELETED,
     ERROR,
@@ -60,22 +69,14 @@ from stream_app.snapshot.data import (
     PARTITION,
     RANK,
     TOPIC,
-    RecordFormats,
-    SnapshotView,
-    apply_changes,
-    arrow_schema,
-    below,
-    dedupe_last,
-    fill_unavailable,
     latest_per_key,
-    nullable_schema,
-    nullable_table,
-    record_decoder,
     unavailable_columns,
 )
+from stream_app.snapshot.decoding import RecordFormats, record_decoder
 from stream_app.snapshot.delta import DriverDecoder, simple_key_field, supported_schema
 from stream_app.snapshot.engines import DeadLetterProducer, SnapshotBase
 from stream_app.snapshot.versioned import TS, VersionedStore
+from stream_app.snapshot.view import SnapshotView
 
 log = logging.getLogger(__name__)
 

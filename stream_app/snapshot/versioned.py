@@ -179,7 +179,7 @@ class VersionedStore:
         retention_ms: how far back versions reach, ms.
         value_type: the Spark type of the value fields (a ``StructType``).
         decoder: returns the snapshot's record decoder that carries ``__ts``
-            (:func:`~stream_app.snapshot.data.record_decoder` with ``carry``).
+            (:func:`~stream_app.snapshot.decoding.record_decoder` with ``carry``).
         partitions: buckets of the written table.
         broadcast_max_rows: up to this many versions the table is joined by broadcast.
         checkpoint: the snapshot's :class:`~stream_app.checkpoint.SnapshotCheckpoint`, or ``None``

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from stream_app.snapshot import mapped
-from stream_app.snapshot.data import ipc_bytes
+from stream_app.snapshot.arrow_tables import ipc_bytes
 from stream_app.snapshot.mapped import MappedLookup, bucket_file, lookup_columns, probe_sorted
 
 
@@ -107,8 +107,9 @@ def test_lookup_files_return_what_the_sort_merge_join_returns_for_every_spark_ty
     from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint, child
     from stream_app.config import LookupConfig
     from stream_app.enrich import BoundLookup, enrich
-    from stream_app.snapshot.data import LH, LK, SnapshotView, lookup_key
+    from stream_app.snapshot.data import LH, LK, lookup_key
     from stream_app.snapshot.partitioned import PartitionedStore
+    from stream_app.snapshot.view import SnapshotView
 
     rows = spark.createDataFrame(_rows(), TYPES)
     key_type = T.StructType([rows.schema["id"]])
