@@ -46,8 +46,8 @@ log = logging.getLogger("as_of_join")
 
 
 def session() -> Any:
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     spark = spark_session(SparkSettings(master=MASTER, app_name="threes-bench-asof", driver_memory="1g"),

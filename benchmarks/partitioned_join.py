@@ -73,8 +73,8 @@ log = logging.getLogger("partitioned_join")
 
 
 def session() -> Any:
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     stack = LocalStack()

@@ -137,8 +137,8 @@ def inner_lookup(spark: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     spark = spark_session(

@@ -59,13 +59,14 @@ def main() -> None:
     from schemas import load_schema
     from schemas.serde import MARKER, fingerprint
     from stream_app.batch import BatchPlan
-    from stream_app.config import SparkSettings, StreamJobConfig
+    from stream_app.config import StreamJobConfig
     from stream_app.enrich import BoundLookup
     from stream_app.plan import build_plan, writers_for
     from stream_app.session import spark_session
     from stream_app.snapshot.data import latest_per_key
     from stream_app.snapshot.decoding import RecordFormats, record_decoder
     from stream_app.snapshot.view import SnapshotView
+    from stream_app.spark_settings import SparkSettings
     from stream_app.writers import RegistryWriters
     from threes.local import LocalStack
 

@@ -90,8 +90,8 @@ log = logging.getLogger("snapshot_scale")
 def _session(
     master: str, executor_gc: str = "auto", executor_java_options: str = "", spark_conf: dict[str, str] | None = None
 ) -> Any:
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     conf = dict(spark_conf or {})

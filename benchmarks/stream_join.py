@@ -117,7 +117,8 @@ from kernel.config.models import KafkaConfig  # noqa: E402
 from kernel.kafka.topics import ensure_compacted_topic  # noqa: E402
 from schemas.serde import AvroSerializer, fingerprint, schema_json  # noqa: E402
 from schemas.store import SchemaStore  # noqa: E402
-from stream_app.config import SparkSettings, StreamJobConfig  # noqa: E402
+from stream_app.config import StreamJobConfig  # noqa: E402
+from stream_app.spark_settings import SparkSettings  # noqa: E402
 
 KEYS = int(os.environ.get("THREES_BENCH_KEYS", "1000000"))
 EVENTS = int(os.environ.get("THREES_BENCH_EVENTS", "500000"))

@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stream_app.config import SparkSettings
+from stream_app.spark_settings import SparkSettings
 
 if TYPE_CHECKING:
     from stream_app.class_data_sharing import DriverArchive

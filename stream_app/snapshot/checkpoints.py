@@ -19,8 +19,8 @@ import pyarrow as pa
 
 from kernel.config.models import KafkaConfig
 from stream_app.checkpoint import SnapshotCheckpoint
-from stream_app.config import SnapshotConfig
 from stream_app.kafka_io import Offsets, TopicWatermarks
+from stream_app.snapshot_config import SnapshotConfig
 
 log = logging.getLogger(__name__)
 

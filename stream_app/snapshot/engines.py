@@ -32,7 +32,6 @@ from kernel.config.models import KafkaConfig
 from kernel.dlq import DeadLetter
 from kernel.exceptions import RetriableError
 from kernel.kafka import clients
-from stream_app.config import SnapshotConfig
 from stream_app.session import job_description
 from stream_app.snapshot.arrow_tables import apply_changes, ipc_bytes, nullable_table
 from stream_app.snapshot.data import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC
@@ -40,6 +39,7 @@ from stream_app.snapshot.indexed import ArrowLookup, warm_udf_function
 from stream_app.snapshot.mapped import MappedLookup
 from stream_app.snapshot.mapped import warm_udf_function as mapped_warm_udf_function
 from stream_app.snapshot.partitioned import PartitionedStore
+from stream_app.snapshot_config import SnapshotConfig
 
 log = logging.getLogger(__name__)
 

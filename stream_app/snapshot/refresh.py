@@ -22,7 +22,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kernel.config.models import KafkaConfig
-from stream_app.config import SnapshotConfig
 from stream_app.kafka_io import Offsets, TopicWatermarks, count_between, offsets_json, read_range
 from stream_app.metrics import SnapshotMetrics
 from stream_app.session import job_description
@@ -32,6 +31,7 @@ from stream_app.snapshot.engines import SnapshotBase
 from stream_app.snapshot.reading import ChangeReader
 from stream_app.snapshot.versioned import VersionedStore
 from stream_app.snapshot.view import SnapshotView
+from stream_app.snapshot_config import SnapshotConfig
 
 log = logging.getLogger(__name__)
 
