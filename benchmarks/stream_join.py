@@ -594,7 +594,8 @@ class Bench:
             )
 
     def snapshot(self, topic: str, checkpoint: Path | None = None) -> Any:
-        from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint
+        from stream_app.checkpoint import SnapshotCheckpoint
+        from stream_app.checkpoint_fs import CheckpointFs
         from stream_app.kafka_io import TopicWatermarks
         from stream_app.plan import build_plan
         from stream_app.snapshot.engines import DeadLetterProducer

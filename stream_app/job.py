@@ -42,15 +42,8 @@ from schemas.serde import schema_json
 from stream_app import expressions, metrics
 from stream_app.avro_schemas import subset_schema
 from stream_app.batch import SOURCE_HEADER, BatchPlan
-from stream_app.checkpoint import (
-    BatchOffsetsLog,
-    SnapshotCheckpoint,
-    checkpoint_conf,
-    child,
-    default_fs,
-    is_local_path,
-    open_checkpoint_location,
-)
+from stream_app.checkpoint import BatchOffsetsLog, SnapshotCheckpoint
+from stream_app.checkpoint_fs import open_checkpoint_location
 from stream_app.config import StreamJobConfig
 from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, source_options, spark_kafka_options
@@ -60,6 +53,7 @@ from stream_app.session import quiet_loggers
 from stream_app.snapshot.engines import DeadLetterProducer
 from stream_app.snapshot.query import SnapshotQueries
 from stream_app.snapshot.runtime import Snapshot
+from stream_app.spark_checkpoint import checkpoint_conf, child, default_fs, is_local_path
 from stream_app.updates import aggregate, aggregation_input, aggregation_input_fields, aggregation_records, output_mode
 from stream_app.writers import WriterSchemas, registry_subjects
 

@@ -43,7 +43,7 @@ def query_offline(
     """
     import tempfile
 
-    from stream_app.checkpoint import open_checkpoint_location
+    from stream_app.checkpoint_fs import open_checkpoint_location
     from stream_app.kafka_io import TopicWatermarks
     from stream_app.plan import build_plan
     from stream_app.writers import WriterSchemas
@@ -74,9 +74,9 @@ def _loaded_snapshot(
     spark: Any, kafka: Any, config: Any, snap_plan: Any, fs: Any, writers: Any, watermarks: Any, scratch: str
 ) -> Any:
     """The snapshot loaded as the job loads it, over a :class:`ReadOnlyCheckpoint` (new versions in ``scratch``)."""
-    from stream_app.checkpoint import child
     from stream_app.snapshot.engines import DeadLetterProducer
     from stream_app.snapshot.runtime import Snapshot
+    from stream_app.spark_checkpoint import child
 
     name = snap_plan.config.name
     # duck-typed: what Snapshot reads of a SnapshotCheckpoint, never writing
