@@ -293,7 +293,8 @@ def bootstrap_jobs(event_log: Path) -> list[dict[str, Any]]:
 
 def executor_archive_ready(timeout_s: float = 300.0) -> bool:
     """Wait for a background dump of the executors' class data sharing archive; whether one exists."""
-    from stream_app.class_data_sharing import EXECUTOR_ARCHIVE, EXECUTOR_LOCK, cache_dir
+    from stream_app.class_data_sharing import cache_dir
+    from stream_app.executor_class_data_sharing import EXECUTOR_ARCHIVE, EXECUTOR_LOCK
 
     jvm = cache_dir() / "jvm"
     deadline = time.monotonic() + timeout_s
