@@ -297,8 +297,8 @@ def faa(i: Any) -> Any:
 def _write(kafka: KafkaConfig, df: Any, topic: str) -> None:
     from pyspark.sql import functions as f
 
-    from stream_app.kafka_io import spark_kafka_options
     from stream_app.records import write_records
+    from stream_app.spark_kafka_options import spark_kafka_options
 
     write_records(df.withColumn("topic", f.lit(topic)), spark_kafka_options(kafka))
 
@@ -482,7 +482,7 @@ class Bench:
         from pyspark.sql import functions as f
 
         from stream_app.avro import decode_avro, encode_avro
-        from stream_app.kafka_io import spark_kafka_options
+        from stream_app.spark_kafka_options import spark_kafka_options
 
         options = spark_kafka_options(self.kafka)
         writers = {fingerprint(s): schema_json(s) for s in (KEY, VALUE, EVENT)}

@@ -46,7 +46,7 @@ from stream_app.checkpoint import BatchOffsetsLog, SnapshotCheckpoint
 from stream_app.checkpoint_fs import open_checkpoint_location
 from stream_app.config import StreamJobConfig
 from stream_app.enrich import BoundLookup
-from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, source_options, spark_kafka_options
+from stream_app.kafka_io import TopicWatermarks, offsets_json
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import write_records
 from stream_app.session import quiet_loggers
@@ -54,6 +54,7 @@ from stream_app.snapshot.engines import DeadLetterProducer
 from stream_app.snapshot.query import SnapshotQueries
 from stream_app.snapshot.runtime import Snapshot
 from stream_app.spark_checkpoint import checkpoint_conf, child, default_fs, is_local_path
+from stream_app.spark_kafka_options import sink_options, source_options, spark_kafka_options
 from stream_app.updates import aggregate, aggregation_input, aggregation_input_fields, aggregation_records, output_mode
 from stream_app.writers import WriterSchemas, registry_subjects
 
