@@ -483,8 +483,8 @@ class StreamJob:
         """
         from pyspark.sql import functions as f
 
+        from stream_app.snapshot.as_of_join import event_time_ms
         from stream_app.snapshot.data import ERROR
-        from stream_app.snapshot.versioned import event_time_ms
 
         frame = None
         for lookup in self.config.lookups:

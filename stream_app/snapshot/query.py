@@ -51,7 +51,7 @@ from stream_app.kafka_io import offsets_json
 from stream_app.snapshot.data import DELETED, LK
 from stream_app.snapshot.query_keys import QueryError, jsonable, key_fields, key_of, parse_time_ms
 from stream_app.snapshot.query_reads import SlowQuery, index_of, mapped_row, read_bucket, version_at
-from stream_app.snapshot.versioned import FROM, TO
+from stream_app.snapshot.version_intervals import FROM, TO
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from stream_app.snapshot.data import LK
 from stream_app.snapshot.query_keys import jsonable
-from stream_app.snapshot.versioned import FROM, TO
+from stream_app.snapshot.version_intervals import FROM, TO
 
 _M = 0xFFFFFFFF
 

@@ -39,7 +39,7 @@ from stream_app.snapshot.data import (
 from stream_app.snapshot.decoding import RecordFormats, record_decoder
 from stream_app.snapshot.delta import DriverDecoder, simple_key_field, supported_schema
 from stream_app.snapshot.engines import DeadLetterProducer
-from stream_app.snapshot.versioned import TS
+from stream_app.snapshot.version_intervals import TS
 
 
 class ChangeReader:

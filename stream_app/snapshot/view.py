@@ -44,7 +44,7 @@ class SnapshotView:
             by the Python workers instead of a join; ``None``: Spark joins.
         partitions: partitioned mode: the base's buckets.
         versions: a versioned snapshot (``retention``): its versions as of this
-            view (:class:`~stream_app.snapshot.versioned.VersionsView`), what
+            view (:class:`~stream_app.snapshot.as_of_join.VersionsView`), what
             ``as_of`` lookups join; ``None`` otherwise.
         jvm: ``"jvm"`` mode (real-time mode, :mod:`stream_app.realtime`): the lookup UDF's name and the
             reader key (``None`` for string keys) and value schema JSON; the table lives in the executors'
