@@ -34,7 +34,7 @@ import fastavro  # noqa: E402
 from schemas.serde import MARKER, fingerprint, schema_json  # noqa: E402
 from stream_app.avro import decode_avro  # noqa: E402
 from stream_app.avro_schemas import subset_schema  # noqa: E402
-from stream_app.config import SparkSettings  # noqa: E402
+from stream_app.spark_settings import SparkSettings  # noqa: E402
 
 N = int(os.environ.get("THREES_BENCH_RECORDS", "100000"))
 ROUNDS = int(os.environ.get("THREES_BENCH_ROUNDS", "3"))

@@ -8,7 +8,7 @@ Both joins are the job's own code on the same events: the latest lookup is
 :func:`stream_app.enrich.enrich` against a base of one row per key (broadcast up to
 100k keys, else partitioned and sort-merge joined, as the job chooses); the as-of lookup is
 the same :func:`~stream_app.enrich.enrich` with ``as_of`` against the versions table that
-:func:`stream_app.snapshot.versioned.merge_versions` builds from ``VERSIONS`` records per key,
+:func:`stream_app.snapshot.version_intervals.merge_versions` builds from ``VERSIONS`` records per key,
 written as the versioned store writes it (Parquet bucketed by ``__lk``). Each plan's output goes
 to Spark's ``noop`` sink; the best of ``THREES_BENCH_ASOF_ROUNDS`` (3) counts, and the median of
 each round's own ratio (both plans run back to back) is printed beside it. Target: as-of
@@ -46,8 +46,8 @@ log = logging.getLogger("as_of_join")
 
 
 def session() -> Any:
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     spark = spark_session(SparkSettings(master=MASTER, app_name="threes-bench-asof", driver_memory="1g"),
@@ -62,8 +62,10 @@ def main() -> None:
 
     from stream_app.config import LookupConfig
     from stream_app.enrich import BoundLookup, enrich
-    from stream_app.snapshot.data import LK, SnapshotView
-    from stream_app.snapshot.versioned import VersionsView, merge_versions
+    from stream_app.snapshot.as_of_join import VersionsView
+    from stream_app.snapshot.data import LK
+    from stream_app.snapshot.version_intervals import merge_versions
+    from stream_app.snapshot.view import SnapshotView
 
     spark = session()
     folder = Path(tempfile.mkdtemp(prefix="threes-asof-"))

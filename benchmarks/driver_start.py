@@ -40,8 +40,8 @@ def child(sharing: bool) -> dict[str, Any]:
     started = time.monotonic()
     from pyspark import SparkContext
 
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     spark = spark_session(

@@ -131,8 +131,8 @@ def main() -> None:
     from confluent_kafka.admin import AdminClient
 
     from kernel.config.models import KafkaConfig
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     stack = LocalStack()

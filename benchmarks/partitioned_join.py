@@ -73,8 +73,8 @@ log = logging.getLogger("partitioned_join")
 
 
 def session() -> Any:
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     stack = LocalStack()
@@ -259,8 +259,8 @@ def strategies(base: Any, raw: Any, ipc: Path) -> dict[str, Any]:
 
     from stream_app.config import LookupConfig
     from stream_app.enrich import BoundLookup, enrich
-    from stream_app.snapshot.data import SnapshotView
     from stream_app.snapshot.mapped import write_lookup_files
+    from stream_app.snapshot.view import SnapshotView
 
     lookup_folder = str(ipc / "engine")
     write_lookup_files(base.sparkSession, str(ipc.parent / "base"), lookup_folder, BUCKETS, base.schema)

@@ -79,7 +79,7 @@ def decode_and_drop(spark: Any) -> dict[str, Any]:
 
     from schemas.serde import fingerprint, schema_json
     from stream_app.avro import decode_avro, encode_avro
-    from stream_app.snapshot.data import corrupt_to_null
+    from stream_app.snapshot.decoding import corrupt_to_null
     from stream_app.updates import aggregation_input
 
     js, fp = schema_json(SCHEMA), fingerprint(SCHEMA)
@@ -107,7 +107,7 @@ def inner_lookup(spark: Any) -> dict[str, Any]:
 
     from stream_app.config import LookupConfig
     from stream_app.enrich import BoundLookup, enrich
-    from stream_app.snapshot.data import SnapshotView
+    from stream_app.snapshot.view import SnapshotView
 
     ref = spark.range(10_000).select(
         f.concat(f.lit("K"), f.col("id").cast("string")).alias("faa"),
@@ -137,8 +137,8 @@ def inner_lookup(spark: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     spark = spark_session(

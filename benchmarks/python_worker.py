@@ -65,8 +65,8 @@ def child(mode: str) -> dict[str, Any]:
     """One application: the median and fastest of ``JOBS`` timed jobs, seconds."""
     from pyspark.sql import functions as f
 
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     spark = spark_session(

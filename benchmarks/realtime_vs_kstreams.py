@@ -195,8 +195,8 @@ class Bench:
 
     def session(self) -> Any:
         if self.spark is None:
-            from stream_app.config import SparkSettings
             from stream_app.session import spark_session
+            from stream_app.spark_settings import SparkSettings
             from threes.local import LocalStack
 
             self.spark = spark_session(

@@ -7,7 +7,7 @@ Run: ``python benchmarks/registry_format.py`` (``THREES_BENCH_REG_EVENTS`` event
 The same flights and airports are encoded twice with fastavro: in the single-object form (writer
 schemas by fingerprint) and in Confluent's wire format (a ``mock://`` registry's ids, two writer
 versions of each subject). Both run through the job's own code: the snapshot's
-:func:`~stream_app.snapshot.data.record_decoder` and :func:`~stream_app.snapshot.data.latest_per_key`
+:func:`~stream_app.snapshot.decoding.record_decoder` and :func:`~stream_app.snapshot.data.latest_per_key`
 (a bootstrap), then the micro-batch plan (:class:`stream_app.batch.BatchPlan`: decode, two lookups
 into the snapshot, encode) over Kafka-shaped rows, into Spark's ``noop`` sink. The registry path is
 the single-object one after a ``CASE`` over the known ids swaps the 5-byte prefix (schemas cached:
@@ -59,11 +59,14 @@ def main() -> None:
     from schemas import load_schema
     from schemas.serde import MARKER, fingerprint
     from stream_app.batch import BatchPlan
-    from stream_app.config import SparkSettings, StreamJobConfig
+    from stream_app.config import StreamJobConfig
     from stream_app.enrich import BoundLookup
     from stream_app.plan import build_plan, writers_for
     from stream_app.session import spark_session
-    from stream_app.snapshot.data import RecordFormats, SnapshotView, latest_per_key, record_decoder
+    from stream_app.snapshot.data import latest_per_key
+    from stream_app.snapshot.decoding import RecordFormats, record_decoder
+    from stream_app.snapshot.view import SnapshotView
+    from stream_app.spark_settings import SparkSettings
     from stream_app.writers import RegistryWriters
     from threes.local import LocalStack
 

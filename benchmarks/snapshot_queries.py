@@ -104,9 +104,10 @@ def main() -> None:
 
     from kernel.config.models import KafkaConfig
     from schemas.store import SchemaStore
-    from stream_app.config import SparkSettings, StreamJobConfig
+    from stream_app.config import StreamJobConfig
     from stream_app.job import StreamJob
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     stack = LocalStack()  # Kafka must be running (threes local up): nothing is started here

@@ -90,8 +90,8 @@ log = logging.getLogger("snapshot_scale")
 def _session(
     master: str, executor_gc: str = "auto", executor_java_options: str = "", spark_conf: dict[str, str] | None = None
 ) -> Any:
-    from stream_app.config import SparkSettings
     from stream_app.session import spark_session
+    from stream_app.spark_settings import SparkSettings
     from threes.local import LocalStack
 
     conf = dict(spark_conf or {})
@@ -293,7 +293,8 @@ def bootstrap_jobs(event_log: Path) -> list[dict[str, Any]]:
 
 def executor_archive_ready(timeout_s: float = 300.0) -> bool:
     """Wait for a background dump of the executors' class data sharing archive; whether one exists."""
-    from stream_app.class_data_sharing import EXECUTOR_ARCHIVE, EXECUTOR_LOCK, cache_dir
+    from stream_app.class_data_sharing import cache_dir
+    from stream_app.executor_class_data_sharing import EXECUTOR_ARCHIVE, EXECUTOR_LOCK
 
     jvm = cache_dir() / "jvm"
     deadline = time.monotonic() + timeout_s

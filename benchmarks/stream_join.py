@@ -117,7 +117,8 @@ from kernel.config.models import KafkaConfig  # noqa: E402
 from kernel.kafka.topics import ensure_compacted_topic  # noqa: E402
 from schemas.serde import AvroSerializer, fingerprint, schema_json  # noqa: E402
 from schemas.store import SchemaStore  # noqa: E402
-from stream_app.config import SparkSettings, StreamJobConfig  # noqa: E402
+from stream_app.config import StreamJobConfig  # noqa: E402
+from stream_app.spark_settings import SparkSettings  # noqa: E402
 
 KEYS = int(os.environ.get("THREES_BENCH_KEYS", "1000000"))
 EVENTS = int(os.environ.get("THREES_BENCH_EVENTS", "500000"))
@@ -296,8 +297,8 @@ def faa(i: Any) -> Any:
 def _write(kafka: KafkaConfig, df: Any, topic: str) -> None:
     from pyspark.sql import functions as f
 
-    from stream_app.kafka_io import spark_kafka_options
     from stream_app.records import write_records
+    from stream_app.spark_kafka_options import spark_kafka_options
 
     write_records(df.withColumn("topic", f.lit(topic)), spark_kafka_options(kafka))
 
@@ -481,7 +482,7 @@ class Bench:
         from pyspark.sql import functions as f
 
         from stream_app.avro import decode_avro, encode_avro
-        from stream_app.kafka_io import spark_kafka_options
+        from stream_app.spark_kafka_options import spark_kafka_options
 
         options = spark_kafka_options(self.kafka)
         writers = {fingerprint(s): schema_json(s) for s in (KEY, VALUE, EVENT)}
@@ -593,7 +594,8 @@ class Bench:
             )
 
     def snapshot(self, topic: str, checkpoint: Path | None = None) -> Any:
-        from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint
+        from stream_app.checkpoint import SnapshotCheckpoint
+        from stream_app.checkpoint_fs import CheckpointFs
         from stream_app.kafka_io import TopicWatermarks
         from stream_app.plan import build_plan
         from stream_app.snapshot.engines import DeadLetterProducer

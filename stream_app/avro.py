@@ -79,7 +79,7 @@ def from_confluent(col: Any, headers: Mapping[bytes, bytes]) -> Any:
     Returns:
         A binary column: single-object bytes for a known id; the bytes unchanged otherwise (an
         unknown id, not Confluent-framed, ``null``), which :func:`decode_avro` does not decode and
-        :func:`stream_app.snapshot.data.decode_error_reason` names.
+        :func:`stream_app.snapshot.decoding.decode_error_reason` names.
     """
     f = _f()
     if not headers:

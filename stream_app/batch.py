@@ -26,7 +26,9 @@ from stream_app.enrich import BoundLookup, apply_steps
 from stream_app.kafka_io import offsets_json
 from stream_app.plan import JobPlan, writers_for
 from stream_app.records import RECORD_FIELDS, dead_letter_fields, header, no_headers, record_of, record_rows
-from stream_app.snapshot.data import ERROR, SnapshotView, decode_error_reason
+from stream_app.snapshot.data import ERROR
+from stream_app.snapshot.decoding import decode_error_reason
+from stream_app.snapshot.view import SnapshotView
 from stream_app.updates import projection_records
 
 SOURCE_HEADER = "source"  # on enriched events: "topic:partition:offset" of the event they enrich

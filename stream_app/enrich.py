@@ -43,10 +43,11 @@ from typing import Any
 from stream_app.columns import ColumnCache, rows_where
 from stream_app.config import LookupConfig
 from stream_app.expressions import column
-from stream_app.snapshot.data import DELETED, LK, SnapshotView, event_lookup_key
+from stream_app.snapshot.as_of_join import event_time_ms, join_as_of
+from stream_app.snapshot.data import DELETED, LK, event_lookup_key
 from stream_app.snapshot.indexed import MATCHED, ArrowLookup, lookup_udf_function
 from stream_app.snapshot.mapped import MappedLookup, mapped_udf_function
-from stream_app.snapshot.versioned import event_time_ms, join_as_of
+from stream_app.snapshot.view import SnapshotView
 from stream_app.stages import DeriveStep, LookupStep, Step, WhereStep
 
 

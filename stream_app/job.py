@@ -42,24 +42,19 @@ from schemas.serde import schema_json
 from stream_app import expressions, metrics
 from stream_app.avro_schemas import subset_schema
 from stream_app.batch import SOURCE_HEADER, BatchPlan
-from stream_app.checkpoint import (
-    BatchOffsetsLog,
-    SnapshotCheckpoint,
-    checkpoint_conf,
-    child,
-    default_fs,
-    is_local_path,
-    open_checkpoint_location,
-)
+from stream_app.checkpoint import BatchOffsetsLog, SnapshotCheckpoint
+from stream_app.checkpoint_fs import open_checkpoint_location
 from stream_app.config import StreamJobConfig
 from stream_app.enrich import BoundLookup
-from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, source_options, spark_kafka_options
+from stream_app.kafka_io import TopicWatermarks, offsets_json
 from stream_app.plan import JobPlan, build_plan, full_name, writers_for
 from stream_app.records import write_records
 from stream_app.session import quiet_loggers
 from stream_app.snapshot.engines import DeadLetterProducer
 from stream_app.snapshot.query import SnapshotQueries
 from stream_app.snapshot.runtime import Snapshot
+from stream_app.spark_checkpoint import checkpoint_conf, child, default_fs, is_local_path
+from stream_app.spark_kafka_options import sink_options, source_options, spark_kafka_options
 from stream_app.updates import aggregate, aggregation_input, aggregation_input_fields, aggregation_records, output_mode
 from stream_app.writers import WriterSchemas, registry_subjects
 
@@ -355,7 +350,7 @@ class StreamJob:
             register_event_decoder,
             register_lookup,
         )
-        from stream_app.snapshot.data import SnapshotView
+        from stream_app.snapshot.view import SnapshotView
 
         cfg, plan = self.config, self.plan
         assert plan is not None and self._writers is not None
@@ -488,8 +483,8 @@ class StreamJob:
         """
         from pyspark.sql import functions as f
 
+        from stream_app.snapshot.as_of_join import event_time_ms
         from stream_app.snapshot.data import ERROR
-        from stream_app.snapshot.versioned import event_time_ms
 
         frame = None
         for lookup in self.config.lookups:

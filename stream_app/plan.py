@@ -22,6 +22,7 @@ from schemas import load_schema
 from schemas.debezium import after_schema, envelope_reader
 from schemas.exceptions import SchemaNotFoundError
 from schemas.serde import fingerprint, schema_json
+from stream_app.aggregation_specs import parse_aggregation
 from stream_app.avro_schemas import (
     TIMESTAMP_MICROS,
     JoinedFields,
@@ -33,10 +34,12 @@ from stream_app.avro_schemas import (
     subset_schema,
     with_derived,
 )
-from stream_app.config import SnapshotConfig, StreamJobConfig, UpdateConfig, parse_aggregation
+from stream_app.config import StreamJobConfig
 from stream_app.expressions import Expression, ExpressionError, check, is_unknown, parse, type_class
+from stream_app.snapshot_config import SnapshotConfig
 from stream_app.stages import Step, order_steps
 from stream_app.transform import INTERNAL_PREFIX, Transform, internal_fields, load_transform, output_type
+from stream_app.update_config import UpdateConfig
 
 _NUMERIC = {"int", "long", "float", "double"}
 _TIMESTAMPS = {"timestamp-millis", "timestamp-micros"}

@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from kernel.exceptions import SetupError
-from stream_app.config import SnapshotConfig, StreamJobConfig, duration_s
+from stream_app.config import StreamJobConfig
+from stream_app.durations import duration_s
+from stream_app.snapshot_config import SnapshotConfig
 
 log = logging.getLogger(__name__)
 

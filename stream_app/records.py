@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kernel.updates import SOURCE_TS_HEADER, VERSION_HEADER
-from stream_app.kafka_io import sink_options
+from stream_app.spark_kafka_options import sink_options
 
 HEADER_TYPE = "struct<key:string,value:binary>"
 RECORD_FIELDS = ("topic", "key", "value", "headers")

@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stream_app.config import SparkSettings
+from stream_app.spark_settings import SparkSettings
 
 if TYPE_CHECKING:
     from stream_app.class_data_sharing import DriverArchive
@@ -250,7 +250,7 @@ def _executor_archive_options(executor_options: str) -> tuple[str, ...]:
     application of an installation records the classes its executors load; its process's exit dumps
     them into the archive in the background (:mod:`stream_app.class_data_sharing`).
     """
-    from stream_app.class_data_sharing import executor_archive
+    from stream_app.executor_class_data_sharing import executor_archive
 
     shared = executor_archive(executor_options)
     return shared.java_options if shared is not None else ()

@@ -67,7 +67,7 @@ _SPARK_SOURCES = frozenset({"parquet", "orc", "json", "csv", "avro", "text", "bi
 # (see docs/operations.md, "The executors' JIT compilers").
 JIT_INLINE_FLAGS = "MaxInlineLevel|MaxInlineSize|FreqInlineSize|InlineSmallCode"
 """The HotSpot inlining limits (``-XX:<name>=<n>``): allowed, and one of the user's own replaces
-``stream.spark.jit_inlining``'s set (:mod:`stream_app.config`)."""
+``stream.spark.jit_inlining``'s set (:mod:`stream_app.spark_settings`)."""
 _JVM_FLAG = re.compile(
     r"^(-XX:\+Use(G1|Parallel|Z|Shenandoah|Serial)GC|-XX:MaxGCPauseMillis=\d+|-XX:\+ExitOnOutOfMemoryError|"
     r"-XX:CompileThresholdScaling=\d+(\.\d+)?|-XX:TieredStopAtLevel=[0-4]|-XX:[+-]TieredCompilation|"

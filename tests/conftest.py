@@ -230,8 +230,8 @@ class SparkSessions:
 
     def get(self, master: str = LOCAL) -> Any:
         """The running session on ``master``, started (and any other stopped) when needed."""
-        from stream_app.config import SparkSettings
         from stream_app.session import spark_session
+        from stream_app.spark_settings import SparkSettings
         from threes.local import LocalStack
 
         if self.session is not None and self.master == master and self.session.sparkContext._jsc is not None:

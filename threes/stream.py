@@ -132,7 +132,8 @@ def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | Non
     SparkSession of its own (``local[1]``), and reads the checkpoint location only.
     """
     from stream_app.session import spark_session
-    from stream_app.snapshot.query import QueryError, query_offline
+    from stream_app.snapshot.offline_query import query_offline
+    from stream_app.snapshot.query_keys import QueryError
     from threes.console import fail
 
     pipeline = _stream(config)

@@ -32,24 +32,14 @@ from kernel.config.models import KafkaConfig
 from kernel.dlq import DeadLetter
 from kernel.exceptions import RetriableError
 from kernel.kafka import clients
-from stream_app.config import SnapshotConfig
 from stream_app.session import job_description
-from stream_app.snapshot.data import (
-    DELETED,
-    ERROR,
-    LH,
-    LK,
-    OFFSET,
-    PARTITION,
-    TOPIC,
-    apply_changes,
-    ipc_bytes,
-    nullable_table,
-)
+from stream_app.snapshot.arrow_tables import apply_changes, ipc_bytes, nullable_table
+from stream_app.snapshot.data import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC
 from stream_app.snapshot.indexed import ArrowLookup, warm_udf_function
 from stream_app.snapshot.mapped import MappedLookup
 from stream_app.snapshot.mapped import warm_udf_function as mapped_warm_udf_function
 from stream_app.snapshot.partitioned import PartitionedStore
+from stream_app.snapshot_config import SnapshotConfig
 
 log = logging.getLogger(__name__)
 

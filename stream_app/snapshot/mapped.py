@@ -139,7 +139,7 @@ def write_lookup_files(spark: Any, data: str, folder: str, partitions: int, sche
     Raises:
         RuntimeError: a data file does not name its bucket as Spark's bucketed writer does.
     """
-    from stream_app.snapshot.data import arrow_schema, nullable_schema
+    from stream_app.snapshot.arrow_tables import arrow_schema, nullable_schema
 
     os.makedirs(folder, exist_ok=True)
     try:

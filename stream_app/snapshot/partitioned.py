@@ -62,10 +62,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from stream_app.checkpoint import default_fs, is_local_path
 from stream_app.session import job_description
 from stream_app.snapshot.data import DELETED, LK
 from stream_app.snapshot.mapped import LOOKUP_FOLDER, is_complete, write_lookup_files
+from stream_app.spark_checkpoint import default_fs, is_local_path
 
 log = logging.getLogger(__name__)
 

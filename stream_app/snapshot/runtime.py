@@ -30,52 +30,45 @@ restore-then-tail.
 Because the overlay keeps offsets, :meth:`Snapshot.view` can give the
 snapshot *as of* earlier offsets: a micro-batch replayed after a crash joins
 against exactly what it joined the first time.
+
+The reading and decoding of offset ranges is :mod:`stream_app.snapshot.reading`,
+the refresh before each micro-batch :mod:`stream_app.snapshot.refresh`, the
+checkpoint schedule :mod:`stream_app.snapshot.checkpoints`.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from kernel.config.models import KafkaConfig
 from stream_app import metrics
 from stream_app.checkpoint import SnapshotCheckpoint
-from stream_app.columns import rows_where
-from stream_app.kafka_io import Offsets, RangeReader, TopicWatermarks, count_between, offsets_json, read_range
-from stream_app.plan import SnapshotPlan, writers_for
+from stream_app.kafka_io import Offsets, TopicWatermarks, count_between, offsets_json, read_range
+from stream_app.plan import SnapshotPlan
 from stream_app.session import job_description
-from stream_app.snapshot.data import (
-    DELETED,
-    ERROR,
-    LH,
-    LK,
-    OFFSET,
-    PARTITION,
-    RANK,
-    TOPIC,
-    RecordFormats,
-    SnapshotView,
+from stream_app.snapshot.arrow_tables import (
     apply_changes,
-    arrow_schema,
     below,
     dedupe_last,
     fill_unavailable,
-    latest_per_key,
-    nullable_schema,
     nullable_table,
-    record_decoder,
-    unavailable_columns,
 )
-from stream_app.snapshot.delta import DriverDecoder, simple_key_field, supported_schema
+from stream_app.snapshot.checkpoints import CheckpointSchedule
+from stream_app.snapshot.data import (
+    ERROR,
+    latest_per_key,
+)
 from stream_app.snapshot.engines import DeadLetterProducer, SnapshotBase
-from stream_app.snapshot.versioned import TS, VersionedStore
+from stream_app.snapshot.reading import ChangeReader
+from stream_app.snapshot.refresh import SnapshotRefresh
+from stream_app.snapshot.versioned import VersionedStore
+from stream_app.snapshot.view import SnapshotView
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +77,7 @@ def _covers(upto: Mapping[str, Mapping[int, int]], base: Mapping[str, Mapping[in
     return all(upto.get(t, {}).get(p, 0) >= o for t, parts in base.items() for p, o in parts.items())
 
 
-class Snapshot:
+class Snapshot(SnapshotRefresh):
     """One GlobalKTable-like snapshot of compacted topics (see module docstring).
 
     Args:
@@ -116,207 +109,30 @@ class Snapshot:
         self.headers = headers or dict
         self.cfg = plan.config
         self.debezium = self.cfg.envelope == "debezium"
-        self._unavailable = unavailable_columns(plan.value.spark_type) if self.debezium else []
         self.name = self.cfg.name
         self.watermarks, self.checkpoint, self.dead_letters = watermarks, checkpoint, dead_letters
-        self.rank = {t: i for i, t in enumerate(self.cfg.topics)}
+        self.reader = ChangeReader(spark, kafka, plan, writers, dead_letters, headers)
+        self.rank = self.reader.rank
         self.value_names = list(plan.value.spark_type.fieldNames())
         self.offsets: Offsets = {}
         self.base_offsets: Offsets = {}
         self.caught_up_at = 0.0  # epoch seconds at which the snapshot was known to reach the end offsets
-        self.base = SnapshotBase(spark, self.cfg, self.value_names, self._empty_base(), checkpoint)
+        self.base = SnapshotBase(spark, self.cfg, self.value_names, self.reader.empty_base(), checkpoint)
         self._log: pa.Table | None = None
         self._view: SnapshotView | None = None
-        self._last_checkpoint: tuple[float, dict[str, dict[int, int]] | None] = (time.monotonic(), None)
-        self._checkpoint_thread: threading.Thread | None = None
-        self._ranges = RangeReader(kafka)
-        self._decoder: tuple[frozenset[bytes], Callable[[Any], Any]] | None = None
-        self._driver: tuple[frozenset[bytes], DriverDecoder] | None = None
-        self._log_schema: pa.Schema | None = None
-        # who decoded the last read (a refresh, or a bootstrap from the topics): "driver" (fastavro) or "spark"
-        self.decoded_by = ""
+        self.checkpoints = CheckpointSchedule(kafka, self.cfg, watermarks, checkpoint)
         self._metrics = metrics.snapshot_metrics(job, self.name, lambda: time.time() - self.caught_up_at)
         self.versions: VersionedStore | None = None  # with ``retention``: the versions of as-of lookups
         if self.cfg.retention_ms is not None:
             self.versions = VersionedStore(
-                spark, kafka, self.name, self.cfg.retention_ms, plan.value.spark_type, self._versions_decoder,
+                spark, kafka, self.name, self.cfg.retention_ms, plan.value.spark_type, self.reader.versions_decoder,
                 self.base.store.partitions, self.cfg.broadcast_max_rows, checkpoint, plan.schema_id,
             )
 
-    # -- reading Kafka ------------------------------------------------------------------------
-
-    def _relevant_writers(self) -> dict[bytes, str]:
-        """The known writer schemas that resolve to the key or the value reader schema (fingerprint -> JSON)."""
-        writers = self.writers()
-        avro_keys = self.cfg.key_format in ("avro", "confluent_avro")
-        keys = writers_for(writers, self.plan.key.avro) if avro_keys else {}
-        if self.cfg.value_format == "connect_json":
-            return keys
-        value = self.plan.envelope if self.plan.envelope is not None else self.plan.value
-        return {**keys, **writers_for(writers, value.avro)}
-
-    def _formats(self, relevant: Mapping[bytes, str]) -> RecordFormats:
-        """How the records are framed; the registry ids of the relevant writer schemas."""
-        return RecordFormats(
-            value_format=self.cfg.value_format,
-            headers={p: h for p, h in self.headers().items() if h[2:] in relevant} if self.cfg.registry_formats
-            else {},
-            debezium=self.debezium,
-            envelope_json=self.plan.envelope.json if self.plan.envelope is not None else None,
-            value_type=self.plan.value.spark_type,
-        )
-
-    def _decode(self, raw: Any) -> Any:
-        relevant = self._relevant_writers()
-        formats = self._formats(relevant)
-        known = frozenset([*relevant, *formats.headers])
-        if self._decoder is None or self._decoder[0] != known:
-            decode = record_decoder(
-                relevant,
-                self.plan.key.json,
-                self.plan.value.json,
-                self.plan.key.spark_type,
-                self.rank,
-                self.cfg.key_format,
-                formats=formats,
-            )
-            self._decoder = (known, decode)
-        return self._decoder[1](raw)
-
-    def _versions_decoder(self) -> Callable[[Any], Any]:
-        """The record decoder of the versioned store: the snapshot's, carrying the records' time (``__ts``)."""
-        relevant = self._relevant_writers()
-        return record_decoder(relevant, self.plan.key.json, self.plan.value.json, self.plan.key.spark_type,
-                              self.rank, self.cfg.key_format, carry=(TS,), formats=self._formats(relevant))
-
-    def _previous_rows(self, keys: list[str]) -> dict[str, dict[str, Any] | None]:
-        """The snapshot's current rows of ``keys`` (overlay over base), for Debezium's TOASTed columns."""
-        from pyspark.sql import functions as f
-
-        found: dict[str, dict[str, Any] | None] = {}
-        if self.base.table is not None:
-            base = self.base.table.filter(pc.is_in(self.base.table.column(LK), value_set=pa.array(keys, pa.string())))
-        elif self.base.df is not None:  # partitioned: the few keys' rows from the executors
-            base = self.base.df.filter(f.col(LK).isin(keys)).toArrow()
-        else:
-            base = None
-        if base is not None:
-            for row in base.to_pylist():
-                found[row[LK]] = row
-        if self._log is not None and self._log.num_rows:
-            overlay = self._log.filter(pc.is_in(self._log.column(LK), value_set=pa.array(keys, pa.string())))
-            for row in overlay.to_pylist():  # read order: the last row of a key wins
-                found[row[LK]] = None if row[DELETED] else row
-        return found
-
-    def _empty_base(self) -> pa.Table:
-        from pyspark.sql import types as T
-
-        spark_type = T.StructType(
-            [T.StructField(LK, T.StringType()), T.StructField(LH, T.LongType()), *self.plan.value.spark_type.fields]
-        )
-        return nullable_table(arrow_schema(spark_type).empty_table())
-
-    def _dead_letter_errors(self, decoded: Any, stage: str = "snapshot") -> int:
-        # not a filter, which Spark pushed below the decode: every record decoded again per check of the reason
-        bad = rows_where(decoded, decoded[ERROR].isNotNull(), [TOPIC, PARTITION, OFFSET, ERROR, "key", "value"])
-        return self.dead_letters.send(bad.toArrow(), stage)
-
-    def _empty_log(self) -> pa.Table:
-        """An empty overlay log table: ``__lk, __lh, __deleted, __topic, __partition, __offset`` + values."""
-        if self._log_schema is None:
-            base = list(self._empty_base().schema)
-            extra = [(DELETED, pa.bool_()), (TOPIC, pa.string()), (PARTITION, pa.int32()), (OFFSET, pa.int64())]
-            self._log_schema = nullable_schema(pa.schema([*base[:2], *extra, *base[2:]]))
-        return self._log_schema.empty_table()
-
-    def _driver_decoder(self) -> DriverDecoder | None:
-        """The fastavro decoder of small deltas, ``None`` when the schemas need the JVM's decoding."""
-        key_field = simple_key_field(self.plan.key.spark_type)
-        if key_field is None or not supported_schema(self.plan.value.avro) or not supported_schema(self.plan.key.avro):
-            return None
-        if self.debezium or "connect_json" in (self.cfg.key_format, self.cfg.value_format):
-            return None  # envelopes and Connect JSON are decoded by the JVM path only
-        relevant = self._relevant_writers()
-        if self._driver is None or self._driver[0] != frozenset(relevant):
-            decoder = DriverDecoder(
-                relevant,
-                self.plan.key.json,
-                self.plan.value.json,
-                key_field,
-                self._empty_log().schema,
-                self.rank,
-                self.cfg.key_format,
-            )
-            self._driver = (frozenset(relevant), decoder)
-        return self._driver[1]
-
-    def _read_changes(self, start: Offsets, ends: Offsets, pending: int) -> pa.Table:
-        """Records in ``[start, ends)``: the whole log when small, else the latest per key (tombstones kept).
-
-        A few records are read on the driver by one long-lived consumer and
-        decoded there by fastavro (:mod:`stream_app.snapshot.delta`: no Spark
-        job), or in the JVM when fastavro cannot reproduce Spark's decoding;
-        many are read and decoded by Spark.
-        """
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as f
-
-        self.decoded_by = "spark"
-        if pending > self.cfg.overlay_max_rows:
-            raw = read_range(self.spark, self.kafka, start, ends)
-        else:
-            records = self._ranges.read(start, ends)
-            if records.num_rows:
-                records = self._single_object(records)
-                decoder = self._driver_decoder()
-                table = decoder.decode(records) if decoder is not None else None
-                if table is not None:
-                    self.decoded_by = "driver"
-                    return table
-            raw = self.spark.createDataFrame(records) if records.num_rows else None
-        if raw is None:  # every offset in the range was compacted away
-            return self._empty_log()
-        decoded = self._decode(raw)
-        if pending > self.cfg.overlay_max_rows:
-            seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
-            observed = decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors"))
-            changes = latest_per_key(observed, keep_deleted=True, unavailable=self._unavailable, unresolved="keep")
-            changes = changes.toArrow()
-            if seen.get["errors"]:
-                self._dead_letter_errors(decoded)
-            order = [(TOPIC, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")]
-            return self._as_log(changes.sort_by(order))
-        rows = decoded.select(LK, LH, DELETED, TOPIC, PARTITION, OFFSET, RANK, ERROR, "key", "value", "__v.*")
-        table = rows.toArrow().sort_by([(RANK, "ascending"), (PARTITION, "ascending"), (OFFSET, "ascending")])
-        errors = table.column(ERROR).is_valid()
-        if pc.any(errors).as_py():
-            self.dead_letters.send(table.filter(errors), "snapshot")
-            table = table.filter(pc.invert(errors))
-        return self._as_log(table)
-
-    def _single_object(self, records: pa.Table) -> pa.Table:
-        """Records read on the driver with their Confluent prefixes swapped for single-object headers."""
-        if not self.cfg.registry_formats:
-            return records
-        headers = self.headers()
-
-        def swap(data: bytes | None) -> bytes | None:
-            if data is None or len(data) < 5:
-                return data
-            header = headers.get(bytes(data[:5]))
-            return data if header is None else header + data[5:]
-
-        for name in ("key", "value"):
-            if f"{name}_format" in self.cfg.registry_formats:
-                column = pa.array([swap(v) for v in records.column(name).to_pylist()], records.schema.field(name).type)
-                records = records.set_column(records.column_names.index(name), name, column)
-        return records
-
-    def _as_log(self, table: pa.Table) -> pa.Table:
-        """A table from Spark as an overlay log table (the one schema both decoders give)."""
-        schema = self._empty_log().schema
-        return table.select(schema.names).cast(schema)
+    @property
+    def decoded_by(self) -> str:
+        """Who decoded the last read (a refresh, or a bootstrap from the topics): ``driver`` (fastavro) or ``spark``."""
+        return self.reader.decoded_by
 
     # -- the base ---------------------------------------------------------------------------
 
@@ -381,7 +197,7 @@ class Snapshot:
     def _bootstrap(self) -> dict[str, Any]:
         started, now = time.monotonic(), time.time()
         ends = self.watermarks.end_offsets(self.cfg.topics)
-        loaded = self._usable_checkpoint(ends)
+        loaded = self.checkpoints.usable(ends)
         if loaded is not None:
             if loaded.table is None:  # a partitioned version: registered (and cached) by the executors
                 self.base.restore(loaded)
@@ -397,13 +213,14 @@ class Snapshot:
             if 0 < records <= self.cfg.overlay_max_rows:
                 # a topic no bigger than a refresh: read and decoded the way a refresh is (on the driver, no
                 # Spark job when fastavro decodes it), not by a Spark read, decode and window
-                changes = self._read_changes({}, ends, records)
+                changes = self.reader.read_changes({}, ends, records)
                 if self.debezium:
                     changes = fill_unavailable(changes, lambda keys: {})
                 changes = dedupe_last(changes)
-                self._install(apply_changes(self._empty_base(), changes), offsets=ends)  # partitioned: its manifest
+                # partitioned: its manifest
+                self._install(apply_changes(self.reader.empty_base(), changes), offsets=ends)
             elif (raw := read_range(self.spark, self.kafka, None, ends)) is None:
-                self._install(self._empty_base())
+                self._install(self.reader.empty_base())
             else:
                 self._load_all(raw, records, ends)
             self.offsets = {t: dict(p) for t, p in ends.items()}
@@ -439,14 +256,14 @@ class Snapshot:
         from pyspark.sql import Observation
         from pyspark.sql import functions as f
 
-        self.decoded_by = "spark"
-        decoded = self._decode(raw)
+        self.reader.decoded_by = "spark"
+        decoded = self.reader.decode(raw)
         seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
         # partitioned like the base's buckets: the version is written without another shuffle or sort
         latest = latest_per_key(
             decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors")),
             partitions=self.base.store.partitions,
-            unavailable=self._unavailable,
+            unavailable=self.reader.unavailable,
         )
         if records <= self.cfg.broadcast_max_rows:
             self._install(latest.toArrow())
@@ -454,156 +271,7 @@ class Snapshot:
             self._install(df=latest, offsets=ends)
         if seen.get["errors"]:
             log.warning("snapshot=%s has %d undecodable records", self.name, seen.get["errors"])
-            self._dead_letter_errors(decoded)
-
-    def _usable_checkpoint(self, ends: Offsets) -> Any:
-        """The newest checkpoint if it still describes the topics, else ``None`` (read them all)."""
-        if self.checkpoint is None:
-            return None
-        loaded = self.checkpoint.load()
-        if loaded is None:
-            return None
-        starts = self.watermarks.start_offsets(self.cfg.topics)
-        for topic, parts in loaded.offsets.items():
-            for partition, offset in parts.items():
-                low = starts.get(topic, {}).get(partition, 0)
-                high = ends.get(topic, {}).get(partition, 0)
-                if not low <= offset <= high:
-                    log.warning(
-                        "snapshot=%s checkpoint offset %s[%d]=%d outside [%d, %d]: reading the topics",
-                        self.name,
-                        topic,
-                        partition,
-                        offset,
-                        low,
-                        high,
-                    )
-                    return None
-        age = time.time() - loaded.written_at
-        retention = self._tombstone_retention_s()
-        if retention is not None and age >= retention:
-            log.warning(
-                "snapshot=%s checkpoint is %.0f s old, past delete.retention.ms (%.0f s): tombstones may "
-                "be gone, reading the topics",
-                self.name,
-                age,
-                retention,
-            )
-            return None
-        return loaded
-
-    def _tombstone_retention_s(self) -> float | None:
-        from kernel.kafka.topics import topic_configs
-
-        values = []
-        for topic in self.cfg.topics:
-            value = topic_configs(self.kafka.librdkafka_config(), topic).get("delete.retention.ms")
-            if value is not None:
-                values.append(int(value) / 1000)
-        return min(values) if values else None
-
-    def catch_up(self, ends: Offsets | None = None, at: float | None = None, merge: bool = True) -> int:
-        """Read what was written since the last refresh (updates and tombstones) into the overlay.
-
-        Args:
-            ends: offsets to read up to; the topics' current end offsets when ``None``.
-            at: when ``ends`` were read (epoch seconds), for the age metric.
-            merge: fold the overlay into a new base when it is too big.
-
-        Returns:
-            How many offsets were read (records, at most).
-        """
-        at = time.time() if at is None else at
-        ends = ends or self.watermarks.end_offsets(self.cfg.topics)
-        pending = count_between(self.offsets, ends)
-        if pending == 0:  # most micro-batches: no Spark job, nothing to name
-            self.caught_up_at = at
-            self._update_metrics()
-            return 0
-        with job_description(self.spark, f"threes snapshot {self.name}: refresh"):
-            read = self._read_pending(ends, at, merge, pending)
-        if self.versions is not None and self.versions.ready:
-            self.versions.catch_up(self.offsets)
-        return read
-
-    def _read_pending(self, ends: Offsets, at: float, merge: bool, pending: int) -> int:
-        started = time.monotonic()
-        # a Debezium delta is merged on the driver: its TOASTed columns need the keys' previous values
-        if pending > self.cfg.overlay_max_rows and self.mode == "partitioned" and not self.debezium:
-            self._merge_large_delta(ends)
-            self._view = None
-            self.caught_up_at = at
-            self._metrics.refresh.observe(time.monotonic() - started)
-            self._update_metrics()
-            log.info(
-                "snapshot=%s refresh offsets_read=%d merged on the executors keys=%d offsets=%s elapsed_s=%.2f",
-                self.name,
-                pending,
-                self.base_rows,
-                offsets_json(self.offsets),
-                time.monotonic() - started,
-            )
-            return pending
-        changes = self._read_changes(self.offsets, ends, pending)
-        if self.debezium:
-            changes = fill_unavailable(changes, self._previous_rows)
-        if pending > self.cfg.overlay_max_rows:
-            new_offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
-            self.merge()
-            self._apply_changes(changes.select([LK, LH, DELETED, *self.value_names]), new_offsets)
-            self.offsets = new_offsets
-            self.base_offsets = {t: dict(p) for t, p in self.offsets.items()}
-        else:
-            self._log = changes if self._log is None else pa.concat_tables([self._log, changes])
-            self.offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
-            if merge and self._log.num_rows > self.cfg.overlay_max_rows:
-                self.merge()
-        self._view = None
-        self.caught_up_at = at
-        elapsed = time.monotonic() - started
-        self._metrics.refresh.observe(elapsed)
-        self._update_metrics()
-        log.info(
-            "snapshot=%s refresh records=%d decoded_by=%s overlay=%d keys=%d offsets=%s elapsed_s=%.2f",
-            self.name,
-            changes.num_rows,
-            self.decoded_by,
-            self.overlay_rows,
-            self.base_rows,
-            offsets_json(self.offsets),
-            elapsed,
-        )
-        return pending
-
-    def _merge_large_delta(self, ends: Offsets) -> None:
-        """A large delta of a partitioned snapshot: read, decoded and merged by the executors (one new version).
-
-        The overlay (older than the delta) is folded in the same merge: a delta
-        row wins over an overlay row of the same key.
-
-        """
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as f
-
-        raw = read_range(self.spark, self.kafka, self.offsets, ends)
-        new_offsets = {**self.offsets, **{t: dict(p) for t, p in ends.items()}}
-        if raw is None:  # compacted away
-            self.offsets = new_offsets
-            return
-        decoded = self._decode(raw)
-        seen = Observation(f"snapshot-{self.name}-{uuid.uuid4().hex[:8]}")
-        observed = decoded.observe(seen, f.count_if(f.col(ERROR).isNotNull()).alias("errors"))
-        columns = [LK, LH, DELETED, *self.value_names]
-        changes = latest_per_key(observed, keep_deleted=True).select(*columns)
-        if self._log is not None and self._log.num_rows:
-            older = self.spark.createDataFrame(dedupe_last(self._log).select(columns))
-            changes = changes.unionByName(older.join(changes.select(LK), LK, "left_anti"))
-        self.base.apply_df(changes, new_offsets)
-        if seen.get["errors"]:
-            self._dead_letter_errors(decoded)
-        self._log = None
-        self.offsets = new_offsets
-        self.base_offsets = {t: dict(p) for t, p in new_offsets.items()}
+            self.reader.dead_letter_errors(decoded)
 
     def live_keys(self) -> int:
         """Keys in the snapshot, overlay applied (exact unless partitioned: base + overlay then)."""
@@ -673,18 +341,11 @@ class Snapshot:
         Returns:
             Whether a checkpoint was started.
         """
-        if self.checkpoint is None:
+        if not self.checkpoints.due(self.offsets, force):
             return False
-        last_at, last_offsets = self._last_checkpoint
-        if last_offsets == self.offsets or (not force and time.monotonic() - last_at < self.cfg.checkpoint_interval_s):
-            return False
-        if self._checkpoint_thread is not None and self._checkpoint_thread.is_alive():
-            if not force:
-                return False
-            self._checkpoint_thread.join()
         if self.mode == "partitioned":  # the executors write it: a merge is a new version with its manifest
             self.merge()
-            self._last_checkpoint = (time.monotonic(), {t: dict(p) for t, p in self.base_offsets.items()})
+            self.checkpoints.written(self.base_offsets)
             return True
         if final:
             table = self._merged_table()
@@ -693,17 +354,7 @@ class Snapshot:
             self.merge()
             table = self.base.as_arrow()
             offsets = {t: dict(p) for t, p in self.base_offsets.items()}
-        self._last_checkpoint = (time.monotonic(), offsets)
-        checkpoint = self.checkpoint
-
-        def save() -> None:
-            try:
-                checkpoint.save(table, offsets)
-            except Exception:  # the next interval tries again; a restart without it reads the topics
-                log.exception("snapshot=%s checkpoint failed", self.name)
-
-        self._checkpoint_thread = threading.Thread(target=save, name=f"snapshot-checkpoint-{self.name}", daemon=True)
-        self._checkpoint_thread.start()
+        self.checkpoints.save_in_background(table, offsets)
         return True
 
     def _merged_table(self) -> pa.Table:
@@ -727,15 +378,14 @@ class Snapshot:
 
     def wait_checkpoint(self, timeout_s: float | None = None) -> None:
         """Wait for a checkpoint being written."""
-        if self._checkpoint_thread is not None:
-            self._checkpoint_thread.join(timeout_s)
+        self.checkpoints.wait(timeout_s)
 
     def close(self, checkpoint: bool = True) -> None:
         """Write a last checkpoint (optional), wait for it, and release the broadcast/cache."""
         if checkpoint:
             self.maybe_checkpoint(force=True, final=True)
         self.wait_checkpoint()
-        self._ranges.close()
+        self.reader.close()
         self.base.release()
         if self.versions is not None:
             self.versions.release()

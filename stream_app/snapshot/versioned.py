@@ -48,6 +48,9 @@ restart registers the newest one and reads only the topics' tail, even after
 compaction removed the old records from the topics. The driver holds the
 manifest only. A refresh re-sorts only the keys it touched (their stored
 intervals become records again, merged with the new ones).
+
+The intervals are computed by :mod:`stream_app.snapshot.version_intervals`, the
+as-of join by :mod:`stream_app.snapshot.as_of_join`; this module holds the store.
 """
 
 from __future__ import annotations
@@ -56,113 +59,23 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from kernel.updates import SOURCE_TS_HEADER
 from stream_app.checkpoint import replaced_topics
 from stream_app.kafka_io import Offsets, offsets_json, parse_offsets, read_range
 from stream_app.session import job_description
+from stream_app.snapshot.as_of_join import VersionsView
 from stream_app.snapshot.data import DELETED, ERROR, LK, OFFSET, PARTITION, RANK
+from stream_app.snapshot.version_intervals import FROM, TO, TS, merge_versions, record_time
 
 log = logging.getLogger(__name__)
-
-FROM, TO, TS = "__from", "__to", "__ts"
-KIND = "__kind"  # order of rows of the same time: a stored interval's end, its start, then new records
 
 
 def _f() -> Any:
     from pyspark.sql import functions
 
     return functions
-
-
-def record_time() -> Any:
-    """A record's source time, epoch ms (long column of Spark's Kafka rows read with headers).
-
-    The ``threes.source_ts`` header (8 bytes, big-endian) when the record has one,
-    else the Kafka record timestamp (CreateTime, or LogAppendTime on topics set so).
-    """
-    from stream_app.records import header_value
-
-    f = _f()
-    stamped = header_value(f.col("headers"), SOURCE_TS_HEADER)
-    from_header = f.when(f.length(stamped) == 8, f.conv(f.hex(stamped), 16, 10).cast("long"))
-    return f.coalesce(from_header, f.unix_millis(f.col("timestamp")))
-
-
-def intervals(records: Any, value_columns: Sequence[str]) -> Any:
-    """Validity intervals of versions from records ordered per key by time (tombstones end intervals).
-
-    Args:
-        records: ``__lk, __ts, __deleted, __kind, __rank, __partition, __offset`` + value columns.
-        value_columns: the value columns.
-
-    Returns:
-        ``__lk, __from, __to`` + value columns: one row per non-empty interval of a live version.
-    """
-    from pyspark.sql import Window
-
-    f = _f()
-    order = Window.partitionBy(LK).orderBy(TS, KIND, RANK, PARTITION, OFFSET)
-    nxt = f.lead(f.col(TS)).over(order)
-    return (
-        records.select(LK, TS, DELETED, *value_columns, nxt.alias(TO))
-        .filter(~f.col(DELETED) & (f.col(TO).isNull() | (f.col(TO) > f.col(TS))))
-        .select(LK, f.col(TS).alias(FROM), TO, *value_columns)
-    )
-
-
-def merge_versions(stored: Any, records: Any, value_columns: Sequence[str], horizon_ms: int | None) -> Any:
-    """The versions table after new records: only the keys they touch are re-sorted.
-
-    Args:
-        stored: the versions table (``__lk, __from, __to`` + values) or ``None``.
-        records: new records, ``__lk, __ts, __deleted, __rank, __partition, __offset`` + values.
-        value_columns: the value columns.
-        horizon_ms: versions that ended at or before it are dropped; ``None`` keeps all.
-
-    Returns:
-        The new versions table (``__lk, __from, __to`` + values).
-    """
-    f = _f()
-    new = records.select(LK, TS, DELETED, f.lit(2).alias(KIND), RANK, PARTITION, OFFSET, *value_columns)
-    if stored is None:
-        merged = intervals(new, value_columns)
-    else:
-        touched = new.select(LK).distinct()
-        kept = stored.join(touched, LK, "left_anti")
-        old = stored.join(touched, LK, "left_semi")
-        zero = [f.lit(0).alias(RANK), f.lit(0).cast("int").alias(PARTITION), f.lit(0).cast("long").alias(OFFSET)]
-        starts = old.select(LK, f.col(FROM).alias(TS), f.lit(False).alias(DELETED), f.lit(1).alias(KIND), *zero,
-                            *value_columns)
-        types = dict(stored.dtypes)
-        ends = old.filter(f.col(TO).isNotNull()).select(
-            LK, f.col(TO).alias(TS), f.lit(True).alias(DELETED), f.lit(0).alias(KIND), *zero,
-            *[f.lit(None).cast(types[c]).alias(c) for c in value_columns],
-        )
-        merged = kept.unionByName(intervals(new.unionByName(starts).unionByName(ends), value_columns))
-    if horizon_ms is not None:
-        merged = merged.filter(f.col(TO).isNull() | (f.col(TO) > f.lit(horizon_ms)))
-    return merged
-
-
-@dataclass(frozen=True)
-class VersionsView:
-    """The versions a micro-batch's ``as_of`` lookups join.
-
-    Attributes:
-        df: ``__lk, __from, __to`` + value fields (Parquet bucketed by ``__lk``, or cached).
-        rows: versions in it.
-        horizon_ms: events older than this (epoch ms) get no version (``None``: no record read yet).
-        broadcast: join by broadcast (small table) rather than by a sort-merge join.
-    """
-
-    df: Any
-    rows: int
-    horizon_ms: int | None
-    broadcast: bool
 
 
 def _table_name(snapshot: str, version: str) -> str:
@@ -179,7 +92,7 @@ class VersionedStore:
         retention_ms: how far back versions reach, ms.
         value_type: the Spark type of the value fields (a ``StructType``).
         decoder: returns the snapshot's record decoder that carries ``__ts``
-            (:func:`~stream_app.snapshot.data.record_decoder` with ``carry``).
+            (:func:`~stream_app.snapshot.decoding.record_decoder` with ``carry``).
         partitions: buckets of the written table.
         broadcast_max_rows: up to this many versions the table is joined by broadcast.
         checkpoint: the snapshot's :class:`~stream_app.checkpoint.SnapshotCheckpoint`, or ``None``
@@ -408,73 +321,4 @@ class VersionedStore:
         if table is not None:
             self.spark.sql(f"DROP TABLE IF EXISTS `{table}`")  # external: the files stay until cleaned up
 
-
-def event_time_ms(column: Any, data_type: Any) -> Any:
-    """An event-time column as epoch ms: a timestamp's instant, or a date's midnight UTC.
-
-    Raises:
-        ValueError: the column is neither a timestamp nor a date.
-    """
-    from pyspark.sql import types as T
-
-    f = _f()
-    if isinstance(data_type, T.TimestampType | T.TimestampNTZType):
-        return f.unix_millis(column.cast("timestamp")) if isinstance(data_type, T.TimestampNTZType) \
-            else f.unix_millis(column)
-    if isinstance(data_type, T.DateType):
-        return f.unix_date(column).cast("long") * f.lit(86_400_000)
-    raise ValueError(f"as_of column of type {data_type.simpleString()} is not a timestamp or a date")
-
-
-def join_as_of(
-    df: Any, i: int, key: str, at: Any, view: VersionsView, values: Sequence[str], how: str,
-    passthrough: str | None, too_old: Any = None,
-) -> tuple[Any, list[Any]]:
-    """Join each event to the version of its key valid at its time (a temporal join).
-
-    Args:
-        df: the events, with the lookup key column ``key``.
-        i: the lookup's index (names the helper columns).
-        key: the events' lookup key column.
-        at: the event-time column, epoch ms (:func:`event_time_ms`).
-        view: the versions to join.
-        values: the value fields to join.
-        how: ``left`` or ``inner``.
-        passthrough: a column whose non-null rows an inner lookup never drops.
-        too_old: a ``pyspark.sql.Observation`` that receives ``too_old``, the events
-            older than the retention horizon (they get no version); ``None``: not counted.
-
-    Returns:
-        The joined frame (``__v{i}`` the value struct, null without a version) and
-        the value's fields as columns to select.
-    """
-    f = _f()
-    side = view.df.select(
-        f.col(LK).alias(f"__vk{i}"), f.col(FROM).alias(f"__vf{i}"), f.col(TO).alias(f"__vt{i}"),
-        f.struct(*values).alias(f"__vv{i}"),
-    )
-    if view.broadcast:
-        side = side.hint("broadcast")
-    at_col = f"__at{i}"
-    df = df.select("*", at.alias(at_col))
-    t = f.col(at_col)
-    cond = (
-        (f.col(key) == f.col(f"__vk{i}"))
-        & (f.col(f"__vf{i}") <= t)
-        & (f.col(f"__vt{i}").isNull() | (t < f.col(f"__vt{i}")))
-    )
-    joined = df.join(side, cond, "left")
-    horizon = view.horizon_ms
-    fresh = f.lit(True) if horizon is None else t >= f.lit(horizon)
-    value = f.when(fresh, f.col(f"__vv{i}"))
-    if too_old is not None:
-        old = f.lit(False) if horizon is None else t < f.lit(horizon)
-        joined = joined.observe(too_old, f.count_if(old).alias("too_old"))
-    joined = joined.select("*", value.alias(f"__v{i}"))
-    if how == "inner":
-        keep = f.col(f"__v{i}").isNotNull()
-        if passthrough is not None:
-            keep = keep | f.col(passthrough).isNotNull()
-        joined = joined.filter(keep)
-    return joined, [f.col(f"__v{i}")[name] for name in values]
 

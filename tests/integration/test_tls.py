@@ -281,7 +281,7 @@ def test_a_certificate_for_another_name_is_refused(endpoints: Any, scram_user: s
 
 
 def test_spark_options_keep_verification_on(endpoints: Any, secure_kafka: KafkaConfig) -> None:
-    from stream_app.kafka_io import spark_kafka_options
+    from stream_app.spark_kafka_options import spark_kafka_options
 
     options = spark_kafka_options(secure_kafka)
     assert options["kafka.ssl.endpoint.identification.algorithm"] == "https"

@@ -9,7 +9,7 @@ from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.rds.connection import RdsConnection
 from kernel.config.models import KafkaConfig
 from kernel.exceptions import ConfigError
-from stream_app.config import SparkSettings
+from stream_app.spark_settings import SparkSettings
 from tests.unit.test_config import MINIMAL, write
 from threes.config import load_pipeline
 

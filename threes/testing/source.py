@@ -39,7 +39,7 @@ import pytest
 
 from connectors.runtime.offsets import OffsetStore
 from connectors.runtime.standalone import SourceWorker, task_specs
-from connectors.runtime.worker import RunnerStats
+from connectors.runtime.runner_state import RunnerStats
 from kernel.config.models import KafkaConfig
 from kernel.config.policies import RetryPolicy
 from kernel.kafka.committed import latest_per_key

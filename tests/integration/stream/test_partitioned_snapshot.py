@@ -17,13 +17,15 @@ from typing import Any
 
 import pytest
 
-from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint, child
+from stream_app.checkpoint import SnapshotCheckpoint
+from stream_app.checkpoint_fs import CheckpointFs
 from stream_app.config import LookupConfig
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.kafka_io import TopicWatermarks, offsets_json
 from stream_app.plan import build_plan
 from stream_app.snapshot.engines import DeadLetterProducer
 from stream_app.snapshot.runtime import Snapshot
+from stream_app.spark_checkpoint import child
 from stream_app.writers import WriterSchemas
 
 pytestmark = pytest.mark.spark

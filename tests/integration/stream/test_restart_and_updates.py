@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kernel.updates import version_of
-from stream_app.checkpoint import CHECKPOINT_MANAGER_KEY, FILE_SYSTEM_CHECKPOINT_MANAGER
+from stream_app.spark_checkpoint import CHECKPOINT_MANAGER_KEY, FILE_SYSTEM_CHECKPOINT_MANAGER
 
 from .conftest import flight, offsets_header, same_on_every_master
 from .test_enrich_job import Flow, by_flight

@@ -136,7 +136,7 @@ def test_queries_follow_the_snapshot_answer_during_a_batch_and_under_200_clients
     job.stop()
 
     # threes query: the same answers without the job, from its checkpoint plus the topics' tail
-    from stream_app.snapshot.query import query_offline
+    from stream_app.snapshot.offline_query import query_offline
 
     put_version(env, "C", T2)  # written after the job stopped: only the tail has it
     code, doc = query_offline(config, env.kafka, spark, env.tmp, "airports", ["EWR"])

@@ -72,7 +72,7 @@ def decodes(spark: Any, env: Any, job: Any) -> tuple[int, int]:
     event's record name that the shared schema topic holds (earlier runs may have left other versions).
     """
     from stream_app.enrich import BoundLookup
-    from stream_app.kafka_io import source_options
+    from stream_app.spark_kafka_options import source_options
 
     reader = spark.read.format("kafka")
     for key, value in source_options(job._options).items():

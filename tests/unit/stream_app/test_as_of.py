@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from stream_app.config import StreamJobConfig
-from stream_app.snapshot.versioned import FROM, TO, VersionsView, join_as_of, merge_versions
+from stream_app.snapshot.as_of_join import VersionsView, join_as_of
+from stream_app.snapshot.version_intervals import FROM, TO, merge_versions
 from stream_app.stages import DeriveStep, LookupStep
 
 from .test_stream_language import plan_of, problems, stream

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kernel.exceptions import ConfigError
-from stream_app.checkpoint import (
-    CHECKPOINT_MANAGER_KEY,
-    FILE_SYSTEM_CHECKPOINT_MANAGER,
-    CheckpointFs,
-    checkpoint_conf,
-    open_checkpoint_location,
-    s3_filesystem,
-)
+from stream_app.checkpoint_fs import CheckpointFs, open_checkpoint_location, s3_filesystem
+from stream_app.spark_checkpoint import CHECKPOINT_MANAGER_KEY, FILE_SYSTEM_CHECKPOINT_MANAGER, checkpoint_conf
 
 
 def options(fs) -> dict:
@@ -105,8 +99,8 @@ def test_a_query_checkpointed_through_the_file_system_manager_resumes_where_it_c
     ],
 )
 def test_a_local_uri_has_one_form(given, expected):
-    from stream_app.checkpoint import is_local_path, spark_path
     from stream_app.config import StreamJobConfig
+    from stream_app.spark_checkpoint import is_local_path, spark_path
 
     cfg = StreamJobConfig.model_validate(
         {"events": {"topic": "e", "value_schema": "e.avsc"}, "enriched_topic": "out", "dead_letter_topic": "dlq",
@@ -118,7 +112,7 @@ def test_a_local_uri_has_one_form(given, expected):
 
 
 def test_the_file_system_manager_moved_with_spark_4_1():
-    from stream_app.checkpoint import file_system_checkpoint_manager
+    from stream_app.spark_checkpoint import file_system_checkpoint_manager
 
     assert file_system_checkpoint_manager("4.0.0") == (
         "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"

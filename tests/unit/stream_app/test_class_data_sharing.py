@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from stream_app import class_data_sharing as cds
+from stream_app import executor_class_data_sharing as ecds
 
 
 def _jvm_like(script: str) -> subprocess.Popen:
@@ -142,43 +143,43 @@ def test_the_cache_folder_comes_from_the_environment(variable: str, monkeypatch:
 def no_exit_dump(monkeypatch: pytest.MonkeyPatch) -> list:
     """Training registrations are collected here instead of dumping at the test process's exit."""
     registered: list = []
-    monkeypatch.setattr(cds.atexit, "register", registered.append)
-    monkeypatch.setattr(cds, "_training_here", set())
+    monkeypatch.setattr(ecds.atexit, "register", registered.append)
+    monkeypatch.setattr(ecds, "_training_here", set())
     return registered
 
 
 def test_executors_record_once_per_process_and_map_the_archive_after(tmp_path: Path, no_exit_dump: list) -> None:
-    first = cds.executor_archive("-XX:+UseParallelGC", root=tmp_path)
+    first = ecds.executor_archive("-XX:+UseParallelGC", root=tmp_path)
     assert first is not None and first.training
     (option,) = first.java_options
     assert option.startswith("-XX:DumpLoadedClassList=") and "{{APP_ID}}-{{EXECUTOR_ID}}" in option
-    assert (first.folder / cds.EXECUTOR_LOCK).read_text() == str(os.getpid())
-    again = cds.executor_archive("-XX:+UseParallelGC", root=tmp_path)  # a second application of this process
+    assert (first.folder / ecds.EXECUTOR_LOCK).read_text() == str(os.getpid())
+    again = ecds.executor_archive("-XX:+UseParallelGC", root=tmp_path)  # a second application of this process
     assert again is not None and again.training and again.folder == first.folder
-    assert cds.executor_archive("", root=tmp_path) is not None  # other JVM options: another installation
-    (first.folder / cds.EXECUTOR_ARCHIVE).write_bytes(b"archive")
-    mapped = cds.executor_archive("-XX:+UseParallelGC", root=tmp_path)
+    assert ecds.executor_archive("", root=tmp_path) is not None  # other JVM options: another installation
+    (first.folder / ecds.EXECUTOR_ARCHIVE).write_bytes(b"archive")
+    mapped = ecds.executor_archive("-XX:+UseParallelGC", root=tmp_path)
     assert mapped is not None and mapped.training  # maps the archive and goes on recording
-    assert mapped.java_options == (f"-XX:SharedArchiveFile={first.folder / cds.EXECUTOR_ARCHIVE}", cds.QUIET, option)
+    assert mapped.java_options == (f"-XX:SharedArchiveFile={first.folder / ecds.EXECUTOR_ARCHIVE}", cds.QUIET, option)
     assert len(no_exit_dump) == 2  # one dump at exit per installation recorded, not one per application
 
 
 def test_while_another_process_records_the_executors_only_map_the_archive(tmp_path: Path, no_exit_dump: list) -> None:
-    first = cds.executor_archive("", root=tmp_path)
+    first = ecds.executor_archive("", root=tmp_path)
     assert first is not None
-    cds._training_here.clear()  # as if another process held the lock
-    assert cds.executor_archive("", root=tmp_path) is None  # no archive yet: nothing to add
-    (first.folder / cds.EXECUTOR_ARCHIVE).write_bytes(b"archive")
-    mapped = cds.executor_archive("", root=tmp_path)
+    ecds._training_here.clear()  # as if another process held the lock
+    assert ecds.executor_archive("", root=tmp_path) is None  # no archive yet: nothing to add
+    (first.folder / ecds.EXECUTOR_ARCHIVE).write_bytes(b"archive")
+    mapped = ecds.executor_archive("", root=tmp_path)
     assert mapped is not None and not mapped.training
-    assert mapped.java_options == (f"-XX:SharedArchiveFile={first.folder / cds.EXECUTOR_ARCHIVE}", cds.QUIET)
+    assert mapped.java_options == (f"-XX:SharedArchiveFile={first.folder / ecds.EXECUTOR_ARCHIVE}", cds.QUIET)
 
 
 def test_the_merged_class_list_drops_a_line_cut_by_a_killed_executor(tmp_path: Path) -> None:
     (tmp_path / "executor-app-1-0.classlist").write_text("# header\njava/lang/Object\norg/apache/spark/A\n")
     (tmp_path / "executor-app-1-1.classlist").write_text("java/lang/Object\norg/apache/spark/B\norg/apa")
     out = tmp_path / "merged"
-    assert cds._merged_classlist(tmp_path, out) == 3
+    assert ecds._merged_classlist(tmp_path, out) == 3
     assert out.read_text() == "java/lang/Object\norg/apache/spark/A\norg/apache/spark/B\n"
 
 
@@ -202,33 +203,33 @@ def test_a_dump_installs_the_archive_and_redumps_only_for_new_classes(tmp_path: 
     folder = tmp_path / "key"
     folder.mkdir()
     java = _fake_java(tmp_path, 0)
-    (folder / cds.EXECUTOR_LOCK).write_text("1")
+    (folder / ecds.EXECUTOR_LOCK).write_text("1")
     _classes(folder, "executor-app-1-0.classlist", 0, 300)
-    assert cds.dump_executor_archive(folder, java=java, classpath="cp", quiet_s=0)
-    assert (folder / cds.EXECUTOR_ARCHIVE).read_bytes() == b"dumped"
-    assert len((folder / cds.EXECUTOR_CLASSES).read_text().splitlines()) == 300
-    assert sorted(p.name for p in folder.iterdir()) == sorted([cds.EXECUTOR_ARCHIVE, cds.EXECUTOR_CLASSES])
+    assert ecds.dump_executor_archive(folder, java=java, classpath="cp", quiet_s=0)
+    assert (folder / ecds.EXECUTOR_ARCHIVE).read_bytes() == b"dumped"
+    assert len((folder / ecds.EXECUTOR_CLASSES).read_text().splitlines()) == 300
+    assert sorted(p.name for p in folder.iterdir()) == sorted([ecds.EXECUTOR_ARCHIVE, ecds.EXECUTOR_CLASSES])
 
-    (folder / cds.EXECUTOR_ARCHIVE).write_bytes(b"first")
+    (folder / ecds.EXECUTOR_ARCHIVE).write_bytes(b"first")
     _classes(folder, "executor-app-2-0.classlist", 100, 250)  # 50 classes the archive lacks: too few
-    assert not cds.dump_executor_archive(folder, java=java, classpath="cp", quiet_s=0)
-    assert (folder / cds.EXECUTOR_ARCHIVE).read_bytes() == b"first"
-    assert sorted(p.name for p in folder.iterdir()) == sorted([cds.EXECUTOR_ARCHIVE, cds.EXECUTOR_CLASSES])
+    assert not ecds.dump_executor_archive(folder, java=java, classpath="cp", quiet_s=0)
+    assert (folder / ecds.EXECUTOR_ARCHIVE).read_bytes() == b"first"
+    assert sorted(p.name for p in folder.iterdir()) == sorted([ecds.EXECUTOR_ARCHIVE, ecds.EXECUTOR_CLASSES])
 
     _classes(folder, "executor-app-3-1.classlist", 200, 400)  # 300 new ones: dumped with the old ones
-    assert cds.dump_executor_archive(folder, java=java, classpath="cp", quiet_s=0)
-    assert (folder / cds.EXECUTOR_ARCHIVE).read_bytes() == b"dumped"
-    assert len((folder / cds.EXECUTOR_CLASSES).read_text().splitlines()) == 600
+    assert ecds.dump_executor_archive(folder, java=java, classpath="cp", quiet_s=0)
+    assert (folder / ecds.EXECUTOR_ARCHIVE).read_bytes() == b"dumped"
+    assert len((folder / ecds.EXECUTOR_CLASSES).read_text().splitlines()) == 600
 
 
 def test_a_failed_dump_installs_nothing_and_stops_recording_for_a_day(tmp_path: Path, no_exit_dump: list) -> None:
     folder = tmp_path / "key"
     folder.mkdir()
     _classes(folder, "executor-app-1-0.classlist", 0, 300)
-    assert not cds.dump_executor_archive(folder, java=_fake_java(tmp_path, 1), classpath="cp", quiet_s=0)
-    assert not (folder / cds.EXECUTOR_ARCHIVE).exists()
-    assert sorted(p.name for p in folder.iterdir()) == [cds.EXECUTOR_FAILED]
-    assert not cds.dump_executor_archive(folder, java=_fake_java(tmp_path, 0), classpath="cp", quiet_s=0)  # no lists
+    assert not ecds.dump_executor_archive(folder, java=_fake_java(tmp_path, 1), classpath="cp", quiet_s=0)
+    assert not (folder / ecds.EXECUTOR_ARCHIVE).exists()
+    assert sorted(p.name for p in folder.iterdir()) == [ecds.EXECUTOR_FAILED]
+    assert not ecds.dump_executor_archive(folder, java=_fake_java(tmp_path, 0), classpath="cp", quiet_s=0)  # no lists
 
 
 def test_the_executors_class_path_is_the_one_a_worker_gives_them(tmp_path: Path) -> None:
@@ -237,4 +238,4 @@ def test_the_executors_class_path_is_the_one_a_worker_gives_them(tmp_path: Path)
     (jars / "slf4j-api-2.0.16.jar").write_bytes(b"")
     (jars / "spark-core_2.13-4.0.0.jar").write_bytes(b"")
     home = jars.parent.resolve()
-    assert cds.executor_classpath(jars) == f"{home}/conf:{home}/jars/slf4j-api-2.0.16.jar:{home}/jars/*"
+    assert ecds.executor_classpath(jars) == f"{home}/conf:{home}/jars/slf4j-api-2.0.16.jar:{home}/jars/*"

@@ -65,7 +65,8 @@ def test_rows_where_keeps_each_expression_below_it_evaluated_once(spark) -> None
     from schemas.serde import AvroSerializer, fingerprint, schema_json
     from stream_app.columns import rows_where
     from stream_app.plan import Schema, spark_type
-    from stream_app.snapshot.data import ERROR, OFFSET, record_decoder
+    from stream_app.snapshot.data import ERROR, OFFSET
+    from stream_app.snapshot.decoding import record_decoder
 
     key = {"type": "record", "name": "K", "namespace": "t", "fields": [{"name": "id", "type": "string"}]}
     value = {

@@ -10,7 +10,8 @@ from pyspark.sql import functions as F
 
 from stream_app.config import LookupConfig
 from stream_app.enrich import BoundLookup, enrich
-from stream_app.snapshot.data import SnapshotView, lookup_key
+from stream_app.snapshot.data import lookup_key
+from stream_app.snapshot.view import SnapshotView
 
 pytestmark = pytest.mark.spark
 

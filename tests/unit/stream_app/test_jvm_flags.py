@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from stream_app.config import LEAN_INLINING, SparkSettings, memory_mib
+from stream_app.spark_settings import LEAN_INLINING, SparkSettings, memory_mib
 
 EXECUTOR_OPTIONS = "spark.executor.extraJavaOptions"
 DRIVER_OPTIONS = "spark.driver.extraJavaOptions"

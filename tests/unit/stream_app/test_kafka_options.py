@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kernel.config.models import KafkaConfig
-from stream_app.kafka_io import jaas_quote, sasl_jaas_config, spark_kafka_options
+from stream_app.spark_kafka_options import jaas_quote, sasl_jaas_config, spark_kafka_options
 
 
 def java_stream_tokenizer_quoted(text: str) -> str:
@@ -63,7 +63,7 @@ def test_plaintext_has_no_sasl_or_tls_options():
 
 
 def test_source_options_defaults_yield_to_the_pipeline_and_reads_stay_committed() -> None:
-    from stream_app.kafka_io import SOURCE_DEFAULTS, source_options
+    from stream_app.spark_kafka_options import SOURCE_DEFAULTS, source_options
 
     assert source_options({"kafka.bootstrap.servers": "b"}) == {
         **SOURCE_DEFAULTS,

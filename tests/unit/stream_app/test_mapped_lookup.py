@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from stream_app.snapshot import mapped
-from stream_app.snapshot.data import ipc_bytes
+from stream_app.snapshot.arrow_tables import ipc_bytes
 from stream_app.snapshot.mapped import MappedLookup, bucket_file, lookup_columns, probe_sorted
 
 
@@ -104,11 +104,14 @@ def test_lookup_files_return_what_the_sort_merge_join_returns_for_every_spark_ty
     from pyspark.sql import functions as f
     from pyspark.sql import types as T
 
-    from stream_app.checkpoint import CheckpointFs, SnapshotCheckpoint, child
+    from stream_app.checkpoint import SnapshotCheckpoint
+    from stream_app.checkpoint_fs import CheckpointFs
     from stream_app.config import LookupConfig
     from stream_app.enrich import BoundLookup, enrich
-    from stream_app.snapshot.data import LH, LK, SnapshotView, lookup_key
+    from stream_app.snapshot.data import LH, LK, lookup_key
     from stream_app.snapshot.partitioned import PartitionedStore
+    from stream_app.snapshot.view import SnapshotView
+    from stream_app.spark_checkpoint import child
 
     rows = spark.createDataFrame(_rows(), TYPES)
     key_type = T.StructType([rows.schema["id"]])

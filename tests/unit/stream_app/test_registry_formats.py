@@ -9,7 +9,8 @@ from schemas.debezium import UNAVAILABLE, after_schema, envelope_reader
 from schemas.exceptions import ConfigError
 from stream_app.config import StreamJobConfig
 from stream_app.realtime import realtime_problems
-from stream_app.snapshot.data import DELETED, LK, fill_unavailable
+from stream_app.snapshot.arrow_tables import fill_unavailable
+from stream_app.snapshot.data import DELETED, LK
 from stream_app.writers import registry_subjects
 from threes.config import pipeline_from_dict
 
@@ -139,7 +140,7 @@ def test_debezium_connect_json_records_decode_to_rows_deletes_and_skipped_trunca
     from pyspark.sql import types as T
 
     from schemas.serde import schema_json
-    from stream_app.snapshot.data import RecordFormats, record_decoder
+    from stream_app.snapshot.decoding import RecordFormats, record_decoder
 
     key_type = T.StructType([T.StructField("id", T.IntegerType())])
     row_type = T.StructType([T.StructField("id", T.IntegerType()), T.StructField("bio", T.StringType()),

@@ -7,7 +7,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from stream_app.snapshot.data import apply_changes, below, dedupe_last, event_lookup_key, latest_per_key, lookup_key
+from stream_app.snapshot.arrow_tables import apply_changes, below, dedupe_last
+from stream_app.snapshot.data import event_lookup_key, latest_per_key, lookup_key
 
 pytestmark = pytest.mark.spark
 
@@ -110,7 +111,8 @@ def test_latest_per_key_decodes_once_and_drops_errors_after_choosing(spark):
     """Without ``observe()`` before it, a filter on ``__error`` ahead of the window was pushed below the decode."""
     from schemas.serde import AvroSerializer, fingerprint, schema_json
     from stream_app.plan import Schema, spark_type
-    from stream_app.snapshot.data import ERROR, LK, record_decoder
+    from stream_app.snapshot.data import ERROR, LK
+    from stream_app.snapshot.decoding import record_decoder
 
     key = {"type": "record", "name": "K", "namespace": "t", "fields": [{"name": "id", "type": "string"}]}
     value = {"type": "record", "name": "V", "namespace": "t", "fields": [{"name": "name", "type": "string"}]}

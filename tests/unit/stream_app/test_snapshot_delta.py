@@ -13,7 +13,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from schemas.serde import AvroSerializer, fingerprint, schema_json
 from stream_app.plan import Schema, spark_type
-from stream_app.snapshot.data import DELETED, LH, LK, OFFSET, PARTITION, TOPIC, nullable_schema, record_decoder
+from stream_app.snapshot.arrow_tables import nullable_schema
+from stream_app.snapshot.data import DELETED, LH, LK, OFFSET, PARTITION, TOPIC
+from stream_app.snapshot.decoding import record_decoder
 from stream_app.snapshot.delta import DriverDecoder, simple_key_field, spark_xxhash64, supported_schema
 
 pytestmark = pytest.mark.spark

@@ -14,17 +14,9 @@ import pyarrow as pa
 import pytest
 
 from kernel.status.http import StatusServer
-from stream_app.snapshot.query import (
-    QueryError,
-    SnapshotQueries,
-    base_rows_of_key,
-    jsonable,
-    key_of,
-    newest_in_log,
-    parse_time_ms,
-    spark_murmur3,
-    version_at,
-)
+from stream_app.snapshot.query import SnapshotQueries
+from stream_app.snapshot.query_keys import QueryError, jsonable, key_of, parse_time_ms
+from stream_app.snapshot.query_reads import base_rows_of_key, newest_in_log, spark_murmur3, version_at
 
 KEYS = ["", "a", "ab", "abc", "abcd", "EWR", "K00042", "Zürich", "東京", "{\"carrier\":\"UA\",\"flight\":1545}", "x" * 37]
 

@@ -10,23 +10,15 @@ from pydantic import ValidationError
 
 from kernel.exceptions import ConfigError
 from schemas.serde import AvroSerializer, fingerprint, schema_json
-from stream_app.config import LookupConfig, SnapshotConfig, StreamJobConfig
+from stream_app.config import LookupConfig, StreamJobConfig
 from stream_app.enrich import BoundLookup, enrich
 from stream_app.plan import Schema, build_plan, spark_type
-from stream_app.snapshot.data import (
-    DELETED,
-    ERROR,
-    LH,
-    LK,
-    OFFSET,
-    PARTITION,
-    TOPIC,
-    SnapshotView,
-    latest_per_key,
-    nullable_schema,
-    record_decoder,
-)
+from stream_app.snapshot.arrow_tables import nullable_schema
+from stream_app.snapshot.data import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC, latest_per_key
+from stream_app.snapshot.decoding import record_decoder
 from stream_app.snapshot.delta import DriverDecoder, simple_key_field
+from stream_app.snapshot.view import SnapshotView
+from stream_app.snapshot_config import SnapshotConfig
 
 # the Kafka Streams reference's value schema (anchors/kstreams-ref Schemas.java)
 REF = {
