@@ -33,8 +33,9 @@ def load_schema(ref: str, base_dir: Path | None = None) -> dict[str, Any]:
         SchemaNotFoundError: neither a readable file nor a shipped schema, or not JSON.
     """
     candidates = [Path(ref)] if Path(ref).is_absolute() else [(base_dir or Path.cwd()) / ref]
-    candidates.append(SHIPPED / (ref if ref.endswith(".avsc") else f"{ref}.avsc"))
-    for path in candidates:
+    if not Path(ref).is_absolute():  # a shipped name is relative; an absolute path is only itself
+        candidates.append(SHIPPED / (ref if ref.endswith(".avsc") else f"{ref}.avsc"))
+    for path in dict.fromkeys(candidates):
         if path.is_file():
             try:
                 schema: dict[str, Any] = json.loads(path.read_text())
@@ -42,5 +43,5 @@ def load_schema(ref: str, base_dir: Path | None = None) -> dict[str, Any]:
             except json.JSONDecodeError as exc:
                 raise SchemaNotFoundError(f"{path} is not valid JSON: {exc}") from exc
     raise SchemaNotFoundError(
-        f"Avro schema {ref!r} not found (looked at {', '.join(str(c) for c in candidates)})"
+        f"Avro schema {ref!r} not found (looked at {', '.join(str(c) for c in dict.fromkeys(candidates))})"
     )

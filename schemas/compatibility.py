@@ -157,6 +157,28 @@ def _field_path(schema: Any, location: str) -> str | None:
     return ".".join(names) or None
 
 
+def _type_name(schema: Any) -> str:
+    """An Avro type as a user writes it: ``double``, ``decimal(10,2)``, ``["null", "long"]``."""
+    if getattr(schema, "type", None) == "union":
+        return "[" + ", ".join(_type_name(s) for s in schema.schemas) + "]"
+    logical = getattr(schema, "logical_type", None) or (schema.get_prop("logicalType") if hasattr(schema, "get_prop")
+                                                        else None)
+    if logical == "decimal":
+        return f"decimal({schema.get_prop('precision')},{schema.get_prop('scale') or 0})"
+    if logical:
+        return str(logical)
+    return str(getattr(schema, "fullname", None) or getattr(schema, "type", schema))
+
+
+def _field_problem(reader: Any, writer: Any, messages: Any) -> str:
+    """Why a field's reader type cannot read its writer type, in the field's own terms."""
+    r, w = _type_name(reader), _type_name(writer)
+    if r != w and getattr(reader, "type", None) != "record" and getattr(writer, "type", None) != "record":
+        # avro's "reader type: float not compatible with writer type: double" reads as if the field were float
+        return f"values written as {w} cannot be read as {r} (a narrowing or incompatible type change)"
+    return "; ".join(sorted(messages)) or "incompatible type"
+
+
 def reader_writer_problems(reader: Schema, writer: Schema) -> list[tuple[str, str]]:
     """Why ``reader`` cannot read data written with ``writer``, field by field.
 
@@ -186,7 +208,7 @@ def reader_writer_problems(reader: Schema, writer: Schema) -> list[tuple[str, st
                     continue
                 sub = ReaderWriterCompatibilityChecker().get_compatibility(field.type, wf.type)
                 if sub.compatibility is SchemaCompatibilityType.incompatible:
-                    problems.append((field.name, "; ".join(sorted(sub.messages)) or "incompatible type"))
+                    problems.append((field.name, _field_problem(field.type, wf.type, sub.messages)))
         if not problems:
             for location in sorted(result.locations):
                 path = _field_path(r, location) or "<root>"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kernel.dlq import DEFAULT_MESSAGE_MAX_BYTES, FRAMING_BYTES, OMITTED_HEADER, RECORD_BYTES_HEADER
 from kernel.updates import SOURCE_TS_HEADER, VERSION_HEADER
 from stream_app.spark_kafka_options import sink_options
 
@@ -110,8 +111,15 @@ def dead_letter_fields(
     key: Any,
     value: Any,
     headers: Any = None,
+    max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
 ) -> tuple[Any, Any, Any, Any]:
     """A dead letter record's columns (``kernel.dlq`` contract): original key, value and headers kept.
+
+    A dead letter is always writable (:mod:`kernel.dlq`): when the original key and value exceed
+    ``max_bytes`` less room for the headers, the value and the original headers are left out (the
+    key too when it alone takes half of that), and ``dlq.omitted`` says so; ``dlq.record.bytes``
+    gives the original key and value size. ``threes dlq replay`` then reads the original event
+    back from its topic. The message is cut at 4,000 characters, as the sync service's.
 
     Args:
         topic: the dead letter topic.
@@ -125,23 +133,35 @@ def dead_letter_fields(
         key: original key bytes.
         value: original value bytes.
         headers: original headers (appended after ours), or ``None``.
+        max_bytes: the largest record the dead letter topic and the job's producer take, bytes.
 
     Returns:
         ``(topic, key, value, headers)`` columns, as :data:`RECORD_FIELDS`.
     """
     f = _f()
-    ours = f.array(
+    # 8 kB: the dlq.* headers (the message is cut at 4,000 characters) with room to spare
+    budget = max(max_bytes - FRAMING_BYTES - 8192, 1024)
+    key_bytes = f.coalesce(f.octet_length(key), f.lit(0))
+    size = key_bytes + f.coalesce(f.octet_length(value), f.lit(0))
+    over = size > f.lit(budget)
+    drop_key = over & (key_bytes > f.lit(budget // 2))
+    context = [
         header("dlq.topic", source_topic),
         header("dlq.partition", partition.cast("string")),
         header("dlq.offset", offset.cast("string")),
         header("dlq.stage", f.lit(stage)),
         header("dlq.error.class", f.lit(error_class)),
-        header("dlq.error.message", message),
+        header("dlq.error.message", f.substring(message, 1, 4000)),
         header("dlq.component", f.lit(component)),
         header("dlq.timestamp_ms", f.unix_millis(f.current_timestamp()).cast("string")),
-    )
-    all_headers = ours if headers is None else f.concat(ours, f.coalesce(headers, no_headers()))
-    return f.lit(topic), key, value, all_headers
+        header(RECORD_BYTES_HEADER, size.cast("string")),
+    ]
+    ours = f.array(*context)
+    omitted = f.array(*context, header(OMITTED_HEADER, f.when(drop_key, f.lit("value,headers,key"))
+                                       .otherwise(f.lit("value,headers"))))
+    whole = ours if headers is None else f.concat(ours, f.coalesce(headers, no_headers()))
+    all_headers = f.when(over, omitted).otherwise(whole)
+    return f.lit(topic), f.when(~drop_key, key), f.when(~over, value), all_headers
 
 
 def record_rows(records: Sequence[Any]) -> Any:

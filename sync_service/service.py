@@ -48,9 +48,10 @@ from confluent_kafka import KafkaError, KafkaException
 from connectors import registry
 from connectors.api.sink import Sink
 from kernel.config.models import KafkaConfig
+from kernel.dlq import DEFAULT_MESSAGE_MAX_BYTES
 from kernel.exceptions import FatalError, SetupError
 from kernel.kafka import clients
-from kernel.kafka.topics import cluster_metadata
+from kernel.kafka.topics import ensure_dead_letter_topic
 from kernel.supervision import RestartBackoff
 from schemas.columnar import ColumnarDecoder
 from schemas.serde import AvroDeserializer
@@ -128,6 +129,7 @@ class SyncService(PartitionHandoff):
         # records per consume(): at most 1,000, and a 20th of the bound at 1 KiB per record
         self._step_records = max(10, min(1000, config.buffer_max_bytes // 20 // 1024))
         self._built_sinks = sinks
+        self._dead_letter_max_bytes = DEFAULT_MESSAGE_MAX_BYTES  # until open() has seen the dead letter topic
         self._schema_store = schema_store
         self._bridge: Any = None  # a RegistryBridge when kafka.schema_registry is set (open())
         self._connections = connections
@@ -152,21 +154,9 @@ class SyncService(PartitionHandoff):
         return sinks
 
     def _ensure_dead_letter_topic(self) -> None:
-        from confluent_kafka.admin import NewTopic
-
-        admin = clients.kafka_admin(self.kafka)
-        topic = self.config.dead_letter_topic
-        # SetupError at once (one line) when the broker refuses the login or its certificate
-        meta = cluster_metadata(self.kafka.librdkafka_config(), self.kafka.request_timeout_s)
-        if topic in meta.topics:
-            return
-        try:
-            admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(
-                self.kafka.request_timeout_s
-            )
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise SetupError(f"cannot create dead letter topic {topic!r}: {exc}") from exc
+        # SetupError at once (one line) when the broker refuses the login or its certificate; the topic's
+        # limit and the producer's agree, and a larger dead letter is written without its value (kernel.dlq)
+        self._dead_letter_max_bytes = ensure_dead_letter_topic(self.kafka, self.config.dead_letter_topic)
 
     def open(self) -> None:
         """Connect: sinks, schema store, dead letter producer, consumer (subscribed).
@@ -218,7 +208,8 @@ class SyncService(PartitionHandoff):
             limiter = AdaptiveConcurrency(sink.name, max_limit, on_change=gauge.set)
             sink.limiter = limiter
             writer = BatchWriter(cfg.name, sink, deserializer, self.producer, cfg.dead_letter_topic,
-                                 cfg.retry, self.metrics, cfg.stop_on_error, columnar=columnar, stop=self._stop)
+                                 cfg.retry, self.metrics, cfg.stop_on_error, columnar=columnar, stop=self._stop,
+                                 dead_letter_max_bytes=self._dead_letter_max_bytes)
             pool = ThreadPoolExecutor(max_workers=max_limit, thread_name_prefix=f"sink-{sink.name}")
             slot = SinkSlot(sink, writer, limiter, pool, backoff=RestartBackoff(sink.config.errors))
             self.slots.append(slot)

@@ -17,7 +17,7 @@ from tenacity import Retrying, retry_if_exception, wait_random_exponential
 from connectors.api.sink import Sink
 from connectors.api.sink_records import SinkBatch, SinkRecord
 from kernel.config.policies import RetryPolicy
-from kernel.dlq import DeadLetter
+from kernel.dlq import DEFAULT_MESSAGE_MAX_BYTES, OMITTED_HEADER, DeadLetter
 from kernel.exceptions import (
     FatalError,
     RetriableError,
@@ -87,6 +87,9 @@ class BatchWriter:
             ``deserializer.resolver`` when ``None``.
         stop: the service's stop event: once set, a write's retries end (no attempt after it, a
             backoff it interrupts ends at once) and the batch fails uncommitted (``None``: never).
+        dead_letter_max_bytes: the largest record the dead letter topic and ``producer`` take
+            (:func:`kernel.dlq.dead_letter_limit`), bytes: a larger dead letter is written without
+            its value (``dlq.omitted``), never refused.
     """
 
     def __init__(
@@ -101,8 +104,10 @@ class BatchWriter:
         stop_on_error: bool = False,
         columnar: ColumnarDecoder | None = None,
         stop: threading.Event | None = None,
+        dead_letter_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
     ):
         self.service = service
+        self.dead_letter_max_bytes = dead_letter_max_bytes
         self.stop = stop
         self.sink = sink
         self.deserializer = deserializer
@@ -275,13 +280,19 @@ class BatchWriter:
             text = str(exc) if where in str(exc) else f"{where}: {exc}"
             letter = DeadLetter(msg.topic(), msg.partition(), msg.offset(), stage, type(exc).__name__,
                                 text[:4000], self.component)
-            log.error("dead letter: %s[%d]@%d stage=%s %s: %s", msg.topic(), msg.partition(), msg.offset(),
-                      stage, letter.error_class, letter.message)
+            key, value, headers = letter.record(msg.key(), msg.value(), msg.headers(),
+                                                max_bytes=self.dead_letter_max_bytes)
+            omitted = dict(headers).get(OMITTED_HEADER)
+            log.error("dead letter: %s[%d]@%d stage=%s %s: %s%s", msg.topic(), msg.partition(), msg.offset(),
+                      stage, letter.error_class, letter.message,
+                      f" (written without its {omitted.decode()}: larger than the dead letter topic's "
+                      f"{self.dead_letter_max_bytes} bytes; `threes dlq replay` reads it from "
+                      f"{msg.topic()} while the topic holds it)" if omitted else "")
             self.producer.produce(
                 self.dead_letter_topic,
-                key=msg.key(),
-                value=msg.value(),
-                headers=letter.headers(msg.headers()),
+                key=key,
+                value=value,
+                headers=headers,
                 on_delivery=lambda err, _m: errors.append(err) if err else None,
             )
         remaining = self.producer.flush(30.0)

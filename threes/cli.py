@@ -148,7 +148,10 @@ def query(
                                                  "retention)")
     ] = None,
 ) -> None:
-    """Print one key of a snapshot as JSON without a running job (newest checkpoint plus the topics' tail)."""
+    """Print one key of a snapshot as JSON without a running job (newest checkpoint plus the topics' tail).
+
+    Exit 0 found, 1 no such key, 2 a bad query (unknown snapshot, malformed key or time), 3 not queryable now.
+    """
     from threes.stream import query_snapshot
 
     query_snapshot(config, snapshot, key, as_of)

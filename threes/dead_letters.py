@@ -11,6 +11,11 @@ replayed record older than the target's row changes nothing. Each replayed dead 
 letter topic, partition and offset) is then recorded in a compacted topic (``_threes_dlq_replays``,
 like Kafka Connect's ``connect-offsets``), and a second replay of the same records is refused unless
 ``--force``: replaying is something to do once, on purpose.
+
+A dead letter written without its value (``dlq.omitted``: the original was larger than the dead
+letter topic takes, :mod:`kernel.dlq`) is replayed from its original: ``replay`` reads it back
+from ``dlq.topic`` at ``dlq.partition`` and ``dlq.offset``, and refuses, naming the dead letter,
+when that topic no longer holds it (deleted by retention, or compacted away).
 """
 
 from __future__ import annotations
@@ -82,6 +87,11 @@ class Letter:
     def original_headers(self) -> list[tuple[str, bytes]]:
         """The headers the record had before it was dead-lettered (``version``...)."""
         return [(k, v) for k, v in self.headers if not k.startswith(PREFIX) and k != REPLAYED_FROM]
+
+    @property
+    def omitted(self) -> tuple[str, ...]:
+        """The parts of the original this dead letter was written without (``value``, ``headers``, ``key``)."""
+        return self.context.omitted if self.context is not None else ()
 
 
 def dead_letter_topics(pipeline: Any) -> list[str]:
@@ -304,7 +314,8 @@ def replay(kafka: Any, letters: Sequence[Letter], *, to: str | None = None, dry_
 
     Raises:
         ThreesError: a dead letter was replayed before (without ``force``), or has no original topic and
-            no ``to`` was given; nothing is sent then.
+            no ``to`` was given, or was written without its value and its original is gone from its
+            topic; nothing is sent then.
         SetupError: Kafka refused a record (the ones delivered before are recorded as replayed).
     """
     from kernel.kafka import clients
@@ -312,6 +323,7 @@ def replay(kafka: Any, letters: Sequence[Letter], *, to: str | None = None, dry_
     from schemas.kafka_admin import ensure_internal_topic
 
     _check_selection(letters, to, replayed_ids(kafka, replays_topic), force)
+    letters = with_originals(kafka, letters)
     result = ReplayResult(dry_run=dry_run)
     if dry_run:
         result.sent = [(letter.id, *_target(letter, to), -1) for letter in letters]
@@ -394,3 +406,79 @@ def _produce(producer: Any, letters: Sequence[Letter], to: str | None) -> tuple[
         producer.poll(0)
     producer.flush(60)
     return delivered, errors
+
+
+def with_originals(kafka: Any, letters: Sequence[Letter], timeout_s: float = 30.0) -> list[Letter]:
+    """The letters, each one written without parts of its original (``dlq.omitted``) completed from it.
+
+    The original is read from ``dlq.topic`` at ``dlq.partition`` and ``dlq.offset`` (no consumer group).
+
+    Args:
+        kafka: the pipeline's ``KafkaConfig``.
+        letters: dead letters.
+        timeout_s: the longest wait for one original record, seconds.
+
+    Returns:
+        The letters in order; a completed one carries the original key, value and headers after its
+        ``dlq.*`` headers.
+
+    Raises:
+        ThreesError: an original is no longer in its topic (below its log start offset: deleted by
+            retention; or the offset was compacted away), naming the dead letter and why.
+        SetupError: Kafka did not answer.
+    """
+    partial = [letter for letter in letters if letter.omitted]
+    if not partial:
+        return list(letters)
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**kafka.librdkafka_config(), "group.id": f"threes-dlq-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "auto.offset.reset": "error"})
+    done: dict[str, Letter] = {}
+    try:
+        for letter in partial:
+            assert letter.context is not None  # omitted comes from the context
+            ctx = letter.context
+            where = f"{ctx.topic}[{ctx.partition}]@{ctx.offset}"
+            try:
+                low, high = consumer.get_watermark_offsets(TopicPartition(ctx.topic, ctx.partition), timeout=10)
+            except Exception as exc:  # noqa: BLE001 - a deleted topic raises UNKNOWN_TOPIC_OR_PART
+                raise ThreesError(f"dead letter {letter.id} was written without its {','.join(letter.omitted)} "
+                                  f"and its original {where} cannot be read: {exc}") from None
+            if not low <= ctx.offset < high:
+                raise ThreesError(
+                    f"dead letter {letter.id} was written without its {','.join(letter.omitted)} (the original, "
+                    f"{ctx.original_bytes} bytes, was larger than the dead letter topic takes) and {ctx.topic} no "
+                    f"longer holds it: partition {ctx.partition} starts at offset {low} now (deleted by retention); "
+                    "it cannot be replayed")
+            consumer.assign([TopicPartition(ctx.topic, ctx.partition, ctx.offset)])
+            msg = _poll_one(consumer, timeout_s, where)
+            if msg.offset() != ctx.offset:
+                raise ThreesError(
+                    f"dead letter {letter.id} was written without its {','.join(letter.omitted)} and offset "
+                    f"{ctx.offset} of {ctx.topic}[{ctx.partition}] is gone (compacted away: the next record is at "
+                    f"{msg.offset()}); it cannot be replayed")
+            if "key" not in letter.omitted and msg.key() != letter.key:
+                raise ThreesError(f"dead letter {letter.id}: the record at {where} has another key than the dead "
+                                  "letter; it cannot be replayed from there")
+            ours = tuple((k, v) for k, v in letter.headers if k.startswith(PREFIX))
+            original = tuple((k, v or b"") for k, v in (msg.headers() or []))
+            done[letter.id] = Letter(letter.dlq_topic, letter.partition, letter.offset, letter.timestamp_ms,
+                                     letter.context, msg.key(), msg.value(), ours + original)
+            log.info("dead letter %s: original read back from %s (%d bytes)", letter.id, where,
+                     len(msg.value() or b""))
+    finally:
+        consumer.close()
+    return [done.get(letter.id, letter) for letter in letters]
+
+
+def _poll_one(consumer: Any, timeout_s: float, where: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error() is not None:
+            raise SetupError(f"reading the original {where}: {msg.error()}")
+        return msg
+    raise SetupError(f"the original {where} was not read within {timeout_s} s")

@@ -146,6 +146,10 @@ def show(config: ConfigArg, letter_id: Annotated[str, typer.Argument(help="<dlq 
         deserializer, replayed = None, {}
     key_as, key = decode(letter.key, deserializer)
     value_as, value = decode(letter.value, deserializer)
+    if "value" in letter.omitted and letter.context is not None:  # larger than the dead letter topic takes
+        ctx = letter.context
+        value_as, value = "omitted", (f"left out of the dead letter ({ctx.original_bytes} bytes with the key); the "
+                                      f"original is {ctx.topic}[{ctx.partition}]@{ctx.offset}, which replay reads")
     doc = {**_summary(letter, replayed),
            "headers": {k: redact(v.decode(errors="replace")) for k, v in letter.headers},
            "key": {"as": key_as, "value": key}, "value": {"as": value_as, "value": value}}

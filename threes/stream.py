@@ -126,7 +126,11 @@ def schemas(config: ConfigArg) -> None:
 
 
 def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | None) -> None:
-    """``threes query``: print one key of a snapshot as JSON (exit 1 when absent, 2 for a bad query).
+    """``threes query``: print one key of a snapshot as JSON.
+
+    Exit codes: 0 the key is found; 1 the snapshot has no such key; 2 a bad query (an unknown
+    snapshot, a malformed key or ``--as-of``, or ``as_of`` on a snapshot without versions); 3 the
+    snapshot cannot be queried now (503) or the config or Kafka failed.
 
     Loads the snapshot as the job does, from its newest checkpoint plus the topics' tail, in a
     SparkSession of its own (``local[1]``), and reads the checkpoint location only.
@@ -140,19 +144,19 @@ def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | Non
     stream = pipeline.stream
     names = sorted(s.name for s in stream.snapshots)
     if snapshot not in names:  # before a SparkSession takes seconds to start
-        raise fail(ThreesError(f"{config}: no snapshot {snapshot!r} in stream.snapshots (have: {names})"))
+        raise fail(ThreesError(f"{config}: no snapshot {snapshot!r} in stream.snapshots (have: {names})"), 2)
     settings = stream.spark.model_copy(update={"master": "local[1]", "app_name": "threes-query"})
     try:
         spark = spark_session(settings, _jars(), _s3a_jars(stream.checkpoint_location))
         code, doc = query_offline(stream, pipeline.kafka, spark, config.parent, snapshot, key, as_of)
     except QueryError as exc:
-        raise fail(ThreesError(str(exc))) from None
+        raise fail(ThreesError(str(exc)), 2 if exc.status < 500 else 3) from None
     except ConfigError as exc:
         from kernel.config.loader import locate
 
-        raise fail(ConfigError(locate(exc.problems, config))) from None
+        raise fail(ConfigError(locate(exc.problems, config)), 3) from None
     except ThreesError as exc:
-        raise fail(exc) from None
+        raise fail(exc, 3) from None
     typer.echo(json.dumps(doc, indent=2))
     if code != 200:
-        raise typer.Exit(1 if code == 404 else 2)
+        raise typer.Exit(1 if code == 404 else 2 if code < 500 else 3)

@@ -92,7 +92,10 @@ class ElasticsearchSinkConfig(SinkConnectorConfig):
         "keyword", description="mapping of Avro strings in a created index (text_and_keyword: text + .keyword)"
     )
     decimal_mapping: Literal["scaled_float", "double", "keyword"] = Field(
-        "scaled_float", description="mapping of Avro decimals in a created index (scaled_float: factor 10^scale)"
+        "scaled_float",
+        description="mapping of Avro decimals in a created index (scaled_float: factor 10^scale). scaled_float "
+        "needs the mapper-extras module: a cluster without it (the local stack's minimal Elasticsearch) gets "
+        "double instead, with a warning; keyword keeps every digit",
     )
     mapping_file: ConfigPath | None = Field(
         None,

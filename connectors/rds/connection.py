@@ -7,9 +7,10 @@ are an allow-list per driver (:func:`connectors.rds.url_options.url_query_proble
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, model_validator
 
 from kernel.config.models import CheckResult, ConnectionConfig, ConnectorConfig
 from kernel.exceptions import SetupError
@@ -58,6 +59,34 @@ class RdsConnection(ConnectionConfig):
         problems = url_query_problems(parsed.get_backend_name(), query)
         if problems:
             raise ValueError("; ".join(f"url option '{key}' refused: {why}" for key, why in problems))
+        return self
+
+    @model_validator(mode="after")
+    def _confine_files(self, info: ValidationInfo) -> RdsConnection:
+        """Files the URL names (CA, CRL, a SQLite database) only where ``${file:...}`` may read.
+
+        Checked when the connection comes from a config file (its folder in the validation
+        context); a connection built in code is the program's own.
+        """
+        context = info.context or {}
+        if "base_dir" not in context:
+            return self
+        import os
+
+        from sqlalchemy.engine import make_url
+
+        from connectors.rds.url_options import url_file_options
+        from kernel.config.loader import FILE_REF_DIRS_VARIABLE, file_allowed
+
+        parsed = make_url(self.url)
+        environ = context.get("environ", os.environ)
+        refused = [key for key, path in url_file_options(parsed.get_backend_name(), dict(parsed.query),
+                                                         parsed.database)
+                   if not file_allowed(path, Path(context["base_dir"]), environ)]
+        if refused:
+            raise ValueError(f"url {', '.join(refused)} names a file outside the config's folder and the allowed "
+                             f"directories (/run/secrets, /var/run/secrets, {FILE_REF_DIRS_VARIABLE}): refused, as "
+                             "${file:...} is")
         return self
 
     def sqlalchemy_url(self) -> Any:

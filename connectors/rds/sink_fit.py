@@ -92,10 +92,12 @@ class FieldCheck:
 
     def reason(self) -> str:
         """Why a value of this field was refused (for the dead letter queue)."""
+        numeric = self.max_length is None  # evolve_table widens numeric columns, never a varchar
+        fix = ("widen the column (or set evolve_table: true on the sink to widen numeric columns)" if numeric
+               else "widen the column (ALTER TABLE ... TYPE); evolve_table widens numeric columns only")
         return (
             f"field {self.field!r} (Avro type {self.avro_type}) has a value that column {self.field!r} "
-            f"({self.sql_type}) cannot hold exactly; the sink never rounds or truncates: widen the column "
-            "(or set evolve_table: true on the sink to widen numeric columns)"
+            f"({self.sql_type}) cannot hold exactly; the sink never rounds or truncates: {fix}"
         )
 
 

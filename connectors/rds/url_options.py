@@ -109,3 +109,33 @@ def url_query_problems(backend: str, query: Mapping[str, Any]) -> list[tuple[str
         else:
             problems.append((key, f"no query options are allowed for {backend!r} URLs"))
     return problems
+
+
+def url_file_options(backend: str, query: Mapping[str, Any], database: str | None) -> list[tuple[str, str]]:
+    """The files a database URL makes the driver read: CA and CRL files, a SQLite database.
+
+    A config may name files only where ``${file:...}`` may read (:func:`kernel.config.loader.file_allowed`):
+    the caller confines each path returned here.
+
+    Args:
+        backend: SQLAlchemy backend name.
+        query: the URL's query options.
+        database: the URL's database (a SQLite file's path).
+
+    Returns:
+        ``[(option, path)]``; ``database`` names a SQLite file. libpq's ``sslrootcert=system`` (the
+        system's CA store) and SQLite's in-memory databases name no file.
+    """
+    out: list[tuple[str, str]] = []
+    options = {"postgresql": ("sslrootcert", "sslcrl", "sslcrldir"), "mysql": ("ssl_ca",),
+               "mariadb": ("ssl_ca",)}.get(backend, ())
+    for key in options:
+        value = query.get(key)
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if v is not None and str(v).strip() and not (key == "sslrootcert" and str(v).strip() == "system"):
+                out.append((key, str(v)))
+    if backend == "sqlite" and database and database != ":memory:":
+        path = database.removeprefix("file:").split("?", 1)[0]
+        if path and path != ":memory:" and "mode=memory" not in database:
+            out.append(("database", path))
+    return out

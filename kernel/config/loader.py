@@ -1,9 +1,11 @@
 """Load connector config YAML into validated pydantic models.
 
 One place reads config files: it keeps every key's line number, resolves
-``${env:NAME}`` (``${env:NAME:-default}`` for a default, as in docker compose)
-and ``${file:path}`` (relative to the config file; only under its folder, ``/run/secrets``
-or a directory of ``THREES_FILE_REF_DIRS``) references, validates the document with
+``${env:NAME}`` (``${env:NAME:-default}`` for a default, as in docker compose; only
+variables on the allow-list: ``THREES_*`` and ``HOSTNAME``, plus the names or patterns
+the operator lists in ``THREES_ENV_REFS``) and ``${file:path}`` (relative to the config
+file; only under its folder, ``/run/secrets`` or a directory of ``THREES_FILE_REF_DIRS``)
+references, validates the document with
 the pipeline model, and reports **every** problem at once as
 ``file:line: path: message`` (like ``pipeline.yaml:14: sources[1].table: Field required``).
 Values are never echoed in errors, so a secret cannot leak through one.
@@ -11,6 +13,7 @@ Values are never echoed in errors, so a secret cannot leak through one.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 from collections.abc import Mapping
@@ -119,6 +122,30 @@ DEFAULT_FILE_REF_DIRS = ("/run/secrets", "/var/run/secrets")
 """Where Docker and Kubernetes mount secrets: always readable by ``${file:...}``."""
 
 
+ENV_REFS_VARIABLE = "THREES_ENV_REFS"
+"""Environment variable: more variables ``${env:...}`` may read, comma-separated names or ``fnmatch``
+patterns (``PGPASSWORD,KAFKA_*``; ``*`` allows every variable, Kafka Connect's ``EnvVarConfigProvider``
+default). It is read from the process's environment, never from a config file."""
+DEFAULT_ENV_REFS = ("THREES_*", "HOSTNAME")
+"""The variables ``${env:...}`` may always read: threes' own, and the host name (static membership)."""
+
+
+def env_ref_allowed(name: str, environ: Mapping[str, str]) -> bool:
+    """Whether a config file may read the environment variable ``name`` (``${env:name}``).
+
+    A config file is data that may come from someone with less power than the process that runs
+    it: an unrestricted ``${env:...}`` would let it read the process's cloud keys into a field
+    that ``threes check`` prints. The allow-list is :data:`DEFAULT_ENV_REFS` plus
+    ``THREES_ENV_REFS`` (after Kafka Connect's ``EnvVarConfigProvider`` ``allowlist.pattern``).
+
+    Args:
+        name: the variable's name.
+        environ: the environment, for ``THREES_ENV_REFS``.
+    """
+    extra = [p.strip() for p in environ.get(ENV_REFS_VARIABLE, "").split(",") if p.strip()]
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in (*DEFAULT_ENV_REFS, *extra))
+
+
 def file_ref_roots(base_dir: Path, environ: Mapping[str, str]) -> list[Path]:
     """The directories ``${file:...}`` may read under: the config's folder and the allowed ones.
 
@@ -131,6 +158,25 @@ def file_ref_roots(base_dir: Path, environ: Mapping[str, str]) -> list[Path]:
     """
     extra = [d for d in environ.get(FILE_REF_DIRS_VARIABLE, "").split(os.pathsep) if d.strip()]
     return [Path(d).expanduser().resolve() for d in [str(base_dir), *DEFAULT_FILE_REF_DIRS, *extra]]
+
+
+def file_allowed(path: str | Path, base_dir: Path, environ: Mapping[str, str]) -> bool:
+    """Whether a config may name the file ``path`` (a ``${file:...}``, a CA or CRL file, a SQLite database).
+
+    Args:
+        path: the path as written (relative to ``base_dir`` unless absolute; ``~`` expanded).
+        base_dir: the config file's folder.
+        environ: the environment, for ``THREES_FILE_REF_DIRS``.
+
+    Returns:
+        ``True`` when the path, with symbolic links and ``..`` resolved, is under the config's
+        folder, ``/run/secrets``, ``/var/run/secrets`` or a directory of ``THREES_FILE_REF_DIRS``.
+    """
+    file_path = Path(path).expanduser()
+    if not file_path.is_absolute():
+        file_path = base_dir / file_path
+    real = file_path.resolve()  # symbolic links and .. resolved: where the read really goes
+    return any(real.is_relative_to(root) for root in file_ref_roots(base_dir, environ))
 
 
 def _resolve(
@@ -150,6 +196,11 @@ def _resolve(
             return m.group(0)[1:]
         if kind == "env":
             ref, has_default, default = ref.partition(":-")
+            if not env_ref_allowed(ref, environ):
+                problems.append((path, f"${{env:{ref}}} is not on the allow-list of environment variables a config "
+                                       f"may read ({', '.join(DEFAULT_ENV_REFS)}): not read; rename the variable "
+                                       f"THREES_..., or let the process allow it with {ENV_REFS_VARIABLE}={ref}"))
+                return ""
             if ref not in environ and has_default:
                 return default
             if ref not in environ:
@@ -159,9 +210,7 @@ def _resolve(
         file_path = Path(ref).expanduser()
         if not file_path.is_absolute():
             file_path = base_dir / file_path
-        roots = file_ref_roots(base_dir, environ)
-        real = file_path.resolve()  # symbolic links and .. resolved: where the read really goes
-        if not any(real.is_relative_to(root) for root in roots):
+        if not file_allowed(ref, base_dir, environ):
             problems.append((path, f"${{file:{ref}}} is outside the config's folder and the allowed directories "
                                    f"({FILE_REF_DIRS_VARIABLE}, {', '.join(DEFAULT_FILE_REF_DIRS)}): not read"))
             return ""
@@ -239,7 +288,8 @@ def validate_data(
         raise ConfigError(problems)
     try:
         # relative paths (schemas, mapping files) start at the config's folder: one rule everywhere
-        instance = model.model_validate(resolved, context={"base_dir": base_dir or Path.cwd()})
+        # environ: the file paths a config names (CA files, SQLite databases) are confined as ${file:} is
+        instance = model.model_validate(resolved, context={"base_dir": base_dir or Path.cwd(), "environ": environ})
     except ValidationError as exc:
         problems += _validation_problems(exc, resolved, lines, file, [p for p, _ in ref_problems])
         raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path))) from None

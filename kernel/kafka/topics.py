@@ -217,3 +217,46 @@ def recent_keys(
     finally:
         consumer.close()
     return keys
+
+
+def ensure_dead_letter_topic(kafka: Any, topic: str, *, partitions: int = 1) -> int:
+    """Create a dead letter topic whose size limit matches its producer's, or read an existing one's.
+
+    A new topic gets ``max.message.bytes`` equal to the producer's ``message.max.bytes``
+    (:func:`kernel.dlq.dead_letter_topic_config`) and the replication of the pipeline's internal
+    topics (``kafka.internal_replication_factor``, the broker's default when unset).
+
+    Args:
+        kafka: the pipeline's ``KafkaConfig``.
+        topic: the dead letter topic.
+        partitions: partitions of a new topic.
+
+    Returns:
+        The largest dead letter record the topic and the producer take, bytes
+        (:func:`kernel.dlq.dead_letter_limit`): what :meth:`kernel.dlq.DeadLetter.record` fits under.
+
+    Raises:
+        SetupError: Kafka refused the login, the topic's creation or its description.
+    """
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from kernel.dlq import dead_letter_limit, dead_letter_topic_config
+    from schemas.kafka_admin import cluster_metadata
+
+    conf = kafka.librdkafka_config()
+    meta = cluster_metadata(conf, kafka.request_timeout_s)
+    if topic not in meta.topics:
+        replication = getattr(kafka, "internal_replication_factor", None) or -1  # -1: the broker's default
+        new = NewTopic(topic, num_partitions=partitions, replication_factor=replication,
+                       config=dead_letter_topic_config(kafka.client_config))
+        admin = AdminClient(conf)  # kept referenced until the result: a collected client cancels its requests
+        try:
+            admin.create_topics([new])[topic].result(kafka.request_timeout_s)
+            log.info("created dead letter topic=%s partitions=%d %s", topic, partitions, new.config)
+            return dead_letter_limit(kafka.client_config)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise SetupError(f"cannot create dead letter topic {topic!r}: {exc}") from exc
+    limit = topic_configs(conf, topic, kafka.request_timeout_s).get("max.message.bytes")
+    return dead_letter_limit(kafka.client_config, int(limit) if limit and limit.isdigit() else None)

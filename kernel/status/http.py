@@ -134,8 +134,8 @@ class _Connection(asyncio.Protocol):
     def _next(self) -> None:
         while not self.busy and self.transport is not None:
             end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self.buffer) > _MAX_REQUEST_BYTES:
+            if end < 0 or end > _MAX_REQUEST_BYTES:  # a head over the limit, whether it came in one read or many
+                if end > _MAX_REQUEST_BYTES or len(self.buffer) > _MAX_REQUEST_BYTES:
                     self._fail(413)
                 return
             head, self.buffer = self.buffer[:end], self.buffer[end + 4 :]

@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from kernel.config.models import KafkaConfig
-from kernel.dlq import DeadLetter
+from kernel.dlq import DeadLetter, dead_letter_limit
 from kernel.exceptions import RetriableError
 from kernel.kafka import clients
 from stream_app.session import job_description
@@ -259,6 +259,8 @@ class DeadLetterProducer:
 
     def __init__(self, kafka: KafkaConfig, topic: str, component: str, timeout_s: float = 30.0):
         self.kafka, self.topic, self.component, self.timeout_s = kafka, topic, component, timeout_s
+        # a larger record is dead-lettered without its value (kernel.dlq), never refused by the producer
+        self.max_bytes = dead_letter_limit(kafka.client_config)
         self._producer: Any = None
 
     def send(self, rows: pa.Table, stage: str) -> int:
@@ -285,7 +287,8 @@ class DeadLetterProducer:
                 row[OFFSET],
                 row[ERROR],
             )
-            self._producer.produce(self.topic, key=row["key"], value=row["value"], headers=letter.headers())
+            key, value, headers = letter.record(row["key"], row["value"], None, max_bytes=self.max_bytes)
+            self._producer.produce(self.topic, key=key, value=value, headers=headers)
         if self._producer.flush(self.timeout_s):
             raise RetriableError(f"dead letters to {self.topic} not acknowledged within {self.timeout_s} s")
         return rows.num_rows

@@ -23,7 +23,7 @@ connections:
   pg:
     type: rds
     url: postgresql+psycopg://threes@127.0.0.1:15432/threes
-    password: ${env:PGPASS}
+    password: ${env:THREES_PGPASS}
 sources:
   - name: airports
     type: rds_source
@@ -53,7 +53,7 @@ def test_example_pipeline_validates():
 
 
 def test_minimal_file_with_env_secret(tmp_path):
-    pipeline = load_pipeline(write(tmp_path, MINIMAL), environ={"PGPASS": "s3cr3t"})
+    pipeline = load_pipeline(write(tmp_path, MINIMAL), environ={"THREES_PGPASS": "s3cr3t"})
     conn = pipeline.connections["pg"]
     assert conn.password.get_secret_value() == "s3cr3t"
     assert conn.sqlalchemy_url().password == "s3cr3t"
@@ -63,7 +63,7 @@ def test_minimal_file_with_env_secret(tmp_path):
 def test_unknown_key_names_file_line_and_path(tmp_path):
     text = MINIMAL.replace("    table: airports\n", "    table: airports\n    tabel: oops\n")
     with pytest.raises(ConfigError) as exc:
-        load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
+        load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x"})
     assert problems(exc) == [
         f"{tmp_path / 'pipeline.yaml'}:15: sources[0].tabel: unknown key (not allowed here; check the spelling)"
     ]
@@ -81,7 +81,7 @@ def test_wrong_type_and_missing_key_reported_together(tmp_path):
         """
     )
     with pytest.raises(ConfigError) as exc:
-        load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
+        load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x"})
     found = problems(exc)
     f = tmp_path / "pipeline.yaml"
     assert any(p.startswith(f"{f}:15: sources[0].poll_interval_s: Input should be a valid number") for p in found)
@@ -106,7 +106,7 @@ def test_reference_to_missing_or_wrong_connection(tmp_path):
         "    key: [carrier]\n"
     )
     with pytest.raises(ConfigError) as exc:
-        load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
+        load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x"})
     f = tmp_path / "pipeline.yaml"
     assert problems(exc) == [
         f"{f}:17: sources[1].connection: elasticsearch_source needs a connection of type 'elasticsearch', 'pg' is 'rds'",
@@ -117,7 +117,7 @@ def test_reference_to_missing_or_wrong_connection(tmp_path):
 def test_unknown_connector_type(tmp_path):
     text = MINIMAL.replace("type: rds_source", "type: rds_sauce")
     with pytest.raises(ConfigError) as exc:
-        load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
+        load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x"})
     (problem,) = problems(exc)
     assert problem.startswith(f"{tmp_path / 'pipeline.yaml'}:11: sources[0].type: Input tag 'rds_sauce'")
     assert "'rds_source'" in problem
@@ -126,7 +126,7 @@ def test_unknown_connector_type(tmp_path):
 def test_broken_yaml_gives_line(tmp_path):
     text = MINIMAL.replace("  pg:\n", "  pg: [\n")
     with pytest.raises(ConfigError) as exc:
-        load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
+        load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x"})
     (problem,) = problems(exc)
     assert problem.startswith(f"{tmp_path / 'pipeline.yaml'}:")
     assert "broken YAML" in problem
@@ -135,7 +135,7 @@ def test_broken_yaml_gives_line(tmp_path):
 def test_duplicate_key_is_an_error(tmp_path):
     text = MINIMAL.replace("    table: airports\n", "    table: airports\n    table: planes\n")
     with pytest.raises(ConfigError) as exc:
-        load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
+        load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x"})
     assert problems(exc) == [f"{tmp_path / 'pipeline.yaml'}:15: sources[0].table: duplicate key"]
 
 
@@ -147,7 +147,7 @@ def test_missing_env_and_file_references(tmp_path):
     f = tmp_path / "pipeline.yaml"
     assert (
         found[0]
-        == f"{f}:8: connections.pg.password: environment variable PGPASS is not set (referenced as ${{env:PGPASS}})"
+        == f"{f}:8: connections.pg.password: environment variable THREES_PGPASS is not set (referenced as ${{env:THREES_PGPASS}})"
     )
     assert found[1].startswith(f"{f}:14: sources[0].table: cannot read ${{file:table.txt}}")
     assert len(found) == 2  # the unresolved table is not reported again as "needs `table`"
@@ -156,12 +156,12 @@ def test_missing_env_and_file_references(tmp_path):
 def test_file_reference_relative_to_config(tmp_path):
     (tmp_path / "table.txt").write_text("airports_v2\n")
     text = MINIMAL.replace("table: airports", "table: ${file:table.txt}")
-    pipeline = load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
+    pipeline = load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x"})
     assert pipeline.sources[0].table == "airports_v2"
 
 
 def test_secrets_never_printed(tmp_path):
-    text = MINIMAL.replace("threes@127", "threes:hunter2@127").replace("    password: ${env:PGPASS}\n", "")
+    text = MINIMAL.replace("threes@127", "threes:hunter2@127").replace("    password: ${env:THREES_PGPASS}\n", "")
     text += "    poll_interval_s: never\n"
     with pytest.raises(ConfigError) as exc:
         load_pipeline(write(tmp_path, text), environ={})
@@ -210,10 +210,10 @@ def test_elasticsearch_source_refuses_a_key_other_than_id(tmp_path):
         "    key: [tailnum]\n"
     )
     with pytest.raises(ConfigError) as exc:
-        load_pipeline(write(tmp_path, text), environ={"PGPASS": "x"})
+        load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x"})
     [problem] = problems(exc)
     assert problem.startswith(f"{tmp_path / 'pipeline.yaml'}:")
     assert "sources[1]" in problem and "`key` ['tailnum'] is not supported" in problem and "_id" in problem
     # `key: [_id]` says what the connector does anyway, so it is accepted.
-    pipeline = load_pipeline(write(tmp_path, text.replace("key: [tailnum]", "key: [_id]")), environ={"PGPASS": "x"})
+    pipeline = load_pipeline(write(tmp_path, text.replace("key: [tailnum]", "key: [_id]")), environ={"THREES_PGPASS": "x"})
     assert pipeline.sources[1].key == ["_id"]

@@ -88,12 +88,12 @@ def test_file_references_stay_under_the_config_folder(tmp_path) -> None:
     outside.mkdir(exist_ok=True)
     (outside / "pg").write_text("outside\n")
     (tmp_path / "secrets" / "link").symlink_to(outside / "pg")
-    good = MINIMAL.replace("${env:PGPASS}", "${file:secrets/pg}")
+    good = MINIMAL.replace("${env:THREES_PGPASS}", "${file:secrets/pg}")
     assert load_pipeline(write(tmp_path, good), environ={}).connections["pg"].password.get_secret_value() == "from-file"
     for ref in ("secrets/link", f"{outside}/pg", f"../{outside.name}/pg"):
         with pytest.raises(ConfigError, match="outside the config's folder"):
-            load_pipeline(write(tmp_path, MINIMAL.replace("${env:PGPASS}", f"${{file:{ref}}}")), environ={})
-    allowed = load_pipeline(write(tmp_path, MINIMAL.replace("${env:PGPASS}", f"${{file:{outside}/pg}}")),
+            load_pipeline(write(tmp_path, MINIMAL.replace("${env:THREES_PGPASS}", f"${{file:{ref}}}")), environ={})
+    allowed = load_pipeline(write(tmp_path, MINIMAL.replace("${env:THREES_PGPASS}", f"${{file:{outside}/pg}}")),
                             environ={"THREES_FILE_REF_DIRS": str(outside)})
     assert allowed.connections["pg"].password.get_secret_value() == "outside"
 
@@ -123,3 +123,50 @@ def test_spark_default_data_source_takes_built_in_short_names_only() -> None:
     acknowledged = SparkSettings(conf={"spark.sql.sources.default": "io.delta.sql.DeltaSource"},
                                  acknowledge_code_loading=["spark.sql.sources.default"])
     assert acknowledged.conf["spark.sql.sources.default"] == "io.delta.sql.DeltaSource"
+
+
+def test_env_references_read_only_allow_listed_variables(tmp_path) -> None:
+    secret = "AKIA-not-for-the-config"
+    text = MINIMAL.replace("${env:THREES_PGPASS}", "${env:AWS_SECRET_ACCESS_KEY}")
+    with pytest.raises(ConfigError) as err:
+        load_pipeline(write(tmp_path, text), environ={"AWS_SECRET_ACCESS_KEY": secret})
+    message = str(err.value)
+    assert "connections.pg.password" in message and ":8:" in message
+    assert "${env:AWS_SECRET_ACCESS_KEY} is not on the allow-list" in message
+    assert "THREES_ENV_REFS=AWS_SECRET_ACCESS_KEY" in message and secret not in message
+    # a default does not open the door either
+    with pytest.raises(ConfigError, match="not on the allow-list"):
+        load_pipeline(write(tmp_path, text.replace("AWS_SECRET_ACCESS_KEY}", "AWS_SECRET_ACCESS_KEY:-x}")),
+                      environ={"AWS_SECRET_ACCESS_KEY": secret})
+    # the process (never the file) allows more, by name or pattern
+    for allow in ("AWS_SECRET_ACCESS_KEY", "AWS_*", "*"):
+        pipeline = load_pipeline(write(tmp_path, text), environ={"AWS_SECRET_ACCESS_KEY": secret,
+                                                                 "THREES_ENV_REFS": f"OTHER, {allow}"})
+        assert pipeline.connections["pg"].password.get_secret_value() == secret
+    assert load_pipeline(write(tmp_path, MINIMAL), environ={"THREES_PGPASS": "x"})
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql+psycopg://u@h/db?sslmode=verify-full&sslrootcert=/etc/shadow",
+    "postgresql+psycopg://u@h/db?sslmode=verify-full&sslcrl=/etc/shadow",
+    "postgresql+psycopg://u@h/db?sslmode=verify-full&sslrootcert=../../../../etc/shadow",
+    "mysql+pymysql://u@h/db?ssl_ca=/etc/shadow",
+    "sqlite:////etc/shadow",
+    "sqlite:///../../../../etc/passwd",
+])
+def test_files_a_database_url_names_are_confined_like_file_references(tmp_path, url: str) -> None:
+    text = MINIMAL.replace("url: postgresql+psycopg://threes@127.0.0.1:15432/threes", f"url: '{url}'")
+    assert text != MINIMAL
+    with pytest.raises(ConfigError, match=r"connections\.pg.*names a file outside the config's folder"):
+        load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x"})
+
+
+def test_files_under_the_config_folder_or_allowed_directories_pass(tmp_path) -> None:
+    (tmp_path / "ca.pem").write_text("x")
+    base = "postgresql+psycopg://threes@127.0.0.1:15432/threes"
+    for url in (f"{base}?sslmode=verify-full&sslrootcert=ca.pem", f"{base}?sslmode=verify-full&sslrootcert=system",
+                "sqlite:///local.db", "sqlite://"):
+        text = MINIMAL.replace(f"url: {base}", f"url: '{url}'")
+        load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x"})
+    text = MINIMAL.replace(f"url: {base}", f"url: '{base}?sslmode=verify-full&sslrootcert=/etc/ssl/ca.pem'")
+    load_pipeline(write(tmp_path, text), environ={"THREES_PGPASS": "x", "THREES_FILE_REF_DIRS": "/etc/ssl"})

@@ -265,3 +265,14 @@ def test_the_topic_decides_between_old_and_new_key_fingerprints() -> None:
         plan = plan_topic_schemas(store, topic="t", connector="c", key_schema=key, value_schema=record(ID),
                                   topic_keys=lambda keys=keys: keys)
         assert plan.key_fingerprint == expected and not plan.rekey
+
+
+def test_a_narrowing_change_names_the_field_s_old_and_new_types() -> None:
+    from schemas.compatibility import Compatibility, check_compatibility
+    from schemas.exceptions import IncompatibleSchemaError
+
+    old = {"type": "record", "name": "R", "fields": [{"name": "x", "type": "double"}]}
+    new = {"type": "record", "name": "R", "fields": [{"name": "x", "type": "float"}]}
+    with pytest.raises(IncompatibleSchemaError) as err:
+        check_compatibility(new, [old], Compatibility.BACKWARD, topic="t", subject="t-value")
+    assert "field 'x': values written as double cannot be read as float" in str(err.value)

@@ -119,3 +119,15 @@ def test_shipped_schema_loads_by_name():
     assert airport["name"] == "Airport"
     with pytest.raises(Exception, match="not found"):
         load_schema("nope/nothing")
+
+
+def test_a_schema_that_is_not_found_lists_each_place_looked_at_once(tmp_path) -> None:
+    from schemas import load_schema
+    from schemas.exceptions import SchemaNotFoundError
+
+    with pytest.raises(SchemaNotFoundError) as err:
+        load_schema(str(tmp_path / "nothere.avsc"))
+    assert str(err.value).count(str(tmp_path / "nothere.avsc")) == 2  # the reference, then one place looked at
+    with pytest.raises(SchemaNotFoundError) as err:
+        load_schema("nothere.avsc", base_dir=tmp_path)
+    assert str(err.value).count("nothere.avsc") == 3  # the reference, the config's folder, the shipped schemas

@@ -31,7 +31,8 @@ HEADER = """\
 Every key of connector config YAML (`threes validate CONFIG` checks a file against exactly
 this). Unknown keys are errors. Durations and sizes carry their unit in the key name:
 `_s` seconds, `_ms` milliseconds, `_bytes` bytes, `records` counts. Any string value may use
-`${env:NAME}`, `${env:NAME:-default}` or `${file:path}` (relative to the config file);
+`${env:NAME}`, `${env:NAME:-default}` or `${file:path}` (relative to the config file;
+`${env:}` reads `THREES_*`, `HOSTNAME` and what the process's `THREES_ENV_REFS` allows);
 *secret* values are masked in logs and errors.
 """
 

@@ -29,7 +29,7 @@ class JsonfileSource(SourceTask):
     Example::
 
         connections:
-          files: {type: jsonfile, root: ./data, token: "${env:JSONFILE_TOKEN}"}
+          files: {type: jsonfile, root: ./data, token: "${env:THREES_JSONFILE_TOKEN}"}
         sources:
           - {name: items, type: jsonfile_source, connection: files, path: items,
              topic: state.items, key: [id], value_schema: item.avsc}

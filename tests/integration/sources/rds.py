@@ -39,16 +39,16 @@ def write_source_run_config(
         options: the source's further YAML lines (indented by four spaces, each ending in a newline).
 
     Returns:
-        The config's path and the child's environment (the password in ``$PGPASS``, never in the file).
+        The config's path and the child's environment (the password in ``$THREES_PGPASS``, never in the file).
     """
     cfg = folder / "pipeline.yaml"
     cfg.write_text(
         f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
-        f"connections:\n  pg:\n    type: rds\n    url: {conn.url}\n    password: ${{env:PGPASS}}\n"
+        f"connections:\n  pg:\n    type: rds\n    url: {conn.url}\n    password: ${{env:THREES_PGPASS}}\n"
         f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: {topic}\n"
         f"    table: {table}\n{options}"
     )
-    return cfg, {"PGPASS": conn.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
+    return cfg, {"THREES_PGPASS": conn.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
 
 
 def naive_poll(engine: Any, table: str, last: dt.datetime | None) -> tuple[list[int], dt.datetime | None]:

@@ -58,8 +58,8 @@ def test_two_workers_share_and_take_over_tasks(tmp_path: Path, pg_engine: Any, p
     )
     cfg = tmp_path / "pipeline.yaml"
     cfg.write_text(f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\nconnections:\n  pg:\n    type: rds\n"
-                   f"    url: {pg.url}\n    password: ${{env:PGPASS}}\nsources:\n{sources}")
-    env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
+                   f"    url: {pg.url}\n    password: ${{env:THREES_PGPASS}}\nsources:\n{sources}")
+    env = {"THREES_PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     cmd = [sys.executable, "-m", "threes.cli", "-v", "source", "run", str(cfg), "--group", f"g{unique}"]
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
 

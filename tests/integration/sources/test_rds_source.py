@@ -49,12 +49,12 @@ def _pipeline_yaml(
 ) -> Path:
     """Write the YAML pipeline of one ``incrementing`` source on ``table`` to ``path``; returns ``path``.
 
-    The password is ``${env:PGPASS}``: the CLI run needs ``PGPASS`` in its environment.
+    The password is ``${env:THREES_PGPASS}``: the CLI run needs ``THREES_PGPASS`` in its environment.
     ``extra`` holds more source keys, each a line indented by four spaces.
     """
     path.write_text(
         f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
-        f"connections:\n  pg:\n    type: rds\n    url: {conn.url}\n    password: ${{env:PGPASS}}\n"
+        f"connections:\n  pg:\n    type: rds\n    url: {conn.url}\n    password: ${{env:THREES_PGPASS}}\n"
         f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: {topic}\n"
         f"    table: {table}\n    mode: incrementing\n    incrementing_column: id\n{extra}"
     )
@@ -561,7 +561,7 @@ def test_cli_once_offsets_list_and_reset(
     _filled_table(pg_engine, table, 1, 30, "'v' || g")
     name = f"cli-{unique}"
     cfg = _pipeline_yaml(tmp_path / "pipeline.yaml", kafka, pg, name=name, topic=f"state.{unique}", table=table)
-    env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
+    env = {"THREES_PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     threes = [sys.executable, "-m", "threes.cli"]
     done = subprocess.run(
         [*threes, "source", "run", str(cfg), "--once"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
@@ -610,7 +610,7 @@ def test_sigterm_flushes_and_stores_the_position(
         # no reconciliation: it could emit the new rows first (without moving the position), by design
         extra="    poll_interval_s: 0.2\n    reconcile_interval_s: null\n",
     )
-    env = {"PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
+    env = {"THREES_PGPASS": pg.password.get_secret_value(), "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "threes.cli", "--debug", "source", "run", str(cfg)],
         cwd=ROOT,

@@ -84,3 +84,12 @@ def test_plan_names_fields_whose_type_their_column_cannot_take() -> None:
     # what the columns take: no change
     same = {**changed, "fields": [f for f in changed["fields"] if f["name"] not in ("n", "d")]}
     assert plan_fit(same, t, postgresql.dialect(), skip={"id", "_version"}).retyped == []
+
+
+def test_the_reason_suggests_evolve_table_for_numeric_columns_only() -> None:
+    from connectors.rds.sink_fit import FieldCheck
+
+    varchar = FieldCheck("name", "varchar(5)", "string", max_length=5).reason()
+    assert "evolve_table widens numeric columns only" in varchar and "set evolve_table: true" not in varchar
+    decimal = FieldCheck("price", "numeric(5,2)", "decimal(9,4)", scale=2).reason()
+    assert "set evolve_table: true on the sink to widen numeric columns" in decimal

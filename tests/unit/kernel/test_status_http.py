@@ -206,3 +206,28 @@ def test_one_connection_serves_pipelined_requests_in_order_and_refuses_a_body() 
     finally:
         release.set()
         server.close()
+
+
+@pytest.mark.parametrize("pieces", [1, 40])
+def test_a_request_head_over_64_kib_is_refused_however_it_arrives(pieces: int) -> None:
+    import socket
+
+    server = StatusServer(lambda: {"sync": []})
+    port = server.serve(0)
+    try:
+        head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Filler: " + b"a" * (70 * 1024) + b"\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            size = -(-len(head) // pieces)
+            try:
+                for i in range(0, len(head), size):
+                    sock.sendall(head[i:i + size])
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server answered and closed before the rest arrived
+            answer = b"".join(iter(lambda: sock.recv(65536), b""))
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:80]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:  # a head under the limit is served
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Filler: " + b"a" * 1000
+                         + b"\r\n\r\n")
+            assert b"".join(iter(lambda: sock.recv(65536), b"")).startswith(b"HTTP/1.1 200")
+    finally:
+        server.close()

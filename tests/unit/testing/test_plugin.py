@@ -19,10 +19,10 @@ def test_an_address_alone_is_a_plaintext_cluster() -> None:
 def test_a_config_file_gives_the_security_settings_and_the_address_replaces_its_brokers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("KIT_TEST_KAFKA_PASSWORD", "s3cret")
+    monkeypatch.setenv("THREES_KIT_TEST_KAFKA_PASSWORD", "s3cret")
     cfg = tmp_path / "kafka.yaml"
     cfg.write_text("bootstrap_servers: broker:9094\nsecurity_protocol: SASL_SSL\nsasl_mechanism: SCRAM-SHA-512\n"
-                   "sasl_username: kit\nsasl_password: ${env:KIT_TEST_KAFKA_PASSWORD}\n")
+                   "sasl_username: kit\nsasl_password: ${env:THREES_KIT_TEST_KAFKA_PASSWORD}\n")
     from_file = kafka_config_from(None, str(cfg))
     assert from_file.librdkafka_config() == {
         "bootstrap.servers": "broker:9094", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
