@@ -38,8 +38,8 @@ from typing import Any
 import pytest
 
 from connectors.runtime.offsets import OffsetStore
-from connectors.runtime.standalone import SourceWorker, task_specs
 from connectors.runtime.runner_state import RunnerStats
+from connectors.runtime.standalone import SourceWorker, task_specs
 from kernel.config.models import KafkaConfig
 from kernel.config.policies import RetryPolicy
 from kernel.kafka.committed import latest_per_key
