@@ -57,6 +57,10 @@ def parse_aggregation(spec: str) -> AggregationSpec:
             message names the spec and the accepted forms.
     """
     forms = ", ".join(AGGREGATE_FUNCTIONS.values())
+    if spec.count("(") > spec.count(")"):
+        # YAML's flow mapping {p95: percentile(delay, 0.95)} splits at the comma: "percentile(delay" is left
+        raise ValueError(f"{spec!r} looks cut at a comma: in a YAML flow mapping ({{...}}) quote the whole "
+                         f"spec (\"{spec.strip()}, ...)\"), or write the mapping one key per line")
     m = AGGREGATION.match(spec.replace(" ", ""))
     if m is None or m.group("fn") not in AGGREGATE_FUNCTIONS:
         raise ValueError(f"{spec!r} is not {forms}")

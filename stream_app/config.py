@@ -28,7 +28,7 @@ Example::
         - {topic: updates.delays, kind: aggregation, group_by: [origin], event_time: time_hour,
            window: 1 day, aggregations: {flights: count, mean_dep_delay: mean(dep_delay)}}
         - {topic: updates.hourly, kind: aggregation, group_by: [origin], event_time: time_hour,
-           window: 1 hour, slide: 10 minutes, aggregations: {flights: count, p95: percentile(dep_delay, 0.95)}}
+           window: 1 hour, slide: 10 minutes, aggregations: {flights: count, p95: "percentile(dep_delay, 0.95)"}}
         - {topic: updates.sessions, kind: aggregation, group_by: [tailnum], event_time: time_hour,
            window: session, gap: 30 minutes, aggregations: {legs: count, first_dest: first(dest)}}
       dead_letter_topic: flights.dlq
@@ -193,7 +193,7 @@ class StreamJobConfig(StrictModel):
     metrics_host: str = Field("127.0.0.1", description="address metrics_port binds; any other than loopback needs "
                               "metrics_token")
     metrics_token: SecretStr | None = Field(None, description="bearer token every request to metrics_port must carry "
-                                            "(Authorization: Bearer ...), e.g. ${env:METRICS_TOKEN}")
+                                            "(Authorization: Bearer ...), e.g. ${env:THREES_METRICS_TOKEN}")
     spark: SparkSettings = Field(default_factory=SparkSettings)
 
     @model_validator(mode="after")

@@ -78,6 +78,18 @@ class UpdateConfig(StrictModel):
     )
     watermark: str = Field("1 hour", description="aggregation: how late an event may arrive, e.g. '1 hour'")
 
+    @field_validator("aggregations", mode="before")
+    @classmethod
+    def _cut_at_a_comma(cls, value: object) -> object:
+        # {p95: percentile(f, 0.95)} in a flow mapping parses as {p95: "percentile(f", "0.95)": null}
+        if isinstance(value, dict):
+            for name, spec in value.items():
+                if spec is None and isinstance(name, str) and name.rstrip().endswith(")"):
+                    raise ValueError(f"key {name!r} with no spec is the end of a spec cut at a comma: in a YAML "
+                                     "flow mapping ({...}) quote specs with a comma, e.g. "
+                                     "p95: \"percentile(dep_delay, 0.95)\"")
+        return value
+
     @field_validator("watermark")
     @classmethod
     def _duration(cls, value: str) -> str:

@@ -49,7 +49,7 @@ class SyncServiceBase(StrictModel):
     metrics_host: str = Field("127.0.0.1", description="address metrics_port binds; any other than loopback needs "
                               "metrics_token")
     metrics_token: SecretStr | None = Field(None, description="bearer token every request to metrics_port must carry "
-                                            "(Authorization: Bearer ...), e.g. ${env:METRICS_TOKEN}")
+                                            "(Authorization: Bearer ...), e.g. ${env:THREES_METRICS_TOKEN}")
 
     @model_validator(mode="after")
     def _poll_interval_covers_session(self) -> SyncServiceBase:

@@ -23,6 +23,6 @@ def metrics_endpoint_problem(host: str, token: Any) -> str | None:
     serves topics, positions and error texts to the network, so it needs a bearer token.
     """
     if not is_loopback(host) and (token is None or not token.get_secret_value()):
-        return (f"metrics_host {host!r} is not a loopback address: set metrics_token (e.g. ${{env:METRICS_TOKEN}}); "
-                "clients then send 'Authorization: Bearer <token>'")
+        return (f"metrics_host {host!r} is not a loopback address: set metrics_token "
+                "(e.g. ${env:THREES_METRICS_TOKEN}); clients then send 'Authorization: Bearer <token>'")
     return None
