@@ -61,7 +61,8 @@ def main() -> None:
     from stream_app.batch import BatchPlan
     from stream_app.config import SparkSettings, StreamJobConfig
     from stream_app.enrich import BoundLookup
-    from stream_app.plan import build_plan, writers_for
+    from stream_app.plan import build_plan
+    from stream_app.plan.writer_match import writers_for
     from stream_app.session import spark_session
     from stream_app.snapshot.data import RecordFormats, SnapshotView, latest_per_key, record_decoder
     from stream_app.writers import RegistryWriters

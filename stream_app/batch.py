@@ -24,7 +24,8 @@ from stream_app.avro_schemas import is_optional, same_encoding
 from stream_app.columns import ColumnCache
 from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import offsets_json
-from stream_app.plan import JobPlan, UpdatePlan, writers_for
+from stream_app.plan.model import JobPlan, UpdatePlan
+from stream_app.plan.writer_match import writers_for
 from stream_app.records import RECORD_FIELDS, dead_letter_fields, header, no_headers, record_of, record_rows
 from stream_app.run_stages import apply_steps
 from stream_app.snapshot.data import ERROR, SnapshotView, decode_error_reason

@@ -54,7 +54,9 @@ from stream_app.checkpoint import (
 from stream_app.config import StreamJobConfig
 from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import TopicWatermarks, offsets_json, sink_options, source_options, spark_kafka_options
-from stream_app.plan import JobPlan, build_plan, full_name, writers_for
+from stream_app.plan import build_plan
+from stream_app.plan.model import JobPlan
+from stream_app.plan.writer_match import full_name, writers_for
 from stream_app.records import write_records
 from stream_app.session import quiet_loggers
 from stream_app.snapshot.engines import DeadLetterProducer

@@ -37,7 +37,7 @@ from stream_app.avro import decode_avro, encode_avro, framed
 from stream_app.columns import rows_where
 from stream_app.config import SESSION
 from stream_app.expressions import column as expr_column
-from stream_app.plan import Aggregate, UpdatePlan
+from stream_app.plan.model import Aggregate, UpdatePlan
 from stream_app.records import dead_letter, header_value, update_record
 from stream_app.snapshot.data import corrupt_to_null
 

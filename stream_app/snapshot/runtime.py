@@ -49,7 +49,8 @@ from stream_app import metrics
 from stream_app.checkpoint import SnapshotCheckpoint
 from stream_app.columns import rows_where
 from stream_app.kafka_io import Offsets, RangeReader, TopicWatermarks, count_between, offsets_json, read_range
-from stream_app.plan import SnapshotPlan, writers_for
+from stream_app.plan.model import SnapshotPlan
+from stream_app.plan.writer_match import writers_for
 from stream_app.session import job_description
 from stream_app.snapshot.data import (
     DELETED,

@@ -12,7 +12,8 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from schemas.serde import AvroSerializer, fingerprint, schema_json
-from stream_app.plan import Schema, spark_type
+from stream_app.plan.model import Schema
+from stream_app.plan.spark_types import spark_type
 from stream_app.snapshot.data import DELETED, LH, LK, OFFSET, PARTITION, TOPIC, nullable_schema, record_decoder
 from stream_app.snapshot.delta import DriverDecoder, simple_key_field, spark_xxhash64, supported_schema
 
