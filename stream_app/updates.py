@@ -23,7 +23,7 @@ applies only newer versions turns replays and duplicates into no-ops.
   ``dropDuplicatesWithinWatermark`` that keeps replays from counting twice).
   They do not vanish silently: the job counts them per update topic in
   ``threes_stream_late_events_total`` and logs a warning for every
-  micro-batch that dropped any (``stream_app.job``). They stay in the
+  micro-batch that dropped any (``stream_app.progress``). They stay in the
   enriched topic and the projections; only the aggregates leave them out.
 """
 
