@@ -1,4 +1,4 @@
-"""The stream job's wiring: the one module with side effects (SparkSession use, readStream, writeStream).
+"""The stream job's wiring: with its parts, the modules with side effects (SparkSession use, readStream, writeStream).
 
 Two kinds of streaming query run in one Spark application, both Kafka to Kafka:
 

@@ -24,12 +24,13 @@ from kernel.exceptions import ConfigError, ConfigProblem
 from stream_app.avro_schemas import JoinedFields, enriched_schema, fields_of, with_derived
 from stream_app.config import StreamJobConfig
 from stream_app.plan.lookups import check_as_of, plan_lookups
-from stream_app.plan.model import JobPlan, UpdatePlan, schema_of
+from stream_app.plan.model import JobPlan, SnapshotPlan, UpdatePlan, schema_of
 from stream_app.plan.readers import ReaderSchemas, snapshot_plan
 from stream_app.plan.spark_types import spark_type, spark_typer
 from stream_app.plan.transformed import apply_transform
 from stream_app.plan.update_schemas import update_plan
 from stream_app.plan.writer_match import WriterVersions
+from stream_app.realtime import realtime_problems
 from stream_app.stages import Step, order_steps
 from stream_app.transform import Transform, load_transform
 
@@ -77,8 +78,6 @@ def build_plan(
     def problem(path: str, message: str) -> None:
         problems.append(ConfigProblem(f"stream.{path}", message))
 
-    from stream_app.realtime import realtime_problems
-
     for path, message in realtime_problems(config):  # what Spark's real-time mode cannot run (mode: realtime)
         problem(path, message)
     readers = ReaderSchemas(base_dir, writer_versions, problem)
@@ -93,14 +92,23 @@ def build_plan(
     if unknown or enriched is None:
         return None  # only without writer versions: a snapshot's schemas are known at start-up
     assert event is not None and enriched is not None  # no problems: both were loaded
-
-    snapshot_plans = {snap.name: snapshot_plan(snap, *snaps[snap.name]) for snap in config.snapshots}
-    for name, envelope in readers.envelopes.items():
-        snapshot_plans[name].envelope = schema_of(envelope)
+    snapshot_plans = _snapshot_plans(config, snaps, readers.envelopes)
     job_plan = JobPlan(config, schema_of(event), snapshot_plans, schema_of(enriched), updates, steps, transform)
     if spark is not None:
         _add_spark_types(spark, job_plan)
     return job_plan
+
+
+def _snapshot_plans(
+    config: StreamJobConfig,
+    snaps: dict[str, tuple[dict[str, Any], dict[str, Any]]],
+    envelopes: dict[str, dict[str, Any]],
+) -> dict[str, SnapshotPlan]:
+    """Each snapshot's plan from its key and value reader schemas (and its Debezium envelope reader)."""
+    snapshot_plans = {snap.name: snapshot_plan(snap, *snaps[snap.name]) for snap in config.snapshots}
+    for name, envelope in envelopes.items():
+        snapshot_plans[name].envelope = schema_of(envelope)
+    return snapshot_plans
 
 
 def _load_transform(config: StreamJobConfig, base_dir: Path | None, problem: Problem) -> Transform | None:
