@@ -56,7 +56,7 @@ def build_plan(
         writer_versions: the schema store's subject versions
             (:meth:`schemas.store.SchemaStore.version_schemas`): snapshots without
             reader schemas read with the latest writer schema of their topics, and
-            every writer schema is matched to the reader (:func:`match_writers`).
+            every writer schema is matched to the reader (:func:`~stream_app.plan.writer_match.match_writers`).
             ``None`` (``threes validate``, no connection): what needs the topics'
             schemas is not checked.
 
