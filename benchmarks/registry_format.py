@@ -61,7 +61,8 @@ def main() -> None:
     from stream_app.batch import BatchPlan
     from stream_app.config import StreamJobConfig
     from stream_app.enrich import BoundLookup
-    from stream_app.plan import build_plan, writers_for
+    from stream_app.plan import build_plan
+    from stream_app.plan.writer_match import writers_for
     from stream_app.session import spark_session
     from stream_app.snapshot.data import latest_per_key
     from stream_app.snapshot.decoding import RecordFormats, record_decoder

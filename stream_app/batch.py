@@ -22,10 +22,12 @@ from typing import Any
 from stream_app.avro import decode_avro, framed, from_confluent
 from stream_app.avro_schemas import is_optional, same_encoding
 from stream_app.columns import ColumnCache
-from stream_app.enrich import BoundLookup, apply_steps
+from stream_app.enrich import BoundLookup
 from stream_app.kafka_io import offsets_json
-from stream_app.plan import JobPlan, writers_for
+from stream_app.plan.model import JobPlan, UpdatePlan
+from stream_app.plan.writer_match import writers_for
 from stream_app.records import RECORD_FIELDS, dead_letter_fields, header, no_headers, record_of, record_rows
+from stream_app.run_stages import apply_steps
 from stream_app.snapshot.data import ERROR
 from stream_app.snapshot.decoding import decode_error_reason
 from stream_app.snapshot.view import SnapshotView
@@ -81,7 +83,16 @@ class BatchPlan:
             ok, to_avro(f.struct(*[fld["name"] for fld in plan.enriched.avro["fields"]]), plan.enriched.json)
         ).alias(BODY)
         self._value = framed(f.col(BODY), plan.enriched.fingerprint)
-        self._updates = [
+        self._updates = self._projection_records(projections, ok)
+        self._dead_letter_fields = self._decode_dead_letter_fields()
+        self._dead_letter = f.when(~ok, record_of(*self._dead_letter_fields))
+
+    def _projection_records(self, projections: list[UpdatePlan], ok: Any) -> list[Any]:
+        """The update records of the projections; one whose value encodes as the enriched body reuses it."""
+        from pyspark.sql import functions as f
+
+        plan, cfg = self.plan, self.plan.config
+        return [
             r
             for u in projections
             for r in projection_records(
@@ -93,7 +104,13 @@ class BatchPlan:
                 body=f.col(BODY) if same_encoding(u.value.avro, plan.enriched.avro) else None,
             )
         ]
-        self._dead_letter_fields = dead_letter_fields(
+
+    def _decode_dead_letter_fields(self) -> tuple[Any, Any, Any, Any]:
+        """The record fields of an event's dead letter (stage ``decode``): its bytes, key and headers untouched."""
+        from pyspark.sql import functions as f
+
+        cfg = self.plan.config
+        return dead_letter_fields(
             cfg.dead_letter_topic,
             "decode",
             "SkippableRecordError",
@@ -106,7 +123,6 @@ class BatchPlan:
             value=f.col("__value"),
             headers=f.col("__headers"),
         )
-        self._dead_letter = f.when(~ok, record_of(*self._dead_letter_fields))
 
     def _decode_columns(
         self, writers: Mapping[bytes, str], headers: Mapping[bytes, bytes] | None = None
@@ -146,7 +162,20 @@ class BatchPlan:
             *([f.col("timestamp").alias("__timestamp")] if self.timestamp else []),
             decode(f.col("value")).alias("__v"),
         ]
-        # PERMISSIVE from_avro gives a struct of nulls for a corrupt body: a required field is then null
+        second = [*self._cache.cols([*meta, "__value", "__v"]), self._decoded().alias("__decoded")]
+        error = f.when(f.col("__value").isNull(), f.lit("event has no value (null)")).when(
+            ~f.col("__decoded"), reason(f.col("__value"))
+        )
+        third = [*self._cache.cols(meta), f.when(self._keep_raw(), f.col("__value")).alias("__value"),
+                 error.alias(ERROR), self._cache.col("__v.*")]
+        self._writers, self._decode = known, (first, second, third)
+        return self._decode
+
+    def _decoded(self) -> Any:
+        """Whether ``__v`` decoded: PERMISSIVE ``from_avro`` gives a struct of nulls for a corrupt body."""
+        from pyspark.sql import functions as f
+
+        # a required field is then null
         required = [fld["name"] for fld in self.plan.events.avro["fields"] if not is_optional(fld["type"])]
         decoded = f.col("__v").isNotNull()
         if required:
@@ -154,10 +183,12 @@ class BatchPlan:
             for name in required:
                 all_null = all_null & f.col("__v")[name].isNull()
             decoded = decoded & ~all_null
-        second = [*self._cache.cols([*meta, "__value", "__v"]), decoded.alias("__decoded")]
-        error = f.when(f.col("__value").isNull(), f.lit("event has no value (null)")).when(
-            ~f.col("__decoded"), reason(f.col("__value"))
-        )
+        return decoded
+
+    def _keep_raw(self) -> Any:
+        """Whether a row keeps its original bytes ``__value``: it may be dead-lettered (here or after the join)."""
+        from pyspark.sql import functions as f
+
         # the error is set exactly when the value is null or did not decode (a null value never decodes):
         # ~__decoded, not a second copy of the error's expression tree
         keep_raw = ~f.col("__decoded")
@@ -165,10 +196,7 @@ class BatchPlan:
             keep_raw = f.lit(True)
         for name in self._raw_when_null:
             keep_raw = keep_raw | f.col("__v")[name].isNull()
-        third = [*self._cache.cols(meta), f.when(keep_raw, f.col("__value")).alias("__value"), error.alias(ERROR),
-                 self._cache.col("__v.*")]
-        self._writers, self._decode = known, (first, second, third)
-        return self._decode
+        return keep_raw
 
     def frame(self, batch: Any, writers: Mapping[bytes, str], headers: Mapping[bytes, bytes] | None = None) -> Any:
         """The decoded events of a micro-batch (Spark's Kafka rows), bad ones marked in ``__error``.

@@ -42,13 +42,11 @@ from typing import Any
 
 from stream_app.columns import ColumnCache, rows_where
 from stream_app.config import LookupConfig
-from stream_app.expressions import column
 from stream_app.snapshot.as_of_join import event_time_ms, join_as_of
 from stream_app.snapshot.data import DELETED, LK, event_lookup_key
 from stream_app.snapshot.indexed import MATCHED, ArrowLookup, lookup_udf_function
 from stream_app.snapshot.mapped import MappedLookup, mapped_udf_function
 from stream_app.snapshot.view import SnapshotView
-from stream_app.stages import DeriveStep, LookupStep, Step, WhereStep
 
 
 @dataclass(frozen=True)
@@ -107,33 +105,13 @@ def enrich(
         ValueError: a joined column name collides with an existing column, or a
             lookup does not map every snapshot key field.
     """
-    from pyspark.sql import functions as f
-
     cache = cache if cache is not None else ColumnCache()
-    existing = set(events.columns)
-    for lookup in lookups:
-        for fld in joined_fields(lookup):
-            if fld.name in existing:
-                raise ValueError(f"joined column {fld.name!r} already exists: choose another prefix")
-            existing.add(fld.name)
+    _check_collisions(events.columns, lookups)
     if not lookups:
         return events
     columns = tuple(events.columns)
-    star = cache.col("*")
     numbered = list(zip(ids if ids is not None else range(len(lookups)), lookups, strict=True))
-    def key_of(i: int, lookup: BoundLookup) -> Any:
-        return event_lookup_key(lookup.config.on, lookup.view.key_type).alias(f"__lk{i}")
-
-    def hash_of(i: int) -> Any:
-        return f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}")
-
-    keys = [
-        cache.get(("lookup key", i, id(lookup.config), lookup.view.key_type.simpleString()), partial(key_of, i, lookup))
-        for i, lookup in numbered
-    ]
-    hashes = [cache.get(("lookup hash", i), partial(hash_of, i)) for i, _lookup in numbered]
-    # two projections: the hash reads the key computed by the first
-    df = cache.select(cache.select(events, [star, *keys]), [star, *hashes])
+    df = _with_lookup_keys(events, numbered, cache)
     # as_of lookups join the versions table by Spark whatever the engine of the latest values
     indexed = [(i, lk) for i, lk in numbered if _in_python(lk.view) and lk.config.as_of is None]
     if indexed:
@@ -150,6 +128,37 @@ def enrich(
         lambda: cache.cols(list(columns) + [fld.name for lookup in lookups for fld in joined_fields(lookup)]),
     )
     return cache.select(df, out)
+
+
+def _check_collisions(columns: Sequence[str], lookups: Sequence[BoundLookup]) -> None:
+    """Raise ``ValueError`` when a joined column would repeat an event column or another lookup's column."""
+    existing = set(columns)
+    for lookup in lookups:
+        for fld in joined_fields(lookup):
+            if fld.name in existing:
+                raise ValueError(f"joined column {fld.name!r} already exists: choose another prefix")
+            existing.add(fld.name)
+
+
+def _with_lookup_keys(events: Any, numbered: Sequence[tuple[int, BoundLookup]], cache: ColumnCache) -> Any:
+    """``events`` with each lookup's key ``__lk<i>`` and its hash ``__lh<i>`` (two projections, cached columns)."""
+    from pyspark.sql import functions as f
+
+    star = cache.col("*")
+
+    def key_of(i: int, lookup: BoundLookup) -> Any:
+        return event_lookup_key(lookup.config.on, lookup.view.key_type).alias(f"__lk{i}")
+
+    def hash_of(i: int) -> Any:
+        return f.xxhash64(f.col(f"__lk{i}")).alias(f"__lh{i}")
+
+    keys = [
+        cache.get(("lookup key", i, id(lookup.config), lookup.view.key_type.simpleString()), partial(key_of, i, lookup))
+        for i, lookup in numbered
+    ]
+    hashes = [cache.get(("lookup hash", i), partial(hash_of, i)) for i, _lookup in numbered]
+    # two projections: the hash reads the key computed by the first
+    return cache.select(cache.select(events, [star, *keys]), [star, *hashes])
 
 
 def _in_python(view: SnapshotView) -> bool:
@@ -327,71 +336,3 @@ def _jvm_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None, c
     if keep is not None:
         df = df.filter(keep)
     return cache.select(df, [star, *expanded])
-
-
-def _derived(step: DeriveStep) -> list[Any]:
-    return [column(text, name) for name, text in step.columns]
-
-
-def _dropped_column(step: WhereStep, passthrough: str | None) -> Any:
-    return _dropped(step.expression, passthrough).alias(DROPPED)
-
-
-def apply_steps(
-    events: Any,
-    steps: Sequence[Step],
-    lookups: Sequence[BoundLookup],
-    passthrough: str | None = None,
-    cache: ColumnCache | None = None,
-    observation: Any = None,
-) -> Any:
-    """Run a job's derive columns, lookups and ``where`` in their planned order (:mod:`stream_app.stages`).
-
-    Args:
-        events: decoded events (their fields as columns).
-        steps: the plan's steps.
-        lookups: every lookup of the job, bound to this batch's views, by index.
-        passthrough: a column whose non-null rows (events to dead-letter) neither a ``where`` nor an
-            inner lookup drops.
-        cache: the job's :class:`~stream_app.columns.ColumnCache`.
-        observation: a ``pyspark.sql.Observation`` (a micro-batch) or the name of the observed
-            metrics in a streaming query's progress (real-time mode) that receives ``filtered``, the
-            events the ``where`` dropped; ``None``: not counted.
-
-    Returns:
-        The events with every derive and looked-up column, without the events ``where`` dropped.
-    """
-    from pyspark.sql import functions as f
-
-    cache = cache if cache is not None else ColumnCache()
-    df = events
-    for step in steps:
-        if isinstance(step, DeriveStep):
-            cols = cache.get(("derive", step.columns), partial(_derived, step))
-            df = cache.select(df, [cache.col("*"), *cols])
-        elif isinstance(step, LookupStep):
-            df = enrich(df, [lookups[i] for i in step.lookups], passthrough, cache, ids=step.lookups)
-        else:
-            dropped = cache.get(("where", step.expression, passthrough), partial(_dropped_column, step, passthrough))
-            df = cache.select(df, [cache.col("*"), dropped])
-            if observation is not None:
-                df = df.observe(observation, f.count_if(f.col(DROPPED)).alias("filtered"))
-            kept = [c for c in df.columns if c != DROPPED]
-            # A generator (rows_where), never a filter: Spark pushes a filter below the projections under it
-            # and copies the expressions it reads into the predicate. Before the lookups that copied the
-            # events' decoding (from_avro, 7 times in the plan of a where on one field) and the dead letter
-            # check; after one, a lookup's UDF. Events it drops are never looked up either way: the lookups
-            # come after it in the plan.
-            df = rows_where(df, ~f.col(DROPPED), kept)
-    return df
-
-
-DROPPED = "__dropped"
-
-
-def _dropped(expression: str, passthrough: str | None) -> Any:
-    """True for an event ``where`` drops: not true (false or null), and not one to dead-letter."""
-    from pyspark.sql import functions as f
-
-    dropped = ~f.coalesce(column(expression), f.lit(False))
-    return dropped & f.col(passthrough).isNull() if passthrough is not None else dropped

@@ -7,7 +7,7 @@ types it against the Avro schemas (:func:`check`): a syntax error, an unknown co
 function, arithmetic on a non-numeric operand, or a result of the wrong type (a ``where``
 that is not boolean) is a config error naming the expression. At run time the same text
 becomes ``pyspark.sql.functions.expr(text)``: a Catalyst expression, no Python on the hot
-path; the types the job writes are Spark's own (:func:`stream_app.plan.spark_type`), so
+path; the types the job writes are Spark's own (:func:`stream_app.plan.spark_types.spark_type`), so
 decimal arithmetic follows Spark's exact rules, not the checker's approximation.
 
 Expressions run as Spark SQL does with the session's settings: Spark 4 runs in ANSI mode,

@@ -59,6 +59,20 @@ def realtime_problems(config: StreamJobConfig) -> list[tuple[str, str]]:
     """
     if config.mode != "realtime":
         return []
+    problems = [*_operator_problems(config), *_store_problems(config)]
+    if config.events.value_format == "confluent_avro":
+        problems.append(
+            (
+                "events.value_format",
+                "confluent_avro events are read in stream.mode: microbatch only (the real-time query is planned "
+                "once, before the registry's later schema ids could be known)",
+            )
+        )
+    return problems
+
+
+def _operator_problems(config: StreamJobConfig) -> list[tuple[str, str]]:
+    """The query's operators real-time mode refuses: stateful aggregations, Python, a bound per micro-batch."""
     problems: list[tuple[str, str]] = []
     for j, update in enumerate(config.updates):
         if update.kind == "aggregation":
@@ -84,6 +98,12 @@ def realtime_problems(config: StreamJobConfig) -> list[tuple[str, str]]:
                 "real-time mode has no micro-batches to bound: each event is processed as it arrives",
             )
         )
+    return problems
+
+
+def _store_problems(config: StreamJobConfig) -> list[tuple[str, str]]:
+    """What the executors' JVM store cannot hold or read: versions, the Python index, non-single-object records."""
+    problems: list[tuple[str, str]] = []
     for i, lookup in enumerate(config.lookups):
         if lookup.as_of is not None:
             problems.append(
@@ -128,14 +148,6 @@ def realtime_problems(config: StreamJobConfig) -> list[tuple[str, str]]:
                     "deletes, TOASTed columns) is read in stream.mode: microbatch only",
                 )
             )
-    if config.events.value_format == "confluent_avro":
-        problems.append(
-            (
-                "events.value_format",
-                "confluent_avro events are read in stream.mode: microbatch only (the real-time query is planned "
-                "once, before the registry's later schema ids could be known)",
-            )
-        )
     return problems
 
 

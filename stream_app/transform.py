@@ -6,7 +6,7 @@ It receives the enriched events with the job's internal columns (names starting 
 ``__``: the event's Kafka key, headers, partition and offset, its original bytes and why it
 is dead-lettered, :data:`INTERNAL_FIELDS`) and must keep them; the columns it adds are part
 of the enriched event from then on (their Avro types follow Spark's,
-:func:`stream_app.plan.avro_of_spark`).
+:func:`stream_app.plan.spark_types.avro_of_spark`).
 
 The reference is ``package.module:function``, the entry-point notation of Python packaging
 (and of uvicorn's ``module:app``). The module is imported from the Python path, else from

@@ -23,7 +23,7 @@ applies only newer versions turns replays and duplicates into no-ops.
   ``dropDuplicatesWithinWatermark`` that keeps replays from counting twice).
   They do not vanish silently: the job counts them per update topic in
   ``threes_stream_late_events_total`` and logs a warning for every
-  micro-batch that dropped any (``stream_app.job``). They stay in the
+  micro-batch that dropped any (``stream_app.progress``). They stay in the
   enriched topic and the projections; only the aggregates leave them out.
 """
 
@@ -36,7 +36,7 @@ from kernel.updates import SOURCE_TS_HEADER
 from stream_app.avro import decode_avro, encode_avro, framed
 from stream_app.columns import rows_where
 from stream_app.expressions import column as expr_column
-from stream_app.plan import Aggregate, UpdatePlan
+from stream_app.plan.model import Aggregate, UpdatePlan
 from stream_app.records import dead_letter, header_value, update_record
 from stream_app.snapshot.decoding import corrupt_to_null
 from stream_app.update_config import SESSION

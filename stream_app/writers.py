@@ -113,7 +113,7 @@ class WriterSchemas:
 
     The schema topic is shared by every producer, so it grows often; only the
     new records are read (writers of other entities are filtered out later,
-    :func:`stream_app.plan.writers_for`).
+    :func:`stream_app.plan.writer_match.writers_for`).
     """
 
     def __init__(

@@ -80,7 +80,7 @@ def run(
 
         # before the SparkSession (seconds to start): a refused login or certificate fails at once, in one line
         meta = cluster_metadata(pipeline.kafka.librdkafka_config(), pipeline.kafka.request_timeout_s)
-        from stream_app.job import check_input_topics
+        from stream_app.job_topics import check_input_topics
 
         check_input_topics(pipeline.stream, meta.topics)  # a missing input topic: one line, before Spark starts
         extra = None

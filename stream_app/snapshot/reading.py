@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 from kernel.config.models import KafkaConfig
 from stream_app.columns import rows_where
 from stream_app.kafka_io import Offsets, RangeReader, read_range
-from stream_app.plan import SnapshotPlan, writers_for
+from stream_app.plan import SnapshotPlan
+from stream_app.plan.writer_match import writers_for
 from stream_app.snapshot.arrow_tables import arrow_schema, nullable_schema, nullable_table
 from stream_app.snapshot.data import (
     DELETED,

@@ -50,7 +50,7 @@ from kernel.config.models import KafkaConfig
 from stream_app import metrics
 from stream_app.checkpoint import SnapshotCheckpoint
 from stream_app.kafka_io import Offsets, TopicWatermarks, count_between, offsets_json, read_range
-from stream_app.plan import SnapshotPlan
+from stream_app.plan.model import SnapshotPlan
 from stream_app.session import job_description
 from stream_app.snapshot.arrow_tables import (
     apply_changes,

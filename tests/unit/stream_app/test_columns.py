@@ -64,7 +64,8 @@ def test_rows_where_keeps_each_expression_below_it_evaluated_once(spark) -> None
     """The snapshot's undecodable records (dead letters): found without decoding every record again."""
     from schemas.serde import AvroSerializer, fingerprint, schema_json
     from stream_app.columns import rows_where
-    from stream_app.plan import Schema, spark_type
+    from stream_app.plan.model import Schema
+    from stream_app.plan.spark_types import spark_type
     from stream_app.snapshot.data import ERROR, OFFSET
     from stream_app.snapshot.decoding import record_decoder
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stream_app.job import observed
+from stream_app.progress import observed
 
 
 def test_observed_equals_observation_get_without_converting_a_java_exception(spark: Any, monkeypatch: Any) -> None:

@@ -8,7 +8,9 @@ import pytest
 
 from kernel.exceptions import ConfigError
 from stream_app.config import StreamJobConfig
-from stream_app.plan import Aggregate, build_plan, writers_for
+from stream_app.plan import build_plan
+from stream_app.plan.model import Aggregate
+from stream_app.plan.writer_match import writers_for
 
 FLIGHT = {
     "type": "record",

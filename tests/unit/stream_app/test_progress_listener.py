@@ -6,7 +6,7 @@ import threading
 import uuid
 from types import SimpleNamespace
 
-from stream_app.job import _ProgressListener
+from stream_app.progress import ProgressListener
 
 
 def query(active: bool = True) -> SimpleNamespace:
@@ -18,7 +18,7 @@ def terminated(q: SimpleNamespace) -> SimpleNamespace:
 
 
 def test_waits_for_the_end_of_every_query_running_when_registered():
-    late = _ProgressListener("job")
+    late = ProgressListener("job")
     enrich, aggregate, ended_before = query(), query(), query(active=False)
     late.expect(enrich)
     late.expect(ended_before)  # its end may have been delivered before the listener was added: not waited for
@@ -32,7 +32,7 @@ def test_waits_for_the_end_of_every_query_running_when_registered():
 
 
 def test_an_end_delivered_before_expect_counts():
-    late = _ProgressListener("job")
+    late = ProgressListener("job")
     q = query()
     late.onQueryTerminated(terminated(q))  # the bus was faster than expect()
     late.expect(q)
@@ -40,7 +40,7 @@ def test_an_end_delivered_before_expect_counts():
 
 
 def test_a_counted_querys_progress_goes_to_its_callback_and_no_other():
-    listener = _ProgressListener("job")
+    listener = ProgressListener("job")
     counted, other = query(), query()
     got: list[int] = []
     listener.count(counted, lambda progress: got.append(progress.batchId))

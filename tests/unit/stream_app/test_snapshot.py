@@ -110,7 +110,8 @@ def test_below_keeps_log_rows_before_recorded_offsets():
 def test_latest_per_key_decodes_once_and_drops_errors_after_choosing(spark):
     """Without ``observe()`` before it, a filter on ``__error`` ahead of the window was pushed below the decode."""
     from schemas.serde import AvroSerializer, fingerprint, schema_json
-    from stream_app.plan import Schema, spark_type
+    from stream_app.plan.model import Schema
+    from stream_app.plan.spark_types import spark_type
     from stream_app.snapshot.data import ERROR, LK
     from stream_app.snapshot.decoding import record_decoder
 

@@ -12,7 +12,8 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from schemas.serde import AvroSerializer, fingerprint, schema_json
-from stream_app.plan import Schema, spark_type
+from stream_app.plan.model import Schema
+from stream_app.plan.spark_types import spark_type
 from stream_app.snapshot.arrow_tables import nullable_schema
 from stream_app.snapshot.data import DELETED, LH, LK, OFFSET, PARTITION, TOPIC
 from stream_app.snapshot.decoding import record_decoder

@@ -9,7 +9,8 @@ import pytest
 from kernel.exceptions import ConfigError
 from schemas.serde import fingerprint
 from stream_app.config import StreamJobConfig
-from stream_app.plan import build_plan, writers_for
+from stream_app.plan import build_plan
+from stream_app.plan.writer_match import writers_for
 
 from .test_plan import FLIGHT
 

@@ -12,7 +12,9 @@ from kernel.exceptions import ConfigError
 from schemas.serde import AvroSerializer, fingerprint, schema_json
 from stream_app.config import LookupConfig, StreamJobConfig
 from stream_app.enrich import BoundLookup, enrich
-from stream_app.plan import Schema, build_plan, spark_type
+from stream_app.plan import build_plan
+from stream_app.plan.model import Schema
+from stream_app.plan.spark_types import spark_type
 from stream_app.snapshot.arrow_tables import nullable_schema
 from stream_app.snapshot.data import DELETED, ERROR, LH, LK, OFFSET, PARTITION, TOPIC, latest_per_key
 from stream_app.snapshot.decoding import record_decoder

@@ -8,7 +8,8 @@ import json
 import fastavro
 
 from stream_app.avro_schemas import same_encoding, subset_schema
-from stream_app.plan import build_plan, full_name
+from stream_app.plan import build_plan
+from stream_app.plan.writer_match import full_name
 from stream_app.updates import aggregation_input_fields
 from tests.unit.stream_app.test_plan import config
 

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from kernel.exceptions import ConfigError
 from stream_app.aggregation_specs import AggregationSpec, parse_aggregation
-from stream_app.plan import Aggregate, build_plan
+from stream_app.plan import build_plan
+from stream_app.plan.model import Aggregate
 from stream_app.update_config import UpdateConfig
 from stream_app.updates import aggregation_input_fields, output_mode
 from threes.cli import app
