@@ -12,7 +12,7 @@ from collections.abc import Collection
 from kernel.config.models import KafkaConfig
 from kernel.exceptions import ConfigError, ConfigProblem, FatalError, SetupError
 from kernel.kafka import clients
-from kernel.kafka.topics import cluster_metadata, ensure_compacted_topic, topic_configs
+from kernel.kafka.topics import cluster_metadata, ensure_compacted_topic, ensure_dead_letter_topic, topic_configs
 from stream_app.config import StreamJobConfig
 from stream_app.kafka_io import TopicWatermarks
 
@@ -91,12 +91,18 @@ def check_topics(config: StreamJobConfig, kafka: KafkaConfig, watermarks: TopicW
 
 
 def _create_output_topics(cfg: StreamJobConfig, kafka: KafkaConfig, partitions: int) -> None:
-    """Create the enriched and dead letter topics when missing, with the events topic's partitions."""
+    """Create the enriched and dead letter topics when missing, with the events topic's partitions.
+
+    The dead letter topic's ``max.message.bytes`` matches the producer's limit
+    (:func:`kernel.kafka.topics.ensure_dead_letter_topic`); a dead letter over it is written
+    without its value (:func:`stream_app.records.dead_letter_fields`).
+    """
     from confluent_kafka.admin import NewTopic
 
+    ensure_dead_letter_topic(kafka, cfg.dead_letter_topic, partitions=partitions)
     admin = clients.kafka_admin(kafka)
     existing = admin.list_topics(timeout=kafka.request_timeout_s).topics
-    missing = [t for t in (cfg.enriched_topic, cfg.dead_letter_topic) if t not in existing]
+    missing = [t for t in (cfg.enriched_topic,) if t not in existing]
     if missing:
         futures = admin.create_topics([NewTopic(t, num_partitions=partitions) for t in missing])
         for topic, future in futures.items():
