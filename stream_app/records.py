@@ -139,12 +139,6 @@ def dead_letter_fields(
         ``(topic, key, value, headers)`` columns, as :data:`RECORD_FIELDS`.
     """
     f = _f()
-    # 8 kB: the dlq.* headers (the message is cut at 4,000 characters) with room to spare
-    budget = max(max_bytes - FRAMING_BYTES - 8192, 1024)
-    key_bytes = f.coalesce(f.octet_length(key), f.lit(0))
-    size = key_bytes + f.coalesce(f.octet_length(value), f.lit(0))
-    over = size > f.lit(budget)
-    drop_key = over & (key_bytes > f.lit(budget // 2))
     context = [
         header("dlq.topic", source_topic),
         header("dlq.partition", partition.cast("string")),
@@ -154,14 +148,26 @@ def dead_letter_fields(
         header("dlq.error.message", f.substring(message, 1, 4000)),
         header("dlq.component", f.lit(component)),
         header("dlq.timestamp_ms", f.unix_millis(f.current_timestamp()).cast("string")),
-        header(RECORD_BYTES_HEADER, size.cast("string")),
     ]
+    return (f.lit(topic), *_fitted(context, key, value, headers, max_bytes))
+
+
+def _fitted(context: list[Any], key: Any, value: Any, headers: Any, max_bytes: int) -> tuple[Any, Any, Any]:
+    """``(key, value, headers)`` of a dead letter under ``max_bytes``: value and original headers left out over it."""
+    f = _f()
+    # 8 kB: the dlq.* headers (the message is cut at 4,000 characters) with room to spare
+    budget = max(max_bytes - FRAMING_BYTES - 8192, 1024)
+    key_bytes = f.coalesce(f.octet_length(key), f.lit(0))
+    size = key_bytes + f.coalesce(f.octet_length(value), f.lit(0))
+    over = size > f.lit(budget)
+    drop_key = over & (key_bytes > f.lit(budget // 2))
+    context = [*context, header(RECORD_BYTES_HEADER, size.cast("string"))]
     ours = f.array(*context)
     omitted = f.array(*context, header(OMITTED_HEADER, f.when(drop_key, f.lit("value,headers,key"))
                                        .otherwise(f.lit("value,headers"))))
     whole = ours if headers is None else f.concat(ours, f.coalesce(headers, no_headers()))
     all_headers = f.when(over, omitted).otherwise(whole)
-    return f.lit(topic), f.when(~drop_key, key), f.when(~over, value), all_headers
+    return f.when(~drop_key, key), f.when(~over, value), all_headers
 
 
 def record_rows(records: Sequence[Any]) -> Any:

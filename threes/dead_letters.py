@@ -13,9 +13,10 @@ like Kafka Connect's ``connect-offsets``), and a second replay of the same recor
 ``--force``: replaying is something to do once, on purpose.
 
 A dead letter written without its value (``dlq.omitted``: the original was larger than the dead
-letter topic takes, :mod:`kernel.dlq`) is replayed from its original: ``replay`` reads it back
-from ``dlq.topic`` at ``dlq.partition`` and ``dlq.offset``, and refuses, naming the dead letter,
-when that topic no longer holds it (deleted by retention, or compacted away).
+letter topic takes, :mod:`kernel.dlq`) is replayed from its original: ``threes dlq replay`` reads
+it back from ``dlq.topic`` at ``dlq.partition`` and ``dlq.offset`` first
+(:mod:`threes.dead_letter_originals`), and refuses, naming the dead letter, when that topic no
+longer holds it (deleted by retention, or compacted away).
 """
 
 from __future__ import annotations
@@ -224,46 +225,6 @@ def select_letters(letters: Iterable[Letter], *, reason: str | None = None, topi
     return out
 
 
-def decode(data: bytes | None, deserializer: Any) -> tuple[str, Any]:
-    """``("avro", value)`` decoded with the schema store, ``("hex", text)`` when it cannot be, ``("null", None)``."""
-    if data is None:
-        return "null", None
-    if deserializer is not None:
-        try:
-            return "avro", deserializer(data)
-        except Exception:  # noqa: BLE001 - not our encoding, an unknown schema: the bytes are still shown
-            log.debug("value not decoded", exc_info=True)
-    return "hex", data.hex()
-
-
-CONFLUENT_MAGIC = b"\x00"
-
-
-def registry_decoder(deserializer: Any, bridge: Any) -> Any:
-    """A decoder for :func:`decode` that also reads the Confluent wire format (magic byte 0, schema id).
-
-    Args:
-        deserializer: the single-object decoder (``schemas.serde.AvroDeserializer`` over the store).
-        bridge: a :class:`schemas.registry.RegistryBridge`: it fetches the writer schema of a Confluent
-            prefix from the registry and turns the bytes into single-object ones.
-
-    Returns:
-        ``bytes -> value``: Confluent-framed bytes through the registry, others as before.
-    """
-
-    def read(data: bytes) -> Any:
-        if data[:1] == CONFLUENT_MAGIC and len(data) >= 5:
-            return deserializer(bridge.to_single_object(data))
-        return deserializer(data)
-
-    return read
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` as plain JSON types: bytes as hex, other non-JSON values (Decimal, datetime) as ``str``."""
-    return json.loads(json.dumps(value, default=lambda v: v.hex() if isinstance(v, bytes) else str(v)))
-
-
 @dataclass
 class ReplayResult:
     """What ``replay`` did (or, dry, would do).
@@ -314,16 +275,13 @@ def replay(kafka: Any, letters: Sequence[Letter], *, to: str | None = None, dry_
 
     Raises:
         ThreesError: a dead letter was replayed before (without ``force``), or has no original topic and
-            no ``to`` was given, or was written without its value and its original is gone from its
-            topic; nothing is sent then.
+            no ``to`` was given; nothing is sent then.
         SetupError: Kafka refused a record (the ones delivered before are recorded as replayed).
     """
     from kernel.kafka import clients
     from kernel.kafka.topics import internal_topic_options
     from schemas.kafka_admin import ensure_internal_topic
-
     _check_selection(letters, to, replayed_ids(kafka, replays_topic), force)
-    letters = with_originals(kafka, letters)
     result = ReplayResult(dry_run=dry_run)
     if dry_run:
         result.sent = [(letter.id, *_target(letter, to), -1) for letter in letters]
@@ -407,78 +365,3 @@ def _produce(producer: Any, letters: Sequence[Letter], to: str | None) -> tuple[
     producer.flush(60)
     return delivered, errors
 
-
-def with_originals(kafka: Any, letters: Sequence[Letter], timeout_s: float = 30.0) -> list[Letter]:
-    """The letters, each one written without parts of its original (``dlq.omitted``) completed from it.
-
-    The original is read from ``dlq.topic`` at ``dlq.partition`` and ``dlq.offset`` (no consumer group).
-
-    Args:
-        kafka: the pipeline's ``KafkaConfig``.
-        letters: dead letters.
-        timeout_s: the longest wait for one original record, seconds.
-
-    Returns:
-        The letters in order; a completed one carries the original key, value and headers after its
-        ``dlq.*`` headers.
-
-    Raises:
-        ThreesError: an original is no longer in its topic (below its log start offset: deleted by
-            retention; or the offset was compacted away), naming the dead letter and why.
-        SetupError: Kafka did not answer.
-    """
-    partial = [letter for letter in letters if letter.omitted]
-    if not partial:
-        return list(letters)
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**kafka.librdkafka_config(), "group.id": f"threes-dlq-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "auto.offset.reset": "error"})
-    done: dict[str, Letter] = {}
-    try:
-        for letter in partial:
-            assert letter.context is not None  # omitted comes from the context
-            ctx = letter.context
-            where = f"{ctx.topic}[{ctx.partition}]@{ctx.offset}"
-            try:
-                low, high = consumer.get_watermark_offsets(TopicPartition(ctx.topic, ctx.partition), timeout=10)
-            except Exception as exc:  # noqa: BLE001 - a deleted topic raises UNKNOWN_TOPIC_OR_PART
-                raise ThreesError(f"dead letter {letter.id} was written without its {','.join(letter.omitted)} "
-                                  f"and its original {where} cannot be read: {exc}") from None
-            if not low <= ctx.offset < high:
-                raise ThreesError(
-                    f"dead letter {letter.id} was written without its {','.join(letter.omitted)} (the original, "
-                    f"{ctx.original_bytes} bytes, was larger than the dead letter topic takes) and {ctx.topic} no "
-                    f"longer holds it: partition {ctx.partition} starts at offset {low} now (deleted by retention); "
-                    "it cannot be replayed")
-            consumer.assign([TopicPartition(ctx.topic, ctx.partition, ctx.offset)])
-            msg = _poll_one(consumer, timeout_s, where)
-            if msg.offset() != ctx.offset:
-                raise ThreesError(
-                    f"dead letter {letter.id} was written without its {','.join(letter.omitted)} and offset "
-                    f"{ctx.offset} of {ctx.topic}[{ctx.partition}] is gone (compacted away: the next record is at "
-                    f"{msg.offset()}); it cannot be replayed")
-            if "key" not in letter.omitted and msg.key() != letter.key:
-                raise ThreesError(f"dead letter {letter.id}: the record at {where} has another key than the dead "
-                                  "letter; it cannot be replayed from there")
-            ours = tuple((k, v) for k, v in letter.headers if k.startswith(PREFIX))
-            original = tuple((k, v or b"") for k, v in (msg.headers() or []))
-            done[letter.id] = Letter(letter.dlq_topic, letter.partition, letter.offset, letter.timestamp_ms,
-                                     letter.context, msg.key(), msg.value(), ours + original)
-            log.info("dead letter %s: original read back from %s (%d bytes)", letter.id, where,
-                     len(msg.value() or b""))
-    finally:
-        consumer.close()
-    return [done.get(letter.id, letter) for letter in letters]
-
-
-def _poll_one(consumer: Any, timeout_s: float, where: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is None:
-            continue
-        if msg.error() is not None:
-            raise SetupError(f"reading the original {where}: {msg.error()}")
-        return msg
-    raise SetupError(f"the original {where} was not read within {timeout_s} s")

@@ -118,7 +118,8 @@ def show(config: ConfigArg, letter_id: Annotated[str, typer.Argument(help="<dlq 
     """Show one dead letter: its headers, the reason in full, its key and value decoded (else hex)."""
     from schemas.serde import AvroDeserializer
     from schemas.store import SchemaStore
-    from threes.dead_letters import decode, jsonable, replayed_ids
+    from threes.dead_letter_values import decode, jsonable
+    from threes.dead_letters import replayed_ids
 
     try:
         _split_id(letter_id)
@@ -136,7 +137,7 @@ def show(config: ConfigArg, letter_id: Annotated[str, typer.Argument(help="<dlq 
         deserializer: Any = AvroDeserializer(store)
         if pipeline.kafka.schema_registry is not None:  # values written in the Confluent wire format too
             from schemas.registry import RegistryBridge, registry_client
-            from threes.dead_letters import registry_decoder
+            from threes.dead_letter_values import registry_decoder
 
             client = registry_client(pipeline.kafka.schema_registry.client_config())
             deserializer = registry_decoder(deserializer, RegistryBridge(client, store))
@@ -193,6 +194,7 @@ def replay(
     What was replayed is recorded (topic _threes_dlq_replays); replaying the same dead letters again is
     refused unless --force.
     """
+    from threes.dead_letter_originals import with_originals
     from threes.dead_letters import IDEMPOTENCE_NOTE
     from threes.dead_letters import replay as do_replay
 
@@ -206,6 +208,8 @@ def replay(
         raise fail(exc) from None
     pipeline, letters = _selected(config, dlq, reason, topic, since, until, ids=ids)
     try:
+        # a dead letter written without its value (dlq.omitted) is replayed from its original
+        letters = with_originals(pipeline.kafka, letters) if not dry_run else letters
         result = do_replay(pipeline.kafka, letters, to=to, dry_run=dry_run, force=force)
     except ThreesError as exc:
         raise fail(exc) from None

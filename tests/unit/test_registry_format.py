@@ -130,7 +130,7 @@ def test_consumed_messages_are_rewritten_for_the_sync_services_decoders():
 
 def test_dlq_show_decodes_a_dead_letter_written_in_the_registry_format():
     """``threes dlq show`` on a pipeline with a registry: Confluent-framed bytes decode, not hex."""
-    from threes.dead_letters import decode, registry_decoder
+    from threes.dead_letter_values import decode, registry_decoder
 
     client = _client()
     framed = RegistrySerializer(client, "updates.customers", V1)({"id": 7, "name": "Ada"})

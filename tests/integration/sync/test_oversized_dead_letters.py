@@ -23,7 +23,8 @@ from kernel.exceptions import ThreesError
 from kernel.kafka.topics import topic_configs
 from sync_service.service import SyncService
 from tests.integration.sync.helpers import UpdateProducer, group_lag, pipeline, read_topic, run_in_thread, wait_until
-from threes.dead_letters import read_letters, with_originals
+from threes.dead_letter_originals import with_originals
+from threes.dead_letters import read_letters
 from threes.testing.sink import item
 
 pytestmark = pytest.mark.integration
