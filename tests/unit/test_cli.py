@@ -47,13 +47,3 @@ def test_a_native_crash_leaves_every_threads_python_stack_in_the_log() -> None:
     assert done.returncode < 0
     assert "Fatal Python error: Segmentation fault" in done.stderr and "in run" in done.stderr
 
-
-def test_query_of_an_unknown_snapshot_exits_2_not_1_as_an_absent_key_does() -> None:
-    from typer.testing import CliRunner
-
-    from threes.cli import app
-
-    example = Path(__file__).parents[2] / "examples" / "pipeline.yaml"
-    result = CliRunner().invoke(app, ["query", str(example), "nope", "1"])
-    assert result.exit_code == 2, result.output
-    assert "no snapshot 'nope' in stream.snapshots (have: ['customers'])" in result.output
