@@ -75,7 +75,7 @@ def order_steps(
     joined: dict[int, dict[str, AvroType] | None],
     problem: Problem,
     typer: DeriveTyper | None = None,
-) -> tuple[list[Step], dict[str, AvroType]]:
+) -> tuple[list[Step], dict[str, AvroType], list[str]]:
     """Resolve the job's derive columns, lookups and ``where`` into ordered steps.
 
     Args:
@@ -89,12 +89,14 @@ def order_steps(
         typer: the Avro type of a derive column (default: sqlglot's inference).
 
     Returns:
-        The steps in order, and the derive columns' Avro types (name -> type, YAML order).
+        The steps in order, the derive columns' Avro types (name -> type, YAML order), and the
+        (lowered) columns of the steps that failed: their problems are reported once, at the root,
+        and what reads them later is not checked again.
     """
     resolver = _Resolver(config, event_fields, joined, problem, typer or _validate_typer)
     resolver.run()
     resolver.report_unplaced()
-    return resolver.steps, resolver.derived
+    return resolver.steps, resolver.derived, sorted(resolver.failed)
 
 
 class _Resolver:
@@ -114,6 +116,7 @@ class _Resolver:
         self.pending_derive = [n for n in config.derive if n in self.derives]
         self.pending_lookup = list(range(len(config.lookups)))
         self.where_done = self.where is None
+        self.failed: set[str] = set()  # lowered columns of steps that failed (report_unplaced)
 
     def _parse_derives(self) -> dict[str, Expression]:
         derives: dict[str, Expression] = {}
@@ -222,9 +225,32 @@ class _Resolver:
         return True
 
     def report_unplaced(self) -> None:
-        """A problem for every derive column, lookup and ``where`` that never became ready, saying why."""
+        """A problem for every derive column, lookup and ``where`` that never became ready, saying why.
+
+        A step that waits only on columns of steps that failed themselves (a derive column reading a
+        mistyped one, an update reading either) is not reported: its root cause is, once. The columns
+        of failed steps are kept in ``failed`` for the later checks to skip.
+        """
         order = list(self.config.derive)
+        waits = self._waits()
+        roots = {path for path, (missing, _made) in waits.items()
+                 if any(c.lower() not in self.produced for c in missing)
+                 or (path.startswith("derive.") and _reads_later(path[7:], self.derives, order))}
+        self.failed = {n.lower() for n in self.config.derive if n not in self.derives}  # did not parse
+        for path in roots:
+            self.failed |= waits[path][1]
+        downstream: set[str] = set()
+        grew = True
+        while grew:
+            grew = False
+            for path, (missing, made) in waits.items():
+                if path not in roots and path not in downstream and all(c.lower() in self.failed for c in missing):
+                    downstream.add(path)
+                    self.failed |= made
+                    grew = True
         for name in self.pending_derive:
+            if f"derive.{name}" in downstream:
+                continue
             later = [c for c in self.derives[name].columns if _is_later(name, c, order)]
             if later:
                 self.problem(f"derive.{name}",
@@ -233,6 +259,8 @@ class _Resolver:
             missing = sorted(c for c in self.derives[name].columns if not self.known(c))
             self.problem(f"derive.{name}", _missing(missing, self.produced, self.available))
         for i in self.pending_lookup:
+            if f"lookups[{i}]" in downstream:
+                continue
             lookup = self.config.lookups[i]
             for column in lookup.columns():
                 if not self.known(column):
@@ -240,7 +268,18 @@ class _Resolver:
                     self.problem(path, _missing([column], self.produced, self.available))
         if not self.where_done and self.where is not None:
             missing = sorted(c for c in self.where.columns if not self.known(c))
-            self.problem("where", _missing(missing, self.produced, self.available))
+            if not all(c.lower() in self.failed for c in missing):
+                self.problem("where", _missing(missing, self.produced, self.available))
+
+    def _waits(self) -> dict[str, tuple[list[str], set[str]]]:
+        """Each pending step (``derive.<name>``, ``lookups[i]``): the columns it waits on, the ones it makes."""
+        waits: dict[str, tuple[list[str], set[str]]] = {}
+        for name in self.pending_derive:
+            waits[f"derive.{name}"] = ([c for c in self.derives[name].columns if not self.known(c)], {name.lower()})
+        for i in self.pending_lookup:
+            made = {c.lower() for c in self.joined.get(i) or {}}
+            waits[f"lookups[{i}]"] = ([c for c in self.config.lookups[i].columns() if not self.known(c)], made)
+        return waits
 
 
 def _is_later(name: str, column: str, order: list[str]) -> bool:

@@ -48,13 +48,27 @@ def left_to_check(pipeline: Any) -> list[str]:
         pipeline: the validated pipeline model.
 
     Returns:
-        One line per snapshot without reader schemas (its fields, and what reads them: lookups,
-        expressions, update and sink keys, are checked by ``threes check``), and one for a
-        ``transform`` (its output columns are Spark's, checked when the job starts).
+        One line per snapshot without reader schemas (its fields are checked by ``threes check``),
+        one per lookup into such a snapshot (with ``fields``: its columns are checked by name here,
+        their types by ``check``; without: what reads its columns is left to ``check``), and one
+        for a ``transform`` (its output columns are Spark's, checked when the job starts).
     """
     stream = pipeline.stream
+    unknown = needs_writer_schemas(stream)
     notes = [f"stream.snapshots[{i}] ({stream.snapshots[i].name}): its fields are checked by `threes check` "
-             f"(schemas in the schema topic)" for i in needs_writer_schemas(stream)]
+             f"(schemas in the schema topic)" for i in unknown]
+    names = {stream.snapshots[i].name for i in unknown}
+    for i, lookup in enumerate(stream.lookups if stream is not None else []):
+        if lookup.snapshot not in names:
+            continue
+        if lookup.fields:
+            notes.append(f"stream.lookups[{i}]: its columns {lookup.prefix}{{{', '.join(lookup.fields)}}} are "
+                         f"checked by name here; their types, and that {lookup.snapshot} has those fields, by "
+                         "`threes check`")
+        else:
+            notes.append(f"stream.lookups[{i}] lists no fields: what reads a column under {lookup.prefix!r} "
+                         "(lookups, expressions, update and sink keys) is checked by `threes check`; list "
+                         "`fields` to check it here")
     if stream is not None and getattr(stream, "transform", None):
         notes.append(f"stream.transform ({stream.transform}): the columns it adds or drops, and what reads them "
                      f"(update keys, fields, sink keys), are checked when the job starts (they are Spark's types)")
@@ -106,9 +120,13 @@ def schema_problems(
             plan = build_plan(pipeline.stream, None, base, writer_versions)
         except ConfigError as exc:
             problems.extend(exc.problems)
-    updates: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    updates: dict[str, tuple[list[str], list[str] | None]] = {}
     if plan is not None:
-        updates = {u.config.topic: (u.key.avro, u.value.avro) for u in plan.updates}
+        updates = {u.config.topic: ([f["name"] for f in u.key.avro["fields"]],
+                                    [f["name"] for f in u.value.avro["fields"]]) for u in plan.updates}
+    elif pipeline.stream is not None and not any(p.path.startswith("stream.updates") for p in problems):
+        # no plan (a snapshot only the topics know): an update's key is still known from the YAML
+        updates = {u.topic: (_update_key(u), None) for u in pipeline.stream.updates}
     for i, svc in enumerate(pipeline.sync):
         for j, sink in enumerate(svc.sinks):
             where = f"sync[{i}].sinks[{j}]"
@@ -117,28 +135,38 @@ def schema_problems(
     return locate(problems, config_file)
 
 
+def _update_key(update: Any) -> list[str]:
+    """An update topic's key fields from its config (as :mod:`stream_app.plan.update_schemas` plans them).
+
+    A projection's ``key``; an aggregation's ``group_by`` and ``window_start``.
+    """
+    if update.kind == "aggregation":
+        return [*(update.group_by or []), "window_start"]
+    return list(update.key or [])
+
+
 def _sink_problems(where: str, sink: Any, value: dict[str, Any] | None,
-                   updates: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> list[ConfigProblem]:
+                   updates: dict[str, tuple[list[str], list[str] | None]]) -> list[ConfigProblem]:
     """A sink's key fields missing from its update topics' keys, their value fields missing from its schema.
 
     Args:
         where: the sink's config path (``sync[i].sinks[j]``).
         sink: the sink's config.
         value: its loaded value schema (``None``: it has none, or it did not load).
-        updates: update topic -> ``(key schema, value schema)`` of the stream job's plan.
+        updates: update topic -> ``(key fields, value fields)`` of the stream job's plan; value fields
+            ``None`` when only the key is known (no plan without the topics' schemas).
     """
     problems: list[ConfigProblem] = []
     for topic in sink.topics:
         if topic not in updates:
             continue
-        key_fields = [f["name"] for f in updates[topic][0]["fields"]]
-        value_fields = [f["name"] for f in updates[topic][1]["fields"]]
+        key_fields, value_fields = updates[topic]
         for name in getattr(sink, "key", None) or []:
             if name not in key_fields:
                 problems.append(ConfigProblem(
                     f"{where}.key", f"no field {name!r} in the key of update topic {topic!r} "
                                     f"(have: {key_fields})"))
-        if value is not None:
+        if value is not None and value_fields is not None:
             missing = [n for n in value_fields if n not in {f["name"] for f in value["fields"]}]
             if missing:
                 problems.append(ConfigProblem(

@@ -306,6 +306,23 @@ def validate_data(
     return instance
 
 
+_LEADING_PATH = re.compile(r"^((?:[A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])*)(?:\.[A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])*)*): (.+)$",
+                           re.S)
+
+
+def _leading_path(message: str) -> tuple[tuple[str | int, ...], str] | None:
+    """``("lookups", 0, "as_of"), "rest"`` of a message ``"lookups[0].as_of: rest"``; ``None`` without one."""
+    m = _LEADING_PATH.match(message)
+    if m is None or "[" not in m.group(1) and "." not in m.group(1):
+        return None  # a bare word ("updates: ...") is a section, often not a key of the document
+    parts: list[str | int] = []
+    for piece in m.group(1).split("."):
+        name, *indexes = re.split(r"\[(\d+)\]", piece)
+        parts.append(name)
+        parts += [int(i) for i in indexes if i]
+    return tuple(parts), m.group(2)
+
+
 def _validation_problems(exc: ValidationError, resolved: dict[str, Any], lines: dict[Path_, int], file: str | None,
                          failed_refs: list[Path_]) -> list[ConfigProblem]:
     """The validation errors as problems at their YAML path and line, in the words a YAML author reads.
@@ -319,6 +336,11 @@ def _validation_problems(exc: ValidationError, resolved: dict[str, Any], lines: 
         if any(path[: len(r)] == r or r[: len(path)] == path for r in failed_refs):
             continue
         message = err["msg"].removeprefix("Value error, ")
+        inner = _leading_path(message)
+        if inner is not None and err["type"] == "value_error":
+            # a model's validator names the key it is about ("lookups[0].as_of: ..."): report it there
+            path, line = _line_for((*err["loc"], *inner[0]), resolved, lines)
+            message = inner[1]
         if err["type"] == "extra_forbidden":
             message = "unknown key (not allowed here; check the spelling)"
         elif err["type"] == "union_tag_invalid":

@@ -158,9 +158,11 @@ def _enriched(
     if event is None:
         return [], None
     typer = spark_typer(spark) if spark is not None and not open_prefixes else None
-    steps, derived = order_steps(
+    steps, derived, failed = order_steps(
         config, {n: f["type"] for n, f in fields_of(event).items()}, joined, problem, typer
     )
+    # the columns of a step that failed: reported once at their root, not again by each update reading them
+    open_prefixes.extend(name for name in failed if name not in open_prefixes)
     check_as_of(config, {n: f["type"] for n, f in fields_of(event).items()}, derived, joined, problem)
     try:
         enriched: dict[str, Any] | None = with_derived(enriched_schema(event, joins), derived)

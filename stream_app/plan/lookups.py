@@ -1,7 +1,10 @@
 """Lookups checked against their snapshots' schemas: the columns each adds, and ``as_of`` columns.
 
-A lookup whose snapshot's schemas are unknown here (validate without a connection) or that has
-problems leaves its prefix open: the later checks accept a field under it unchecked.
+A lookup whose snapshot's schemas are unknown here (validate without a connection) adds the
+columns its ``fields`` list names, of a type only the topics know: a chained ``on``, an update's
+``where`` or ``group_by`` naming another column under its prefix can never exist and is reported.
+Without ``fields``, or with problems, it leaves its prefix open: the later checks accept a field
+under it unchecked.
 """
 
 from __future__ import annotations
@@ -11,7 +14,11 @@ from typing import Any
 
 from stream_app.avro_schemas import JoinedFields, fields_of, nullable
 from stream_app.config import StreamJobConfig
+from stream_app.expressions import UNKNOWN_MARK
 from stream_app.plan.avro_types import is_date, is_timestamp
+
+UNKNOWN_TYPE: dict[str, Any] = {"type": "string", UNKNOWN_MARK: "unknown"}
+"""A lookup column's type when only its snapshot's topics know it (``threes validate``)."""
 
 
 def plan_lookups(
@@ -31,6 +38,13 @@ def plan_lookups(
     joined: dict[int, dict[str, Any] | None] = {}  # per lookup, the columns it adds (None: schemas unknown here)
     open_prefixes: list[str] = []  # lookups not joined (unknown snapshot or problems): their fields go unchecked
     for i, lookup in enumerate(config.lookups):
+        if lookup.snapshot not in snaps and event is not None and lookup.fields:
+            # its columns are known by name (fields), their types only by the topics (threes check)
+            value = {"type": "record", "name": f"unknown_{lookup.snapshot}",
+                     "fields": [{"name": name, "type": UNKNOWN_TYPE} for name in lookup.fields]}
+            joins.append(JoinedFields(lookup.prefix, value, lookup.fields, lookup.how == "left"))
+            joined[i] = {f"{lookup.prefix}{name}": UNKNOWN_TYPE for name in lookup.fields}
+            continue
         if lookup.snapshot not in snaps or event is None:
             open_prefixes.append(lookup.prefix)
             joined[i] = None

@@ -85,7 +85,9 @@ def test_a_matching_pipeline_has_no_problems_with_the_writer_schemas(tmp_path):
 def test_a_typo_in_a_lookups_fields_is_found_with_the_writer_schemas_only(tmp_path):
     config = _config(tmp_path, PIPELINE.replace("fields: [name, tz]", "fields: [nmae, tz]"))
     pipeline = load_pipeline(config, environ={})
-    assert schema_problems(pipeline, config) == []  # validate: the snapshot's fields are unknown
+    # validate: the snapshot's fields are unknown, but the lookup's are known by name, and origin_name is not one
+    assert [(p.path, p.message.split(" (have")[0]) for p in schema_problems(pipeline, config)] == [
+        ("stream.updates[0].fields", "no field 'origin_name' in the enriched event")]
     problems = _problems(config, _store())
     line = _line(config, "fields: [nmae, tz]")
     assert problems == [f"{config}:{line}: stream.lookups[0].fields: no field 'nmae' in the value schema of "
@@ -95,7 +97,8 @@ def test_a_typo_in_a_lookups_fields_is_found_with_the_writer_schemas_only(tmp_pa
 def test_a_typo_in_a_snapshot_key_and_in_an_expression_reading_a_looked_up_column(tmp_path):
     config = _config(tmp_path, PIPELINE.replace("{origin: faa}", "{origin: fa}").replace(
         "origin_tz + 1", "origin_tzz + 1"))
-    assert schema_problems(load_pipeline(config, environ={}), config) == []
+    # validate knows the lookup's columns by name (fields: [name, tz]): origin_tzz is none of them
+    assert [p.path for p in schema_problems(load_pipeline(config, environ={}), config)] == ["stream.derive.local_hour"]
     problems = "\n".join(_problems(config, _store()))
     assert f"{config}:{_line(config, '{origin: fa}')}: stream.lookups[0].on.origin: no field 'fa' in the key " \
            f"schema of snapshot airports" in problems
@@ -108,9 +111,12 @@ def test_a_typo_in_a_snapshot_key_and_in_an_expression_reading_a_looked_up_colum
 def test_a_sink_key_not_in_the_update_topic_is_found_with_the_writer_schemas_only(tmp_path):
     text = PIPELINE.replace("        key: [flight_id]\n", "        key: [flight]\n")
     config = _config(tmp_path, text)
-    assert schema_problems(load_pipeline(config, environ={}), config) == []
-    problems = _problems(config, _store())
     line = _line(config, "key: [flight]")
+    expected = [f"{config}:{line}: sync[0].sinks[0].key: no field 'flight' in the key of update topic "
+                f"'updates.flights' (have: ['flight_id'])"]
+    # the update's key is the YAML's: validate finds it without the writer schemas too
+    assert [str(p) for p in schema_problems(load_pipeline(config, environ={}), config)] == expected
+    problems = _problems(config, _store())
     assert problems == [f"{config}:{line}: sync[0].sinks[0].key: no field 'flight' in the key of update topic "
                         f"'updates.flights' (have: ['flight_id'])"]
 
@@ -130,7 +136,7 @@ def test_a_writer_schema_the_reader_cannot_read_and_a_subject_without_versions(t
 
 
 def test_validate_names_what_it_left_to_check_and_passes(tmp_path):
-    config = _config(tmp_path, PIPELINE.replace("fields: [name, tz]", "fields: [nmae, tz]"))
+    config = _config(tmp_path, PIPELINE.replace("fields: [name, tz]", "fields: [nmae, name, tz]"))
     result = CliRunner().invoke(app, ["validate", str(config)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert ("note: stream.snapshots[0] (airports): its fields are checked by `threes check` (schemas in the "
