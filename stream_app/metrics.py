@@ -8,7 +8,8 @@
 ``threes_stream_snapshot_refresh_seconds``   time to catch a snapshot up before a micro-batch
 ``threes_stream_batch_seconds``              time of a micro-batch, refresh to written records
 ``threes_stream_records_total``              records read/written per ``kind`` (``events``,
-                                             ``enriched``, ``dead_letters``, ``updates``)
+                                             ``enriched``, ``dead_letters``, ``updates``: a
+                                             projection's and an aggregation's records)
 ``threes_stream_as_of_too_old_total``        events of an ``as_of`` lookup older than its
                                              snapshot's retention (no version joined), per snapshot
 =========================================== =====================================================

@@ -106,6 +106,7 @@ class ProgressListener(StreamingQueryListener):
         topic = self._topics.get(str(progress.id))
         if topic is None:
             return
+        self._count_aggregation(topic, progress)
         dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         if dropped:
             self.dropped[topic] += dropped
@@ -119,6 +120,19 @@ class ProgressListener(StreamingQueryListener):
                 progress.eventTime.get("watermark"),
                 self.dropped[topic],
             )
+
+    def _count_aggregation(self, topic: str, progress: Any) -> None:
+        """Count an aggregation query's update records (``threes_stream_records_total{kind="updates"}``).
+
+        Spark's Kafka sink reports the rows it wrote (``sink.numOutputRows``); where a sink cannot
+        (``-1``), the state operators' updated rows are what the update output mode emits.
+        """
+        written = int(getattr(progress.sink, "numOutputRows", -1))
+        if written < 0:
+            written = sum(int(op.numRowsUpdated) for op in progress.stateOperators)
+        if written > 0:
+            metrics.RECORDS.labels(self.job, "updates").inc(written)
+            log.info("job=%s aggregation=%s batch=%d updates=%d", self.job, topic, progress.batchId, written)
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802
         """Nothing to do."""

@@ -134,8 +134,14 @@ def test_hopping_windows_and_every_aggregate_function_match_a_pandas_oracle(spar
     expected = {(o, pd.Timestamp(w).to_pydatetime()): _oracle(g) for (o, w), g in frame.groupby(["origin", "window_start"])}
     assert sum(e["flights"] for e in expected.values()) > 2 * len(flights)  # every flight is in 2 or 3 windows
 
-    got = _latest_per_key(env.consume(env.delays, _complete(expected), timeout_s=120))
+    records = env.consume(env.delays, _complete(expected), timeout_s=120)
+    got = _latest_per_key(records)
     assert set(got) == set(expected)  # no window Spark has that the oracle lacks
+    # the aggregation's records are counted as updates, as a projection's are
+    from prometheus_client import REGISTRY
+
+    counted = REGISTRY.get_sample_value("threes_stream_records_total", {"job": config.name, "kind": "updates"})
+    assert counted is not None and counted >= len(expected), counted
     for key, e in expected.items():
         g = got[key]
         assert g["window_end"] - g["window_start"] == window
