@@ -29,12 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fastavro  # noqa: E402
+import fastavro
 
-from schemas.serde import MARKER, fingerprint, schema_json  # noqa: E402
-from stream_app.avro import decode_avro  # noqa: E402
-from stream_app.avro_schemas import subset_schema  # noqa: E402
-from stream_app.spark_settings import SparkSettings  # noqa: E402
+from schemas.serde import MARKER, fingerprint, schema_json
+from stream_app.avro import decode_avro
+from stream_app.avro_schemas import subset_schema
+from stream_app.spark_settings import SparkSettings
 
 N = int(os.environ.get("THREES_BENCH_RECORDS", "100000"))
 ROUNDS = int(os.environ.get("THREES_BENCH_ROUNDS", "3"))

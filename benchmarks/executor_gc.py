@@ -34,9 +34,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import snapshot_scale as scale  # noqa: E402
+import snapshot_scale as scale
 
-from kernel.config.models import KafkaConfig  # noqa: E402
+from kernel.config.models import KafkaConfig
 
 PAIRS = int(os.environ.get("THREES_BENCH_GC_PAIRS", "2"))
 COLLECTORS = ("g1", "auto")

@@ -115,16 +115,16 @@ class PeerTopics:
             for topic, fut in self.admin.delete_topics(topics, operation_timeout=60).items():
                 try:
                     fut.result()
-                except Exception as exc:  # noqa: BLE001 - reported, the run's figures stand
+                except Exception as exc:  # reported, the run's figures stand
                     log.warning("topic %s not deleted: %s", topic, exc)
         if self.groups:
             try:
                 for group, fut in self.admin.delete_consumer_groups(self.groups, request_timeout=30).items():
                     try:
                         fut.result()
-                    except Exception as exc:  # noqa: BLE001 - e.g. a group that committed nothing
+                    except Exception as exc:  # e.g. a group that committed nothing
                         log.debug("consumer group %s not deleted: %s", group, exc)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.warning("consumer groups %s not deleted: %s", self.groups, exc)
         log.info("deleted %d topics and %d consumer groups", len(topics), len(self.groups))
         return topics

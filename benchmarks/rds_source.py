@@ -136,7 +136,7 @@ def run_baseline(conn: RdsConnection, table: str, kafka: KafkaConfig, rows: int)
     ) as pgc:
         with pgc.cursor(name="bench") as cur:
             cur.itersize = PAGE
-            cur.execute(f"SELECT id, name, amount, qty, flag, updated_at FROM {table}")  # noqa: S608 - fixed name
+            cur.execute(f"SELECT id, name, amount, qty, flag, updated_at FROM {table}")  # fixed name
             names = [d.name for d in cur.description]
             produce = producer.produce
             n = 0

@@ -30,11 +30,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernel.config.models import KafkaConfig  # noqa: E402
-from schemas import load_schema  # noqa: E402
-from schemas.store import InMemorySchemaStore  # noqa: E402
-from threes.demo.data import FLIGHT_KEY, read_table  # noqa: E402
-from threes.demo.replay import Replayer, RowSource, arrow_rows  # noqa: E402
+from kernel.config.models import KafkaConfig
+from schemas import load_schema
+from schemas.store import InMemorySchemaStore
+from threes.demo.data import FLIGHT_KEY, read_table
+from threes.demo.replay import Replayer, RowSource, arrow_rows
 
 ROUNDS = int(os.environ.get("THREES_BENCH_ROUNDS", "3"))
 

@@ -48,9 +48,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import snapshot_scale as scale  # noqa: E402
+import snapshot_scale as scale
 
-from kernel.config.models import KafkaConfig  # noqa: E402
+from kernel.config.models import KafkaConfig
 
 KEYS = int(os.environ.get("THREES_BENCH_JIT_KEYS", "1000000"))
 ROUNDS = int(os.environ.get("THREES_BENCH_JIT_ROUNDS", "2"))

@@ -49,7 +49,7 @@ def _load(group: str, base: type[_Model], what: str) -> dict[str, type[_Model]]:
     for ep in sorted(entry_points(group=group), key=lambda e: e.name):
         try:
             model = ep.load()
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must say which one
+        except Exception as exc:  # a broken plugin must say which one
             raise FatalError(f"{what} plugin {ep.name!r} ({ep.value}) cannot be loaded: {exc}") from exc
         if not (isinstance(model, type) and issubclass(model, base)):
             raise FatalError(f"{what} plugin {ep.name!r} ({ep.value}) is not a {base.__name__} subclass")

@@ -132,11 +132,11 @@ def redact_document(value: Any) -> Any:
 class RedactingFilter(logging.Filter):
     """A handler filter that masks secrets in a record's message and traceback."""
 
-    def filter(self, record: logging.LogRecord) -> bool:  # noqa: A003 - logging's API
+    def filter(self, record: logging.LogRecord) -> bool:  # logging's API
         """Rewrite the record in place; always keep it."""
         try:
             message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a broken format string: leave it to logging's own error path
+        except Exception:  # a broken format string: leave it to logging's own error path
             return True
         record.msg, record.args = redact(message), None
         if record.exc_info and not record.exc_text:

@@ -24,7 +24,7 @@ TASK_STATES = ("starting", "running", "caught_up", "restarting", "failed", "stop
 """Every state a supervised task can be in (the ``state`` label of the task state gauges)."""
 
 
-class StopRequested(Exception):  # noqa: N818 - not an error: the process was asked to stop
+class StopRequested(Exception):  # not an error: the process was asked to stop
     """A retry loop was left because its stop event was set (SIGTERM / Ctrl-C), not because it failed.
 
     Raised by :func:`stoppable_sleep` so a backoff interrupted by a stop ends the loop

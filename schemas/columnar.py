@@ -200,7 +200,7 @@ class ColumnarDecoder:
                 schema = {"type": "record", "name": "threes_columnar_wrapper", "fields": wrapper}
                 parsed = {"type": "record", "name": "w", "fields": [{"name": "v", "type": parsed}]}
             plan = self._make_plan(schema, parsed)
-        except Exception as exc:  # noqa: BLE001 - any reason means "per record", logged once
+        except Exception as exc:  # any reason means "per record", logged once
             log.info("writer schema %s%s decoded per record (%s)", fingerprint.hex(), " (wrapped)" if wrapped else "",
                      exc)
         with self._lock:

@@ -166,11 +166,11 @@ def _install(proc: Any, part: Path, archive: Path, timeout_s: float) -> bool:
         if proc.poll() is None and proc.stdin is not None:
             proc.stdin.close()  # PySpark's gateway exits (System.exit) when its stdin closes
         code = proc.wait(timeout_s)
-    except Exception as exc:  # noqa: BLE001 - a timeout or a closed pipe: no archive this time
+    except Exception as exc:  # a timeout or a closed pipe: no archive this time
         log.debug("class data sharing: training JVM did not exit: %s", exc)
         try:
             proc.kill()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         return False
     if code != 0 or not part.exists():

@@ -232,7 +232,7 @@ def dump_executor_archive(
             return False  # nothing (new enough) recorded: the archive stays as it is
         attempted = True
         installed = _dump(folder, java, merged, part, classpath or executor_classpath(), java_options, timeout_s)
-    except Exception as exc:  # noqa: BLE001 - a failed dump only costs the executors' speed-up
+    except Exception as exc:  # a failed dump only costs the executors' speed-up
         log.debug("class data sharing: executors' dump failed: %s", exc)
     finally:
         _clean_up(folder, attempted and not installed, [merged, part], lock)

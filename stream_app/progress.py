@@ -94,10 +94,10 @@ class ProgressListener(StreamingQueryListener):
         with self._ended:
             return self._ended.wait_for(lambda: self._expected <= self._terminated, timeout_s)
 
-    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's listener interface
+    def onQueryStarted(self, event: Any) -> None:  # Spark's listener interface
         """Nothing to do."""
 
-    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+    def onQueryProgress(self, event: Any) -> None:
         """Add a micro-batch's late events to the counter; hand a counted query's progress on."""
         progress = event.progress
         on_progress = self._counted.get(str(progress.id))
@@ -134,10 +134,10 @@ class ProgressListener(StreamingQueryListener):
             metrics.RECORDS.labels(self.job, "updates").inc(written)
             log.info("job=%s aggregation=%s batch=%d updates=%d", self.job, topic, progress.batchId, written)
 
-    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+    def onQueryIdle(self, event: Any) -> None:
         """Nothing to do."""
 
-    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+    def onQueryTerminated(self, event: Any) -> None:
         """Note that the query's last event was delivered."""
         with self._ended:
             self._terminated.add(str(event.runId))

@@ -166,7 +166,7 @@ class RealtimeQuery(JobQueries):
 
         try:
             close_stores(self.spark)
-        except Exception:  # noqa: BLE001 - a stop goes on; the next start reads more of the topics
+        except Exception:  # a stop goes on; the next start reads more of the topics
             log.warning("job=%s could not close the snapshot stores", self.config.name, exc_info=True)
 
 
@@ -181,7 +181,7 @@ def _running_tasks(spark: Any) -> int:
         while counts.hasNext():
             running += int(counts.next())
         return running
-    except Exception:  # noqa: BLE001 - the session is stopping: nothing to wait for
+    except Exception:  # the session is stopping: nothing to wait for
         return 0
 
 
@@ -194,5 +194,5 @@ def _store_keys(spark: Any, store_id: str) -> float:
 
     try:
         return float(store_status(spark)[store_id]["keys"])
-    except Exception:  # noqa: BLE001 - a metric read must never fail the scrape
+    except Exception:  # a metric read must never fail the scrape
         return float("nan")

@@ -310,7 +310,7 @@ def quiet_loggers(spark: Any, names: Sequence[str]) -> Iterator[None]:
         for name in names:
             previous[name] = jvm.org.apache.logging.log4j.LogManager.getLogger(name).getLevel()
             configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.OFF)
-    except Exception:  # noqa: BLE001 - another logging backend: keep its messages
+    except Exception:  # another logging backend: keep its messages
         log.debug("could not turn Spark loggers %s off", list(names), exc_info=True)
     try:
         yield
@@ -318,7 +318,7 @@ def quiet_loggers(spark: Any, names: Sequence[str]) -> Iterator[None]:
         for name, level in previous.items():
             try:
                 configurator.setLevel(name, level)
-            except Exception:  # noqa: BLE001 - the session may be gone
+            except Exception:  # the session may be gone
                 log.debug("could not restore Spark logger %s", name, exc_info=True)
 
 

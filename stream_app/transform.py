@@ -68,7 +68,7 @@ def load_transform(ref: str, base_dir: Path | None = None) -> Transform:
         where = f", nor in {base_dir}" if base_dir is not None else ""
         raise ValueError(f"cannot import module {module_name!r}: no module named {exc.name!r} on the Python "
                          f"path{where} (install it, set PYTHONPATH, or put it next to the config file)") from exc
-    except Exception as exc:  # noqa: BLE001 - the user's module failed to import: say how, in one line
+    except Exception as exc:  # the user's module failed to import: say how, in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ValueError(f"importing module {module_name!r} failed: {type(exc).__name__}: {first}") from exc
     fn = getattr(module, attr, None)
@@ -130,7 +130,7 @@ def output_type(spark: Any, enriched: Any, fn: Transform, internal: list[Any]) -
     try:
         out = fn(frame)
         schema = out.schema if isinstance(out, DataFrame) else None
-    except Exception as exc:  # noqa: BLE001 - the user's code or Spark's analyzer says what is wrong
+    except Exception as exc:  # the user's code or Spark's analyzer says what is wrong
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ValueError(f"the function raised {type(exc).__name__}: {first}") from exc
     if schema is None:

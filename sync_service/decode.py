@@ -143,7 +143,7 @@ class JobDecoder:
         for record in records:
             try:
                 value = record.value
-            except Exception as exc:  # noqa: BLE001 - fastavro raises many kinds; the dead letter names it
+            except Exception as exc:  # fastavro raises many kinds; the dead letter names it
                 schema = fp.hex() if fp is not None else "?"
                 bad.append((record, SerdeError(f"{record.where()}: cannot decode Avro body with writer schema "
                                                f"{schema}: {exc}")))

@@ -111,7 +111,7 @@ class BatchDispatch(ServiceState):
         """Open a failed sink again (a worker thread); the loop learns the result through the outcomes queue."""
         try:
             slot.writer._reopen()
-        except Exception as exc:  # noqa: BLE001 - reported to the loop, which backs off again
+        except Exception as exc:  # reported to the loop, which backs off again
             self._outcomes.put(Reopened(slot, exc))
             return
         self._outcomes.put(Reopened(slot, None))

@@ -215,7 +215,7 @@ class SyncService(PartitionHandoff):
             self.slots.append(slot)
             try:
                 sink.open()
-            except Exception as exc:  # noqa: BLE001 - its target is down: the sink starts failed, the others run
+            except Exception as exc:  # its target is down: the sink starts failed, the others run
                 writer.needs_open = True
                 self._sink_failed(slot, exc)
             for topic in sink.config.topics:

@@ -41,7 +41,7 @@ class ServiceStatus(ServiceState):
                 if started is None or now - started < STUCK_WRITE_WARN_S or now - job.warned_at < STUCK_WRITE_WARN_S:
                     continue
                 job.warned_at = now
-                frames = sys._current_frames() if frames is None else frames  # noqa: SLF001 - the documented way
+                frames = sys._current_frames() if frames is None else frames  # the documented way
                 frame = frames.get(job.thread_id) if job.thread_id is not None else None
                 stack = "".join(traceback.format_stack(frame)) if frame is not None else "(thread not found)\n"
                 log.warning("sink=%s topic=%s partition=%d offsets=%d-%d write in flight for %.0f s (attempt %d); "

@@ -88,7 +88,7 @@ class ServiceSupervisor:
                     self.service.run(stop)
                     self.state = "stopped"
                     return
-                except Exception as exc:  # noqa: BLE001 - any failure of the service is restarted
+                except Exception as exc:  # any failure of the service is restarted
                     if stop.is_set():
                         self.state = "stopped"
                         return

@@ -178,7 +178,7 @@ class BatchWriter:
             return Outcome(job, "blocked", error=exc, elapsed_s=time.monotonic() - start)
         except StopRequested as exc:  # the service stops: the batch stays uncommitted, never dead-lettered
             return Outcome(job, "failed", error=exc, elapsed_s=time.monotonic() - start)
-        except Exception as exc:  # noqa: BLE001 - every other failure fails the sink's task, reported once
+        except Exception as exc:  # every other failure fails the sink's task, reported once
             if self.sink.config.errors.tolerance == "all" and not self.stop_on_error and not self.needs_open:
                 return self._tolerate(job, exc, start)
             return Outcome(job, "failed", error=exc, elapsed_s=time.monotonic() - start)
@@ -198,7 +198,7 @@ class BatchWriter:
                 return
             try:
                 self.sink.close()
-            except Exception as exc:  # noqa: BLE001 - the old connections are dropped either way
+            except Exception as exc:  # the old connections are dropped either way
                 log.debug("sink=%s close before restart failed: %s", self.sink.name, exc)
             self.sink.open()
             self.needs_open = False
@@ -219,7 +219,7 @@ class BatchWriter:
                   job.first_offset, job.last_offset, len(dead), exc)
         try:
             self._dead_letter(dead)
-        except Exception as dlq_exc:  # noqa: BLE001 - reported as the batch's failure
+        except Exception as dlq_exc:  # reported as the batch's failure
             return Outcome(job, "failed", error=dlq_exc, elapsed_s=time.monotonic() - start)
         return Outcome(job, "done", applied=0, dead=len(dead), elapsed_s=time.monotonic() - start, tolerated=exc)
 

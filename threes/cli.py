@@ -105,7 +105,7 @@ def check(config: ConfigArg) -> None:
 
     pipeline = load(config)
 
-    def show(r) -> None:  # noqa: ANN001 - one line per system, as it is known
+    def show(r) -> None:  # one line per system, as it is known
         from rich.markup import escape
 
         status = "[green]ok[/green]    " if r.ok else "[red]FAILED[/red]"

@@ -31,7 +31,7 @@ def fail(exc: BaseException, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def load(config: Path):  # noqa: ANN201 - returns the dynamic pipeline model
+def load(config: Path):  # returns the dynamic pipeline model
     """Load a pipeline for a command, turning config errors into a clean exit."""
     from threes.config import load_pipeline
 

@@ -63,7 +63,7 @@ def _completed(consumer: Any, letter: Letter, timeout_s: float) -> Letter:
     parts = ",".join(letter.omitted)
     try:
         low, high = consumer.get_watermark_offsets(TopicPartition(ctx.topic, ctx.partition), timeout=10)
-    except Exception as exc:  # noqa: BLE001 - a deleted topic raises UNKNOWN_TOPIC_OR_PART
+    except Exception as exc:  # a deleted topic raises UNKNOWN_TOPIC_OR_PART
         raise ThreesError(f"dead letter {letter.id} was written without its {parts} and its original {where} "
                           f"cannot be read: {exc}") from None
     if not low <= ctx.offset < high:

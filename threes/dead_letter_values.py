@@ -20,7 +20,7 @@ def decode(data: bytes | None, deserializer: Any) -> tuple[str, Any]:
     if deserializer is not None:
         try:
             return "avro", deserializer(data)
-        except Exception:  # noqa: BLE001 - not our encoding, an unknown schema: the bytes are still shown
+        except Exception:  # not our encoding, an unknown schema: the bytes are still shown
             log.debug("value not decoded", exc_info=True)
     return "hex", data.hex()
 

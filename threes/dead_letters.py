@@ -74,7 +74,7 @@ class Letter:
     headers: tuple[tuple[str, bytes], ...] = field(default=())
 
     @property
-    def id(self) -> str:  # noqa: A003 - the dead letter's name on the command line
+    def id(self) -> str:  # the dead letter's name on the command line
         """``<dlq topic>:<partition>:<offset>`` (Kafka topic names have no ``:``)."""
         return f"{self.dlq_topic}:{self.partition}:{self.offset}"
 

@@ -18,7 +18,7 @@ stream_cli = typer.Typer(help="Run the PySpark stream job (enrich events against
 ConfigArg = Annotated[Path, typer.Argument(help="connector config YAML", show_default=False)]
 
 
-def _stream(config: Path):  # noqa: ANN202 - the pipeline model is built at runtime
+def _stream(config: Path):  # the pipeline model is built at runtime
     from threes.console import fail, load
 
     pipeline = load(config)

@@ -63,7 +63,7 @@ def run(
     def run_one(svc_config: object) -> None:
         try:
             ServiceSupervisor(pipeline.kafka, svc_config, dict(pipeline.connections)).run(stop)
-        except Exception as exc:  # noqa: BLE001 - the supervisor itself failed (its port is taken...)
+        except Exception as exc:  # the supervisor itself failed (its port is taken...)
             log.error("sync service %s stopped: %s", getattr(svc_config, "name", "?"), exc)
             errors.append(exc)
 

@@ -234,7 +234,7 @@ class ElasticsearchSource(SourceTask):
         finally:
             try:
                 self.es.close_point_in_time(id=pit)
-            except Exception as exc:  # noqa: BLE001 - an expired PIT needs no closing
+            except Exception as exc:  # an expired PIT needs no closing
                 log.debug("source=%s closing point in time: %s", cfg.name, exc)
 
     def _record(self, hit: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -346,7 +346,7 @@ class PgChangeStream(ReplicationSetup, ChangeRows):
         if self._repl is not None:
             try:
                 self._repl.close()
-            except Exception as exc:  # noqa: BLE001 - a broken connection may fail to close
+            except Exception as exc:  # a broken connection may fail to close
                 log.debug("source=%s closing the replication connection: %s", self.name, exc)
         self._repl = None
         self._cur = None
@@ -357,7 +357,7 @@ class PgChangeStream(ReplicationSetup, ChangeRows):
         if self._raw is not None:
             try:
                 self._raw.close()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.debug("source=%s closing the connection: %s", self.name, exc)
             self._raw = None
 

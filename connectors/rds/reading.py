@@ -315,7 +315,7 @@ def prefetched(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
                 if not put(item):
                     return
             put(done)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+        except BaseException as exc:  # handed to the caller, raised there
             put(done, exc)
         finally:
             close = getattr(items, "close", None)

@@ -334,7 +334,7 @@ class RdsSink(WriterSchemas, Sink):
                 if deletes:
                     delete_versioned(conn, table, key, version, deletes)
                     record_tombstones(conn, tombstones, key, version, deletes, self._dialect)
-        except Exception as exc:  # noqa: BLE001 - classified below; the transaction rolled back
+        except Exception as exc:  # classified below; the transaction rolled back
             raise self._classify(exc) from exc
 
     def _upsert(self, conn: Connection, layout: Rows, upserts: list[tuple[SinkRecord, tuple[Any, ...]]]) -> None:
@@ -381,7 +381,7 @@ class RdsSink(WriterSchemas, Sink):
             prefix = f"{code}: " if code else ""
             try:
                 error = type(orig)(prefix + text) if isinstance(orig, Exception) else None
-            except Exception:  # noqa: BLE001 - an exception class with another signature
+            except Exception:  # an exception class with another signature
                 error = None
             return _RecordProblem(prefix + text, error, about_data=meaning.meaning == "record")
         return FatalError(f"sink {self.name!r}: cannot write table {self._qualified()!r} ({code}): {text}")

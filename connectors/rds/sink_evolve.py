@@ -36,7 +36,7 @@ def schema_name(schema: Any) -> str:
     name = schema.get("name", "?") if isinstance(schema, dict) else "?"
     try:
         return f"{name}, fingerprint {fingerprint(schema).hex()}"
-    except Exception:  # noqa: BLE001 - a name is enough to find it
+    except Exception:  # a name is enough to find it
         return str(name)
 
 
@@ -131,7 +131,7 @@ class TableEvolution:
             try:
                 # one transaction per column: MySQL commits each DDL anyway, and a replica's column is no loss
                 self._run(ddl)
-            except Exception as exc:  # noqa: BLE001 - classified: busy is backpressure, the rest stops the sink
+            except Exception as exc:  # classified: busy is backpressure, the rest stops the sink
                 if duplicate_column(exc):
                     log.info("sink=%s table=%s column=%s was added by another replica", self.sink,
                              self._qualified, f.name)
@@ -168,7 +168,7 @@ class TableEvolution:
         ddl = [self._widen_ddl(name, typ) for name, typ in widen]
         try:
             self._run(ddl)
-        except Exception as exc:  # noqa: BLE001 - classified: busy is backpressure, the rest stops the sink
+        except Exception as exc:  # classified: busy is backpressure, the rest stops the sink
             raise self._error(exc, f"cannot widen columns of {self._qualified!r}") from exc
         for name, typ in widen:
             log.warning("sink=%s table=%s widened column=%s from %s to %s for the %s (evolve_table)", self.sink,

@@ -110,7 +110,7 @@ class ColumnarPages(RdsSourceBase):
         if self._adbc is not None:
             try:
                 self._adbc.close()
-            except Exception as exc:  # noqa: BLE001 - a broken connection may fail to close
+            except Exception as exc:  # a broken connection may fail to close
                 log.debug("source=%s closing the ADBC connection: %s", self.config.name, exc)
             self._adbc = None
 

@@ -174,7 +174,7 @@ class PositionCommits(RunnerState):
         self._tx_position = None
         try:
             self.task.close()
-        except Exception as exc:  # noqa: BLE001 - the old instance is dropped either way
+        except Exception as exc:  # the old instance is dropped either way
             log.warning("source=%s close before rewind failed: %s", self._label, exc)
         self.task = self._new_task()
         self.task.open(self._written)
@@ -278,5 +278,5 @@ class PositionCommits(RunnerState):
                 self._live = None
             try:
                 self.task.close()
-            except Exception as exc:  # noqa: BLE001 - closing must not hide the real error
+            except Exception as exc:  # closing must not hide the real error
                 log.warning("source=%s close failed: %s", self._label, exc)

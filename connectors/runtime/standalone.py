@@ -214,7 +214,7 @@ class SourceWorker:
             metrics.TASK_RESTARTS.labels(spec.config.name, key).inc()
             try:
                 runner = self._runner(spec)
-            except Exception as exc:  # noqa: BLE001 - building the task failed: count it and back off again
+            except Exception as exc:  # building the task failed: count it and back off again
                 stats.state, stats.error = "failed", str(exc)
                 runner = _FailedRunner(stats)
                 continue

@@ -143,7 +143,7 @@ class TaskRunner(RecordProducer, TopicSerializers):
         except StopRequested as exc:  # stopped while retrying: not a failure, nothing to restart
             self.stats.state = "stopped"
             log.info("source=%s task=%d stopped while retrying: %s", self._label, self.task_id, exc)
-        except (ThreesError, Exception) as exc:  # noqa: BLE001 - a task failure must not kill the worker
+        except (ThreesError, Exception) as exc:  # a task failure must not kill the worker
             self.stats.state = "failed"
             self.stats.error = str(exc)
             metrics.ERRORS.labels(self._label, "fatal").inc()

@@ -279,7 +279,7 @@ class S3Sink(BatchObjects, Sink):
             for key, future in submitted:  # wait for all, even when encoding raised
                 try:
                     future.result()
-                except Exception as exc:  # noqa: BLE001 - mapped below, first by severity
+                except Exception as exc:  # mapped below, first by severity
                     errors.append((key, exc))
         if errors:
             mapped = [(self._upload_error(key, exc), exc) for key, exc in errors]
@@ -306,7 +306,7 @@ class _Release(BaseSubscriber):
         """Flag a failure, free the slot (s3transfer calls this on success, failure and cancel)."""
         try:
             future.result()
-        except BaseException:  # noqa: BLE001 - only flagged here; write() raises it
+        except BaseException:  # only flagged here; write() raises it
             self._failed.set()
         finally:
             self._slots.release()

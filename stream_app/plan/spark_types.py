@@ -27,7 +27,7 @@ def spark_typer(spark: Any) -> Any:
         frame = spark.createDataFrame([], spark_type(spark, schema_of(record)))
         try:
             result = frame.select(f.expr(expression.text).alias(name)).schema[0].dataType
-        except Exception as exc:  # noqa: BLE001 - Spark's analyzer says what is wrong, in its words
+        except Exception as exc:  # Spark's analyzer says what is wrong, in its words
             raise ExpressionError(f"{expression.text!r}: {str(exc).splitlines()[0]}") from exc
         return ["null", avro_of_spark(spark, result, name)]
 

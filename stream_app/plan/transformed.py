@@ -114,7 +114,7 @@ def _transformed(spark: Any, enriched: dict[str, Any], fn: Transform, timestamp:
             continue
         try:
             avro = avro_of_spark(spark, col.dataType, col.name)
-        except Exception as exc:  # noqa: BLE001 - Spark's SchemaConverters says which type it cannot write
+        except Exception as exc:  # Spark's SchemaConverters says which type it cannot write
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"column {col.name!r} of Spark type {col.dataType.simpleString()} cannot be written as "
                              f"Avro: {first}") from exc

@@ -85,5 +85,5 @@ def cleanup(pipeline: Any, offsets_topic: str) -> None:
                 s3 = s3_client(conn)
                 for obj in s3.list_objects_v2(Bucket=source.bucket, Prefix=source.prefix).get("Contents", []):
                     s3.delete_object(Bucket=source.bucket, Key=obj["Key"])
-    except Exception as exc:  # noqa: BLE001 - cleanup must not hide the test's own result
+    except Exception as exc:  # cleanup must not hide the test's own result
         print(f"cleanup of the isolated pipeline failed: {exc}")

@@ -313,7 +313,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory, stack: Any, endpoints: Any, p
         for obj in s3.list_objects_v2(Bucket=names["bucket"]).get("Contents", []):
             s3.delete_object(Bucket=names["bucket"], Key=obj["Key"])
         s3.delete_bucket(Bucket=names["bucket"])
-    except Exception as exc:  # noqa: BLE001 - cleanup never hides the test's result
+    except Exception as exc:  # cleanup never hides the test's result
         print(f"cleanup failed: {exc}")
     engine.dispose()
     es.close()
@@ -323,7 +323,7 @@ def shop(tmp_path_factory: pytest.TempPathFactory, stack: Any, endpoints: Any, p
 def run(shop: Any, pg: Any, es_conn: Any, s3_conn: Any) -> dict[str, Any]:
     """``threes run`` from the folder, the orders replayed once it is ready, until every sink is complete."""
     folder, names, data, pipeline, env = shop
-    process = subprocess.Popen(  # noqa: S603 - our own console script
+    process = subprocess.Popen(  # our own console script
         [THREES, "run", "pipeline.yaml", "--log-dir", "logs", "--offsets-topic", f"_threes_offsets.{names['u']}"],
         cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
@@ -331,7 +331,7 @@ def run(shop: Any, pg: Any, es_conn: Any, s3_conn: Any) -> dict[str, Any]:
     try:
         wait_for("ready pipeline", lambda: any(line.startswith("[run] running:") for line in output.lines), 240,
                  process, output)
-        replay = subprocess.run(  # noqa: S603
+        replay = subprocess.run(
             [THREES, "replay", "orders.csv", "--topic", f"orders.{names['u']}", "--schema", "schemas/order.avsc",
              "--key", "order_id", "--config", "pipeline.yaml"],
             cwd=folder, env=env, capture_output=True, text=True, timeout=120,
@@ -391,7 +391,7 @@ class Sinks:
             with self.engine.connect() as db:
                 rows = db.execute(text(f'SELECT product_category, orders, units, max_quantity FROM '
                                        f'"{self.names["schema"]}".sales_by_category')).all()
-        except Exception:  # noqa: BLE001 - not created yet
+        except Exception:  # not created yet
             return {}
         return {r[0]: {"orders": int(r[1]), "units": int(r[2]), "max_quantity": int(r[3])} for r in rows}
 

@@ -84,7 +84,7 @@ def _write_orders(path: Any, orders: list[dict[str, Any]]) -> None:
 
 
 def _replay(folder: Any, names: dict[str, str], env: dict[str, str], csv_name: str) -> None:
-    done = subprocess.run(  # noqa: S603 - our own console script
+    done = subprocess.run(  # our own console script
         [THREES, "replay", csv_name, "--topic", f"orders.{names['u']}", "--schema", "schemas/order.avsc",
          "--key", "order_id", "--config", "pipeline.yaml"],
         cwd=folder, env=env, capture_output=True, text=True, timeout=180,
@@ -101,7 +101,7 @@ def test_a_broker_restart_under_threes_run_loses_and_doubles_nothing(
     _write_orders(folder / "orders_b.csv", data["orders"][half:])
     enriched, per_category = oracle(data)
     sinks = Sinks(names, pg, es_conn, s3_conn)
-    process = subprocess.Popen(  # noqa: S603 - our own console script
+    process = subprocess.Popen(  # our own console script
         [THREES, "run", "pipeline.yaml", "--log-dir", "logs", "--offsets-topic", f"_threes_offsets.{names['u']}"],
         cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
@@ -113,7 +113,7 @@ def test_a_broker_restart_under_threes_run_loses_and_doubles_nothing(
         _replay(folder, names, env, "orders_a.csv")
         wait_for("the first half in Elasticsearch", lambda: sinks.es_count() == half, 240, process, output)
 
-        reader = subprocess.Popen(  # noqa: S603 - our own interpreter
+        reader = subprocess.Popen(  # our own interpreter
             [str(ROOT / ".venv" / "bin" / "python"), "-c", READER, "pipeline.yaml"], cwd=folder, env=env,
             stdout=(folder / "reader.out").open("w"), stderr=subprocess.DEVNULL, start_new_session=True,
         )

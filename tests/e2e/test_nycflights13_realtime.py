@@ -43,7 +43,7 @@ PARTITIONS = 2
 @pytest.fixture(scope="module")
 def example_yaml(workdir: Path) -> Path:
     """The example pipeline in real-time mode (``isolated`` in conftest.py then makes its names unique)."""
-    document = yaml.load(EXAMPLE.read_text(), Loader=_Yaml12BoolLoader)  # noqa: S506 - a SafeLoader subclass
+    document = yaml.load(EXAMPLE.read_text(), Loader=_Yaml12BoolLoader)  # a SafeLoader subclass
     path = workdir / "pipeline-realtime.yaml"
     path.write_text(yaml.safe_dump(realtime_variant(document, checkpoint_interval="5 seconds"), sort_keys=False))
     return path

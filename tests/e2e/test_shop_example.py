@@ -139,7 +139,7 @@ def shop_run(tmp_path_factory: pytest.TempPathFactory, stack: Any, endpoints: An
     offsets_topic = f"_threes_offsets.{unique}"
     shop = shop_generator.generate()
     shop_generator.load_reference(pipeline, shop, folder)
-    process = subprocess.Popen(  # noqa: S603 - our own console script
+    process = subprocess.Popen(  # our own console script
         [THREES, "run", "pipeline.yaml", "--log-dir", "logs", "--offsets-topic", offsets_topic],
         cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )

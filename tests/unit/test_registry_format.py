@@ -6,14 +6,14 @@ import struct
 import uuid
 
 import pytest
-from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentAvroSerializer  # noqa: E402
-from confluent_kafka.serialization import MessageField, SerializationContext  # noqa: E402
+from confluent_kafka.schema_registry.avro import AvroSerializer as ConfluentAvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
-from schemas.exceptions import IncompatibleSchemaError, UnknownSchemaError  # noqa: E402
-from schemas.registry import RegistryBridge, RegistrySerializer, registry_client  # noqa: E402
-from schemas.serde import AvroDeserializer, fingerprint  # noqa: E402
-from schemas.store import InMemorySchemaStore  # noqa: E402
-from threes.config import pipeline_from_dict  # noqa: E402
+from schemas.exceptions import IncompatibleSchemaError, UnknownSchemaError
+from schemas.registry import RegistryBridge, RegistrySerializer, registry_client
+from schemas.serde import AvroDeserializer, fingerprint
+from schemas.store import InMemorySchemaStore
+from threes.config import pipeline_from_dict
 
 V1 = {"type": "record", "name": "Customer", "namespace": "t", "fields": [
     {"name": "id", "type": "long"}, {"name": "name", "type": ["null", "string"], "default": None}]}

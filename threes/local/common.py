@@ -111,7 +111,7 @@ def wait_until(
         try:
             probe()
             return
-        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+        except Exception as exc:  # any failure means "not ready yet"
             last = exc
         if alive is not None and not alive():
             raise LocalStackError(f"{what} exited during startup{see}")

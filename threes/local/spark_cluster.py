@@ -67,7 +67,7 @@ def python_for_workers() -> str:
 
 def _master_state(ui_port: int = MASTER_UI_PORT) -> dict:
     """The master's ``/json`` document (status, alive workers, applications)."""
-    with urllib.request.urlopen(f"http://{HOST}:{ui_port}/json/", timeout=3) as response:  # noqa: S310 - loopback
+    with urllib.request.urlopen(f"http://{HOST}:{ui_port}/json/", timeout=3) as response:  # loopback
         return json.load(response)
 
 

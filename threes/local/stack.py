@@ -151,7 +151,7 @@ class LocalStack:
                 try:
                     svc.probe(endpoints)
                     answering = True
-                except Exception:  # noqa: BLE001 - any failure means "not answering"
+                except Exception:  # any failure means "not answering"
                     answering = False
                 result.append(ServiceStatus(name, answering, None, address, None, None, True))
                 continue
@@ -279,7 +279,7 @@ class LocalStack:
             )
         except LocalStackError as exc:
             errors[name] = str(exc)
-        except Exception as exc:  # noqa: BLE001 - reported as one line, details in debug log
+        except Exception as exc:  # reported as one line, details in debug log
             logger.debug("%s failed", name, exc_info=True)
             errors[name] = f"{name}: unexpected error: {type(exc).__name__}: {exc}"
 

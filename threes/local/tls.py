@@ -98,7 +98,7 @@ def ensure_certificates(layout: Layout) -> Certificates:
     return certs
 
 
-def _x509():  # noqa: ANN202 - the module, imported late (only the local stack needs it)
+def _x509():  # the module, imported late (only the local stack needs it)
     try:
         from cryptography import x509
     except ImportError as exc:  # pragma: no cover - a dependency of threes
@@ -140,7 +140,7 @@ def _make(folder: Path, certs: Certificates) -> None:
     _write(certs.cert, cert.public_bytes(serialization.Encoding.PEM), 0o644)
 
 
-def make_ca(key, common_name: str, days: int = CA_DAYS):  # noqa: ANN001, ANN201 - cryptography types
+def make_ca(key, common_name: str, days: int = CA_DAYS):  # cryptography types
     """Return a self-signed CA certificate for ``key``.
 
     Args:
@@ -183,7 +183,7 @@ def make_ca(key, common_name: str, days: int = CA_DAYS):  # noqa: ANN001, ANN201
     )
 
 
-def issue(ca_cert, ca_key, key, names: tuple[str, ...] | list[str], days: int = SERVER_DAYS):  # noqa: ANN001, ANN201
+def issue(ca_cert, ca_key, key, names: tuple[str, ...] | list[str], days: int = SERVER_DAYS):
     """Return a server certificate for ``key``, valid for ``names``, signed by the CA.
 
     Args:
@@ -220,7 +220,7 @@ def issue(ca_cert, ca_key, key, names: tuple[str, ...] | list[str], days: int = 
     )
 
 
-def private_pem(key) -> bytes:  # noqa: ANN001 - a cryptography private key
+def private_pem(key) -> bytes:  # a cryptography private key
     """Return ``key`` as unencrypted PKCS#8 PEM (``BEGIN PRIVATE KEY``)."""
     from cryptography.hazmat.primitives import serialization
 

@@ -101,7 +101,7 @@ class FlowReader:
             started = time.monotonic()
             try:
                 child.start()
-            except Exception as exc:  # noqa: BLE001 - no reader now; the parts run on, a new one is tried
+            except Exception as exc:  # no reader now; the parts run on, a new one is tried
                 log.warning("run: cannot start the flow reader: %s", exc)
                 ours.close()
                 theirs.close()

@@ -23,9 +23,9 @@ def scrape(port: int, timeout_s: float = 2.0, token: str | None = None) -> str |
         token: the endpoint's bearer token (``metrics_token``), if it has one.
     """
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)  # noqa: S310
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - loopback
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # loopback
             return resp.read().decode("utf-8", errors="replace")
     except OSError:
         return None

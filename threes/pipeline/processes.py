@@ -151,10 +151,10 @@ def spawn(name: str, args: Sequence[str], log_path: Path, env: Mapping[str, str]
     handle = log_path.open("ab")
     command = [*threes_command(), "-v", *args]
     try:
-        process = subprocess.Popen(  # noqa: S603 - our own console script with our own arguments
+        process = subprocess.Popen(  # our own console script with our own arguments
             command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=dict(env) if env is not None else None, start_new_session=True,
-            preexec_fn=parent_death_signal(),  # noqa: PLW1509 - one prctl call, resolved before the fork
+            preexec_fn=parent_death_signal(),  # one prctl call, resolved before the fork
         )
     except OSError:
         handle.close()

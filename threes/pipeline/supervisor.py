@@ -229,7 +229,7 @@ class Supervisor:
                 signal_group(child.pid, signal.SIGKILL)
                 try:
                     child.process.wait(10)
-                except Exception:  # noqa: BLE001 - a process that survives SIGKILL is reported, not raised
+                except Exception:  # a process that survives SIGKILL is reported, not raised
                     log.error("%s (pid %d) survived SIGKILL", state.name, child.pid)
                 state.exit_code = None
                 state.set("stopped", "killed")

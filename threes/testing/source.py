@@ -131,7 +131,7 @@ class SourceContract:
         """The ``i``-th entity, in its ``version``-th state."""
         raise NotImplementedError
 
-    def settle(self, ctx: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+    def settle(self, ctx: dict[str, Any]) -> None:  # optional hook
         """Wait until changes are visible to the source (refresh, commit delay)."""
 
     # -- fixtures ------------------------------------------------------------------------------------

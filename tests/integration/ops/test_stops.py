@@ -55,7 +55,7 @@ class Output:
 
 
 def start(args: list[str], cwd: Path) -> tuple[subprocess.Popen[str], Output]:
-    process = subprocess.Popen(  # noqa: S603 - our own console script
+    process = subprocess.Popen(  # our own console script
         [THREES, "-v", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
         env=os.environ.copy(),
     )

@@ -95,7 +95,7 @@ def test_threes_run_outlives_a_crash_of_its_live_views_reader(tmp_path: Any, kaf
         f"    sinks: [{{name: idx, type: elasticsearch_sink, connection: es, topics: [{topic}], index: idx_{unique}}}]\n"
     )
     threes = str(Path(sys.executable).with_name("threes"))
-    process = subprocess.Popen(  # noqa: S603
+    process = subprocess.Popen(
         [threes, "run", str(config), "--only", "sync", "--log-dir", str(Path(tmp_path) / "logs")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=os.environ.copy(),
     )

@@ -29,7 +29,7 @@ class Run:
     """A ``threes run --only sync`` in a subprocess, its output read line by line."""
 
     def __init__(self, config: str, cwd: Path, *extra: str):
-        self.process = subprocess.Popen(  # noqa: S603 - our own console script
+        self.process = subprocess.Popen(  # our own console script
             [THREES, "run", config, "--only", "sync", "--log-dir", str(cwd / f"logs-{time.monotonic_ns()}"), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env=os.environ.copy(),
         )
@@ -119,7 +119,7 @@ def test_a_second_run_of_the_same_pipeline_is_refused_and_force_takes_over(
         other = tmp_path / "elsewhere"
         other.mkdir()
         # the same file named another way, from another folder
-        second = subprocess.run(  # noqa: S603
+        second = subprocess.run(
             [THREES, "run", "../pipeline.yaml", "--only", "sync"], capture_output=True, text=True, cwd=other,
             env=os.environ.copy(), timeout=60,
         )

@@ -47,7 +47,7 @@ def write_config(folder: Path, endpoints: Any, unique: str, snapshot_topic: str)
 
 
 def stream_run(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([THREES, "stream", "run", str(config)], capture_output=True, text=True, timeout=120,  # noqa: S603
+    return subprocess.run([THREES, "stream", "run", str(config)], capture_output=True, text=True, timeout=120,
                           cwd=config.parent, env=os.environ.copy())
 
 
@@ -78,7 +78,7 @@ def test_stream_run_before_a_snapshot_topic_exists_names_it_and_its_source(tmp_p
 
 def test_run_only_sync_waits_for_its_topics_and_stops_cleanly(tmp_path: Path, endpoints: Any, unique: str) -> None:
     config = write_config(tmp_path, endpoints, unique, f"things.{unique}")
-    process = subprocess.Popen(  # noqa: S603
+    process = subprocess.Popen(
         [THREES, "run", str(config), "--only", "sync", "--log-dir", str(tmp_path / "logs")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=os.environ.copy(),
     )
@@ -107,7 +107,7 @@ def test_run_restarts_a_part_that_dies_after_it_was_ready(tmp_path: Path, endpoi
 
     ensure_compacted_topic(kafka_conf, f"updates.{unique}", partitions=1)  # as the stream job would
     config = write_config(tmp_path, endpoints, unique, f"things.{unique}")
-    process = subprocess.Popen(  # noqa: S603
+    process = subprocess.Popen(
         [THREES, "run", str(config), "--only", "sync", "--log-dir", str(tmp_path / "logs")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=os.environ.copy(),
     )

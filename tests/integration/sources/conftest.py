@@ -30,7 +30,7 @@ def pg(pg: RdsConnection) -> RdsConnection:
             if not c.execute(text("SELECT 1 FROM pg_database WHERE datname = :d"), {"d": SOURCES_DB}).first():
                 try:
                     c.execute(text(f'CREATE DATABASE "{SOURCES_DB}"'))
-                except Exception:  # noqa: BLE001 - another session created it at the same moment
+                except Exception:  # another session created it at the same moment
                     pass
     finally:
         admin.dispose()

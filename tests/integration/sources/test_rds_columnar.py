@@ -77,7 +77,7 @@ def test_pages_are_column_wise_and_encode_to_the_per_record_bytes(
     try:
         batches = [b for b in source.poll() if b.records or b.columns is not None]
         with source.engine.connect() as c:
-            rows = c.exec_driver_sql(f"SELECT * FROM {table} ORDER BY id").fetchall()  # noqa: S608 - our table
+            rows = c.exec_driver_sql(f"SELECT * FROM {table} ORDER BY id").fetchall()  # our table
     finally:
         source.close()
     assert [b.columns is not None for b in batches] == [True, True, True]

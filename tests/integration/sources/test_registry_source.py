@@ -13,17 +13,17 @@ import json
 from typing import Any
 
 import pytest
-from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentAvroDeserializer  # noqa: E402
-from confluent_kafka.serialization import MessageField, SerializationContext  # noqa: E402
+from confluent_kafka.schema_registry.avro import AvroDeserializer as ConfluentAvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 from sqlalchemy import text
 
-from kernel.config.policies import RetryPolicy  # noqa: E402
-from kernel.kafka.committed import latest_per_key  # noqa: E402
-from schemas.registry import RegistryBridge, registry_client  # noqa: E402
-from schemas.serde import AvroDeserializer  # noqa: E402
-from schemas.store import InMemorySchemaStore  # noqa: E402
-from threes.config import pipeline_from_dict  # noqa: E402
-from threes.testing.source import count_records, run_once  # noqa: E402
+from kernel.config.policies import RetryPolicy
+from kernel.kafka.committed import latest_per_key
+from schemas.registry import RegistryBridge, registry_client
+from schemas.serde import AvroDeserializer
+from schemas.store import InMemorySchemaStore
+from threes.config import pipeline_from_dict
+from threes.testing.source import count_records, run_once
 
 
 def _run(kafka: Any, pg: Any, unique: str, table: str) -> Any:

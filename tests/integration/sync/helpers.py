@@ -86,7 +86,7 @@ def run_in_thread(service: Any) -> tuple[threading.Thread, threading.Event, list
     def target() -> None:
         try:
             service.run(stop)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=target, name="sync-under-test", daemon=True)

@@ -42,7 +42,7 @@ class TestElasticsearchSink(SinkContract):
     def state(self, sink: ElasticsearchSink) -> dict[str, tuple[int, dict[str, Any]]]:
         try:
             return es_state(sink.client, sink.config.index)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if "index_not_found" in str(exc):
                 return {}
             raise

@@ -39,7 +39,7 @@ class StubS3:
 
         return Pages()
 
-    def get_object(self, Key: str, **_kw: Any) -> dict[str, Any]:  # noqa: N803 - boto3's argument name
+    def get_object(self, Key: str, **_kw: Any) -> dict[str, Any]:  # boto3's argument name
         self.gets += 1
         return {"Body": io.BytesIO(self.objects[Key][2])}
 

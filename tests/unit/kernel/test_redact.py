@@ -49,7 +49,7 @@ def test_dead_letter_messages_are_masked() -> None:
     assert DeadLetter.from_headers(letter.headers()).message == f"refused by postgresql://u:{MASK}@h/db"
 
 
-def test_unexpected_tracebacks_are_masked(capsys) -> None:  # noqa: ANN001
+def test_unexpected_tracebacks_are_masked(capsys) -> None:
     from threes.cli import _redacted_traceback
 
     try:
