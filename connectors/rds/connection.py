@@ -76,7 +76,7 @@ class RdsConnection(ConnectionConfig):
         from sqlalchemy.engine import make_url
 
         from connectors.rds.url_options import url_file_options
-        from kernel.config.loader import FILE_REF_DIRS_VARIABLE, file_allowed
+        from kernel.config.references import FILE_REF_DIRS_VARIABLE, file_allowed
 
         parsed = make_url(self.url)
         environ = context.get("environ", os.environ)

@@ -114,7 +114,7 @@ def url_query_problems(backend: str, query: Mapping[str, Any]) -> list[tuple[str
 def url_file_options(backend: str, query: Mapping[str, Any], database: str | None) -> list[tuple[str, str]]:
     """The files a database URL makes the driver read: CA and CRL files, a SQLite database.
 
-    A config may name files only where ``${file:...}`` may read (:func:`kernel.config.loader.file_allowed`):
+    A config may name files only where ``${file:...}`` may read (:func:`kernel.config.references.file_allowed`):
     the caller confines each path returned here.
 
     Args:

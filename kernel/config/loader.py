@@ -13,7 +13,6 @@ Values are never echoed in errors, so a secret cannot leak through one.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 from collections.abc import Mapping
@@ -23,11 +22,10 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from kernel.config.references import resolve_references
 from kernel.exceptions import ConfigError, ConfigProblem
 
 M = TypeVar("M", bound=BaseModel)
-
-_REF = re.compile(r"\$(\$?)\{(env|file):([^}]*)\}")
 
 Path_ = tuple[str | int, ...]
 
@@ -116,113 +114,6 @@ def _compose(text: str, file: str | None) -> tuple[Any, dict[Path_, int]]:
     return data, lines
 
 
-FILE_REF_DIRS_VARIABLE = "THREES_FILE_REF_DIRS"
-"""Environment variable: more directories ``${file:...}`` may read under (``os.pathsep``-separated)."""
-DEFAULT_FILE_REF_DIRS = ("/run/secrets", "/var/run/secrets")
-"""Where Docker and Kubernetes mount secrets: always readable by ``${file:...}``."""
-
-
-ENV_REFS_VARIABLE = "THREES_ENV_REFS"
-"""Environment variable: more variables ``${env:...}`` may read, comma-separated names or ``fnmatch``
-patterns (``PGPASSWORD,KAFKA_*``; ``*`` allows every variable, Kafka Connect's ``EnvVarConfigProvider``
-default). It is read from the process's environment, never from a config file."""
-DEFAULT_ENV_REFS = ("THREES_*", "HOSTNAME")
-"""The variables ``${env:...}`` may always read: threes' own, and the host name (static membership)."""
-
-
-def env_ref_allowed(name: str, environ: Mapping[str, str]) -> bool:
-    """Whether a config file may read the environment variable ``name`` (``${env:name}``).
-
-    A config file is data that may come from someone with less power than the process that runs
-    it: an unrestricted ``${env:...}`` would let it read the process's cloud keys into a field
-    that ``threes check`` prints. The allow-list is :data:`DEFAULT_ENV_REFS` plus
-    ``THREES_ENV_REFS`` (after Kafka Connect's ``EnvVarConfigProvider`` ``allowlist.pattern``).
-
-    Args:
-        name: the variable's name.
-        environ: the environment, for ``THREES_ENV_REFS``.
-    """
-    extra = [p.strip() for p in environ.get(ENV_REFS_VARIABLE, "").split(",") if p.strip()]
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in (*DEFAULT_ENV_REFS, *extra))
-
-
-def file_ref_roots(base_dir: Path, environ: Mapping[str, str]) -> list[Path]:
-    """The directories ``${file:...}`` may read under: the config's folder and the allowed ones.
-
-    Args:
-        base_dir: the config file's folder.
-        environ: the environment, for ``THREES_FILE_REF_DIRS``.
-
-    Returns:
-        Resolved absolute paths.
-    """
-    extra = [d for d in environ.get(FILE_REF_DIRS_VARIABLE, "").split(os.pathsep) if d.strip()]
-    return [Path(d).expanduser().resolve() for d in [str(base_dir), *DEFAULT_FILE_REF_DIRS, *extra]]
-
-
-def file_allowed(path: str | Path, base_dir: Path, environ: Mapping[str, str]) -> bool:
-    """Whether a config may name the file ``path`` (a ``${file:...}``, a CA or CRL file, a SQLite database).
-
-    Args:
-        path: the path as written (relative to ``base_dir`` unless absolute; ``~`` expanded).
-        base_dir: the config file's folder.
-        environ: the environment, for ``THREES_FILE_REF_DIRS``.
-
-    Returns:
-        ``True`` when the path, with symbolic links and ``..`` resolved, is under the config's
-        folder, ``/run/secrets``, ``/var/run/secrets`` or a directory of ``THREES_FILE_REF_DIRS``.
-    """
-    file_path = Path(path).expanduser()
-    if not file_path.is_absolute():
-        file_path = base_dir / file_path
-    real = file_path.resolve()  # symbolic links and .. resolved: where the read really goes
-    return any(real.is_relative_to(root) for root in file_ref_roots(base_dir, environ))
-
-
-def _resolve(
-    data: Any, path: Path_, base_dir: Path, environ: Mapping[str, str], problems: list[tuple[Path_, str]]
-) -> Any:
-    """Replace ``${env:NAME}`` / ``${file:path}`` in every string; ``$${`` escapes a literal ``${``."""
-    if isinstance(data, dict):
-        return {k: _resolve(v, (*path, k), base_dir, environ, problems) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_resolve(v, (*path, i), base_dir, environ, problems) for i, v in enumerate(data)]
-    if not isinstance(data, str) or "${" not in data:
-        return data
-
-    def substitute(m: re.Match[str]) -> str:
-        escaped, kind, ref = m.groups()
-        if escaped:
-            return m.group(0)[1:]
-        if kind == "env":
-            ref, has_default, default = ref.partition(":-")
-            if not env_ref_allowed(ref, environ):
-                problems.append((path, f"${{env:{ref}}} is not on the allow-list of environment variables a config "
-                                       f"may read ({', '.join(DEFAULT_ENV_REFS)}): not read; rename the variable "
-                                       f"THREES_..., or let the process allow it with {ENV_REFS_VARIABLE}={ref}"))
-                return ""
-            if ref not in environ and has_default:
-                return default
-            if ref not in environ:
-                problems.append((path, f"environment variable {ref} is not set (referenced as ${{env:{ref}}})"))
-                return ""
-            return environ[ref]
-        file_path = Path(ref).expanduser()
-        if not file_path.is_absolute():
-            file_path = base_dir / file_path
-        if not file_allowed(ref, base_dir, environ):
-            problems.append((path, f"${{file:{ref}}} is outside the config's folder and the allowed directories "
-                                   f"({FILE_REF_DIRS_VARIABLE}, {', '.join(DEFAULT_FILE_REF_DIRS)}): not read"))
-            return ""
-        try:
-            return file_path.read_text().rstrip("\r\n")
-        except OSError as exc:
-            problems.append((path, f"cannot read ${{file:{ref}}}: {exc.strerror}"))
-            return ""
-
-    return _REF.sub(substitute, data)
-
-
 def _line_for(loc: tuple[Any, ...], data: Any, lines: dict[Path_, int]) -> tuple[Path_, int | None]:
     """Map a pydantic error location to a document path and the nearest known line.
 
@@ -281,7 +172,7 @@ def validate_data(
     lines = lines or {}
     environ = os.environ if environ is None else environ
     ref_problems: list[tuple[Path_, str]] = []
-    resolved = _resolve(data, (), base_dir or Path.cwd(), environ, ref_problems)
+    resolved = resolve_references(data, (), base_dir or Path.cwd(), environ, ref_problems)
     problems = [ConfigProblem(format_path(p), msg, file, lines.get(p)) for p, msg in ref_problems]
     if not isinstance(resolved, dict):
         problems.append(ConfigProblem("", "the document must be a mapping of keys to values", file, 1))
