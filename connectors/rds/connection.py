@@ -65,11 +65,11 @@ class RdsConnection(ConnectionConfig):
     def _confine_files(self, info: ValidationInfo) -> RdsConnection:
         """Files the URL names (CA, CRL, a SQLite database) only where ``${file:...}`` may read.
 
-        Checked when the connection comes from a config file (its folder in the validation
-        context); a connection built in code is the program's own.
+        Checked when the connection comes from a config file (named in the validation context);
+        a connection built in code, or from a mapping (``pipeline_from_dict``), is the program's own.
         """
         context = info.context or {}
-        if "base_dir" not in context:
+        if not context.get("config_file"):  # built in code or from a mapping: the program's own
             return self
         import os
 

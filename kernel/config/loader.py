@@ -180,7 +180,8 @@ def validate_data(
     try:
         # relative paths (schemas, mapping files) start at the config's folder: one rule everywhere
         # environ: the file paths a config names (CA files, SQLite databases) are confined as ${file:} is
-        instance = model.model_validate(resolved, context={"base_dir": base_dir or Path.cwd(), "environ": environ})
+        instance = model.model_validate(resolved, context={"base_dir": base_dir or Path.cwd(), "environ": environ,
+                                                           "config_file": file})
     except ValidationError as exc:
         problems += _validation_problems(exc, resolved, lines, file, [p for p, _ in ref_problems])
         raise ConfigError(sorted(problems, key=lambda p: (p.line or 0, p.path))) from None
