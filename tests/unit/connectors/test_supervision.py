@@ -27,16 +27,16 @@ def test_error_policy_defaults_and_bounds() -> None:
         0.5, 1.0, 2.0, 3.0, 3.0]
 
 
-def test_sources_refuse_tolerance_all() -> None:
-    from kernel.exceptions import ConfigError
+def test_sources_take_tolerance_all_with_a_dead_letter_topic() -> None:
     from threes.config import pipeline_from_dict
 
     doc = {"kafka": {"bootstrap_servers": "127.0.0.1:1"},
            "connections": {"pg": {"type": "rds", "url": "postgresql+psycopg://u@127.0.0.1:1/d"}},
            "sources": [{"name": "s", "type": "rds_source", "connection": "pg", "topic": "t", "table": "x",
                         "mode": "incrementing", "incrementing_column": "id", "errors": {"tolerance": "all"}}]}
-    with pytest.raises(ConfigError, match="tolerance: all applies to sinks"):
-        pipeline_from_dict(doc)
+    source = pipeline_from_dict(doc).sources[0]
+    assert source.errors.tolerance == "all"
+    assert source.dead_letter_topic_name == "t.dlq"
 
 
 def _attempts(errors: ErrorPolicy, retry: RetryPolicy, clock: list[float]) -> int:
