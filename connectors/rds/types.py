@@ -251,8 +251,9 @@ DRIVER_EXACT_TIMESTAMPS = frozenset({"postgresql"})
 :func:`ensure_aware` / :func:`ensure_naive` are not needed there (one Python call per value saved)."""
 
 
-ARROW_NATIVE_CONVERTERS: frozenset[Converter] = frozenset({_to_bytes})
-"""Converters an Arrow reader (ADBC) makes unnecessary: it hands ``bytea`` as Arrow binary, not ``memoryview``."""
+ARROW_NATIVE_CONVERTERS: frozenset[Converter] = frozenset({_to_bytes, decimal_text})
+"""Converters an Arrow reader (ADBC) makes unnecessary: it hands ``bytea`` as Arrow binary, not ``memoryview``,
+and ``numeric`` as its text (an opaque type stored as a string), which is PostgreSQL's exact decimal text."""
 
 
 def drop_needless_converters(converters: Sequence[tuple[str, Converter]], dialect: str) -> list[tuple[str, Converter]]:

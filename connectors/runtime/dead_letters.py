@@ -7,7 +7,8 @@ type's range, a two-dimensional array in an ``int[]`` column, a zero date) to it
 once the dead letter is acknowledged (with transactions, in the same Kafka transaction as the records
 and the position). With ``tolerance: none`` (the default) the task stops at it, in one line that names
 the record and how to move on (:func:`encode_failure_hint`), and is not restarted: the same row would
-fail the same way.
+fail the same way. A row that a reconciliation emits again, unchanged, is not dead-lettered twice
+(:meth:`SourceDeadLetters.repeated`, the topic read at start by :meth:`SourceDeadLetters.load`).
 
 The dead letter record (:meth:`kernel.dlq.DeadLetter.record`, stage ``encode``):
 
@@ -39,6 +40,18 @@ TABLE_HEADER = "dlq.source.table"
 KEY_HEADER = "dlq.source.key"
 COLUMN_HEADER = "dlq.source.column"
 POSITION_HEADER = "dlq.source.position"
+
+MAX_REMEMBERED = 100_000
+"""Keys of dead-lettered rows remembered to send a row re-emitted unchanged only once (then forgotten)."""
+
+
+COMPONENT_HEADER = "dlq.component"
+
+
+def _digest(value: bytes | None) -> bytes:
+    import hashlib
+
+    return hashlib.sha256(value or b"").digest()
 
 
 def _json_default(value: Any) -> Any:
@@ -81,6 +94,59 @@ class SourceDeadLetters:
         self.component = component
         self.max_bytes = max_bytes
         self.count = 0
+        self._sent: dict[bytes | None, bytes] = {}  # key bytes -> digest of the row's JSON in the dead letter topic
+
+    def repeated(self, key_bytes: bytes | None, value: Mapping[str, Any] | None) -> bool:
+        """Whether this very row is in the dead letter topic already (a reconciliation emits a row the topic
+        lacks again, every ``reconcile_interval_s`` and after each restart: it is not sent twice).
+
+        Knows the rows dead-lettered by this run and those :meth:`load` read from the topic.
+        """
+        digest = _digest(None if value is None else json_text(dict(value)).encode())
+        if self._sent.get(key_bytes) == digest:
+            return True
+        self._remember(key_bytes, digest)
+        return False
+
+    def _remember(self, key_bytes: bytes | None, digest: bytes) -> None:
+        if len(self._sent) >= MAX_REMEMBERED:
+            self._sent.clear()
+        self._sent[key_bytes] = digest
+
+    def load(self, kafka_conf: Mapping[str, Any], timeout_s: float) -> None:
+        """Remember the rows this source dead-lettered before (its ``dlq.component``), reading the topic to its end.
+
+        Args:
+            kafka_conf: librdkafka properties of the cluster.
+            timeout_s: bound of each request, seconds.
+        """
+        import uuid
+
+        from confluent_kafka import Consumer, TopicPartition
+
+        from kernel.kafka.topics import end_offsets
+
+        ends = {p: e for p, e in end_offsets(dict(kafka_conf), self.dead_letter_topic, timeout_s).items() if e > 0}
+        if not ends:
+            return
+        consumer = Consumer({**kafka_conf, "group.id": f"threes-dlq-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                             "isolation.level": "read_committed"})
+        component = self.component.encode()
+        try:
+            consumer.assign([TopicPartition(self.dead_letter_topic, p, 0) for p in ends])
+            while ends:
+                msgs = consumer.consume(1000, timeout=timeout_s)
+                if not msgs:
+                    break  # transaction markers can leave the last offsets unreadable
+                for msg in msgs:
+                    if msg.error() is not None:
+                        continue
+                    if (COMPONENT_HEADER, component) in (msg.headers() or []):
+                        self._remember(msg.key(), _digest(msg.value()))
+                    if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                        ends.pop(msg.partition(), None)
+        finally:
+            consumer.close()
 
     def record(
         self,

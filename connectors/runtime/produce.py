@@ -96,8 +96,12 @@ class RecordProducer(PositionCommits):
                     raise error from exc
                 # in the record's place: the batch's position waits for the dead letter's acknowledgement too
                 out_topic = self._dead_letters.dead_letter_topic
-                kb, vb, out_headers = self._dead_letter(key, value, exc, batch)
                 dead += 1
+                letter = self._dead_letter(key, value, exc, batch)
+                if letter is None:  # this row was dead-lettered already (a reconciliation emitted it again)
+                    on_delivery(None, None)
+                    continue
+                kb, vb, out_headers = letter
             try:
                 produce(out_topic, vb, kb, on_delivery=on_delivery, headers=out_headers)
             except BufferError:
@@ -108,7 +112,7 @@ class RecordProducer(PositionCommits):
         n = len(records) - dead
         self.stats.rows_read += batch.rows_read or 0
         self.stats.produced += n
-        self.stats.dead_letters += dead
+        self.stats.dead_letters = self._dead_letters.count if self._dead_letters is not None else 0
         self.stats.tombstones += tombstones
         metrics.RECORDS_READ.labels(self._label).inc(batch.rows_read or 0)
         if tombstones:
@@ -215,13 +219,21 @@ class RecordProducer(PositionCommits):
 
     def _dead_letter(
         self, key: Any, value: Any, exc: Exception, batch: SourceBatch
-    ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
-        """The dead letter record of a record that cannot be encoded, logged in one line."""
+    ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]] | None:
+        """The dead letter record of a record that cannot be encoded, logged in one line.
+
+        Returns:
+            ``(key, value, headers)`` to produce, or ``None`` when this very row was dead-lettered already in
+            this run (:meth:`~connectors.runtime.dead_letters.SourceDeadLetters.repeated`).
+        """
         assert self._dead_letters is not None  # errors.tolerance: all
         try:
             kb = key if key.__class__ is bytes else self.key_ser(key)
         except SerdeError:
             kb = None  # the key itself cannot be encoded: dlq.source.key still names it
+        if self._dead_letters.repeated(kb, value):
+            log.debug("source=%s %s dead-lettered already", self._label, self.task.describe_key(key))
+            return None
         fields = [] if value is None else bad_fields(self._value_schema, value)
         reason: Exception = exc
         if fields:

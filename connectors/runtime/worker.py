@@ -215,6 +215,7 @@ class TaskRunner(RecordProducer, TopicSerializers):
             dlq = cfg.dead_letter_topic_name
             limit = ensure_dead_letter_topic(self.kafka, dlq)
             self._dead_letters = SourceDeadLetters(cfg.topic, dlq, cfg.name, limit)
+            self._dead_letters.load(self.kafka.librdkafka_config(), self.kafka.request_timeout_s)
         if self.transactional:
             # before the position is read: fences older instances of this task and ends their transactions
             self._producer = self._transactional_producer()
