@@ -289,7 +289,7 @@ class SourceTask(ABC):
         return self.config.name
 
     def field_origin(self, field: str) -> str:
-        """The system's name of a value field, for a dead letter's ``dlq.source.column`` (the RDS source: the column)."""
+        """The system's name of a value field, for a dead letter's ``dlq.source.column`` (RDS: the column)."""
         return field
 
     def close(self) -> None:  # noqa: B027 - optional hook

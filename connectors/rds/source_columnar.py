@@ -146,9 +146,11 @@ def _storage(column: Any) -> Any:
 
 
 def _numeric_text(column: Any) -> Any:
-    """ADBC's text of ``numeric`` values as PostgreSQL writes them: ``inf``/``-inf``/``nan`` as
-    ``Infinity``/``-Infinity``/``NaN`` (what :func:`~connectors.rds.types.decimal_text` writes for psycopg's rows);
-    numbers are already PostgreSQL's exact text."""
+    """ADBC's text of ``numeric`` values as PostgreSQL writes them (``inf`` as ``Infinity``...).
+
+    ``inf``/``-inf``/``nan`` become ``Infinity``/``-Infinity``/``NaN``, what
+    :func:`~connectors.rds.types.decimal_text` writes for psycopg's rows; numbers are already PostgreSQL's exact text.
+    """
     import pyarrow.compute as pc
 
     column = pc.replace_substring_regex(column, pattern="^(-?)[iI][nN][fF]$", replacement="\\1Infinity")

@@ -42,6 +42,11 @@ Fixed-point numbers follow the source's ``decimal_handling`` (Debezium's
   ``from_avro`` reads it as ``StringType``, which Spark SQL casts to any
   ``DECIMAL(p, s)`` the job chooses, whereas the record's two's-complement
   bytes need a UDF in Spark, and every sink writes a string as it is.
+  A topic whose unbounded ``numeric`` was written as ``decimal(38, 9)`` (before
+  ``decimal_handling``) refuses the new schema at start, naming the field
+  (:mod:`schemas.compatibility`: Avro would read the decimal's bytes as text);
+  write to a new topic, or set ``topic_spec.compatibility: NONE`` knowing that
+  readers see both types.
 * ``string``: every ``numeric`` (bounded too) as its exact decimal text.
 * ``double``: every ``numeric`` as a ``double`` (lossy: about 15-17 significant
   digits; opt-in).

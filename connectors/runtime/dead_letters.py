@@ -97,10 +97,10 @@ class SourceDeadLetters:
         self._sent: dict[bytes | None, bytes] = {}  # key bytes -> digest of the row's JSON in the dead letter topic
 
     def repeated(self, key_bytes: bytes | None, value: Mapping[str, Any] | None) -> bool:
-        """Whether this very row is in the dead letter topic already (a reconciliation emits a row the topic
-        lacks again, every ``reconcile_interval_s`` and after each restart: it is not sent twice).
+        """Whether this very row is in the dead letter topic already: it is not sent twice.
 
-        Knows the rows dead-lettered by this run and those :meth:`load` read from the topic.
+        A reconciliation emits a row the topic lacks again, every ``reconcile_interval_s`` and after each
+        restart. Knows the rows dead-lettered by this run and those :meth:`load` read from the topic.
         """
         digest = _digest(None if value is None else json_text(dict(value)).encode())
         if self._sent.get(key_bytes) == digest:
@@ -143,8 +143,9 @@ class SourceDeadLetters:
                         continue
                     if (COMPONENT_HEADER, component) in (msg.headers() or []):
                         self._remember(msg.key(), _digest(msg.value()))
-                    if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                        ends.pop(msg.partition(), None)
+                    partition, offset = msg.partition() or 0, msg.offset() or 0
+                    if offset + 1 >= ends.get(partition, 0):
+                        ends.pop(partition, None)
         finally:
             consumer.close()
 
