@@ -92,6 +92,9 @@ class _Runner:
     def run(self, stop: threading.Event, once: bool) -> RunnerStats:
         if self.outcome == "failed":
             self.stats.state, self.stats.error = "failed", "database down"
+        elif self.outcome == "unencodable":
+            self.stats.state, self.stats.error = "failed", "key {'id': 2}: value cannot be encoded as Avro"
+            self.stats.restartable = False
         else:
             stop.wait()
             self.stats.state = "stopped"
@@ -137,3 +140,13 @@ def test_a_backfill_is_not_restarted() -> None:
     worker.start(spec, once=True)
     worker._threads[spec.key].join(5)
     assert len(_Runner.runs) == 1 and worker.finished["src"].state == "failed" and worker.restarts() == {"src": 0}
+
+
+def test_a_task_stopped_by_a_row_it_cannot_encode_is_not_restarted() -> None:
+    """Issue #49: it would stop on the same row again; its one error line says how to move on."""
+    _Runner.runs = []
+    worker, spec = _worker(["unencodable", "running"])
+    worker.start(spec)
+    worker._threads[spec.key].join(5)
+    assert len(_Runner.runs) == 1 and worker.restarts() == {"src": 0}
+    assert worker.finished["src"].state == "failed" and "{'id': 2}" in (worker.finished["src"].error or "")
