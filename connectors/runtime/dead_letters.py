@@ -7,8 +7,9 @@ type's range, a two-dimensional array in an ``int[]`` column, a zero date) to it
 once the dead letter is acknowledged (with transactions, in the same Kafka transaction as the records
 and the position). With ``tolerance: none`` (the default) the task stops at it, in one line that names
 the record and how to move on (:func:`encode_failure_hint`), and is not restarted: the same row would
-fail the same way. A row that a reconciliation emits again, unchanged, is not dead-lettered twice
-(:meth:`SourceDeadLetters.repeated`, the topic read at start by :meth:`SourceDeadLetters.load`).
+fail the same way. A row that a reconciliation emits again (the topic lacks it) while it is in the dead letter
+topic unchanged is not dead-lettered twice (:meth:`SourceDeadLetters.repeated`, the topic read at start by
+:meth:`SourceDeadLetters.load`).
 
 The dead letter record (:meth:`kernel.dlq.DeadLetter.record`, stage ``encode``):
 
@@ -97,10 +98,11 @@ class SourceDeadLetters:
         self._sent: dict[bytes | None, bytes] = {}  # key bytes -> digest of the row's JSON in the dead letter topic
 
     def repeated(self, key_bytes: bytes | None, value: Mapping[str, Any] | None) -> bool:
-        """Whether this very row is in the dead letter topic already: it is not sent twice.
+        """Whether this very row is in the dead letter topic already; remembers it.
 
         A reconciliation emits a row the topic lacks again, every ``reconcile_interval_s`` and after each
-        restart. Knows the rows dead-lettered by this run and those :meth:`load` read from the topic.
+        restart: such a row is not sent twice. Knows the rows dead-lettered by this run and those
+        :meth:`load` read from the topic.
         """
         digest = _digest(None if value is None else json_text(dict(value)).encode())
         if self._sent.get(key_bytes) == digest:

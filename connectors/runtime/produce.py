@@ -98,7 +98,7 @@ class RecordProducer(PositionCommits):
                 out_topic = self._dead_letters.dead_letter_topic
                 dead += 1
                 letter = self._dead_letter(key, value, exc, batch)
-                if letter is None:  # this row was dead-lettered already (a reconciliation emitted it again)
+                if letter is None:  # a reconciliation emitted again a row that is a dead letter already
                     on_delivery(None, None)
                     continue
                 kb, vb, out_headers = letter
@@ -223,15 +223,16 @@ class RecordProducer(PositionCommits):
         """The dead letter record of a record that cannot be encoded, logged in one line.
 
         Returns:
-            ``(key, value, headers)`` to produce, or ``None`` when this very row was dead-lettered already in
-            this run (:meth:`~connectors.runtime.dead_letters.SourceDeadLetters.repeated`).
+            ``(key, value, headers)`` to produce, or ``None`` when a reconciliation emitted again a row that is
+            in the dead letter topic already (:meth:`~connectors.runtime.dead_letters.SourceDeadLetters.repeated`);
+            a change read again (CDC, a re-read) is a dead letter each time.
         """
         assert self._dead_letters is not None  # errors.tolerance: all
         try:
             kb = key if key.__class__ is bytes else self.key_ser(key)
         except SerdeError:
             kb = None  # the key itself cannot be encoded: dlq.source.key still names it
-        if self._dead_letters.repeated(kb, value):
+        if self._dead_letters.repeated(kb, value) and self._reconciling:
             log.debug("source=%s %s dead-lettered already", self._label, self.task.describe_key(key))
             return None
         fields = [] if value is None else bad_fields(self._value_schema, value)

@@ -93,6 +93,7 @@ class RunnerState:
     _key_names: list[str]
     _columnar: ColumnarEncoder | None
     _dead_letters: SourceDeadLetters | None  # errors.tolerance: all
+    _reconciling: bool  # the records sent come from a reconciliation
 
     def _new_task(self) -> SourceTask:
         impl: type[SourceTask] = load_implementation(self.config)

@@ -135,6 +135,7 @@ class TaskRunner(RecordProducer, TopicSerializers):
         self._reconcile_every = getattr(config, "reconcile_interval_s", None)
         self._label = config.name
         self._dead_letters = None
+        self._reconciling = False
 
     # -- public ---------------------------------------------------------------------------------------
 
@@ -359,8 +360,12 @@ class TaskRunner(RecordProducer, TopicSerializers):
         ends = live.catch_up(self.kafka.librdkafka_config(), self.config.topic, self.kafka.request_timeout_s)
         state = TopicState(live=live, encode_key=self.key_ser, end_offsets=ends)
         before = self.stats.tombstones
-        for batch in self.task.reconcile(state):
-            self._send(batch)
+        self._reconciling = True  # a row the topic lacks because it is a dead letter is not sent again
+        try:
+            for batch in self.task.reconcile(state):
+                self._send(batch)
+        finally:
+            self._reconciling = False
         log.info(
             "source=%s reconciled topic=%s live_keys=%d tombstones=%d",
             self._label,

@@ -708,3 +708,24 @@ def test_lost_database_connections_are_retried(
         stop.set()
         worker.stop()
     assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(i,) for i in range(1, 131)]
+
+
+@pytest.mark.parametrize(("handling", "price", "loose"), [
+    ("precise", decimal.Decimal("1234.500"), "0.12345678901"),
+    ("string", "1234.500", "0.12345678901"),
+    ("double", 1234.5, 0.12345678901),
+])
+def test_decimal_handling(
+    pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str, handling: str, price: Any,
+    loose: Any,
+) -> None:
+    """Issue #49: Debezium's decimal.handling.mode; precise (the default) keeps numeric(p,s) a decimal(p,s)."""
+    table = f"dec_{handling}_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, price numeric(12,3), loose numeric)"))
+        c.execute(text(f"INSERT INTO {table} VALUES (1, 1234.5, 0.12345678901)"))
+    pipeline = source_pipeline(kafka, pg, name=f"dec-{unique}", topic=f"state.{unique}", table=table,
+                               mode="bulk", decimal_handling=handling)
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    assert topic_state(kafka_conf, f"state.{unique}") == {(1,): {"id": 1, "price": price, "loose": loose}}
