@@ -27,7 +27,9 @@ logical type to a writer's bytes (Spark's ``from_avro`` with a reader schema)
 turns ``decimal(12,2)`` data into ``decimal(12,4)`` values a hundred times too
 small, or millisecond timestamps into microsecond ones. So a field whose
 logical type, precision or scale differs between the two schemas is refused
-too (:func:`logical_type_conflicts`); that is the only rule added here.
+too (:func:`logical_type_conflicts`), and so is a ``decimal`` that becomes a
+``string`` or back: Avro promotes ``bytes`` to ``string``, which would read a
+decimal's two's-complement bytes as text. Those are the only rules added here.
 """
 
 from __future__ import annotations
@@ -97,6 +99,17 @@ def _walk(reader: Any, writer: Any, path: str) -> Iterator[tuple[str, str]]:
     """Pairs of (field path, problem) where reader and writer give one physical type different logical types."""
     readers = {_physical(b): b for b in _non_null(reader)}
     writers = {_physical(b): b for b in _non_null(writer)}
+    if len(readers) == 1 and len(writers) == 1 and not readers.keys() & writers.keys():
+        ((r_phys, r_one),), ((w_phys, w_one),) = readers.items(), writers.items()
+        kinds = {(_logical(r_one) or ("",))[0], (_logical(w_one) or ("",))[0]}
+        if {r_phys, w_phys} == {"bytes", "string"} and "decimal" in kinds:
+            # Avro promotes bytes <-> string: a decimal's two's complement bytes would be read as text
+            yield path, (
+                f"type changes from {_describe_logical(_logical(w_one), w_phys)} to "
+                f"{_describe_logical(_logical(r_one), r_phys)}: Avro's bytes/string promotion would read "
+                "a decimal's bytes as text (write to a new topic)"
+            )
+            return
     for physical, r in readers.items():
         w = writers.get(physical)
         if w is None:

@@ -96,10 +96,14 @@ class Letter:
 
 
 def dead_letter_topics(pipeline: Any) -> list[str]:
-    """The dead letter topics a pipeline names: each sync service's, then the stream job's."""
+    """The dead letter topics a pipeline names: each sync service's, the stream job's, then each source's.
+
+    A source has one when its ``errors.tolerance`` is ``all`` (``dead_letter_topic``, default ``<topic>.dlq``).
+    """
     topics = [s.dead_letter_topic for s in pipeline.sync]
     if getattr(pipeline, "stream", None) is not None:
         topics.append(pipeline.stream.dead_letter_topic)
+    topics.extend(s.dead_letter_topic_name for s in pipeline.sources if s.errors.tolerance == "all")
     return list(dict.fromkeys(topics))
 
 
@@ -317,6 +321,13 @@ def _check_selection(letters: Sequence[Letter], to: str | None, done: dict[str, 
     orphans = [letter.id for letter in letters if letter.context is None]
     if orphans and to is None:
         raise ThreesError(f"dead letter(s) {orphans[:5]} have no dlq.topic header: name a topic with --to")
+    unencoded = [letter.id for letter in letters if _from_source_encoding(letter)]
+    if unencoded and to is None:
+        raise ThreesError(
+            f"dead letter(s) {unencoded[:5]} are rows a source could not encode (dlq.stage encode, the row as "
+            "JSON): there is no record to put back in its topic; fix the row or the source's type mapping and the "
+            "source reads it again (a reconciliation or an update of the row), or name a topic with --to"
+        )
     again = [letter.id for letter in letters if letter.id in done]
     if again and not force:
         raise ThreesError(
@@ -324,6 +335,11 @@ def _check_selection(letters: Sequence[Letter], to: str | None, done: dict[str, 
             f"to {done[again[0]].get('to')} at {done[again[0]].get('at')}); narrow the selection, or --force "
             "to replay them again (" + IDEMPOTENCE_NOTE + ")"
         )
+
+
+def _from_source_encoding(letter: Letter) -> bool:
+    """Whether a dead letter is a row a source could not encode (no Avro record of it exists)."""
+    return letter.context is not None and letter.context.stage == "encode" and letter.context.partition == -1
 
 
 def _target(letter: Letter, to: str | None) -> tuple[str, int]:

@@ -281,5 +281,16 @@ class SourceTask(ABC):
         """Name a record for an error message, e.g. ``table "t" key {'id': 5}``."""
         return f"key {dict(key) if isinstance(key, Mapping) else key!r}"
 
+    def origin(self) -> str:
+        """Where this task's records are read, for a dead letter's ``dlq.source.table`` (the RDS source: the table).
+
+        The default is the connector's name.
+        """
+        return self.config.name
+
+    def field_origin(self, field: str) -> str:
+        """The system's name of a value field, for a dead letter's ``dlq.source.column`` (RDS: the column)."""
+        return field
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; called once, also after a failure."""

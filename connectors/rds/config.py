@@ -81,6 +81,13 @@ class RdsSourceConfig(SourceConnectorConfig):
     reconcile_interval_s: float | None = Field(
         300.0, gt=0, description="how often the key set is compared to emit tombstones for deletes; null: never"
     )
+    decimal_handling: Literal["precise", "string", "double"] = Field(
+        "precise",
+        description="how numeric/decimal columns are written (Debezium's decimal.handling.mode): precise keeps "
+        "every digit, numeric(p,s) as an Avro decimal(p,s) and an unbounded numeric (no scale to declare) as its "
+        "exact decimal text (a string Spark casts to any DECIMAL); string: every numeric as its exact decimal "
+        "text; double: every numeric as a double (lossy, about 15-17 significant digits)",
+    )
     tasks: int = Field(
         1,
         ge=1,

@@ -12,6 +12,7 @@ from typing import Any
 from connectors.api.source import SourceBatch
 from connectors.rds.reading import adbc_connect, arrow_pages, prefetched
 from connectors.rds.source_state import RdsSourceBase
+from connectors.rds.types import decimal_text
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
 from kernel.exceptions import FatalError, RetriableError
 
@@ -96,10 +97,13 @@ class ColumnarPages(RdsSourceBase):
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        texts = {i for i, fn in self._column_converters if fn is decimal_text}
         try:
             arrays = []
             for i, f in enumerate(self._arrow_schema):
                 col = _storage(raw.column(i))
+                if i in texts:
+                    col = _numeric_text(col)
                 arrays.append(col if col.type == f.type else pc.cast(col, f.type))
             return pa.Table.from_arrays(arrays, schema=self._arrow_schema)
         except (pa.ArrowException, TypeError, ValueError) as exc:
@@ -136,9 +140,21 @@ def _storage(column: Any) -> Any:
     """An extension-typed column (ADBC's ``numeric`` is an opaque text type) as its storage."""
     import pyarrow as pa
 
-    if isinstance(column.type, pa.ExtensionType):
+    if isinstance(column.type, pa.BaseExtensionType):  # pa.OpaqueType is no pa.ExtensionType
         return pa.chunked_array([c.storage for c in column.chunks], type=column.type.storage_type)
     return column
+
+
+def _numeric_text(column: Any) -> Any:
+    """ADBC's text of ``numeric`` values as PostgreSQL writes them (``inf`` as ``Infinity``...).
+
+    ``inf``/``-inf``/``nan`` become ``Infinity``/``-Infinity``/``NaN``, what
+    :func:`~connectors.rds.types.decimal_text` writes for psycopg's rows; numbers are already PostgreSQL's exact text.
+    """
+    import pyarrow.compute as pc
+
+    column = pc.replace_substring_regex(column, pattern="^(-?)[iI][nN][fF]$", replacement="\\1Infinity")
+    return pc.replace_substring_regex(column, pattern="^[nN][aA][nN]$", replacement="NaN")
 
 
 def _python_rows(raw: Any, schema: Any) -> list[tuple[Any, ...]]:

@@ -56,9 +56,11 @@ class TableSchemas(ColumnarPages):
             [(c.name, c.type, bool(c.nullable) and c.name not in key_names) for c in columns],
             where=self.where,
             doc=f"rows of {self.where}, read by source {cfg.name}",
+            decimal_handling=cfg.decimal_handling,
         )
         key_schema, _ = avro_record_schema(
-            f"{cfg.table}_key", [(k, tbl.c[k].type, False) for k in key_names], where=self.where
+            f"{cfg.table}_key", [(k, tbl.c[k].type, False) for k in key_names], where=self.where,
+            decimal_handling=cfg.decimal_handling,
         )
         self.key_schema = key_schema
         self._finish_open(columns, converters, {c.name: c for c in columns})

@@ -75,6 +75,17 @@ class RdsSourceBase(SourceTask):
         shown = dict(key) if isinstance(key, Mapping) else key
         return f"{self.where} key {shown}"
 
+    def origin(self) -> str:
+        """The table read (``public.orders``), or ``query`` (``mode: query``)."""
+        cfg = self.config
+        if cfg.table is None:
+            return "query"
+        return f"{cfg.schema_name}.{cfg.table}" if cfg.schema_name else cfg.table
+
+    def field_origin(self, field: str) -> str:
+        """The column of a value field (``unit price`` for the field ``unit_price``)."""
+        return str(self.field_to_column.get(field, field))
+
     def describe_field(self, field: str) -> str:
         """E.g. ``column "unit price"``."""
         return f'column "{self.field_to_column.get(field, field)}"'

@@ -9,7 +9,7 @@ SmallInteger, Integer          ``int`` (``long`` when MySQL ``UNSIGNED``)       
 BigInteger                     ``long`` (``decimal(20,0)`` when ``UNSIGNED``)    int
 Float / REAL, MySQL DOUBLE     ``double`` / ``float``                            float
 Numeric(p, s)                  ``bytes`` + ``decimal(p, s)`` (exact)             Decimal
-Numeric (unbounded)            ``bytes`` + ``decimal(38, 9)`` (see below)        Decimal
+Numeric (unbounded)            ``string``: the exact decimal text (see below)    str
 Boolean                        ``boolean``                                       bool
 String, Text, Enum             ``string``                                        str
 Uuid                           ``string`` + ``uuid``                             str
@@ -30,12 +30,31 @@ A nullable column becomes the union ``["null", T]`` with default ``null``.
 Spark reads ``timestamp-micros`` as ``TimestampType``, ``local-timestamp-micros``
 as ``TimestampNTZType``, ``date`` as ``DateType`` and ``decimal`` as
 ``DecimalType(p, s)`` (Spark's ``from_avro`` documentation, "Supported types").
-An unbounded ``numeric`` has no scale to declare: it is written as
-``decimal(38, 9)``, and a value with more than 9 fractional digits is an
-encoding error naming its column, never a rounded number. ``NaN``/``±Infinity``
-have no Avro decimal: ``RdsSource`` sends them as null (or leaves a ``NOT NULL``
-column's row out), with a log line naming the column. Any other type is
-refused with an error naming the column; cast it in a ``mode: query`` SELECT.
+Fixed-point numbers follow the source's ``decimal_handling`` (Debezium's
+``decimal.handling.mode``); the table above is ``precise``, the default:
+
+* ``precise``: every digit kept. ``numeric(p, s)`` is ``decimal(p, s)``. An
+  unbounded ``numeric`` has no scale to declare (PostgreSQL keeps up to 16383
+  fractional digits), so no Avro ``decimal`` holds all its values: it is the
+  exact decimal text, a ``string`` (``"0.12345678901"``, never an exponent;
+  ``NaN``, ``Infinity`` and ``-Infinity`` as such). A string rather than
+  Debezium's ``VariableScaleDecimal`` record ``{scale, value}``: Spark's
+  ``from_avro`` reads it as ``StringType``, which Spark SQL casts to any
+  ``DECIMAL(p, s)`` the job chooses, whereas the record's two's-complement
+  bytes need a UDF in Spark, and every sink writes a string as it is.
+  A topic whose unbounded ``numeric`` was written as ``decimal(38, 9)`` (before
+  ``decimal_handling``) refuses the new schema at start, naming the field
+  (:mod:`schemas.compatibility`: Avro would read the decimal's bytes as text);
+  write to a new topic, or set ``topic_spec.compatibility: NONE`` knowing that
+  readers see both types.
+* ``string``: every ``numeric`` (bounded too) as its exact decimal text.
+* ``double``: every ``numeric`` as a ``double`` (lossy: about 15-17 significant
+  digits; opt-in).
+
+``NaN``/``±Infinity`` have no Avro decimal: ``RdsSource`` sends them in a
+``decimal`` field as null (or leaves a ``NOT NULL`` column's row out), with a
+log line naming the column. Any other type is refused with an error naming
+the column; cast it in a ``mode: query`` SELECT.
 
 Avro names allow ``[A-Za-z_][A-Za-z0-9_]*`` only (Avro specification, "Names"):
 a column such as ``unit price`` is the field ``unit_price``, and the original
@@ -50,15 +69,15 @@ import decimal
 import json
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import types as sqltypes
 
 from connectors.runtime.avro import avro_name
 from kernel.exceptions import FatalError
 
-UNBOUNDED_DECIMAL = (38, 9)
-"""``(precision, scale)`` of an unbounded ``numeric`` column (38 is Spark's largest precision)."""
+DecimalHandling = Literal["precise", "string", "double"]
+"""How fixed-point numbers are written (Debezium's ``decimal.handling.mode``; see the module docstring)."""
 
 Converter = Callable[[Any], Any]
 
@@ -67,6 +86,13 @@ def _json_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def decimal_text(value: Any) -> str:
+    """The exact decimal text of a number: ``Decimal("1E-11")`` -> ``"0.00000000001"`` (no exponent)."""
+    if not isinstance(value, decimal.Decimal):
+        value = decimal.Decimal(str(value))
+    return format(value, "f")
 
 
 def _to_bytes(value: Any) -> bytes:
@@ -96,12 +122,15 @@ def is_instant(sql_type: sqltypes.TypeEngine) -> bool:
     return bool(getattr(sql_type, "timezone", False)) or isinstance(sql_type, mysql.TIMESTAMP)
 
 
-def avro_type_for_sql(sql_type: sqltypes.TypeEngine, where: str = "column") -> tuple[Any, Converter | None]:
+def avro_type_for_sql(
+    sql_type: sqltypes.TypeEngine, where: str = "column", decimal_handling: DecimalHandling = "precise"
+) -> tuple[Any, Converter | None]:
     """Map one SQL type to its Avro type and the converter of its Python values.
 
     Args:
         sql_type: a reflected or declared SQLAlchemy type.
         where: names the column in the error (``column "amount" of table "t"``).
+        decimal_handling: how fixed-point numbers are written (see the module docstring).
 
     Returns:
         ``(avro_type, converter)``: a non-null Avro type (dict or primitive name)
@@ -113,12 +142,12 @@ def avro_type_for_sql(sql_type: sqltypes.TypeEngine, where: str = "column") -> t
     """
     t = sql_type
     if isinstance(t, sqltypes.ARRAY):
-        item, item_conv = avro_type_for_sql(t.item_type, where)
+        item, item_conv = avro_type_for_sql(t.item_type, where, decimal_handling)
         conv = (lambda v: [None if x is None else item_conv(x) for x in v]) if item_conv else list
         return {"type": "array", "items": ["null", item]}, conv
     if isinstance(t, sqltypes.Boolean):
         return "boolean", None
-    number = _avro_number(t)
+    number = _avro_number(t, decimal_handling)
     if number is not None:
         return number
     if isinstance(t, sqltypes.DateTime):
@@ -143,7 +172,7 @@ def avro_type_for_sql(sql_type: sqltypes.TypeEngine, where: str = "column") -> t
     )
 
 
-def _avro_number(t: sqltypes.TypeEngine) -> tuple[Any, Converter | None] | None:
+def _avro_number(t: sqltypes.TypeEngine, decimal_handling: DecimalHandling) -> tuple[Any, Converter | None] | None:
     """:func:`avro_type_for_sql` of an integer, floating-point or fixed-point type; ``None`` for other types."""
     if isinstance(t, sqltypes.BigInteger):
         if getattr(t, "unsigned", False):
@@ -157,8 +186,10 @@ def _avro_number(t: sqltypes.TypeEngine) -> tuple[Any, Converter | None] | None:
         return ("float" if is_single else "double"), (float if t.asdecimal else None)
     if isinstance(t, sqltypes.Numeric):
         precision, scale = t.precision, t.scale
-        if precision is None:
-            precision, scale = UNBOUNDED_DECIMAL
+        if decimal_handling == "double":
+            return "double", float
+        if decimal_handling == "string" or precision is None:  # unbounded: no Avro decimal holds every value
+            return "string", decimal_text
         return {
             "type": "bytes",
             "logicalType": "decimal",
@@ -175,6 +206,7 @@ def avro_record_schema(
     namespace: str = "threes.rds",
     where: str = "table",
     doc: str | None = None,
+    decimal_handling: DecimalHandling = "precise",
 ) -> tuple[dict[str, Any], list[tuple[str, Converter]]]:
     """Build an Avro record schema from columns.
 
@@ -184,6 +216,7 @@ def avro_record_schema(
         namespace: Avro namespace of the record.
         where: names the table in errors (``table "public.t"``).
         doc: the record's ``doc``.
+        decimal_handling: how fixed-point numbers are written (see the module docstring).
 
     Returns:
         ``(schema, converters)``: the schema (a dict, fields in column order,
@@ -204,7 +237,7 @@ def avro_record_schema(
                 f"{field_name!r}; rename one with a `mode: query` SELECT ... AS"
             )
         seen[field_name] = col
-        avro_type, conv = avro_type_for_sql(sql_type, f'column "{col}" of {where}')
+        avro_type, conv = avro_type_for_sql(sql_type, f'column "{col}" of {where}', decimal_handling)
         f: dict[str, Any] = {"name": field_name, "type": ["null", avro_type] if nullable else avro_type}
         if nullable:
             f["default"] = None
@@ -223,8 +256,9 @@ DRIVER_EXACT_TIMESTAMPS = frozenset({"postgresql"})
 :func:`ensure_aware` / :func:`ensure_naive` are not needed there (one Python call per value saved)."""
 
 
-ARROW_NATIVE_CONVERTERS: frozenset[Converter] = frozenset({_to_bytes})
-"""Converters an Arrow reader (ADBC) makes unnecessary: it hands ``bytea`` as Arrow binary, not ``memoryview``."""
+ARROW_NATIVE_CONVERTERS: frozenset[Converter] = frozenset({_to_bytes, decimal_text})
+"""Converters an Arrow reader (ADBC) makes unnecessary: it hands ``bytea`` as Arrow binary, not ``memoryview``,
+and ``numeric`` as its text (an opaque type stored as a string), which is PostgreSQL's exact decimal text."""
 
 
 def drop_needless_converters(converters: Sequence[tuple[str, Converter]], dialect: str) -> list[tuple[str, Converter]]:

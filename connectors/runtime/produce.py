@@ -1,7 +1,10 @@
 """A source task's records: encoded (record by record, or column-wise) and handed to the producer.
 
 A full local queue (``BufferError``) is waited out by serving delivery reports, never dropped. A record that
-cannot be encoded stops the task with an error naming the connector, the record's key and the field.
+cannot be encoded stops the task with an error naming the connector, the record's key and the field, and how to
+move on; with ``errors.tolerance: all`` it goes to the source's dead letter topic instead, in its place in the
+batch, so the batch's position is stored once the dead letter is acknowledged too
+(:mod:`connectors.runtime.dead_letters`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from confluent_kafka import KafkaException
 
 from connectors.api.source import SourceBatch
 from connectors.runtime import metrics
+from connectors.runtime.dead_letters import encode_failure_hint
 from connectors.runtime.position_commits import PositionCommits
 from kernel.exceptions import FatalError
 from kernel.updates import with_source_ts
@@ -72,8 +76,9 @@ class RecordProducer(PositionCommits):
         topic = self.config.topic
         headers = batch.headers
         key_ser, value_ser = self.key_ser, self.value_ser
-        tombstones = 0
+        tombstones = dead = 0
         for i, (key, value) in enumerate(records):
+            out_topic, out_headers = topic, headers
             try:
                 kb = key if key.__class__ is bytes else key_ser(key)
                 if value is None:
@@ -82,21 +87,32 @@ class RecordProducer(PositionCommits):
                 else:
                     vb = value_ser(value)
             except SerdeError as exc:
-                error = self._encode_error(key, value, exc)
-                # nothing of this batch from here on is produced, and its position is never stored
-                self._tracker.abandon(pending, len(records) - i, str(error))
-                self.stats.produced += i
-                raise error from exc
+                if self._dead_letters is None:
+                    error = self._encode_error(key, value, exc)
+                    # nothing of this batch from here on is produced, and its position is never stored
+                    self._tracker.abandon(pending, len(records) - i, str(error))
+                    self.stats.produced += i - dead
+                    self.stats.restartable = False  # the same row fails the same way after a restart
+                    raise error from exc
+                # in the record's place: the batch's position waits for the dead letter's acknowledgement too
+                out_topic = self._dead_letters.dead_letter_topic
+                dead += 1
+                letter = self._dead_letter(key, value, exc, batch)
+                if letter is None:  # a reconciliation emitted again a row that is a dead letter already
+                    on_delivery(None, None)
+                    continue
+                kb, vb, out_headers = letter
             try:
-                produce(topic, vb, kb, on_delivery=on_delivery, headers=headers)
+                produce(out_topic, vb, kb, on_delivery=on_delivery, headers=out_headers)
             except BufferError:
-                self._produce_when_room(topic, vb, kb, on_delivery=on_delivery, headers=headers)
+                self._produce_when_room(out_topic, vb, kb, on_delivery=on_delivery, headers=out_headers)
             except KafkaException as exc:  # refused at once (too large...): the batch never commits
-                self.stats.produced += i
+                self.stats.produced += i - dead
                 raise self._refused(pending, len(records) - i, exc) from exc
-        n = len(records)
+        n = len(records) - dead
         self.stats.rows_read += batch.rows_read or 0
         self.stats.produced += n
+        self.stats.dead_letters = self._dead_letters.count if self._dead_letters is not None else 0
         self.stats.tombstones += tombstones
         metrics.RECORDS_READ.labels(self._label).inc(batch.rows_read or 0)
         if tombstones:
@@ -193,10 +209,49 @@ class RecordProducer(PositionCommits):
 
     def _encode_error(self, key: Any, value: Any, exc: Exception) -> FatalError:
         where = f"source {self._label!r} (topic {self.config.topic!r}) {self.task.describe_key(key)}"
+        hint = encode_failure_hint(self.config.dead_letter_topic_name)
         if value is not None:
             fields = bad_fields(self._value_schema, value)
             if fields:
                 parts = "; ".join(f"{self.task.describe_field(f)}: {msg}" for f, msg in fields)
-                return FatalError(f"{where}: value cannot be encoded as Avro: {parts}")
-        return FatalError(f"{where}: record cannot be encoded as Avro: {exc}")
+                return FatalError(f"{where}: value cannot be encoded as Avro: {parts}; {hint}")
+        return FatalError(f"{where}: record cannot be encoded as Avro: {exc}; {hint}")
+
+    def _dead_letter(
+        self, key: Any, value: Any, exc: Exception, batch: SourceBatch
+    ) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]] | None:
+        """The dead letter record of a record that cannot be encoded, logged in one line.
+
+        Returns:
+            ``(key, value, headers)`` to produce, or ``None`` when a reconciliation emitted again a row that is
+            in the dead letter topic already (:meth:`~connectors.runtime.dead_letters.SourceDeadLetters.repeated`);
+            a change read again (CDC, a re-read) is a dead letter each time.
+        """
+        assert self._dead_letters is not None  # errors.tolerance: all
+        try:
+            kb = key if key.__class__ is bytes else self.key_ser(key)
+        except SerdeError:
+            kb = None  # the key itself cannot be encoded: dlq.source.key still names it
+        if self._dead_letters.repeated(kb, value) and self._reconciling:
+            log.debug("source=%s %s dead-lettered already", self._label, self.task.describe_key(key))
+            return None
+        fields = [] if value is None else bad_fields(self._value_schema, value)
+        reason: Exception = exc
+        if fields:
+            reason = SerdeError("; ".join(f"{self.task.describe_field(f)}: {msg}" for f, msg in fields))
+        metrics.ERRORS.labels(self._label, "dead_letter").inc()
+        log.warning(
+            "source=%s %s cannot be encoded as Avro (%s): sent to dead letter topic=%s (errors.tolerance: all)",
+            self._label, self.task.describe_key(key), reason, self._dead_letters.dead_letter_topic,
+        )
+        return self._dead_letters.record(
+            key_bytes=kb,
+            key=key,
+            value=value,
+            error=reason,
+            table=self.task.origin(),
+            columns=[self.task.field_origin(f) for f, _msg in fields],
+            position=batch.position,
+            headers=batch.headers,
+        )
 

@@ -15,6 +15,7 @@ from typing import Any
 from connectors.api.source import SourceTask
 from connectors.registry import load_implementation
 from connectors.runtime.columnar import ColumnarEncoder
+from connectors.runtime.dead_letters import SourceDeadLetters
 from connectors.runtime.offsets import OffsetStore, PositionTracker
 from connectors.runtime.state import LiveKeys
 from kernel.config.models import KafkaConfig, SourceConnectorConfig
@@ -36,6 +37,9 @@ class RunnerStats:
         position: the last position written.
         cycles: completed polling cycles.
         queue_full: times the producer's local queue was full and the task waited (backpressure).
+        dead_letters: records sent to the dead letter topic (cannot be encoded, ``errors.tolerance: all``).
+        restartable: ``False`` when the task failed in a way a restart repeats (a record that cannot be
+            encoded): the supervisor leaves it failed.
     """
 
     rows_read: int = 0
@@ -48,6 +52,8 @@ class RunnerStats:
     position: dict[str, Any] | None = None
     cycles: int = 0
     queue_full: int = 0
+    dead_letters: int = 0
+    restartable: bool = True
     started: float = field(default_factory=time.monotonic)
 
 
@@ -86,6 +92,8 @@ class RunnerState:
     _value_schema: Mapping[str, Any]
     _key_names: list[str]
     _columnar: ColumnarEncoder | None
+    _dead_letters: SourceDeadLetters | None  # errors.tolerance: all
+    _reconciling: bool  # the records sent come from a reconciliation
 
     def _new_task(self) -> SourceTask:
         impl: type[SourceTask] = load_implementation(self.config)

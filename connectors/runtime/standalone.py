@@ -192,7 +192,9 @@ class SourceWorker:
         connector task), which resumes from the position stored in the offsets
         topic. With ``once`` (a backfill) a failed task is not restarted: the
         run ends and reports it. A task fenced by another worker (``--group``
-        mode, a zombie) is not restarted either: its partition moved.
+        mode, a zombie) is not restarted either: its partition moved. Nor is a
+        task stopped by a record that cannot be encoded (``stats.restartable``):
+        it would stop on the same record again.
         """
         key = spec.key
         backoff = self.backoffs[key] = RestartBackoff(spec.config.errors)
@@ -200,6 +202,8 @@ class SourceWorker:
             stats = runner.run(stop, once)
             self.finished[key] = stats
             if stats.state != "failed" or stop.is_set() or once or getattr(runner, "_fenced", False):
+                return
+            if not stats.restartable:  # a record that cannot be encoded: its one error line said how to move on
                 return
             if stats.commits or stats.cycles:
                 backoff.succeeded()  # it made progress since the last restart: start the delays over

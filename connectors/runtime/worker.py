@@ -30,9 +30,14 @@ on another. The runner owns everything a connector author must not touch
   A transaction the broker aborts rewinds the task to the last committed
   position.
 
-A record that cannot be encoded stops its task with an error naming the
-connector, the record's key and the field: it is neither skipped nor is the
-position moved past it. Other tasks go on.
+A record that cannot be encoded stops its task with one error line naming the
+connector, the record's key, the field and how to move on: it is neither skipped
+nor is the position moved past it, and the task is not restarted (the same row
+would fail again). Other tasks go on. With ``errors.tolerance: all`` it goes to
+the source's dead letter topic instead (``dead_letter_topic``, default
+``<topic>.dlq``; :mod:`connectors.runtime.dead_letters`) and the position moves
+past it once the dead letter is acknowledged (with transactions, in the same
+transaction).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_random_exponential
 from connectors.api.source import SourceBatch, SourceSchemas, TopicState
 from connectors.runtime import metrics
 from connectors.runtime.columnar import ColumnarEncoder, ColumnarUnsupported
+from connectors.runtime.dead_letters import SourceDeadLetters
 from connectors.runtime.offsets import OffsetStore, PositionTracker, offsets_key, require_position_shape
 from connectors.runtime.position_commits import transactional_id
 from connectors.runtime.produce import RecordProducer
@@ -58,7 +64,7 @@ from kernel.config.models import KafkaConfig, SourceConnectorConfig
 from kernel.config.policies import RetryPolicy
 from kernel.exceptions import FatalError, RetriableError, ThreesError
 from kernel.kafka import clients
-from kernel.kafka.topics import ensure_compacted_topic
+from kernel.kafka.topics import ensure_compacted_topic, ensure_dead_letter_topic
 from kernel.supervision import StopRequested, describe_retry, retry_stop, stoppable_sleep
 from schemas.evolution import TopicSchemaPlan
 from schemas.serde import MARKER
@@ -128,6 +134,8 @@ class TaskRunner(RecordProducer, TopicSerializers):
         self._last_write = 0.0
         self._reconcile_every = getattr(config, "reconcile_interval_s", None)
         self._label = config.name
+        self._dead_letters = None
+        self._reconciling = False
 
     # -- public ---------------------------------------------------------------------------------------
 
@@ -204,6 +212,11 @@ class TaskRunner(RecordProducer, TopicSerializers):
             configs=spec.configs,
             timeout_s=self.kafka.request_timeout_s,
         )
+        if cfg.errors.tolerance == "all":
+            dlq = cfg.dead_letter_topic_name
+            limit = ensure_dead_letter_topic(self.kafka, dlq)
+            self._dead_letters = SourceDeadLetters(cfg.topic, dlq, cfg.name, limit)
+            self._dead_letters.load(self.kafka.librdkafka_config(), self.kafka.request_timeout_s)
         if self.transactional:
             # before the position is read: fences older instances of this task and ends their transactions
             self._producer = self._transactional_producer()
@@ -347,8 +360,12 @@ class TaskRunner(RecordProducer, TopicSerializers):
         ends = live.catch_up(self.kafka.librdkafka_config(), self.config.topic, self.kafka.request_timeout_s)
         state = TopicState(live=live, encode_key=self.key_ser, end_offsets=ends)
         before = self.stats.tombstones
-        for batch in self.task.reconcile(state):
-            self._send(batch)
+        self._reconciling = True  # a row the topic lacks because it is a dead letter is not sent again
+        try:
+            for batch in self.task.reconcile(state):
+                self._send(batch)
+        finally:
+            self._reconciling = False
         log.info(
             "source=%s reconciled topic=%s live_keys=%d tombstones=%d",
             self._label,

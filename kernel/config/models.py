@@ -243,14 +243,17 @@ class SourceConnectorConfig(ConnectorConfig):
         "every old key, then re-snapshots under the new key; without it a key schema change stops the source",
     )
 
-    @model_validator(mode="after")
-    def _sources_do_not_skip(self) -> SourceConnectorConfig:
-        if self.errors.tolerance != "none":
-            raise ValueError(
-                "errors.tolerance: all applies to sinks; a source never skips state (a failed task is "
-                "restarted from its stored position)"
-            )
-        return self
+    dead_letter_topic: TopicName | None = Field(
+        None,
+        description="with errors.tolerance: all, where a row or change that cannot be encoded goes (created if "
+        "missing; headers dlq.* with stage encode and dlq.source.table, dlq.source.key, dlq.source.column, "
+        "dlq.source.position); default <topic>.dlq",
+    )
+
+    @property
+    def dead_letter_topic_name(self) -> str:
+        """The source's dead letter topic: ``dead_letter_topic``, default ``<topic>.dlq``."""
+        return self.dead_letter_topic or f"{self.topic}.dlq"
 
     value_format: WireFormat = Field(
         "avro",

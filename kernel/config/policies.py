@@ -52,6 +52,10 @@ class ErrorPolicy(StrictModel):
       the failing batch (sink), so offsets never pass a batch that was not written.
     * ``tolerance: all`` (sinks): the batch's records go to the dead letter topic
       with the last error in their headers and the sink goes on with the next batch.
+      Sources: a row or change that cannot be encoded (a value its Avro type cannot
+      carry) goes to the source's ``dead_letter_topic`` and the position moves past
+      it; every other failure still stops the task. Under ``none`` such a row stops
+      the source without restarts (it would stop on the same row again).
     """
 
     retry_timeout_s: float = Field(
@@ -62,7 +66,9 @@ class ErrorPolicy(StrictModel):
     tolerance: Literal["none", "all"] = Field(
         "none",
         description="after the retries: none stops the task (restarted with backoff), all sends the batch's "
-        "records to the dead letter topic and goes on (sinks only)",
+        "records to the dead letter topic and goes on (sinks); sources: all sends a row that cannot be encoded "
+        "to the source's dead_letter_topic and moves on, none stops the source at it (not restarted: it would "
+        "stop there again)",
     )
     restart_backoff_s: float = Field(1.0, gt=0, description="delay before the first restart of a failed task, s")
     restart_max_backoff_s: float = Field(60.0, gt=0, description="longest delay between restarts, seconds")

@@ -53,3 +53,21 @@ def test_a_replay_sends_the_original_headers_only() -> None:
     again = letter(0, "a", "boom", MS, replayed=True)
     assert again.original_headers() == [("version", b"\x00\x01")]
     assert again.reason == "SkippableRecordError: boom"
+
+
+def test_a_source_dead_letter_is_listed_and_never_put_back_in_its_topic() -> None:
+    """Issue #49: a source's dead letter is a row that has no Avro record: replaying it to the topic is refused."""
+    from threes.config import pipeline_from_dict
+    from threes.dead_letters import _check_selection, dead_letter_topics
+
+    doc = {"kafka": {"bootstrap_servers": "127.0.0.1:1"},
+           "connections": {"pg": {"type": "rds", "url": "postgresql+psycopg://u@127.0.0.1:1/d"}},
+           "sources": [{"name": n, "type": "rds_source", "connection": "pg", "topic": f"state.{n}", "table": "x",
+                        "mode": "incrementing", "incrementing_column": "id", "errors": {"tolerance": tol}}
+                       for n, tol in (("a", "all"), ("b", "none"))]}
+    assert dead_letter_topics(pipeline_from_dict(doc)) == ["state.a.dlq"]
+    row = Letter("state.a.dlq", 0, 3, 1, DeadLetter("state.a", -1, -1, "encode", "SerdeError", "m", "a"),
+                 b"k", b'{"id": 2}')
+    with pytest.raises(ThreesError, match="could not encode"):
+        _check_selection([row], None, {}, False)
+    _check_selection([row], "json.rows", {}, False)  # to another topic: the caller's choice

@@ -107,6 +107,15 @@ def test_a_logical_type_change_is_incompatible() -> None:
     assert problems == [("amount", "logical type changes from decimal(12,2) to decimal(12,4)")]
 
 
+def test_a_decimal_that_becomes_a_string_is_incompatible() -> None:
+    """Avro promotes bytes to string: a decimal's two's-complement bytes would be read as text (issue #49: an
+    unbounded numeric once written as decimal(38,9) is now its exact text)."""
+    text_field = {"name": "amount", "type": ["null", "string"], "default": None}
+    ((path, problem),) = reader_writer_problems(record(ID, text_field), record(ID, decimal_field(2)))
+    assert path == "amount" and "decimal(12,2) to string" in problem
+    assert reader_writer_problems(record(ID, decimal_field(2)), record(ID, text_field))
+
+
 @pytest.mark.parametrize(
     ("level", "ok"),
     [("NONE", True), ("BACKWARD", True), ("FORWARD", False), ("FULL", False), ("BACKWARD_TRANSITIVE", True)],

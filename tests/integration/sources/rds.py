@@ -29,6 +29,42 @@ def source_pipeline(kafka: Any, conn: RdsConnection, **source: Any) -> Any:
     )
 
 
+def dead_letters(kafka_conf: Any, topic: str) -> list[tuple[Any, Any, dict[str, str]]]:
+    """Every record of a source's dead letter topic, read ``read_committed``: ``(key, value, headers)``.
+
+    The key is decoded as the state topic's (``None`` when absent), the value is the row's JSON, the ``dlq.*``
+    headers are text (the batch's own binary headers are left out).
+    """
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    from kernel.kafka.topics import end_offsets
+    from schemas.serde import AvroDeserializer
+    from schemas.store import SchemaStore
+
+    ends = end_offsets(kafka_conf, topic)
+    consumer = Consumer({**kafka_conf, "group.id": f"dlq-{uuid.uuid4().hex}", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    de = AvroDeserializer(SchemaStore(kafka_conf))
+    out: list[tuple[Any, Any, dict[str, str]]] = []
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end > 0])
+        idle = 0
+        while idle < 3:
+            msgs = consumer.consume(1000, timeout=1.0)
+            idle = 0 if msgs else idle + 1
+            for msg in msgs:
+                assert msg.error() is None, msg.error()
+                key = None if msg.key() is None else de(msg.key())
+                value = None if msg.value() is None else json.loads(msg.value())
+                headers = msg.headers() or []
+                out.append((key, value, {k: (v or b"").decode() for k, v in headers if k.startswith("dlq.")}))
+    finally:
+        consumer.close()
+    return out
+
+
 def write_source_run_config(
     folder: Path, kafka: Any, conn: RdsConnection, name: str, topic: str, table: str, options: str
 ) -> tuple[Path, dict[str, str]]:

@@ -230,3 +230,94 @@ def test_nan_in_numeric_is_null_or_left_out_and_later_changes_arrive(
     got = changes(kafka_conf, cdc_names["topic"])[len(snap):]
     assert [(i, v) for _p, i, v, _ver in got] == [
         (4, {"id": 4, "amount": None, "must": d("4.00")}), (6, {"id": 6, "amount": d("6.00"), "must": d("6.00")})]
+
+
+def test_unbounded_numeric_arrives_exactly_with_the_default_decimal_handling(
+    pg: Any, pg_engine: Any, kafka: Any, kafka_conf: Any, cdc_names: dict[str, str]
+) -> None:
+    """Issue #49: 0.12345678901 (11 fractional digits) in an unbounded numeric once stopped change capture for good."""
+    t = cdc_names["table"]
+    big = "123456789012345678901234567890.123456789012345678901"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {t} (id int PRIMARY KEY, amount numeric, price numeric(10,2))"))
+        c.execute(text(f"INSERT INTO {t} VALUES (1, 0.12345678901, 1.50)"))
+    pipeline = _pipeline(kafka, pg, cdc_names)
+    (s,) = run_once(pipeline).values()
+    assert s.error is None, s.error
+    with pg_engine.begin() as c:
+        c.execute(text(f"INSERT INTO {t} VALUES (2, 0.12345678901, 2.25), (3, {big}, 3), (4, 'NaN', 4)"))
+    (s,) = run_once(pipeline).values()
+    assert s.error is None, s.error
+    import decimal
+
+    got = [(i, v) for _p, i, v, _ver in changes(kafka_conf, cdc_names["topic"])]
+    d = decimal.Decimal
+    assert got == [
+        (1, {"id": 1, "amount": "0.12345678901", "price": d("1.50")}),  # the snapshot
+        (2, {"id": 2, "amount": "0.12345678901", "price": d("2.25")}),  # the change stream
+        (3, {"id": 3, "amount": big, "price": d("3.00")}),
+        (4, {"id": 4, "amount": "NaN", "price": d("4.00")}),
+    ]
+
+
+def test_a_change_that_cannot_be_encoded_stops_in_one_line_or_is_a_dead_letter(
+    pg: Any, pg_engine: Any, kafka: Any, kafka_conf: Any, cdc_names: dict[str, str], caplog: Any
+) -> None:
+    """Issue #49: a transaction with one value Avro cannot carry (a 2-D array in an ``int[]`` column) and one good row.
+
+    ``errors.tolerance: none`` (default): the source stops at it in one line naming the key and how to move on, the
+    slot keeps the changes; ``all``: the bad change is a dead letter with its context, the good row and everything
+    after it arrive, in the same Kafka transactions as the dead letter (``exactly_once``).
+    """
+    import json
+    import logging
+
+    from tests.integration.sources.rds import dead_letters
+
+    t, name, topic = cdc_names["table"], cdc_names["name"], cdc_names["topic"]
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {t} (id int PRIMARY KEY, v text NOT NULL, dims int[])"))
+        c.execute(text(f"INSERT INTO {t} VALUES (1, 'snapshot', '{{1}}')"))
+    pipeline = _pipeline(kafka, pg, cdc_names)
+    (s,) = run_once(pipeline).values()
+    assert s.error is None, s.error
+    snapshot_position = OffsetStore(kafka_conf).load(name)
+    with pg_engine.begin() as c:  # one transaction: the bad value, then a good row
+        c.execute(text(f"INSERT INTO {t} VALUES (2, 'bad', '{{{{1,2}},{{3,4}}}}')"))
+        c.execute(text(f"INSERT INTO {t} VALUES (3, 'good', '{{3}}')"))
+    with pg_engine.begin() as c:
+        c.execute(text(f"INSERT INTO {t} VALUES (4, 'after', NULL)"))
+
+    caplog.set_level(logging.ERROR)
+    (s,) = run_once(pipeline).values()
+    assert s.state == "failed" and not s.restartable
+    for part in (name, t, "{'id': 2}", 'column "dims"', "errors.tolerance: all", f"{topic}.dlq", "decimal_handling"):
+        assert part in s.error, f"{part!r} missing from: {s.error}"
+    assert "\n" not in s.error
+    assert len([r for r in caplog.records if "{'id': 2}" in r.getMessage()]) == 1  # one line
+    assert [i for _p, i, _v, _ver in changes(kafka_conf, topic)] == [1]  # nothing past it, nothing skipped
+    assert OffsetStore(kafka_conf).load(name) == snapshot_position
+
+    tolerant = _pipeline(kafka, pg, cdc_names, errors={"tolerance": "all"}, exactly_once=True)
+    (s,) = run_once(tolerant).values()
+    assert s.error is None, s.error
+    assert s.dead_letters == 1
+    got = changes(kafka_conf, topic, isolation="read_committed")
+    assert [(i, v and v["v"]) for _p, i, v, _ver in got] == [(1, "snapshot"), (3, "good"), (4, "after")]
+    ((key, value, headers),) = dead_letters(kafka_conf, f"{topic}.dlq")
+    assert key == {"id": 2}
+    assert value == {"id": 2, "v": "bad", "dims": [[1, 2], [3, 4]]}
+    assert headers["dlq.topic"] == topic and headers["dlq.stage"] == "encode" and headers["dlq.component"] == name
+    assert headers["dlq.source.table"] == t and headers["dlq.source.column"] == "dims"
+    assert json.loads(headers["dlq.source.key"]) == {"id": 2}
+    assert 'column "dims"' in headers["dlq.error.message"]
+    position = json.loads(headers["dlq.source.position"])
+    assert position["mode"] == "cdc" and position["lsn"] > snapshot_position["lsn"]
+
+    with pg_engine.begin() as c:  # later changes flow
+        c.execute(text(f"INSERT INTO {t} VALUES (5, 'later', '{{5}}')"))
+    (s,) = run_once(tolerant).values()
+    assert s.error is None, s.error
+    got = changes(kafka_conf, topic, isolation="read_committed")
+    assert [i for _p, i, _v, _ver in got] == [1, 3, 4, 5]
+    assert len(dead_letters(kafka_conf, f"{topic}.dlq")) == 1

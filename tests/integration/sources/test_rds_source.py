@@ -38,7 +38,7 @@ from connectors.runtime.offsets import OffsetStore
 from kernel.exceptions import ConfigError
 from kernel.kafka.topics import ensure_compacted_topic
 from tests.conftest import ROOT
-from tests.integration.sources.rds import RdsSourceContract, late_commit, source_pipeline
+from tests.integration.sources.rds import RdsSourceContract, dead_letters, late_commit, source_pipeline
 from threes.testing.source import count_records, run_once, topic_state
 
 UTC = dt.UTC
@@ -314,44 +314,55 @@ def test_missing_table_is_a_config_error(pg: RdsConnection, kafka: Any, unique: 
 # -- encoding errors ---------------------------------------------------------------------------------------------
 
 
-def test_unencodable_value_stops_without_advancing(
+def test_unencodable_value_stops_in_one_line_or_is_a_dead_letter(
     pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
 ) -> None:
+    """Issue #49: a row Avro cannot carry (a 2-D array in an ``int[]`` column) stops the source without advancing
+    (``errors.tolerance: none``, the default), or is a dead letter and the source goes on (``all``)."""
     table = f"enc_{unique}"
     name = f"enc-{unique}"
+    topic = f"state.{unique}"
     with pg_engine.begin() as c:
-        # unbounded numeric is written as decimal(38, 9): 10 fractional digits cannot be encoded exactly
-        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, amount numeric)"))
-        c.execute(text(f"INSERT INTO {table} VALUES (1, 1.5), (2, 1.0000000001), (3, 2.5)"))
-    pipeline = source_pipeline(
-        kafka,
-        pg,
-        name=name,
-        topic=f"state.{unique}",
-        table=table,
-        mode="incrementing",
-        incrementing_column="id",
-        batch_records=1,
-    )
-    (s,) = run_once(pipeline).values()
-    assert s.state == "failed"
-    for part in (name, table, "{'id': 2}", 'column "amount"'):
+        # PostgreSQL does not enforce an array column's dimensions: int[] holds a 2-D array too
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, amount numeric, dims int[])"))
+        c.execute(text(f"INSERT INTO {table} VALUES (1, 1.5, '{{1}}'), (2, 1.0000000001, '{{{{1,2}},{{3,4}}}}'), "
+                       f"(3, 0.12345678901, '{{3}}')"))
+    options: dict[str, Any] = {"name": name, "topic": topic, "table": table, "mode": "incrementing",
+                               "incrementing_column": "id", "batch_records": 1}
+    (s,) = run_once(source_pipeline(kafka, pg, **options)).values()
+    assert s.state == "failed" and not s.restartable
+    for part in (name, table, "{'id': 2}", 'column "dims"', "errors.tolerance: all", f"{topic}.dlq"):
         assert part in s.error, f"{part!r} missing from: {s.error}"
+    assert "\n" not in s.error
     # the position stays before the bad row: id 1 acknowledged, nothing past it
     assert OffsetStore(kafka_conf).load(name) == {"mode": "incrementing", "after": [1]}
-    assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(1,)]
+    assert sorted(topic_state(kafka_conf, topic)) == [(1,)]
 
-    # once the value is fixed, the next run resumes at the bad row and goes on
-    with pg_engine.begin() as c:
-        c.execute(text(f"UPDATE {table} SET amount = 1.000000001 WHERE id = 2"))
-    (s,) = run_once(pipeline).values()
+    # errors.tolerance: all: the row is a dead letter, the position moves past it, the rows after it arrive
+    tolerant = source_pipeline(kafka, pg, **options, errors={"tolerance": "all"})
+    (s,) = run_once(tolerant).values()
     assert s.state == "caught_up", s.error
-    state = topic_state(kafka_conf, f"state.{unique}")
-    assert state == {
-        (1,): {"id": 1, "amount": decimal.Decimal("1.5")},
-        (2,): {"id": 2, "amount": decimal.Decimal("1.000000001")},
-        (3,): {"id": 3, "amount": decimal.Decimal("2.5")},
+    assert s.dead_letters == 1
+    assert OffsetStore(kafka_conf).load(name) == {"mode": "incrementing", "after": [3]}
+    assert topic_state(kafka_conf, topic) == {
+        (1,): {"id": 1, "amount": "1.5", "dims": [1]},
+        (3,): {"id": 3, "amount": "0.12345678901", "dims": [3]},  # every digit (decimal_handling: precise)
     }
+    ((key, value, headers),) = dead_letters(kafka_conf, f"{topic}.dlq")
+    assert key == {"id": 2}
+    assert value == {"id": 2, "amount": "1.0000000001", "dims": [[1, 2], [3, 4]]}
+    assert (headers["dlq.topic"], headers["dlq.stage"], headers["dlq.component"]) == (topic, "encode", name)
+    assert (headers["dlq.source.table"], headers["dlq.source.column"]) == (table, "dims")
+    assert json.loads(headers["dlq.source.key"]) == {"id": 2}
+    assert json.loads(headers["dlq.source.position"]) == {"mode": "incrementing", "after": [2]}
+
+    # a later bad row is a dead letter too; the rows after it arrive
+    with pg_engine.begin() as c:
+        c.execute(text(f"INSERT INTO {table} VALUES (4, 4, '{{{{4}}}}'), (5, 5, '{{5}}')"))
+    (s,) = run_once(tolerant).values()
+    assert s.state == "caught_up", s.error
+    assert sorted(topic_state(kafka_conf, topic)) == [(1,), (3,), (5,)]
+    assert [v["id"] for _k, v, _h in dead_letters(kafka_conf, f"{topic}.dlq")] == [2, 4]
 
 
 @pytest.mark.parametrize("reader", ["adbc", "psycopg"])
@@ -376,16 +387,16 @@ def test_nan_and_infinity_in_numeric_never_stop_the_source(
     d = decimal.Decimal
     doc = {"doc": None} if reader == "psycopg" else {}
     assert topic_state(kafka_conf, f"state.{unique}") == {
-        (1,): {"id": 1, "amount": d("1.50"), "plain": d("1.000000000"), "must": d("1.00"), **doc},
-        (2,): {"id": 2, "amount": None, "plain": d("2.000000000"), "must": d("2.00"), **doc},
-        (3,): {"id": 3, "amount": d("2.50"), "plain": None, "must": d("3.00"), **doc},
-        (4,): {"id": 4, "amount": d("3.50"), "plain": None, "must": d("4.00"), **doc},
+        # an unbounded numeric is its exact text (decimal_handling: precise): NaN and +/-Infinity as such
+        (1,): {"id": 1, "amount": d("1.50"), "plain": "1", "must": d("1.00"), **doc},
+        (2,): {"id": 2, "amount": None, "plain": "2", "must": d("2.00"), **doc},
+        (3,): {"id": 3, "amount": d("2.50"), "plain": "Infinity", "must": d("3.00"), **doc},
+        (4,): {"id": 4, "amount": d("3.50"), "plain": "-Infinity", "must": d("4.00"), **doc},
         # 5: NaN in a NOT NULL column, left out of the topic
-        (6,): {"id": 6, "amount": d("5.50"), "plain": d("6.000000000"), "must": d("6.00"), **doc},
+        (6,): {"id": 6, "amount": d("5.50"), "plain": "6", "must": d("6.00"), **doc},
     }
     logged = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "connectors.rds.source"]
-    for level, key, column, shown in [(logging.WARNING, 2, "amount", "NaN"), (logging.WARNING, 3, "plain", "Infinity"),
-                                      (logging.WARNING, 4, "plain", "-Infinity"), (logging.ERROR, 5, "must", "NaN")]:
+    for level, key, column, shown in [(logging.WARNING, 2, "amount", "NaN"), (logging.ERROR, 5, "must", "NaN")]:
         assert any(lv == level and table in m and f"{{'id': {key}}}" in m and f'column "{column}"' in m
                    and f"holds {shown}," in m for lv, m in logged), (key, logged)
     assert OffsetStore(kafka_conf).load(f"nan-{unique}") == {"mode": "incrementing", "after": [6]}
@@ -395,7 +406,7 @@ def test_nan_and_infinity_in_numeric_never_stop_the_source(
     (s,) = run_once(pipeline).values()
     assert s.state == "caught_up", s.error
     state = topic_state(kafka_conf, f"state.{unique}")
-    assert state[(7,)] == {"id": 7, "amount": None, "plain": d("7.000000000"), "must": d("7.00"), **doc}
+    assert state[(7,)] == {"id": 7, "amount": None, "plain": "7", "must": d("7.00"), **doc}
 
 
 # -- types --------------------------------------------------------------------------------------------------------
@@ -697,3 +708,24 @@ def test_lost_database_connections_are_retried(
         stop.set()
         worker.stop()
     assert sorted(topic_state(kafka_conf, f"state.{unique}")) == [(i,) for i in range(1, 131)]
+
+
+@pytest.mark.parametrize(("handling", "price", "loose"), [
+    ("precise", decimal.Decimal("1234.500"), "0.12345678901"),
+    ("string", "1234.500", "0.12345678901"),
+    ("double", 1234.5, 0.12345678901),
+])
+def test_decimal_handling(
+    pg_engine: Any, pg: RdsConnection, kafka: Any, kafka_conf: Any, unique: str, handling: str, price: Any,
+    loose: Any,
+) -> None:
+    """Issue #49: Debezium's decimal.handling.mode; precise (the default) keeps numeric(p,s) a decimal(p,s)."""
+    table = f"dec_{handling}_{unique}"
+    with pg_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {table} (id integer PRIMARY KEY, price numeric(12,3), loose numeric)"))
+        c.execute(text(f"INSERT INTO {table} VALUES (1, 1234.5, 0.12345678901)"))
+    pipeline = source_pipeline(kafka, pg, name=f"dec-{unique}", topic=f"state.{unique}", table=table,
+                               mode="bulk", decimal_handling=handling)
+    (s,) = run_once(pipeline).values()
+    assert s.state == "caught_up", s.error
+    assert topic_state(kafka_conf, f"state.{unique}") == {(1,): {"id": 1, "price": price, "loose": loose}}

@@ -198,3 +198,55 @@ def test_types_round_trip(mysql_engine: Any, mysql: RdsConnection, kafka: Any, k
         "e": "b",
     }
     assert state[(2,)] == {"id": 2, **{k: None for k in state[(1,)] if k != "id"}}
+
+
+def test_zero_date_stops_in_one_line_or_is_a_dead_letter(
+    mysql_engine: Any, mysql: RdsConnection, kafka: Any, kafka_conf: Any, unique: str
+) -> None:
+    """Issue #49 on MariaDB: a zero date (``'0000-00-00'``, which MariaDB takes unless ``sql_mode`` has
+    ``NO_ZERO_DATE``) has no Avro ``date``: the driver hands it as the text ``'0000-00-00'``.
+
+    ``errors.tolerance: none`` stops the source before it in one line; ``all`` makes it a dead letter and goes on.
+    """
+    import json
+
+    from connectors.runtime.offsets import OffsetStore
+    from tests.integration.sources.rds import dead_letters
+
+    table, name, topic = f"zero_{unique}", f"zero-{unique}", f"state.{unique}"
+    with mysql_engine.begin() as c:
+        c.execute(text("SET SESSION sql_mode = ''"))
+        c.execute(text(f"CREATE TABLE {table} (id int PRIMARY KEY, day date, amount decimal(65,30))"))
+        c.execute(text(f"INSERT INTO {table} VALUES (1, '2024-02-29', 1.5), (2, '0000-00-00', 2), "
+                       f"(3, '2024-03-01', 12345678901234567890123456789012345.123456789012345678901234567891)"))
+    options: dict[str, Any] = {"name": name, "topic": topic, "table": table, "mode": "incrementing",
+                               "incrementing_column": "id", "batch_records": 1}
+    (s,) = run_once(source_pipeline(kafka, mysql, **options)).values()
+    assert s.state == "failed" and not s.restartable
+    for part in (name, table, "{'id': 2}", 'column "day"', "errors.tolerance: all", f"{topic}.dlq"):
+        assert part in s.error, f"{part!r} missing from: {s.error}"
+    assert "\n" not in s.error
+    assert OffsetStore(kafka_conf).load(name) == {"mode": "incrementing", "after": [1]}
+    assert sorted(topic_state(kafka_conf, topic)) == [(1,)]
+
+    tolerant = source_pipeline(kafka, mysql, **options, errors={"tolerance": "all"})
+    (s,) = run_once(tolerant).values()
+    assert s.state == "caught_up", s.error
+    big = decimal.Decimal("12345678901234567890123456789012345.123456789012345678901234567891")
+    assert topic_state(kafka_conf, topic) == {
+        (1,): {"id": 1, "day": dt.date(2024, 2, 29), "amount": decimal.Decimal("1." + "5".ljust(30, "0"))},
+        (3,): {"id": 3, "day": dt.date(2024, 3, 1), "amount": big},  # decimal(65,30): every digit
+    }
+    ((key, value, headers),) = dead_letters(kafka_conf, f"{topic}.dlq")
+    assert key == {"id": 2}
+    assert value["day"] == "0000-00-00"
+    assert (headers["dlq.stage"], headers["dlq.source.table"], headers["dlq.source.column"]) == ("encode", table, "day")
+    assert json.loads(headers["dlq.source.key"]) == {"id": 2}
+    assert json.loads(headers["dlq.source.position"]) == {"mode": "incrementing", "after": [2]}
+    assert OffsetStore(kafka_conf).load(name) == {"mode": "incrementing", "after": [3]}
+
+    with mysql_engine.begin() as c:  # later rows arrive
+        c.execute(text(f"INSERT INTO {table} VALUES (4, '2024-03-02', 4)"))
+    (s,) = run_once(tolerant).values()
+    assert s.state == "caught_up", s.error
+    assert sorted(topic_state(kafka_conf, topic)) == [(1,), (3,), (4,)]

@@ -35,7 +35,7 @@ def test_spark_from_avro_reads_rds_types(spark: Any, pg_engine: Any, pg: Any, ka
             "raw bytea, uid uuid, tags text[])"
         ))
         c.execute(text(
-            f"INSERT INTO {table} VALUES (1, 7, 12345678901234.123456, 0.5, 0.25, true, "
+            f"INSERT INTO {table} VALUES (1, 7, 12345678901234.123456, 0.12345678901, 0.25, true, "
             "'2024-02-29 23:59:59.123456+02', '2024-02-29 23:59:59.5', '1999-12-31', '{\"a\": [1]}', "
             "'\\xdeadbeef', :u, ARRAY['x', NULL]), (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
             "NULL, NULL)"
@@ -69,9 +69,13 @@ def test_spark_from_avro_reads_rds_types(spark: Any, pg_engine: Any, pg: Any, ka
     one = rows[1].asDict(recursive=True)
     assert one == {
         "id": 1, "small": 7, "price": decimal.Decimal("12345678901234.123456"),
-        "loose": decimal.Decimal("0.500000000"), "ratio": 0.25, "flag": True,
+        "loose": "0.12345678901", "ratio": 0.25, "flag": True,  # unbounded numeric: its exact text (issue #49)
         "at": dt.datetime(2024, 2, 29, 21, 59, 59, 123456),  # the session time zone is UTC
         "local_at": dt.datetime(2024, 2, 29, 23, 59, 59, 500000), "day": dt.date(1999, 12, 31),
         "doc": '{"a":[1]}', "raw": bytearray(b"\xde\xad\xbe\xef"), "uid": str(u), "tags": ["x", None],
     }
     assert all(v is None for k, v in rows[2].asDict().items() if k != "id")
+    # the text casts to whatever DECIMAL the job chooses, every digit kept
+    decoded = df.select(decode_avro(df.value, writers, value_schema).alias("v"))
+    cast = {r["id"]: r["d"] for r in decoded.selectExpr("v.id AS id", "CAST(v.loose AS DECIMAL(38, 11)) AS d").collect()}
+    assert cast == {1: decimal.Decimal("0.12345678901"), 2: None}

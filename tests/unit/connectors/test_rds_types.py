@@ -33,7 +33,7 @@ from kernel.exceptions import FatalError
     (postgresql.DOUBLE_PRECISION(), "double"),
     (postgresql.REAL(), "float"),
     (sqltypes.Numeric(12, 3), {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 3}),
-    (sqltypes.Numeric(), {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": 9}),
+    (sqltypes.Numeric(), "string"),  # unbounded: no scale to declare, the exact decimal text
     (sqltypes.Boolean(), "boolean"),
     (sqltypes.Text(), "string"),
     (sqltypes.String(10), "string"),
@@ -48,6 +48,22 @@ from kernel.exceptions import FatalError
 ])
 def test_avro_type_for_sql(sql_type: sqltypes.TypeEngine, avro: object) -> None:
     assert avro_type_for_sql(sql_type)[0] == avro
+
+
+@pytest.mark.parametrize(("handling", "bounded", "unbounded", "value", "written"), [
+    ("precise", {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 3}, "string",
+     decimal.Decimal("0.12345678901"), "0.12345678901"),
+    ("string", "string", "string", decimal.Decimal("1E-11"), "0.00000000001"),
+    ("double", "double", "double", decimal.Decimal("0.5"), 0.5),
+])
+def test_decimal_handling(handling: str, bounded: object, unbounded: object, value: object, written: object) -> None:
+    assert avro_type_for_sql(sqltypes.Numeric(12, 3), decimal_handling=handling)[0] == bounded  # type: ignore[arg-type]
+    avro, conv = avro_type_for_sql(sqltypes.Numeric(), decimal_handling=handling)  # type: ignore[arg-type]
+    assert avro == unbounded
+    assert conv is not None and conv(value) == written
+    # arrays of numerics follow the same mode
+    item = avro_type_for_sql(postgresql.ARRAY(sqltypes.Numeric()), decimal_handling=handling)[0]  # type: ignore[arg-type]
+    assert item == {"type": "array", "items": ["null", unbounded]}
 
 
 def test_unmapped_type_is_refused_with_the_column() -> None:

@@ -27,16 +27,16 @@ def test_error_policy_defaults_and_bounds() -> None:
         0.5, 1.0, 2.0, 3.0, 3.0]
 
 
-def test_sources_refuse_tolerance_all() -> None:
-    from kernel.exceptions import ConfigError
+def test_sources_take_tolerance_all_with_a_dead_letter_topic() -> None:
     from threes.config import pipeline_from_dict
 
     doc = {"kafka": {"bootstrap_servers": "127.0.0.1:1"},
            "connections": {"pg": {"type": "rds", "url": "postgresql+psycopg://u@127.0.0.1:1/d"}},
            "sources": [{"name": "s", "type": "rds_source", "connection": "pg", "topic": "t", "table": "x",
                         "mode": "incrementing", "incrementing_column": "id", "errors": {"tolerance": "all"}}]}
-    with pytest.raises(ConfigError, match="tolerance: all applies to sinks"):
-        pipeline_from_dict(doc)
+    source = pipeline_from_dict(doc).sources[0]
+    assert source.errors.tolerance == "all"
+    assert source.dead_letter_topic_name == "t.dlq"
 
 
 def _attempts(errors: ErrorPolicy, retry: RetryPolicy, clock: list[float]) -> int:
@@ -92,6 +92,9 @@ class _Runner:
     def run(self, stop: threading.Event, once: bool) -> RunnerStats:
         if self.outcome == "failed":
             self.stats.state, self.stats.error = "failed", "database down"
+        elif self.outcome == "unencodable":
+            self.stats.state, self.stats.error = "failed", "key {'id': 2}: value cannot be encoded as Avro"
+            self.stats.restartable = False
         else:
             stop.wait()
             self.stats.state = "stopped"
@@ -137,3 +140,13 @@ def test_a_backfill_is_not_restarted() -> None:
     worker.start(spec, once=True)
     worker._threads[spec.key].join(5)
     assert len(_Runner.runs) == 1 and worker.finished["src"].state == "failed" and worker.restarts() == {"src": 0}
+
+
+def test_a_task_stopped_by_a_row_it_cannot_encode_is_not_restarted() -> None:
+    """Issue #49: it would stop on the same row again; its one error line says how to move on."""
+    _Runner.runs = []
+    worker, spec = _worker(["unencodable", "running"])
+    worker.start(spec)
+    worker._threads[spec.key].join(5)
+    assert len(_Runner.runs) == 1 and worker.restarts() == {"src": 0}
+    assert worker.finished["src"].state == "failed" and "{'id': 2}" in (worker.finished["src"].error or "")
