@@ -84,7 +84,8 @@ def _run(*args):
 
 def test_check_finds_what_validate_leaves_to_it(tmp_path, endpoints, kafka_conf, unique):
     _record_writer_schemas(kafka_conf, unique)
-    path = _pipeline(tmp_path, endpoints, unique, fields="[nmae, tz]", sink_key="[flight]")
+    # 'nmae' is a column the lookup declares: only the snapshot's writer schema says it does not exist
+    path = _pipeline(tmp_path, endpoints, unique, fields="[nmae, name, tz]")
 
     validated = _run("validate", path)
     assert validated.exit_code == 0, validated.output
@@ -94,10 +95,12 @@ def test_check_finds_what_validate_leaves_to_it(tmp_path, endpoints, kafka_conf,
     checked = _run("check", path)
     assert checked.exit_code == 1, checked.output
     out = checked.output
-    assert (f"FAILED config {path}:{_line(path, 'fields: [nmae, tz]')}: stream.lookups[0].fields: no field 'nmae' "
-            f"in the value schema of snapshot airports") in out, out
-    # the update topic's key is known once the lookup is: here the sink's key is checked against it
+    assert (f"FAILED config {path}:{_line(path, 'fields: [nmae, name, tz]')}: stream.lookups[0].fields: no field "
+            f"'nmae' in the value schema of snapshot airports") in out, out
+    # a sink key the update's key lacks: the YAML says what the key is, so validate finds it, and check too
     fixed = _pipeline(tmp_path, endpoints, unique, sink_key="[flight]")
+    validated = _run("validate", fixed)
+    assert validated.exit_code == 1 and "sync[0].sinks[0].key: no field 'flight'" in validated.output
     out = _run("check", fixed).output
     assert (f"FAILED config {fixed}:{_line(fixed, 'key: [flight]')}: sync[0].sinks[0].key: no field 'flight' in "
             f"the key of update topic 'updates.flights.{unique}' (have: ['flight_id'])") in out, out
