@@ -180,7 +180,8 @@ def ensure_compacted_topic(
     topic: str,
     *,
     partitions: int = 1,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
     configs: Mapping[str, str] | None = None,
     timeout_s: float = 10.0,
 ) -> bool:
@@ -190,7 +191,11 @@ def ensure_compacted_topic(
         kafka_config: librdkafka properties.
         topic: the topic name.
         partitions: partitions when created.
-        replication_factor: replicas when created.
+        replication_factor: replicas when created; ``None`` for the default of
+            :func:`replication_settings` (``min(3, brokers)``).
+        min_insync_replicas: ``min.insync.replicas`` when created; ``None`` for the
+            default of :func:`replication_settings` (a ``min.insync.replicas`` in
+            ``configs`` wins over both).
         configs: more topic configs when created (``cleanup.policy`` is forced to
             ``compact``).
         timeout_s: admin request timeout, seconds.
@@ -200,34 +205,102 @@ def ensure_compacted_topic(
 
     Raises:
         ConfigError: the topic exists with a ``cleanup.policy`` without ``compact``
-            (its old records would be deleted by retention, losing entities).
+            (its old records would be deleted by retention, losing entities), or the
+            replication settings are impossible on this cluster.
         SetupError: Kafka cannot be reached or refused the creation.
     """
     metadata = cluster_metadata(kafka_config, timeout_s)
-    admin = _admin(kafka_config)
     if topic in metadata.topics and metadata.topics[topic].error is None:
-        policy = topic_configs(kafka_config, topic, timeout_s).get("cleanup.policy", "")
-        if "compact" not in policy.split(","):
-            raise ConfigError(
-                f"topic {topic!r} exists with cleanup.policy={policy!r}, not compacted: "
-                "state topics must be compacted (one record per key, tombstones delete); "
-                f"alter it with cleanup.policy=compact or choose another topic"
-            )
+        _require_compacted(kafka_config, topic, timeout_s)
         return False
-    new = NewTopic(
+    created = create_topic(
+        kafka_config,
         topic,
-        num_partitions=partitions,
+        partitions=partitions,
         replication_factor=replication_factor,
-        config={**dict(configs or {}), "cleanup.policy": "compact"},
+        min_insync_replicas=min_insync_replicas,
+        configs={**dict(configs or {}), "cleanup.policy": "compact"},
+        timeout_s=timeout_s,
+        metadata=metadata,
     )
+    if created is None:  # created by someone else meanwhile
+        _require_compacted(kafka_config, topic, timeout_s)
+        return False
+    return True
+
+
+def _require_compacted(kafka_config: Mapping[str, Any], topic: str, timeout_s: float) -> None:
+    """Raise ``ConfigError`` unless the existing ``topic``'s ``cleanup.policy`` includes ``compact``."""
+    policy = topic_configs(kafka_config, topic, timeout_s).get("cleanup.policy", "")
+    if "compact" not in policy.split(","):
+        raise ConfigError(
+            f"topic {topic!r} exists with cleanup.policy={policy!r}, not compacted: "
+            "state topics must be compacted (one record per key, tombstones delete); "
+            f"alter it with cleanup.policy=compact or choose another topic"
+        )
+
+
+def create_topic(
+    kafka_config: Mapping[str, Any],
+    topic: str,
+    *,
+    partitions: int = 1,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
+    configs: Mapping[str, str] | None = None,
+    timeout_s: float = 10.0,
+    metadata: Any = None,
+) -> tuple[int, int] | None:
+    """Create ``topic`` replicated by the project's one rule; every topic the project creates goes through here.
+
+    The replication factor and ``min.insync.replicas`` come from :func:`replication_settings`,
+    given the number of brokers in the cluster's metadata: on a cluster of three or more
+    brokers a topic gets three replicas and ``min.insync.replicas=2``; on one broker, 1 and 1.
+    A ``min.insync.replicas`` in ``configs`` wins over ``min_insync_replicas``.
+
+    Args:
+        kafka_config: librdkafka properties.
+        topic: the topic name.
+        partitions: partitions.
+        replication_factor: configured factor (``kafka.internal_replication_factor``, or a
+            topic spec's), ``None`` for the default.
+        min_insync_replicas: configured value (``kafka.internal_min_insync_replicas``),
+            ``None`` for the default.
+        configs: topic configs (``cleanup.policy``, ``retention.ms``...).
+        timeout_s: admin request timeout, seconds.
+        metadata: the cluster's metadata when the caller has just read it (else read here).
+
+    Returns:
+        ``(replication_factor, min_insync_replicas)`` it was created with; ``None`` when
+        the topic existed already (its settings are left as they are).
+
+    Raises:
+        ConfigError: impossible replication settings on this cluster.
+        SetupError: Kafka cannot be reached or refused the creation.
+    """
+    if metadata is None:
+        metadata = cluster_metadata(kafka_config, timeout_s)
+    settings = dict(configs or {})
+    explicit_isr = settings.get("min.insync.replicas")
+    rf, isr = replication_settings(
+        len(metadata.brokers),
+        replication_factor,
+        int(explicit_isr) if explicit_isr is not None else min_insync_replicas,
+    )
+    settings["min.insync.replicas"] = str(isr)
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=rf, config=settings)
+    admin = _admin(kafka_config)  # held until the result: a collected client destroys its requests
     try:
         admin.create_topics([new], request_timeout=timeout_s)[topic].result(timeout_s)
     except KafkaException as exc:
         if exc.args and getattr(exc.args[0], "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
-            return ensure_compacted_topic(kafka_config, topic, timeout_s=timeout_s)
+            return None
         raise SetupError(f"cannot create topic {topic!r}: {exc}") from exc
-    log.info("created compacted topic=%s partitions=%d", topic, partitions)
-    return True
+    log.info(
+        "created topic=%s partitions=%d replication_factor=%d min.insync.replicas=%d cleanup.policy=%s",
+        topic, partitions, rf, isr, settings.get("cleanup.policy", "delete"),
+    )
+    return rf, isr
 
 
 def watermark_offsets(consumer: Any, topic: str, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
@@ -258,11 +331,14 @@ def watermark_offsets(consumer: Any, topic: str, partition: int, timeout_s: floa
             raise SetupError(f"no answer for the offsets of {topic}[{partition}] within {timeout_s} s")
 
 
-def internal_topic_settings(
+def replication_settings(
     brokers: int, replication_factor: int | None = None, min_insync_replicas: int | None = None
 ) -> tuple[int, int]:
-    """The replication factor and ``min.insync.replicas`` of an internal topic.
+    """The replication factor and ``min.insync.replicas`` of a topic the project creates: the one rule.
 
+    Every topic threes creates (state topics, ``_threes_schemas``, ``_threes_offsets``,
+    task topics, dead letter, update, enriched and events topics) is created through
+    :func:`create_topic`, which asks the cluster's broker count and calls this.
     Defaults follow Kafka's own advice for topics that must not be lost
     (Kafka Connect's internal topics default to replication factor 3): three
     replicas, or every broker when there are fewer, and ``min.insync.replicas``
@@ -309,7 +385,7 @@ def ensure_internal_topic(
 ) -> bool:
     """Create an internal compacted topic (schemas, offsets, task topics) replicated as configured.
 
-    The factor and ``min.insync.replicas`` come from :func:`internal_topic_settings`.
+    The factor and ``min.insync.replicas`` come from :func:`replication_settings`.
     An existing topic is kept as it is (Kafka cannot change a topic's replication
     factor without a partition reassignment); one with fewer replicas than
     asked is logged as a warning naming the topic.
@@ -330,7 +406,7 @@ def ensure_internal_topic(
         SetupError: Kafka cannot be reached or refused the creation.
     """
     metadata = cluster_metadata(kafka_config, timeout_s)
-    rf, isr = internal_topic_settings(len(metadata.brokers), replication_factor, min_insync_replicas)
+    rf, isr = replication_settings(len(metadata.brokers), replication_factor, min_insync_replicas)
     existing = metadata.topics.get(topic)
     if existing is not None and existing.error is None and existing.partitions:
         replicas = min(len(p.replicas) for p in existing.partitions.values())
@@ -339,14 +415,11 @@ def ensure_internal_topic(
                 "internal topic=%s has %d replica(s), fewer than the %d configured: losing a broker can lose it; "
                 "raise it with a partition reassignment (kafka-reassign-partitions.sh)", topic, replicas, rf,
             )
-    created = ensure_compacted_topic(
+    return ensure_compacted_topic(
         kafka_config,
         topic,
         partitions=partitions,
         replication_factor=rf,
-        configs={"min.insync.replicas": str(isr)},
+        min_insync_replicas=isr,
         timeout_s=timeout_s,
     )
-    if created:
-        log.info("internal topic=%s replication_factor=%d min.insync.replicas=%d", topic, rf, isr)
-    return created

@@ -36,8 +36,13 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from kernel.config.models import KafkaConfig
 from kernel.exceptions import ConfigError, ConfigProblem, FatalError, SetupError
-from kernel.kafka import clients
-from kernel.kafka.topics import cluster_metadata, ensure_compacted_topic, topic_configs
+from kernel.kafka.topics import (
+    cluster_metadata,
+    create_topic,
+    ensure_compacted_topic,
+    internal_topic_options,
+    topic_configs,
+)
 from schemas.serde import schema_json
 from stream_app import expressions, metrics
 from stream_app.avro_schemas import subset_schema
@@ -281,22 +286,18 @@ class StreamJob:
         if problems:
             raise ConfigError(problems)
         partitions = len(self._require_topic(cfg.events.topic, missing_topic_error(cfg, cfg.events.topic)))
-        from confluent_kafka.admin import NewTopic
-
-        admin = clients.kafka_admin(self.kafka)
-        existing = admin.list_topics(timeout=self.kafka.request_timeout_s).topics
-        missing = [t for t in (cfg.enriched_topic, cfg.dead_letter_topic) if t not in existing]
-        if missing:
-            futures = admin.create_topics([NewTopic(t, num_partitions=partitions) for t in missing])
-            for topic, future in futures.items():
-                try:
-                    future.result(self.kafka.request_timeout_s)
-                except Exception as exc:  # already created by a concurrent start is fine
-                    if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                        raise FatalError(f"cannot create topic {topic!r}: {exc}") from exc
-                log.info("created topic=%s partitions=%d", topic, partitions)
+        replication = internal_topic_options(self.kafka)
+        existing = cluster_metadata(conf, self.kafka.request_timeout_s)
+        for topic in (cfg.enriched_topic, cfg.dead_letter_topic):
+            if topic in existing.topics:
+                continue
+            try:  # already created by a concurrent start is fine (None)
+                create_topic(conf, topic, partitions=partitions, timeout_s=self.kafka.request_timeout_s,
+                             metadata=existing, **replication)
+            except SetupError as exc:
+                raise FatalError(f"cannot create topic {topic!r}: {exc}") from exc
         for update in cfg.updates:  # latest update per key is all a sink needs: compacted
-            ensure_compacted_topic(conf, update.topic, partitions=partitions)
+            ensure_compacted_topic(conf, update.topic, partitions=partitions, **replication)
 
     def _require_topic(self, topic: str, missing: SetupError) -> list[int]:
         """The partitions of ``topic``; a missing topic raises ``missing`` (which says what to do)."""

@@ -53,7 +53,7 @@ from connectors.api.sink import Sink
 from kernel.config.models import KafkaConfig
 from kernel.exceptions import FatalError, SetupError
 from kernel.kafka import clients
-from kernel.kafka.topics import cluster_metadata
+from kernel.kafka.topics import cluster_metadata, create_topic, internal_topic_options
 from kernel.supervision import RestartBackoff
 from kernel.updates import source_ts_of
 from schemas.columnar import ColumnarDecoder
@@ -197,21 +197,16 @@ class SyncService:
         return sinks
 
     def _ensure_dead_letter_topic(self) -> None:
-        from confluent_kafka.admin import NewTopic
-
-        admin = clients.kafka_admin(self.kafka)
         topic = self.config.dead_letter_topic
         # SetupError at once (one line) when the broker refuses the login or its certificate
         meta = cluster_metadata(self.kafka.librdkafka_config(), self.kafka.request_timeout_s)
         if topic in meta.topics:
             return
         try:
-            admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(
-                self.kafka.request_timeout_s
-            )
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise SetupError(f"cannot create dead letter topic {topic!r}: {exc}") from exc
+            create_topic(self.kafka.librdkafka_config(), topic, partitions=1, timeout_s=self.kafka.request_timeout_s,
+                         metadata=meta, **internal_topic_options(self.kafka))
+        except SetupError as exc:
+            raise SetupError(f"cannot create dead letter topic {topic!r}: {exc}") from exc
 
     def open(self) -> None:
         """Connect: sinks, schema store, dead letter producer, consumer (subscribed).

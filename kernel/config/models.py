@@ -153,13 +153,14 @@ class KafkaConfig(StrictModel):
     internal_replication_factor: int | None = Field(
         None,
         ge=1,
-        description="replication factor of the internal topics when created (_threes_schemas, _threes_offsets, "
-        "the task topics of --group workers); default min(3, number of brokers)",
+        description="replication factor of the topics threes creates (_threes_schemas, _threes_offsets, "
+        "the task topics of --group workers, state topics without their own topic_spec.replication_factor, "
+        "dead letter, update, enriched and events topics); default min(3, number of brokers)",
     )
     internal_min_insync_replicas: int | None = Field(
         None,
         ge=1,
-        description="min.insync.replicas of the internal topics when created; default replication factor - 1 "
+        description="min.insync.replicas of the topics threes creates; default replication factor - 1 "
         "(at least 1, at most 2): with acks=all a write survives the loss of any one broker",
     )
     request_timeout_s: float = Field(10.0, gt=0, description="timeout of admin/metadata calls")
@@ -264,8 +265,17 @@ class TopicSpec(StrictModel):
     """How a topic is created when it is missing."""
 
     partitions: int = Field(1, ge=1)
-    replication_factor: int = Field(1, ge=1)
-    configs: dict[str, str] = Field(default_factory=dict, description="topic configs, e.g. min.insync.replicas")
+    replication_factor: int | None = Field(
+        None,
+        ge=1,
+        description="replicas when created; default kafka.internal_replication_factor, else min(3, number of "
+        "brokers) (schemas.kafka_admin.replication_settings)",
+    )
+    configs: dict[str, str] = Field(
+        default_factory=dict,
+        description="topic configs, e.g. min.insync.replicas (default kafka.internal_min_insync_replicas, else 2 "
+        "with three replicas, 1 below)",
+    )
     compatibility: Literal[
         "NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"
     ] = Field(

@@ -24,9 +24,10 @@ from kernel.exceptions import SetupError
 # re-exported: the framework's topic helpers in one place
 from schemas.kafka_admin import check_credentials as check_credentials
 from schemas.kafka_admin import cluster_metadata as cluster_metadata
+from schemas.kafka_admin import create_topic as create_topic
 from schemas.kafka_admin import ensure_compacted_topic as ensure_compacted_topic
 from schemas.kafka_admin import ensure_internal_topic as ensure_internal_topic
-from schemas.kafka_admin import internal_topic_settings as internal_topic_settings
+from schemas.kafka_admin import replication_settings as replication_settings
 from schemas.kafka_admin import topic_configs as topic_configs
 from schemas.kafka_admin import watermark_offsets as watermark_offsets
 
