@@ -8,6 +8,7 @@ value is ``null`` is a tombstone and deletes the key (Kafka documentation, "Log 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import re
 import time
@@ -170,8 +171,9 @@ def topic_configs(kafka_config: Mapping[str, Any], topic: str, timeout_s: float 
     resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
         result = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
-    except KafkaException as exc:
-        raise SetupError(f"cannot describe topic {topic!r}: {exc}") from exc
+    except (KafkaException, concurrent.futures.TimeoutError) as exc:
+        detail = str(exc) or f"no answer within {timeout_s:g} s"
+        raise SetupError(f"cannot describe topic {topic!r}: {detail}") from exc
     return {name: entry.value for name, entry in result.items()}
 
 

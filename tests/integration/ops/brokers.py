@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -89,6 +90,7 @@ class BrokerCluster:
     """
 
     def __init__(self, home: Path) -> None:
+        self._consumers: dict[str, Any] = {}
         self.home = home
         self.stack = LocalStack(home)
         self.shape = KafkaCluster(BROKERS, PORT)
@@ -102,6 +104,7 @@ class BrokerCluster:
 
     def down(self) -> None:
         """Stop every broker."""
+        self.close()
         with own_kafka():
             self.stack.down(["kafka"])
 
@@ -145,11 +148,19 @@ class BrokerCluster:
         self.up()
         failover.restart_s = time.monotonic() - began
 
+    def _consumer(self, group: str) -> Any:
+        """A consumer of ``group`` kept open for readings (a new one per reading would add its bootstrap)."""
+        if group not in self._consumers:
+            self._consumers[group] = Consumer({**self.conf, "group.id": group, "enable.auto.commit": False})
+        return self._consumers[group]
+
     def high_watermark(self, topic: str, partition: int) -> int:
         """The partition's high watermark; -1 while it cannot be read (no leader yet)."""
+        # a new consumer each time: one kept open went on asking the killed leader
         consumer = Consumer({**self.conf, "group.id": "failover-probe", "enable.auto.commit": False})
         try:
-            return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=2, cached=False)[1])
+            marks = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=1, cached=False)
+            return int(marks[1]) if marks is not None else -1
         except Exception:  # noqa: BLE001 - a partition between leaders
             return -1
         finally:
@@ -157,13 +168,16 @@ class BrokerCluster:
 
     def committed(self, group: str, topic: str, partition: int) -> int:
         """The group's committed offset of the partition; -1 while it cannot be read."""
-        consumer = Consumer({**self.conf, "group.id": group, "enable.auto.commit": False})
         try:
-            return int(consumer.committed([TopicPartition(topic, partition)], timeout=2)[0].offset)
+            return int(self._consumer(group).committed([TopicPartition(topic, partition)], timeout=1)[0].offset)
         except Exception:  # noqa: BLE001 - a coordinator between brokers
             return -1
-        finally:
+
+    def close(self) -> None:
+        """Close the reading consumers."""
+        for consumer in self._consumers.values():
             consumer.close()
+        self._consumers.clear()
 
 
 def measure_stalls(failover: Failover, timeout_s: float = 180.0) -> None:
@@ -172,13 +186,17 @@ def measure_stalls(failover: Failover, timeout_s: float = 180.0) -> None:
     Raises:
         AssertionError: A probe shows no progress within ``timeout_s`` of the kill.
     """
-    waiting = dict(failover.probes)
-    while waiting:
-        for what, probe in list(waiting.items()):
+    def watch(what: str, probe: Callable[[int], int]) -> None:  # one thread each: a slow reading delays no other
+        while time.monotonic() - failover.killed_at < timeout_s:
             if probe(failover.partition) > failover.baselines[what]:
                 failover.stalls[what] = time.monotonic() - failover.killed_at
-                del waiting[what]
-        assert time.monotonic() - failover.killed_at < timeout_s, (
-            f"no progress of {sorted(waiting)} {timeout_s} s after the kill of broker {failover.node}"
-        )
-        time.sleep(0.05)
+                return
+            time.sleep(0.05)
+
+    watchers = [threading.Thread(target=watch, args=item, daemon=True) for item in failover.probes.items()]
+    for watcher in watchers:
+        watcher.start()
+    for watcher in watchers:
+        watcher.join(timeout_s + 5)
+    waiting = sorted(set(failover.probes) - set(failover.stalls))
+    assert not waiting, f"no progress of {waiting} {timeout_s} s after the kill of broker {failover.node}"

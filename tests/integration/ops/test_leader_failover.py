@@ -39,6 +39,7 @@ from sqlalchemy import MetaData, Table, select, text
 from connectors.elasticsearch.connection import ElasticsearchConnection
 from connectors.rds.connection import RdsConnection
 from connectors.runtime.offsets import OffsetStore
+from connectors.runtime.worker import TRANSACTION_TIMEOUT_MS
 from connectors.s3.connection import S3Connection
 from kernel.kafka.committed import high_watermarks
 from kernel.kafka.topics import cluster_metadata, create_topic, ensure_compacted_topic, topic_configs
@@ -69,6 +70,13 @@ def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerCluster]
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture(autouse=True)
+def _every_broker_back(brokers: BrokerCluster) -> Iterator[None]:
+    """After each scenario all three brokers run again, whatever failed (the next one starts from a whole cluster)."""
+    yield
+    brokers.up()
 
 
 def _replication(conf: dict[str, Any], topic: str) -> tuple[set[int], str]:
@@ -209,7 +217,7 @@ def test_exactly_once_snapshot_neither_loses_nor_duplicates(
         "    mode: incrementing\n    incrementing_column: id\n    batch_records: 100\n"
         "    reconcile_interval_s: null\n    exactly_once: true\n    topic_spec:\n      partitions: 3\n",
     )
-    store = OffsetStore(conf)
+    store = OffsetStore(conf, timeout_s=TRANSACTION_TIMEOUT_MS / 1000 + 15)
     proc = subprocess.Popen([sys.executable, "-m", "threes.cli", "source", "run", str(cfg), "--once"], cwd=ROOT,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -269,7 +277,7 @@ def test_cdc_stream_neither_loses_nor_duplicates(
                                    "ORDER BY random() LIMIT 1)"))
             time.sleep(0.05)
 
-    store = OffsetStore(conf)
+    store = OffsetStore(conf, timeout_s=TRANSACTION_TIMEOUT_MS / 1000 + 15)
     loader = threading.Thread(target=load, daemon=True)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
