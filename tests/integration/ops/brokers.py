@@ -188,7 +188,11 @@ def measure_stalls(failover: Failover, timeout_s: float = 180.0) -> None:
     """
     def watch(what: str, probe: Callable[[int], int]) -> None:  # one thread each: a slow reading delays no other
         while time.monotonic() - failover.killed_at < timeout_s:
-            if probe(failover.partition) > failover.baselines[what]:
+            try:
+                reading = probe(failover.partition)
+            except Exception:  # noqa: BLE001 - no reading while the cluster elects new leaders
+                reading = -1
+            if reading > failover.baselines[what]:
                 failover.stalls[what] = time.monotonic() - failover.killed_at
                 return
             time.sleep(0.05)

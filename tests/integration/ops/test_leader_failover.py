@@ -14,11 +14,13 @@ Short by default (``make test``); ``make drills`` sets the full sizes: ``THREES_
 (sync service updates), ``THREES_FAILOVER_ROWS`` (exactly-once snapshot rows),
 ``THREES_FAILOVER_LOAD_S`` (seconds the loads last).
 
-Not covered here: the stream job (micro-batch and real-time) on three brokers.
+The micro-batch stream job runs inside ``threes run`` of the shop (``tests/e2e/test_first_pipeline.py``).
+Not covered here: the stream job in real-time mode (``stream.mode: realtime``) on three brokers.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -44,6 +46,8 @@ from connectors.s3.connection import S3Connection
 from kernel.kafka.committed import high_watermarks
 from kernel.kafka.topics import cluster_metadata, create_topic, ensure_compacted_topic, topic_configs
 from tests.conftest import ROOT
+from tests.e2e import test_first_pipeline as first
+from tests.e2e.test_kafka_restart import _replay, _write_orders
 from tests.integration.ops.brokers import BrokerCluster, link_jars, measure_stalls
 from tests.integration.sources.rds import write_source_run_config
 from tests.integration.sources.test_exactly_once import committed_keys
@@ -314,3 +318,67 @@ def test_cdc_stream_neither_loses_nor_duplicates(
     seen = Counter((key, version, None if value is None else value["v"]) for _p, key, value, version in committed)
     duplicates = {k: n for k, n in seen.items() if n > 1}
     assert not duplicates, list(duplicates.items())[:10]
+
+
+shop = first.shop  # the first pipeline's shop (its own topics, tables, index and bucket), for the stream job
+
+
+def test_micro_batch_stream_job_enriches_and_counts_each_event_once(
+    brokers: BrokerCluster, shop: Any, pg: Any, es_conn: Any, s3_conn: Any,
+) -> None:
+    """``threes run`` of the shop (sources, a micro-batch stream job, three sync services) on the three brokers.
+
+    The leader of the busiest partition of the events topic is killed right after the second half of
+    the orders is replayed, while the job reads it; the job must go on through the new leader and every
+    sink must equal the oracle (each order enriched once, the per-category counts exact: none lost,
+    none counted twice).
+    """
+    folder, names, data, _pipeline, env = shop
+    env = {**env, "THREES_KAFKA_BOOTSTRAP": brokers.kafka.bootstrap_servers}
+    env.pop("THREES_KAFKA_SASL_BOOTSTRAP", None)
+    half = first.N_ORDERS // 2
+    _write_orders(folder / "orders_a.csv", data["orders"][:half])
+    _write_orders(folder / "orders_b.csv", data["orders"][half:])
+    enriched, per_category = first.oracle(data)
+    sinks = first.Sinks(names, pg, es_conn, s3_conn)
+    events, updates = f"orders.{names['u']}", f"updates.orders.{names['u']}"
+    process = subprocess.Popen(  # noqa: S603 - our own console script
+        [first.THREES, "run", "pipeline.yaml", "--log-dir", "logs", "--offsets-topic", f"_threes_offsets.{names['u']}"],
+        cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    output = first.Output(process, folder / "logs")
+    try:
+        first.wait_for("ready pipeline", lambda: any(line.startswith("[run] running:") for line in output.lines),
+                       240, process, output)
+        _replay(folder, names, env, "orders_a.csv")
+        first.wait_for("the first half in Elasticsearch", lambda: sinks.es_count() == half, 240, process, output)
+        assert _replication(brokers.conf, events) == ({3}, "2") and _replication(brokers.conf, updates) == ({3}, "2")
+
+        # the second half is in the events topic; the job is reading it when the leader goes away
+        _replay(folder, names, env, "orders_b.csv")
+        failover = brokers.kill_leader(events, {
+            "job's update records": lambda _p: sum(high_watermarks(brokers.conf, updates, timeout_s=2).values()),
+            "Elasticsearch documents": lambda _p: sinks.es_count(),
+        })
+        assert sinks.es_count() < first.N_ORDERS, "the job had written every order before the kill"
+        measure_stalls(failover)
+        first.wait_for("complete Elasticsearch index", lambda: sinks.es_count() == first.N_ORDERS, 420, process,
+                       output)
+        failover.stalls["every order in Elasticsearch"] = time.monotonic() - failover.killed_at
+        brokers.restart(failover)
+        print(failover.report("micro-batch stream job (threes run of the shop)"))
+        first.wait_for("complete sales table", lambda: sinks.sales() == per_category, 420, process, output)
+        first.wait_for("complete archive", lambda: len(sinks.archive()) == first.N_ORDERS, 420, process, output)
+        docs, archive = sinks.es_docs(), sinks.archive()
+    finally:
+        process.send_signal(signal.SIGINT)  # Ctrl-C
+        returncode = process.wait(240)
+    said = output.text()
+    assert returncode == 0, said[-6000:]
+    assert "Traceback" not in said
+    fields = first.FIELDS
+    assert {k: {f: d.get(f) for f in fields} for k, d in docs.items()} == {str(i): e for i, e in enriched.items()}
+    assert sinks.sales() == per_category  # each order counted once, none lost
+    assert {json.loads(k)["order_id"]: {f: r["value"][f] for f in fields} for k, r in archive.items()} == enriched
+    # the events topic: every order once (the replay's idempotent producer rode the failover out)
+    assert sum(high_watermarks(brokers.conf, events).values()) == first.N_ORDERS
