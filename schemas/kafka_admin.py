@@ -8,156 +8,19 @@ value is ``null`` is a tombstone and deletes the key (Kafka documentation, "Log 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import ConfigResource, NewTopic, ResourceType
 
 from schemas.exceptions import ConfigError, SetupError
+from schemas.kafka_cluster import admin_client, cluster_metadata
 
 log = logging.getLogger(__name__)
-
-
-def _admin(kafka_config: Mapping[str, Any]) -> AdminClient:
-    return AdminClient(dict(kafka_config))
-
-
-# librdkafka reports these through error_cb while list_topics only sees "transport failure":
-# a wrong password or an untrusted certificate never heals by waiting.
-_REFUSED = {"_AUTHENTICATION": "authentication", "SASL_AUTHENTICATION_FAILED": "authentication", "_SSL": "tls"}
-_BROKER_PREFIX = re.compile(r"^\S+://\S+?/(?:bootstrap|\d+): ")
-_STATE_SUFFIX = re.compile(r" \(after \d+ms in state \w+\)$")
-
-
-def cluster_metadata(kafka_config: Mapping[str, Any], timeout_s: float = 10.0) -> Any:
-    """Return the cluster's metadata; a refused login or TLS handshake fails at once, in one line.
-
-    librdkafka retries a broker that refuses the credentials or presents a
-    certificate it cannot verify (wrong CA, or issued for another host name)
-    and ``list_topics`` reports only a timeout. Here the client's ``error_cb``
-    is served between short metadata requests, so such a failure raises on
-    its first occurrence instead of after ``timeout_s``.
-
-    Args:
-        kafka_config: librdkafka properties (secrets included; never logged).
-        timeout_s: Seconds to wait for a broker that does not answer at all.
-
-    Returns:
-        ``confluent_kafka.admin.ClusterMetadata`` of every topic.
-
-    Raises:
-        SetupError: Authentication refused, TLS verification failed (both at
-            once), or no answer within ``timeout_s`` seconds. The message is one
-            line naming the bootstrap servers and, for a login, the user; it never
-            holds the password.
-    """
-    refused: list[Any] = []
-
-    def on_error(err: Any) -> None:
-        if err.name() in _REFUSED:
-            refused.append(err)
-
-    # log_level 0: the failure is reported once, by us, not as librdkafka log lines on stderr
-    conf: dict[str, Any] = {**kafka_config, "error_cb": on_error, "log_level": 0}
-    admin = AdminClient(conf)
-    bootstrap = kafka_config.get("bootstrap.servers")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return admin.list_topics(timeout=max(0.1, min(0.5, deadline - time.monotonic())))
-        except KafkaException as exc:
-            admin.poll(0)
-            if refused:
-                raise _refused_error(kafka_config, refused[0]) from exc
-            if time.monotonic() >= deadline:
-                raise SetupError(
-                    f"Kafka at {bootstrap} did not answer within {timeout_s:g} s ({_short(exc.args[0].str())})",
-                    "check kafka.bootstrap_servers, or start the local stack with `threes local up`",
-                ) from exc
-
-
-def check_credentials(kafka_config: Mapping[str, Any], timeout_s: float = 10.0) -> bool:
-    """Fail at once when the brokers refuse our login or certificate; tolerate brokers that are down.
-
-    For long-running processes at start-up (``source run``, ``sync run``): a wrong
-    password or CA never heals, so it ends the process in one line before any
-    producer or consumer logs its retries; a broker that does not answer yet may
-    come back, and the runtime's retries and supervision handle that.
-
-    Args:
-        kafka_config: librdkafka properties.
-        timeout_s: Seconds to wait for an answer.
-
-    Returns:
-        ``True`` when the brokers answered, ``False`` when none did within ``timeout_s``.
-
-    Raises:
-        SetupError: The login was refused or the broker's certificate failed verification.
-    """
-    try:
-        cluster_metadata(kafka_config, timeout_s)
-    except SetupError as exc:
-        if not getattr(exc, "refused", False):
-            log.warning("%s", exc)
-            return False
-        raise
-    return True
-
-
-def _short(text: str) -> str:
-    return _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", " ".join(text.split())))
-
-
-def _refused_error(kafka_config: Mapping[str, Any], err: Any) -> SetupError:
-    bootstrap = kafka_config.get("bootstrap.servers")
-    detail = _short(err.str())
-    if _REFUSED[err.name()] == "authentication":
-        user = kafka_config.get("sasl.username")
-        mechanism = kafka_config.get("sasl.mechanism", "PLAIN")
-        error = SetupError(
-            f"Kafka at {bootstrap} refused the login of user {user!r} ({mechanism}): {detail}",
-            "check kafka.sasl_username and kafka.sasl_password",
-        )
-    else:
-        why = _tls_verify_message(str(bootstrap or ""), kafka_config.get("ssl.ca.location"))
-        if why:  # librdkafka says only "certificate verify failed"; OpenSSL through Python says why
-            detail = f"the broker's certificate was refused: {why}"
-        error = SetupError(
-            f"TLS with Kafka at {bootstrap} failed: {detail}",
-            "check kafka.ssl_ca_location and that the broker's certificate names the host in kafka.bootstrap_servers",
-        )
-    error.refused = True  # read by check_credentials: waiting cannot help
-    return error
-
-
-def _tls_verify_message(bootstrap: str, ca_location: str | None, timeout_s: float = 3.0) -> str | None:
-    """Return why the first bootstrap server's certificate fails verification (host name, issuer...), or None.
-
-    One TLS handshake with the same trust (``ca_location``, else the system's CAs)
-    and host name check as librdkafka; nothing is sent after the handshake.
-    """
-    import socket
-    import ssl
-
-    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
-    if not host or not port.isdigit():
-        return None
-    host = host.strip("[]")
-    try:
-        context = ssl.create_default_context(cafile=ca_location or None)
-        with (
-            socket.create_connection((host, int(port)), timeout=timeout_s) as raw,
-            context.wrap_socket(raw, server_hostname=host),
-        ):
-            return None
-    except ssl.SSLCertVerificationError as exc:
-        return str(exc.verify_message or exc).rstrip(".")
-    except (OSError, ValueError):
-        return None
 
 
 def topic_configs(kafka_config: Mapping[str, Any], topic: str, timeout_s: float = 10.0) -> dict[str, str]:
@@ -166,12 +29,13 @@ def topic_configs(kafka_config: Mapping[str, Any], topic: str, timeout_s: float 
     Raises:
         SetupError: Kafka did not answer within ``timeout_s`` seconds.
     """
-    admin = _admin(kafka_config)
+    admin = admin_client(kafka_config)
     resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
         result = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout_s)
-    except KafkaException as exc:
-        raise SetupError(f"cannot describe topic {topic!r}: {exc}") from exc
+    except (KafkaException, concurrent.futures.TimeoutError) as exc:
+        detail = str(exc) or f"no answer within {timeout_s:g} s"
+        raise SetupError(f"cannot describe topic {topic!r}: {detail}") from exc
     return {name: entry.value for name, entry in result.items()}
 
 
@@ -180,7 +44,8 @@ def ensure_compacted_topic(
     topic: str,
     *,
     partitions: int = 1,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
     configs: Mapping[str, str] | None = None,
     timeout_s: float = 10.0,
 ) -> bool:
@@ -190,7 +55,11 @@ def ensure_compacted_topic(
         kafka_config: librdkafka properties.
         topic: the topic name.
         partitions: partitions when created.
-        replication_factor: replicas when created.
+        replication_factor: replicas when created; ``None`` for the default of
+            :func:`replication_settings` (``min(3, brokers)``).
+        min_insync_replicas: ``min.insync.replicas`` when created; ``None`` for the
+            default of :func:`replication_settings` (a ``min.insync.replicas`` in
+            ``configs`` wins over both).
         configs: more topic configs when created (``cleanup.policy`` is forced to
             ``compact``).
         timeout_s: admin request timeout, seconds.
@@ -200,34 +69,100 @@ def ensure_compacted_topic(
 
     Raises:
         ConfigError: the topic exists with a ``cleanup.policy`` without ``compact``
-            (its old records would be deleted by retention, losing entities).
+            (its old records would be deleted by retention, losing entities), or the
+            replication settings are impossible on this cluster.
         SetupError: Kafka cannot be reached or refused the creation.
     """
     metadata = cluster_metadata(kafka_config, timeout_s)
-    admin = _admin(kafka_config)
     if topic in metadata.topics and metadata.topics[topic].error is None:
-        policy = topic_configs(kafka_config, topic, timeout_s).get("cleanup.policy", "")
-        if "compact" not in policy.split(","):
-            raise ConfigError(
-                f"topic {topic!r} exists with cleanup.policy={policy!r}, not compacted: "
-                "state topics must be compacted (one record per key, tombstones delete); "
-                f"alter it with cleanup.policy=compact or choose another topic"
-            )
+        _require_compacted(kafka_config, topic, timeout_s)
         return False
-    new = NewTopic(
+    created = create_topic(
+        kafka_config,
         topic,
-        num_partitions=partitions,
+        partitions=partitions,
         replication_factor=replication_factor,
-        config={**dict(configs or {}), "cleanup.policy": "compact"},
+        min_insync_replicas=min_insync_replicas,
+        configs={**dict(configs or {}), "cleanup.policy": "compact"},
+        timeout_s=timeout_s,
+        metadata=metadata,
     )
+    if created is None:  # created by someone else meanwhile
+        _require_compacted(kafka_config, topic, timeout_s)
+        return False
+    return True
+
+
+def _require_compacted(kafka_config: Mapping[str, Any], topic: str, timeout_s: float) -> None:
+    """Raise ``ConfigError`` unless the existing ``topic``'s ``cleanup.policy`` includes ``compact``."""
+    policy = topic_configs(kafka_config, topic, timeout_s).get("cleanup.policy", "")
+    if "compact" not in policy.split(","):
+        raise ConfigError(
+            f"topic {topic!r} exists with cleanup.policy={policy!r}, not compacted: "
+            "state topics must be compacted (one record per key, tombstones delete); "
+            f"alter it with cleanup.policy=compact or choose another topic"
+        )
+
+
+def create_topic(
+    kafka_config: Mapping[str, Any],
+    topic: str,
+    *,
+    partitions: int = 1,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
+    configs: Mapping[str, str] | None = None,
+    timeout_s: float = 10.0,
+    metadata: Any = None,
+) -> tuple[int, int] | None:
+    """Create ``topic`` replicated by the project's one rule; every topic the project creates goes through here.
+
+    The replication factor and ``min.insync.replicas`` come from :func:`replication_settings`,
+    given the number of brokers in the cluster's metadata: on a cluster of three or more
+    brokers a topic gets three replicas and ``min.insync.replicas=2``; on one broker, 1 and 1.
+    A ``min.insync.replicas`` in ``configs`` wins over ``min_insync_replicas``.
+
+    Args:
+        kafka_config: librdkafka properties.
+        topic: the topic name.
+        partitions: partitions.
+        replication_factor: configured factor (``kafka.internal_replication_factor``, or a
+            topic spec's), ``None`` for the default.
+        min_insync_replicas: configured value (``kafka.internal_min_insync_replicas``),
+            ``None`` for the default.
+        configs: topic configs (``cleanup.policy``, ``retention.ms``...).
+        timeout_s: admin request timeout, seconds.
+        metadata: the cluster's metadata when the caller has just read it (else read here).
+
+    Returns:
+        ``(replication_factor, min_insync_replicas)`` it was created with; ``None`` when
+        the topic existed already (its settings are left as they are).
+
+    Raises:
+        ConfigError: impossible replication settings on this cluster.
+        SetupError: Kafka cannot be reached or refused the creation.
+    """
+    if metadata is None:
+        metadata = cluster_metadata(kafka_config, timeout_s)
+    settings = dict(configs or {})
+    explicit_isr = settings.get("min.insync.replicas")
+    rf, isr = replication_settings(
+        len(metadata.brokers),
+        replication_factor,
+        int(explicit_isr) if explicit_isr is not None else min_insync_replicas,
+    )
+    settings["min.insync.replicas"] = str(isr)
+    new = NewTopic(topic, num_partitions=partitions, replication_factor=rf, config=settings)
+    admin = admin_client(kafka_config)  # held until the result: a collected client destroys its requests
     try:
         admin.create_topics([new], request_timeout=timeout_s)[topic].result(timeout_s)
     except KafkaException as exc:
         if exc.args and getattr(exc.args[0], "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
-            return ensure_compacted_topic(kafka_config, topic, timeout_s=timeout_s)
+            return None
         raise SetupError(f"cannot create topic {topic!r}: {exc}") from exc
-    log.info("created compacted topic=%s partitions=%d", topic, partitions)
-    return True
+    log.info("created topic=%s partitions=%d replication_factor=%d min.insync.replicas=%d cleanup.policy=%s",
+             topic, partitions, rf, isr, settings.get("cleanup.policy", "delete"))
+    return rf, isr
 
 
 def watermark_offsets(consumer: Any, topic: str, partition: int, timeout_s: float = 10.0) -> tuple[int, int]:
@@ -258,11 +193,14 @@ def watermark_offsets(consumer: Any, topic: str, partition: int, timeout_s: floa
             raise SetupError(f"no answer for the offsets of {topic}[{partition}] within {timeout_s} s")
 
 
-def internal_topic_settings(
+def replication_settings(
     brokers: int, replication_factor: int | None = None, min_insync_replicas: int | None = None
 ) -> tuple[int, int]:
-    """The replication factor and ``min.insync.replicas`` of an internal topic.
+    """The replication factor and ``min.insync.replicas`` of a topic the project creates: the one rule.
 
+    Every topic threes creates (state topics, ``_threes_schemas``, ``_threes_offsets``,
+    task topics, dead letter, update, enriched and events topics) is created through
+    :func:`create_topic`, which asks the cluster's broker count and calls this.
     Defaults follow Kafka's own advice for topics that must not be lost
     (Kafka Connect's internal topics default to replication factor 3): three
     replicas, or every broker when there are fewer, and ``min.insync.replicas``
@@ -309,7 +247,7 @@ def ensure_internal_topic(
 ) -> bool:
     """Create an internal compacted topic (schemas, offsets, task topics) replicated as configured.
 
-    The factor and ``min.insync.replicas`` come from :func:`internal_topic_settings`.
+    The factor and ``min.insync.replicas`` come from :func:`replication_settings`.
     An existing topic is kept as it is (Kafka cannot change a topic's replication
     factor without a partition reassignment); one with fewer replicas than
     asked is logged as a warning naming the topic.
@@ -330,7 +268,7 @@ def ensure_internal_topic(
         SetupError: Kafka cannot be reached or refused the creation.
     """
     metadata = cluster_metadata(kafka_config, timeout_s)
-    rf, isr = internal_topic_settings(len(metadata.brokers), replication_factor, min_insync_replicas)
+    rf, isr = replication_settings(len(metadata.brokers), replication_factor, min_insync_replicas)
     existing = metadata.topics.get(topic)
     if existing is not None and existing.error is None and existing.partitions:
         replicas = min(len(p.replicas) for p in existing.partitions.values())
@@ -339,14 +277,11 @@ def ensure_internal_topic(
                 "internal topic=%s has %d replica(s), fewer than the %d configured: losing a broker can lose it; "
                 "raise it with a partition reassignment (kafka-reassign-partitions.sh)", topic, replicas, rf,
             )
-    created = ensure_compacted_topic(
+    return ensure_compacted_topic(
         kafka_config,
         topic,
         partitions=partitions,
         replication_factor=rf,
-        configs={"min.insync.replicas": str(isr)},
+        min_insync_replicas=isr,
         timeout_s=timeout_s,
     )
-    if created:
-        log.info("internal topic=%s replication_factor=%d min.insync.replicas=%d", topic, rf, isr)
-    return created

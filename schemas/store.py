@@ -130,7 +130,7 @@ class SchemaStore(InMemorySchemaStore):
         topic: the schema topic; created compacted when missing.
         timeout_s: how long a registration or a catch-up read may take, seconds.
         replication_factor: of the topic when created; ``None``: min(3, brokers)
-            (:func:`schemas.kafka_admin.internal_topic_settings`).
+            (:func:`schemas.kafka_admin.replication_settings`).
         min_insync_replicas: of the topic when created; ``None``: the default there.
         create: create the topic when it is missing; ``False`` only reads it (``threes check``
             must not create anything: the caller checks that the topic exists first).

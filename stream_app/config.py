@@ -61,7 +61,9 @@ class EventsTopicSpec(StrictModel):
     """How ``threes run`` creates the events topic when it is missing (``cleanup.policy=delete``)."""
 
     partitions: int = Field(4, ge=1, description="partitions (4, as `threes replay` creates a topic)")
-    replication_factor: int = Field(1, ge=1)
+    replication_factor: int | None = Field(
+        None, ge=1, description="replicas; default kafka.internal_replication_factor, else min(3, number of brokers)"
+    )
     configs: dict[str, str] = Field(default_factory=dict, description="topic configs, e.g. retention.ms")
 
 

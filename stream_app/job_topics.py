@@ -11,8 +11,14 @@ from collections.abc import Collection
 
 from kernel.config.models import KafkaConfig
 from kernel.exceptions import ConfigError, ConfigProblem, FatalError, SetupError
-from kernel.kafka import clients
-from kernel.kafka.topics import cluster_metadata, ensure_compacted_topic, ensure_dead_letter_topic, topic_configs
+from kernel.kafka.topics import (
+    cluster_metadata,
+    create_topic,
+    ensure_compacted_topic,
+    ensure_dead_letter_topic,
+    internal_topic_options,
+    topic_configs,
+)
 from stream_app.config import StreamJobConfig
 from stream_app.kafka_io import TopicWatermarks
 
@@ -86,32 +92,28 @@ def check_topics(config: StreamJobConfig, kafka: KafkaConfig, watermarks: TopicW
         raise ConfigError(problems)
     partitions = len(_require_topic(watermarks, cfg.events.topic, missing_topic_error(cfg, cfg.events.topic)))
     _create_output_topics(cfg, kafka, partitions)
-    for update in cfg.updates:  # latest update per key is all a sink needs: compacted
-        ensure_compacted_topic(conf, update.topic, partitions=partitions)
 
 
 def _create_output_topics(cfg: StreamJobConfig, kafka: KafkaConfig, partitions: int) -> None:
-    """Create the enriched and dead letter topics when missing, with the events topic's partitions.
+    """Create the enriched, dead letter and update topics when missing, with the events topic's partitions.
 
-    The dead letter topic's ``max.message.bytes`` matches the producer's limit
-    (:func:`kernel.kafka.topics.ensure_dead_letter_topic`); a dead letter over it is written
+    Each is replicated by the project's rule (:func:`schemas.kafka_admin.create_topic`); the dead
+    letter topic's ``max.message.bytes`` matches the producer's limit
+    (:func:`kernel.kafka.topics.ensure_dead_letter_topic`), and a dead letter over it is written
     without its value (:func:`stream_app.records.dead_letter_fields`).
     """
-    from confluent_kafka.admin import NewTopic
-
+    conf = kafka.librdkafka_config()
+    replication = internal_topic_options(kafka)
     ensure_dead_letter_topic(kafka, cfg.dead_letter_topic, partitions=partitions)
-    admin = clients.kafka_admin(kafka)
-    existing = admin.list_topics(timeout=kafka.request_timeout_s).topics
-    missing = [t for t in (cfg.enriched_topic,) if t not in existing]
-    if missing:
-        futures = admin.create_topics([NewTopic(t, num_partitions=partitions) for t in missing])
-        for topic, future in futures.items():
-            try:
-                future.result(kafka.request_timeout_s)
-            except Exception as exc:  # already created by a concurrent start is fine
-                if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                    raise FatalError(f"cannot create topic {topic!r}: {exc}") from exc
-            log.info("created topic=%s partitions=%d", topic, partitions)
+    existing = cluster_metadata(conf, kafka.request_timeout_s)
+    if cfg.enriched_topic not in existing.topics:
+        try:  # already created by a concurrent start is fine (None)
+            create_topic(conf, cfg.enriched_topic, partitions=partitions, timeout_s=kafka.request_timeout_s,
+                         metadata=existing, **replication)
+        except SetupError as exc:
+            raise FatalError(f"cannot create topic {cfg.enriched_topic!r}: {exc}") from exc
+    for update in cfg.updates:  # latest update per key is all a sink needs: compacted
+        ensure_compacted_topic(conf, update.topic, partitions=partitions, **replication)
 
 
 def _require_topic(watermarks: TopicWatermarks, topic: str, missing: SetupError) -> list[int]:

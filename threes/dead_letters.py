@@ -256,7 +256,7 @@ def replayed_ids(kafka: Any, replays_topic: str = REPLAYS_TOPIC) -> dict[str, di
 
 
 def _topic_exists(kafka: Any, topic: str) -> bool:
-    from schemas.kafka_admin import cluster_metadata
+    from schemas.kafka_cluster import cluster_metadata
 
     meta = cluster_metadata(kafka.librdkafka_config()).topics.get(topic)
     return meta is not None and meta.error is None

@@ -72,7 +72,7 @@ class OffsetStore:
         topic: the offsets topic; created compacted when missing.
         timeout_s: admin and read timeouts, seconds.
         replication_factor: of the topic when created; ``None``: min(3, brokers)
-            (:func:`kernel.kafka.topics.internal_topic_settings`).
+            (:func:`kernel.kafka.topics.replication_settings`).
         min_insync_replicas: of the topic when created; ``None``: the default there.
 
     Raises:

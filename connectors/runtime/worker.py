@@ -208,7 +208,11 @@ class TaskRunner(RecordProducer, TopicSerializers):
             self.kafka.librdkafka_config(),
             cfg.topic,
             partitions=spec.partitions,
-            replication_factor=spec.replication_factor,
+            replication_factor=(
+                spec.replication_factor if spec.replication_factor is not None
+                else self.kafka.internal_replication_factor
+            ),
+            min_insync_replicas=self.kafka.internal_min_insync_replicas,
             configs=spec.configs,
             timeout_s=self.kafka.request_timeout_s,
         )

@@ -101,13 +101,14 @@ class KafkaConfig(StrictModel):
     internal_replication_factor: int | None = Field(
         None,
         ge=1,
-        description="replication factor of the internal topics when created (_threes_schemas, _threes_offsets, "
-        "the task topics of --group workers); default min(3, number of brokers)",
+        description="replication factor of the topics threes creates (_threes_schemas, _threes_offsets, "
+        "the task topics of --group workers, state topics without their own topic_spec.replication_factor, "
+        "dead letter, update, enriched and events topics); default min(3, number of brokers)",
     )
     internal_min_insync_replicas: int | None = Field(
         None,
         ge=1,
-        description="min.insync.replicas of the internal topics when created; default replication factor - 1 "
+        description="min.insync.replicas of the topics threes creates; default replication factor - 1 "
         "(at least 1, at most 2): with acks=all a write survives the loss of any one broker",
     )
     request_timeout_s: float = Field(10.0, gt=0, description="timeout of admin/metadata calls")

@@ -13,8 +13,17 @@ class TopicSpec(StrictModel):
     """How a topic is created when it is missing."""
 
     partitions: int = Field(1, ge=1)
-    replication_factor: int = Field(1, ge=1)
-    configs: dict[str, str] = Field(default_factory=dict, description="topic configs, e.g. min.insync.replicas")
+    replication_factor: int | None = Field(
+        None,
+        ge=1,
+        description="replicas when created; default kafka.internal_replication_factor, else min(3, number of "
+        "brokers) (schemas.kafka_admin.replication_settings)",
+    )
+    configs: dict[str, str] = Field(
+        default_factory=dict,
+        description="topic configs, e.g. min.insync.replicas (default kafka.internal_min_insync_replicas, else 2 "
+        "with three replicas, 1 below)",
+    )
     compatibility: Literal[
         "NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"
     ] = Field(

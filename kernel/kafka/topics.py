@@ -20,15 +20,16 @@ from typing import Any, TypedDict
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from kernel.exceptions import SetupError
-
-# re-exported: the framework's topic helpers in one place
-from schemas.kafka_admin import check_credentials as check_credentials
-from schemas.kafka_admin import cluster_metadata as cluster_metadata
+from schemas.kafka_admin import create_topic as create_topic
 from schemas.kafka_admin import ensure_compacted_topic as ensure_compacted_topic
 from schemas.kafka_admin import ensure_internal_topic as ensure_internal_topic
-from schemas.kafka_admin import internal_topic_settings as internal_topic_settings
+from schemas.kafka_admin import replication_settings as replication_settings
 from schemas.kafka_admin import topic_configs as topic_configs
 from schemas.kafka_admin import watermark_offsets as watermark_offsets
+
+# re-exported: the framework's topic helpers in one place
+from schemas.kafka_cluster import check_credentials as check_credentials
+from schemas.kafka_cluster import cluster_metadata as cluster_metadata
 
 log = logging.getLogger(__name__)
 
@@ -223,8 +224,9 @@ def ensure_dead_letter_topic(kafka: Any, topic: str, *, partitions: int = 1) -> 
     """Create a dead letter topic whose size limit matches its producer's, or read an existing one's.
 
     A new topic gets ``max.message.bytes`` equal to the producer's ``message.max.bytes``
-    (:func:`kernel.dlq.dead_letter_topic_config`) and the replication of the pipeline's internal
-    topics (``kafka.internal_replication_factor``, the broker's default when unset).
+    (:func:`kernel.dlq.dead_letter_topic_config`) and the project's replication rule
+    (:func:`schemas.kafka_admin.create_topic`: ``kafka.internal_replication_factor``, else
+    min(3, brokers) replicas).
 
     Args:
         kafka: the pipeline's ``KafkaConfig``.
@@ -238,25 +240,20 @@ def ensure_dead_letter_topic(kafka: Any, topic: str, *, partitions: int = 1) -> 
     Raises:
         SetupError: Kafka refused the login, the topic's creation or its description.
     """
-    from confluent_kafka import KafkaError
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     from kernel.dlq import dead_letter_limit, dead_letter_topic_config
-    from schemas.kafka_admin import cluster_metadata
+    from schemas.kafka_cluster import cluster_metadata
 
     conf = kafka.librdkafka_config()
     meta = cluster_metadata(conf, kafka.request_timeout_s)
     if topic not in meta.topics:
-        replication = getattr(kafka, "internal_replication_factor", None) or -1  # -1: the broker's default
-        new = NewTopic(topic, num_partitions=partitions, replication_factor=replication,
-                       config=dead_letter_topic_config(kafka.client_config))
-        admin = AdminClient(conf)  # kept referenced until the result: a collected client cancels its requests
         try:
-            admin.create_topics([new])[topic].result(kafka.request_timeout_s)
-            log.info("created dead letter topic=%s partitions=%d %s", topic, partitions, new.config)
+            created = create_topic(conf, topic, partitions=partitions, configs=dead_letter_topic_config(
+                kafka.client_config), timeout_s=kafka.request_timeout_s, metadata=meta, **internal_topic_options(kafka))
+        except SetupError as exc:
+            raise SetupError(f"cannot create dead letter topic {topic!r}: {exc}") from exc
+        if created is not None:
+            log.info("created dead letter topic=%s partitions=%d max.message.bytes=%d", topic, partitions,
+                     dead_letter_limit(kafka.client_config))
             return dead_letter_limit(kafka.client_config)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise SetupError(f"cannot create dead letter topic {topic!r}: {exc}") from exc
     limit = topic_configs(conf, topic, kafka.request_timeout_s).get("max.message.bytes")
     return dead_letter_limit(kafka.client_config, int(limit) if limit and limit.isdigit() else None)

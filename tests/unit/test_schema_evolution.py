@@ -10,7 +10,7 @@ import pytest
 from fastavro.schema import to_parsing_canonical_form
 
 from kernel.exceptions import ConfigError
-from kernel.kafka.topics import internal_topic_settings
+from kernel.kafka.topics import replication_settings
 from schemas.compatibility import Compatibility, check_compatibility, reader_writer_problems
 from schemas.evolution import key_subject, plan_topic_schemas, value_subject
 from schemas.exceptions import IncompatibleSchemaError, KeySchemaChangeError
@@ -198,15 +198,15 @@ def test_same_schema_again_is_not_a_new_version() -> None:
     [(1, None, None, (1, 1)), (2, None, None, (2, 1)), (3, None, None, (3, 2)), (6, None, None, (3, 2)),
      (5, 5, None, (5, 2)), (3, 3, 3, (3, 3))],
 )
-def test_internal_topic_settings(brokers: int, rf: int | None, isr: int | None, expected: tuple[int, int]) -> None:
-    assert internal_topic_settings(brokers, rf, isr) == expected
+def test_replication_settings(brokers: int, rf: int | None, isr: int | None, expected: tuple[int, int]) -> None:
+    assert replication_settings(brokers, rf, isr) == expected
 
 
-def test_internal_topic_settings_refuse_the_impossible() -> None:
+def test_replication_settings_refuse_the_impossible() -> None:
     with pytest.raises(ConfigError, match="internal_replication_factor is 3 but the cluster has 1 broker"):
-        internal_topic_settings(1, 3)
+        replication_settings(1, 3)
     with pytest.raises(ConfigError, match="internal_min_insync_replicas is 3"):
-        internal_topic_settings(3, 2, 3)
+        replication_settings(3, 2, 3)
 
 
 def test_a_key_stored_under_its_old_fingerprint_keeps_it() -> None:

@@ -104,7 +104,8 @@ def ensure_event_topic(kafka: KafkaConfig, topic: str, partitions: int) -> bool:
         SetupError: Kafka cannot be reached or refused the creation.
     """
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import NewTopic
+
+    from kernel.kafka.topics import create_topic, internal_topic_options
 
     admin = clients.kafka_admin(kafka)
     try:
@@ -114,13 +115,10 @@ def ensure_event_topic(kafka: KafkaConfig, topic: str, partitions: int) -> bool:
                          "start the local stack with `threes local up`") from exc
     if topic in meta.topics and meta.topics[topic].error is None:
         return False
-    try:
-        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)],
-                            request_timeout=kafka.request_timeout_s)[topic].result(kafka.request_timeout_s)
-    except KafkaException as exc:
-        if exc.args and getattr(exc.args[0], "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
-            return False
-        raise SetupError(f"cannot create topic {topic!r}: {exc}") from exc
+    created = create_topic(kafka.librdkafka_config(), topic, partitions=partitions,
+                           timeout_s=kafka.request_timeout_s, metadata=meta, **internal_topic_options(kafka))
+    if created is None:
+        return False
     log.info("created event topic=%s partitions=%d", topic, partitions)
     return True
 

@@ -50,12 +50,29 @@ ServiceOption = Annotated[
 @local_app.command()
 def up(
     service: ServiceOption = None,
+    brokers: Annotated[
+        int | None,
+        typer.Option(
+            "--brokers",
+            min=1,
+            max=9,
+            help="Kafka brokers, each also a KRaft controller (default: as recorded, 1 on a new stack); "
+            "a new number formats new Kafka storage and needs Kafka down.",
+        ),
+    ] = None,
+    kafka_port: Annotated[
+        int | None,
+        typer.Option(
+            "--kafka-port",
+            help="PLAINTEXT port of the first broker; broker n uses port + 10*(n-1) .. +2 (default 19092).",
+        ),
+    ] = None,
 ) -> None:
     """Install what is missing, start what is down and wait until healthy."""
     _setup_logging()
     stack = LocalStack()
     try:
-        stack.up(service or None)
+        stack.up(service or None, brokers=brokers, kafka_port=kafka_port)
     except LocalStackError as exc:
         raise _fail(exc) from None
     _print_status(stack)

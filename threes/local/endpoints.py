@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .common import HOST, Layout
 from .elasticsearch import HTTP_PORT
-from .kafka import KAFKA_PORT, SASL_PASSWORD, SASL_SSL_PORT, SASL_USERNAME
+from .kafka import SASL_PASSWORD, SASL_SSL_PORT, SASL_USERNAME
+from .kafka_cluster import KafkaCluster
 from .mysql import MYSQL_URL
 from .postgres import PG_DATABASE, PG_PASSWORD, PG_PORT, PG_USER
 from .registry import ENV_VARS
@@ -33,8 +34,8 @@ class Endpoints:
         mysql_url: SQLAlchemy URL of the MySQL-compatible server (MariaDB),
             ``mysql+pymysql://user:password@host:port/db?charset=utf8mb4``.
         spark_master: Master URL of the Spark standalone cluster (``spark://host:port``).
-        kafka_sasl_bootstrap: ``host:port`` of the broker's SASL_SSL (SCRAM-SHA-512)
-            listener; empty when Kafka is external and no SASL_SSL address was given.
+        kafka_sasl_bootstrap: ``host:port[,host:port]`` of the brokers' SASL_SSL (SCRAM-SHA-512)
+            listeners; empty when Kafka is external and no SASL_SSL address was given.
         kafka_sasl_username: SCRAM user of that listener.
         kafka_sasl_password: Its password.
         tls_ca_location: PEM file of the CA that signed the stack's server
@@ -59,13 +60,17 @@ class Endpoints:
     def local(cls, home: Path | None = None) -> Endpoints:
         """Return the endpoints of the project-local services (no overrides).
 
+        Kafka's are every broker of the recorded cluster (``threes local up --brokers N``).
+
         Args:
             home: The stack's folder (for the CA file); ``$THREES_HOME`` or ``./.threes`` when None.
         """
         if home is None:
             home = Path(os.environ.get("THREES_HOME") or ".threes").expanduser().resolve()
+        kafka = KafkaCluster.load(Layout(home))
         return cls(
-            kafka_bootstrap=f"{HOST}:{KAFKA_PORT}",
+            kafka_bootstrap=kafka.bootstrap(),
+            kafka_sasl_bootstrap=kafka.sasl_bootstrap(),
             postgres_url=(f"postgresql+psycopg://{PG_USER}:{PG_PASSWORD}@{HOST}:{PG_PORT}/{PG_DATABASE}"),
             elasticsearch_url=f"http://{HOST}:{HTTP_PORT}",
             s3_endpoint_url=f"http://{HOST}:{S3_PORT}",

@@ -1,4 +1,8 @@
-"""A single-node KRaft Kafka broker (4.3.1) on 127.0.0.1: PLAINTEXT 19092, SASL_SSL 19094.
+"""KRaft Kafka brokers (4.3.1) on 127.0.0.1: one by default (PLAINTEXT 19092, SASL_SSL 19094), or more.
+
+``threes local up --brokers 3`` runs three nodes, each broker and controller
+(:mod:`.kafka_cluster` holds the cluster's shape and ports); each node is one
+:class:`Kafka` service with its own folder, ``server.properties``, log and PID record.
 
 Jars come from Maven (``kafka-pom.xml``) into ``.threes/kafka/lib``; the
 storage is formatted once (``.threes/kafka/.formatted`` marks a completed
@@ -24,7 +28,9 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from .common import HOST, LocalStackError, wait_until
+from .common import HOST, Layout, LocalStackError, wait_until
+from .kafka_cluster import CONTROLLER_PORT, KAFKA_PORT, SASL_SSL_PORT, KafkaCluster
+from .kafka_properties import SASL_MECHANISM, server_properties
 from .maven import copy_dependencies
 from .process import run
 from .service import Service
@@ -36,15 +42,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-KAFKA_PORT = 19092
-CONTROLLER_PORT = 19093
-SASL_SSL_PORT = 19094
-SASL_MECHANISM = "SCRAM-SHA-512"
+__all__ = ["CONTROLLER_PORT", "KAFKA_PORT", "SASL_SSL_PORT", "Kafka", "server_properties", "upsert_scram_user"]
+
 SASL_USERNAME = "threes"
 SASL_PASSWORD = "threes-scram-secret"  # the local stack's well-known test credential
 SCRAM_ITERATIONS = 8192
 JAVA_17 = "/usr/lib/jvm/java-17-openjdk-amd64"
 HEAP = ("-Xms256m", "-Xmx768m")
+CLUSTER_HEAP = ("-Xms128m", "-Xmx512m")
+"""Each node's heap when there are several (three JVMs on a laptop)."""
 
 
 def _cluster_id() -> str:
@@ -55,70 +61,14 @@ def _cluster_id() -> str:
             return value
 
 
-def server_properties(data_dir: Path, keystore: Path | None = None, keystore_password: str | None = None) -> str:
-    """Return ``server.properties`` for one combined broker+controller node.
+class Kafka(Service):
+    """Kafka broker + KRaft controller in one JVM (Java 17): node ``node`` of the local cluster.
 
     Args:
-        data_dir: Absolute folder for the log segments and KRaft metadata.
-        keystore: PKCS#12 key store of the SASL_SSL listener (server key and
-            certificate chain); None leaves that listener out.
-        keystore_password: Password of ``keystore`` (and of the key in it).
+        layout: The project-local folder.
+        node: The node's id, 1-based; node 1 is the service ``kafka``, node ``n`` ``kafka-n``.
+        cluster: The cluster's shape; the recorded one (:meth:`KafkaCluster.load`) when None.
     """
-    listeners = f"PLAINTEXT://{HOST}:{KAFKA_PORT},CONTROLLER://{HOST}:{CONTROLLER_PORT}"
-    advertised = f"PLAINTEXT://{HOST}:{KAFKA_PORT}"
-    protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
-    tls: dict[str, str] = {}
-    if keystore is not None:
-        listeners += f",SASL_SSL://{HOST}:{SASL_SSL_PORT}"
-        advertised += f",SASL_SSL://{HOST}:{SASL_SSL_PORT}"
-        protocols += ",SASL_SSL:SASL_SSL"
-        prefix = "listener.name.sasl_ssl."
-        tls = {
-            "sasl.enabled.mechanisms": SASL_MECHANISM,
-            f"{prefix}sasl.enabled.mechanisms": SASL_MECHANISM,
-            f"{prefix}{SASL_MECHANISM.lower()}.sasl.jaas.config": (
-                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-            ),
-            f"{prefix}ssl.keystore.type": "PKCS12",
-            f"{prefix}ssl.keystore.location": str(keystore),
-            f"{prefix}ssl.keystore.password": keystore_password or "",
-            f"{prefix}ssl.key.password": keystore_password or "",
-            f"{prefix}ssl.client.auth": "none",
-        }
-    settings = {
-        "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{HOST}:{CONTROLLER_PORT}",
-        "listeners": listeners,
-        "advertised.listeners": advertised,
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": protocols,
-        **tls,
-        "log.dirs": str(data_dir),
-        "num.partitions": "1",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
-        "offsets.topic.replication.factor": "1",
-        "offsets.topic.num.partitions": "10",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "transaction.state.log.num.partitions": "10",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
-        "group.initial.rebalance.delay.ms": "0",
-        "auto.create.topics.enable": "true",
-        "log.cleaner.dedupe.buffer.size": str(32 * 1024 * 1024),
-        "num.network.threads": "2",
-        "num.io.threads": "4",
-    }
-    lines = ["# Written by threes.local.kafka; regenerated on every start."]
-    lines += [f"{key}={value}" for key, value in settings.items()]
-    return "\n".join(lines) + "\n"
-
-
-class Kafka(Service):
-    """Kafka broker + KRaft controller in one JVM (Java 17)."""
 
     name = "kafka"
     title = "Kafka"
@@ -133,9 +83,22 @@ class Kafka(Service):
     health_timeout = 90.0
     stop_timeout = 30.0
 
+    def __init__(self, layout: Layout, node: int = 1, cluster: KafkaCluster | None = None) -> None:
+        self.node = node
+        self.cluster = cluster or KafkaCluster.load(layout)
+        self.name = self.cluster.service_name(node)
+        if node > 1:
+            self.title = f"Kafka broker {node}"
+        self.ports = (
+            self.cluster.plaintext_port(node),
+            self.cluster.controller_port(node),
+            self.cluster.sasl_ssl_port(node),
+        )
+        super().__init__(layout)
+
     @property
     def lib(self) -> Path:
-        """Folder of the broker's jars."""
+        """Folder of the broker's jars (node 2...: a link to node 1's, under its own folder for the marker)."""
         return self.dir / "lib"
 
     @property
@@ -182,7 +145,13 @@ class Kafka(Service):
     def install(self) -> None:
         """Resolve the broker's jars with Maven (skipped when present)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        copy_dependencies(self.layout, "kafka-pom.xml", self.lib, log_name="kafka")
+        if self.node == 1:
+            copy_dependencies(self.layout, "kafka-pom.xml", self.lib, log_name="kafka")
+            return
+        first = Kafka(self.layout, 1, self.cluster)
+        first.install()
+        if not self.lib.exists():
+            self.lib.symlink_to(first.lib, target_is_directory=True)
 
     def prepare(self) -> None:
         """Write the configs and format the storage once.
@@ -195,7 +164,9 @@ class Kafka(Service):
         # the file holds the key store's password: readable by us only
         self.properties.touch(mode=0o600)
         self.properties.chmod(0o600)
-        self.properties.write_text(server_properties(self.data, self.keystore, password))
+        self.properties.write_text(
+            server_properties(self.data, self.keystore, password, node=self.node, cluster=self.cluster)
+        )
         log4j = resources.files(__package__).joinpath("kafka-log4j2.xml").read_text()
         (self.dir / "log4j2.xml").write_text(log4j)
         formatted = self.dir / ".formatted"
@@ -204,7 +175,7 @@ class Kafka(Service):
         logger.info("kafka: formatting KRaft storage in %s", self.data)
         shutil.rmtree(self.data, ignore_errors=True)
         formatted.unlink(missing_ok=True)
-        id_file = self.dir / "cluster.id"
+        id_file = self.layout.service_dir("kafka") / "cluster.id"  # one id for every node
         if not id_file.exists():
             id_file.write_text(_cluster_id())
         run(
@@ -238,7 +209,7 @@ class Kafka(Service):
         """Return the broker's command line (``kafka.Kafka server.properties``)."""
         cmd = [
             self._java(),
-            *HEAP,
+            *(HEAP if self.cluster.brokers == 1 else CLUSTER_HEAP),
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
             "-XX:+ExitOnOutOfMemoryError",
@@ -266,7 +237,7 @@ class Kafka(Service):
                 "threes local down --service kafka && threes local up --service kafka"
             )
         wait_until(
-            lambda: upsert_scram_user(f"{HOST}:{KAFKA_PORT}", SASL_USERNAME, SASL_PASSWORD),
+            lambda: upsert_scram_user(self.cluster.bootstrap(), SASL_USERNAME, SASL_PASSWORD),
             timeout=self.health_timeout,
             what=f"{self.title} (SCRAM user {SASL_USERNAME})",
             log=self.log,
@@ -283,7 +254,9 @@ class Kafka(Service):
         admin = AdminClient(
             {"bootstrap.servers": endpoints.kafka_bootstrap, "log_level": 0, "socket.connection.setup.timeout.ms": 3000}
         )
-        admin.list_topics(timeout=5)
+        metadata = admin.list_topics(timeout=5)
+        if endpoints.kafka_bootstrap == self.cluster.bootstrap() and len(metadata.brokers) < self.cluster.brokers:
+            raise LocalStackError(f"{len(metadata.brokers)} of {self.cluster.brokers} brokers registered")
         if endpoints.kafka_sasl_bootstrap and endpoints.tls_ca_location:
             secure = AdminClient(
                 {
@@ -310,7 +283,10 @@ class Kafka(Service):
                 raise
 
     def address(self, endpoints: Endpoints) -> str:
-        """The bootstrap servers, and the SASL_SSL listener's when there is one."""
+        """The bootstrap servers, and the SASL_SSL listener's when there is one (a node of several: its own)."""
+        if self.cluster.brokers > 1 and endpoints.kafka_bootstrap == self.cluster.bootstrap():
+            return (f"{HOST}:{self.cluster.plaintext_port(self.node)} "
+                    f"(SASL_SSL {HOST}:{self.cluster.sasl_ssl_port(self.node)})")
         if endpoints.kafka_sasl_bootstrap:
             return f"{endpoints.kafka_bootstrap} (SASL_SSL {endpoints.kafka_sasl_bootstrap})"
         return endpoints.kafka_bootstrap

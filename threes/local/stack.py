@@ -20,6 +20,9 @@ from pathlib import Path
 
 from .common import Layout, LocalStackError, wait_until
 from .endpoints import Endpoints
+from .kafka import Kafka
+from .kafka_cluster import MAX_BROKERS, KafkaCluster
+from .process import PidRecord
 from .registry import _START_ORDER, SERVERS, SERVICES, SPARK
 from .service import Service
 from .spark import resolve_s3a_jars, resolve_spark_jars, s3a_jars_dir, spark_jars_dir
@@ -73,7 +76,9 @@ class LocalStack:
         """Return the endpoints, with ``THREES_*`` environment overrides applied."""
         return Endpoints.from_env(home=self.home)
 
-    def up(self, services: Sequence[str] | None = None) -> None:
+    def up(
+        self, services: Sequence[str] | None = None, *, brokers: int | None = None, kafka_port: int | None = None
+    ) -> None:
         """Install what is missing, start what is down and wait until all are healthy.
 
         Idempotent: running services are only health-checked; stale PID records
@@ -83,18 +88,25 @@ class LocalStack:
         Args:
             services: Subset of :data:`SERVICES`; all of them when None (the Spark
                 cluster only when ``spark`` is named).
+            brokers: Kafka brokers to run (each also a KRaft controller); None keeps the
+                recorded number (one on a new stack). A different number than the recorded
+                one formats new Kafka storage (its topics are dropped); Kafka must be down.
+            kafka_port: PLAINTEXT port of the first broker (see :mod:`.kafka_cluster`);
+                None keeps the recorded one (19092 on a new stack).
 
         Raises:
-            LocalStackError: Unknown service, or one could not be installed,
-                started or reached (one message covering every failure).
+            LocalStackError: Unknown service, a new Kafka shape while Kafka runs, or one
+                could not be installed, started or reached (one message covering every failure).
         """
         names = self._select(services)
         cluster = services is not None and SPARK in names
         self.layout.create()
         started = time.monotonic()
-        endpoints = self.endpoints()
         errors: dict[str, str] = {}
         with self._lock():
+            if "kafka" in names and not self._is_external(self._services["kafka"]):
+                self._shape_kafka(brokers, kafka_port)
+            endpoints = self.endpoints()
             threads = [
                 threading.Thread(
                     target=self._up_one,
@@ -129,7 +141,7 @@ class LocalStack:
         if not self.layout.run.exists():
             return
         with self._lock():
-            stopping = [svc for svc in self._services.values() if svc.name in names]
+            stopping = [svc for svc in self._servers(every_kafka_node=True) if svc.name.split("-")[0] in names]
             if SPARK in names:
                 stopping += self._cluster
             threads = [
@@ -144,7 +156,7 @@ class LocalStack:
         """Return the state of each server (:data:`SERVERS` in order, then the Spark cluster)."""
         endpoints = self.endpoints()
         result = []
-        for svc in [*self._services.values(), *self._cluster]:
+        for svc in [*self._servers(), *self._cluster]:
             name = svc.name
             address = svc.address(endpoints)
             if self._is_external(svc):
@@ -207,6 +219,53 @@ class LocalStack:
 
     # -- internals ------------------------------------------------------------------
 
+    def _kafka_nodes(self, every: bool = False) -> list[Kafka]:
+        """The Kafka nodes of the recorded cluster; ``every``: also nodes left with a PID record."""
+        shape = KafkaCluster.load(self.layout)
+        count = shape.brokers
+        if every:
+            recorded = [n for n in range(2, MAX_BROKERS + 1) if self.layout.pid_file(shape.service_name(n)).exists()]
+            count = max([count, *recorded])
+            shape = KafkaCluster(count, shape.port)
+        return [Kafka(self.layout, node, shape) for node in shape.nodes]
+
+    def _servers(self, every_kafka_node: bool = False) -> list[Service]:
+        """The servers in :data:`SERVERS` order, Kafka as its nodes."""
+        result: list[Service] = []
+        for svc in self._services.values():
+            result += self._kafka_nodes(every_kafka_node) if svc.name == "kafka" else [svc]
+        return result
+
+    def _group(self, name: str) -> list[Service]:
+        """The processes of server ``name``: Kafka's nodes, else the one server."""
+        return list(self._kafka_nodes()) if name == "kafka" else [self._services[name]]
+
+    def _shape_kafka(self, brokers: int | None, port: int | None) -> None:
+        """Record the Kafka cluster's shape; a new one makes every node format new storage.
+
+        Raises:
+            LocalStackError: The shape changes while a node of the old one runs.
+        """
+        current = KafkaCluster.load(self.layout)
+        wanted = KafkaCluster(brokers or current.brokers, port or current.port)
+        if wanted != current:
+            running = [node.name for node in self._kafka_nodes(every=True) if node.running() is not None]
+            if running:
+                raise LocalStackError(
+                    f"Kafka runs with {current.brokers} broker(s) from port {current.port}; stop it before "
+                    f"changing to {wanted.brokers} from port {wanted.port}: threes local down --service kafka"
+                )
+            nodes = [Kafka(self.layout, node, wanted) for node in range(1, MAX_BROKERS + 1)]
+            if any((node.dir / ".formatted").exists() for node in nodes):
+                logger.warning(
+                    "kafka: %d broker(s) from port %d, was %d from port %d: formatting new KRaft storage "
+                    "(the old topics are dropped)", wanted.brokers, wanted.port, current.brokers, current.port,
+                )
+            for node in nodes:  # a node's storage belongs to one quorum: format it again
+                (node.dir / ".formatted").unlink(missing_ok=True)
+        wanted.save(self.layout)
+        self._services["kafka"] = Kafka(self.layout, 1, wanted)
+
     @staticmethod
     def _select(services: Sequence[str] | None) -> set[str]:
         if services is None:
@@ -243,7 +302,8 @@ class LocalStack:
                     resolve_s3a_jars(self.layout)
                     self._up_cluster(endpoints)
                 return
-            svc = self._services[name]
+            group = self._group(name)
+            svc = group[0]
             address = svc.address(endpoints)
             if self._is_external(svc):
                 logger.info("%s: using %s (from %s)", name, address, svc.env_var)
@@ -253,28 +313,21 @@ class LocalStack:
                     what=f"{svc.title} at {address} (from {svc.env_var})",
                 )
                 return
-            record = svc.running()
-            if record is None:
-                svc.check_ports()
-                svc.install()
-                svc.prepare()
-                record = svc.start()
-            else:
-                logger.info("%s: already running (pid %d)", name, record.pid)
+            records = [self._start(node) for node in group]  # every node before waiting: a quorum needs most
             svc.bootstrap()
             wait_until(
                 lambda: svc.probe(endpoints),
                 timeout=svc.health_timeout,
                 what=svc.title,
                 log=self._relative(svc.log),
-                alive=lambda: svc.alive(record),
+                alive=lambda: all(node.alive(record) for node, record in zip(group, records, strict=True)),
             )
             logger.info(
-                "%s: healthy at %s after %.1f s (pid %d, log %s)",
+                "%s: healthy at %s after %.1f s (pid %s, log %s)",
                 name,
                 address,
                 time.monotonic() - began,
-                record.pid,
+                ", ".join(str(record.pid) for record in records),
                 self._relative(svc.log),
             )
         except LocalStackError as exc:
@@ -282,6 +335,18 @@ class LocalStack:
         except Exception as exc:  # reported as one line, details in debug log
             logger.debug("%s failed", name, exc_info=True)
             errors[name] = f"{name}: unexpected error: {type(exc).__name__}: {exc}"
+
+    @staticmethod
+    def _start(svc: Service) -> PidRecord:
+        """Start ``svc`` unless it runs (install, prepare, start); return its PID record."""
+        record = svc.running()
+        if record is None:
+            svc.check_ports()
+            svc.install()
+            svc.prepare()
+            return svc.start()
+        logger.info("%s: already running (pid %d)", svc.name, record.pid)
+        return record
 
     def _up_cluster(self, endpoints: Endpoints) -> None:
         """Start the master, wait for it, then the workers (they register with a running master)."""

@@ -135,27 +135,24 @@ class KafkaProbe:
         Raises:
             SetupError: Kafka refused the creation.
         """
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import NewTopic
-
         from kernel.exceptions import SetupError
+        from kernel.kafka.topics import create_topic, internal_topic_options
 
         if topic in self.topics(max_age_s=0):
             return False
-        new = NewTopic(topic, num_partitions=spec.partitions, replication_factor=spec.replication_factor,
-                       config=dict(spec.configs))
+        replication = internal_topic_options(self.kafka)
+        if spec.replication_factor is not None:
+            replication["replication_factor"] = spec.replication_factor
         try:
-            self._admin.create_topics([new], request_timeout=self.kafka.request_timeout_s)[topic].result(
-                self.kafka.request_timeout_s
-            )
-        except KafkaException as exc:
-            if exc.args and getattr(exc.args[0], "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
-                return False
+            created = create_topic(self.kafka.librdkafka_config(), topic, partitions=spec.partitions,
+                                   configs=spec.configs, timeout_s=self.kafka.request_timeout_s, **replication)
+        except SetupError as exc:
             raise SetupError(f"cannot create the events topic {topic!r}: {exc}",
                              "create it yourself, or fix stream.events.topic_spec") from exc
+        if created is None:
+            return False
         self._topics = None
-        log.info("created events topic=%s partitions=%d replication_factor=%d", topic, spec.partitions,
-                 spec.replication_factor)
+        log.info("created events topic=%s partitions=%d replication_factor=%d", topic, spec.partitions, created[0])
         return True
 
     def watermarks(

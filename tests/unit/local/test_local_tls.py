@@ -9,7 +9,8 @@ import stat
 from cryptography import x509
 
 from threes.local.common import Layout
-from threes.local.kafka import SASL_SSL_PORT, server_properties
+from threes.local.kafka_cluster import SASL_SSL_PORT
+from threes.local.kafka_properties import server_properties
 from threes.local.tls import ensure_certificates
 
 
