@@ -1,14 +1,16 @@
-"""Fixtures of the supervision and status tests: headless Chromium (Debian's package) and its artefacts."""
+"""Fixtures of the operations tests: headless Chromium (Debian's package) and its artefacts, a three-broker cluster."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.integration.ops.brokers import BrokerCluster, link_jars
 
 ARTIFACTS = Path(os.environ.get("THREES_ARTIFACTS", ROOT / ".threes" / "artifacts"))
 
@@ -35,3 +37,16 @@ def artifacts() -> Path:
     """Where tests keep artefacts (screenshots): ``.threes/artifacts`` or ``$THREES_ARTIFACTS``."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerCluster]:
+    """A three-broker cluster of its own (``threes local up --brokers 3`` in a tmp folder), stopped after."""
+    home = tmp_path_factory.mktemp("kafka3")
+    link_jars(home)
+    cluster = BrokerCluster(home)
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down()

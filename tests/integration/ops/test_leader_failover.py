@@ -15,7 +15,8 @@ Short by default (``make test``); ``make drills`` sets the full sizes: ``THREES_
 ``THREES_FAILOVER_LOAD_S`` (seconds the loads last).
 
 The micro-batch stream job runs inside ``threes run`` of the shop (``tests/e2e/test_first_pipeline.py``).
-Not covered here: the stream job in real-time mode (``stream.mode: realtime``) on three brokers.
+The stream job in real-time mode (``stream.mode: realtime``) is drilled in ``test_leader_failover_realtime.py``,
+on the same cluster (the ``brokers`` fixture of ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from kernel.kafka.topics import cluster_metadata, create_topic, ensure_compacted
 from tests.conftest import ROOT
 from tests.e2e import test_first_pipeline as first
 from tests.e2e.test_kafka_restart import _replay, _write_orders
-from tests.integration.ops.brokers import BrokerCluster, link_jars, measure_stalls
+from tests.integration.ops.brokers import BrokerCluster, measure_stalls
 from tests.integration.sources.rds import write_source_run_config
 from tests.integration.sources.test_exactly_once import committed_keys
 from tests.integration.sources.test_rds_cdc import changes, drop_slot
@@ -61,19 +62,6 @@ UPDATES = int(os.environ.get("THREES_FAILOVER_UPDATES", "6000"))  # make drills:
 ROWS = int(os.environ.get("THREES_FAILOVER_ROWS", "20000"))  # make drills: 200000
 LOAD_S = float(os.environ.get("THREES_FAILOVER_LOAD_S", "20"))  # make drills: 60
 KEYS = 500
-
-
-@pytest.fixture(scope="session")
-def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerCluster]:
-    """A three-broker cluster of its own (``threes local up --brokers 3`` in a tmp folder), stopped after."""
-    home = tmp_path_factory.mktemp("kafka3")
-    link_jars(home)
-    cluster = BrokerCluster(home)
-    try:
-        cluster.up()
-        yield cluster
-    finally:
-        cluster.down()
 
 
 @pytest.fixture(autouse=True)
