@@ -241,7 +241,6 @@ def ensure_dead_letter_topic(kafka: Any, topic: str, *, partitions: int = 1) -> 
         SetupError: Kafka refused the login, the topic's creation or its description.
     """
     from kernel.dlq import dead_letter_limit, dead_letter_topic_config
-    from schemas.kafka_cluster import cluster_metadata
 
     conf = kafka.librdkafka_config()
     meta = cluster_metadata(conf, kafka.request_timeout_s)
