@@ -59,6 +59,13 @@ SETTINGS = {
     "performance-schema": "OFF",
     # Tests create and drop many tables; flushing the redo log once a second is durable enough here.
     "innodb-flush-log-at-trx-commit": "2",
+    # The row-based binary log that binlog change data capture (mode: cdc on a mysql connection) reads:
+    # full row images, GTIDs in every event group, a week of retention.
+    "server-id": "1",
+    "log-bin": "mariadb-bin",
+    "binlog-format": "ROW",
+    "binlog-row-image": "FULL",
+    "binlog-expire-logs-seconds": "604800",
 }
 
 
