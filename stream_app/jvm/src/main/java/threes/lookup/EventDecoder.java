@@ -1,5 +1,8 @@
 package threes.lookup;
 
+import threes.avro.SchemaTopic;
+import threes.avro.SingleObjectCodec;
+
 import java.io.IOException;
 import java.io.StringReader;
 import java.time.Duration;

@@ -1,5 +1,8 @@
 package threes.lookup;
 
+import threes.store.SnapshotStore;
+import threes.store.StoreSpec;
+
 import org.apache.spark.sql.api.java.UDF1;
 
 /**

@@ -4,12 +4,12 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
-import static threes.lookup.SnapshotTableTest.FP_V1;
-import static threes.lookup.SnapshotTableTest.V1;
-import static threes.lookup.SnapshotTableTest.V2;
-import static threes.lookup.SnapshotTableTest.airport;
-import static threes.lookup.SnapshotTableTest.body;
-import static threes.lookup.SnapshotTableTest.framed;
+import static threes.store.SnapshotTableTest.FP_V1;
+import static threes.store.SnapshotTableTest.V1;
+import static threes.store.SnapshotTableTest.V2;
+import static threes.store.SnapshotTableTest.airport;
+import static threes.store.SnapshotTableTest.body;
+import static threes.store.SnapshotTableTest.framed;
 
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;

@@ -1,4 +1,4 @@
-package threes.lookup;
+package threes.store;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -20,17 +20,18 @@ import org.apache.avro.io.BinaryEncoder;
 import org.apache.avro.io.DecoderFactory;
 import org.apache.avro.io.EncoderFactory;
 import org.junit.jupiter.api.Test;
+import threes.avro.SingleObjectCodec;
 
-class SnapshotTableTest {
-  static final Schema V1 = new Schema.Parser().parse(
+public class SnapshotTableTest {
+  public static final Schema V1 = new Schema.Parser().parse(
       "{\"type\":\"record\",\"name\":\"airport\",\"fields\":[{\"name\":\"faa\",\"type\":\"string\"},"
           + "{\"name\":\"name\",\"type\":\"string\"}]}");
-  static final Schema V2 = new Schema.Parser().parse(
+  public static final Schema V2 = new Schema.Parser().parse(
       "{\"type\":\"record\",\"name\":\"airport\",\"fields\":[{\"name\":\"faa\",\"type\":\"string\"},"
           + "{\"name\":\"name\",\"type\":\"string\"},{\"name\":\"tz\",\"type\":\"int\",\"default\":-5}]}");
-  static final String FP_V1 = "0102030405060708";
+  public static final String FP_V1 = "0102030405060708";
 
-  static byte[] body(Schema schema, GenericRecord record) throws IOException {
+  public static byte[] body(Schema schema, GenericRecord record) throws IOException {
     ByteArrayOutputStream out = new ByteArrayOutputStream();
     BinaryEncoder enc = EncoderFactory.get().binaryEncoder(out, null);
     new GenericDatumWriter<GenericRecord>(schema).write(record, enc);
@@ -38,7 +39,7 @@ class SnapshotTableTest {
     return out.toByteArray();
   }
 
-  static byte[] framed(String fp, byte[] body) {
+  public static byte[] framed(String fp, byte[] body) {
     byte[] out = new byte[10 + body.length];
     out[0] = (byte) 0xC3;
     out[1] = 0x01;
@@ -47,7 +48,7 @@ class SnapshotTableTest {
     return out;
   }
 
-  static GenericRecord airport(Schema schema, String faa, String name) {
+  public static GenericRecord airport(Schema schema, String faa, String name) {
     GenericRecord r = new GenericData.Record(schema);
     r.put("faa", faa);
     r.put("name", name);
@@ -98,43 +99,6 @@ class SnapshotTableTest {
     assertEquals(0, table.bytes());
   }
 
-  @Test
-  void aStoreFileGivesBackTheTableAndItsOffsets(@org.junit.jupiter.api.io.TempDir java.nio.file.Path dir)
-      throws Exception {
-    SnapshotTable table = new SnapshotTable("airports", 1 << 20);
-    table.apply(new byte[] {6, 'E', 'W', 'R'}, new byte[] {1, 2});
-    table.apply(new byte[] {6, 'J', 'F', 'K'}, new byte[] {3});
-    java.nio.file.Path file = dir.resolve("airports.store");
-    Map<String, String> ids = Map.of("state.airports", "AAAAAAAAAAAAAAAAAAAAAA");
-    StoreFile.write(file, table, ids, Map.of("state.airports:0", 7L, "state.airports:1", 3L));
-    SnapshotTable loaded = new SnapshotTable("airports", 1 << 20);
-    assertEquals(Map.of("state.airports:0", 7L, "state.airports:1", 3L), StoreFile.read(file, loaded, ids));
-    assertEquals(2, loaded.size());
-    assertEquals(table.bytes(), loaded.bytes());
-    assertArrayEquals(new byte[] {1, 2}, loaded.get(new byte[] {6, 'E', 'W', 'R'}));
-    // a table that no longer fits its bound is refused while loading, with the numbers
-    assertThrows(SnapshotTable.SnapshotTooLargeException.class,
-        () -> StoreFile.read(file, new SnapshotTable("airports", 150), ids));
-  }
-
-  @Test
-  void aStoreFileOfATopicCreatedAgainSinceIsRefusedAndLoadsNothing(
-      @org.junit.jupiter.api.io.TempDir java.nio.file.Path dir) throws Exception {
-    SnapshotTable table = new SnapshotTable("airports", 1 << 20);
-    table.apply(new byte[] {6, 'E', 'W', 'R'}, new byte[] {1, 2});
-    java.nio.file.Path file = dir.resolve("airports.store");
-    StoreFile.write(file, table, Map.of("state.airports", "old-id"), Map.of("state.airports:0", 7L));
-    SnapshotTable loaded = new SnapshotTable("airports", 1 << 20);
-    StoreFile.StaleFileException stale = assertThrows(StoreFile.StaleFileException.class,
-        () -> StoreFile.read(file, loaded, Map.of("state.airports", "new-id")));
-    assertTrue(stale.getMessage().contains("{state.airports=old-id}"), stale.getMessage());
-    assertTrue(stale.getMessage().contains("{state.airports=new-id}"), stale.getMessage());
-    assertEquals(0, loaded.size());
-    // a file of the first version (no topic ids) cannot say which topics it holds: refused too
-    java.nio.file.Files.write(file, new byte[] {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0});
-    assertThrows(StoreFile.StaleFileException.class,
-        () -> StoreFile.read(file, loaded, Map.of("state.airports", "new-id")));
-  }
 
   @Test
   void aSnapshotThatDoesNotFitIsRefusedWithTheNumbers() throws Exception {

@@ -1,4 +1,4 @@
-package threes.lookup;
+package threes.store;
 
 import java.io.IOException;
 import java.io.Serializable;
@@ -20,12 +20,16 @@ import java.util.Properties;
  * @param schemaTopic the topic of the writer schemas
  * @param keySchema the reader key schema JSON; null for a snapshot keyed by plain UTF-8 strings
  * @param valueSchema the reader value schema JSON
- * @param maxBytes the heap the entries may take, in bytes
+ * @param maxBytes the heap the in-heap table of the latest values may take, in bytes; a snapshot larger than
+ *     that is served from the RocksDB store alone (0: never keep an in-heap table)
  * @param readyTimeoutMs how long the first lookup waits for the store's first load, in milliseconds
  * @param startOffsets where to start reading ({@code topic:partition=offset}, comma-separated), e.g.
  *     from a checkpoint whose table was loaded beforehand; empty reads each topic from its beginning
- * @param stateDir a local folder where the store keeps its table and offsets ({@link StoreFile}), so a
- *     restarted JVM loads them and reads only the topics' tail; null or empty keeps nothing
+ * @param stateDir a local folder under which the store keeps its RocksDB folder and offsets ({@link
+ *     RocksState}), so a restarted JVM reads only the topics' tail; null or empty: a temporary folder,
+ *     deleted when the store closes
+ * @param retentionMs how long versions of a key stay queryable after they end ({@code as_of}), in
+ *     milliseconds; negative keeps the latest value per key only
  */
 public record StoreSpec(
     String name,
@@ -37,7 +41,8 @@ public record StoreSpec(
     long maxBytes,
     long readyTimeoutMs,
     String startOffsets,
-    String stateDir)
+    String stateDir,
+    long retentionMs)
     implements Serializable {
 
   /** The consumer settings. */
@@ -69,9 +74,26 @@ public record StoreSpec(
     return out;
   }
 
+  /** Whether the store keeps versions ({@code retention}). */
+  public boolean versioned() {
+    return retentionMs >= 0;
+  }
+
+  /** What a persisted store was built from: a store of another fingerprint is rebuilt. */
+  public String fingerprint() {
+    try {
+      byte[] digest = java.security.MessageDigest.getInstance("SHA-256").digest(
+          String.join("\u0000", topics, String.valueOf(keySchema), valueSchema, Long.toString(retentionMs))
+              .getBytes(java.nio.charset.StandardCharsets.UTF_8));
+      return java.util.HexFormat.of().formatHex(digest);
+    } catch (java.security.NoSuchAlgorithmException e) {
+      throw new IllegalStateException(e);
+    }
+  }
+
   /** The identity of a store in one JVM: two queries with the same spec share one store. */
   public String storeId() {
     return name + "@" + Integer.toHexString(Objects.hash(consumerConfig, topics, schemaTopic, keySchema, valueSchema,
-        maxBytes, startOffsets));
+        maxBytes, startOffsets, stateDir, retentionMs));
   }
 }

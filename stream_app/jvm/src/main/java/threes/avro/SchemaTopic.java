@@ -1,4 +1,4 @@
-package threes.lookup;
+package threes.avro;
 
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
@@ -99,7 +99,8 @@ public final class SchemaTopic {
     }
   }
 
-  static boolean reached(KafkaConsumer<?, ?> consumer, Map<TopicPartition, Long> end) {
+  /** Whether {@code consumer} has read every partition of {@code end} up to its end offset. */
+  public static boolean reached(KafkaConsumer<?, ?> consumer, Map<TopicPartition, Long> end) {
     for (Map.Entry<TopicPartition, Long> e : end.entrySet()) {
       if (consumer.position(e.getKey()) < e.getValue()) {
         return false;

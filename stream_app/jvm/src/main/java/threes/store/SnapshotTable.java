@@ -1,4 +1,4 @@
-package threes.lookup;
+package threes.store;
 
 import java.nio.ByteBuffer;
 import java.util.concurrent.ConcurrentHashMap;

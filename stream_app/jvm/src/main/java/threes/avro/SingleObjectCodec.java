@@ -1,4 +1,4 @@
-package threes.lookup;
+package threes.avro;
 
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
