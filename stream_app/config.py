@@ -196,6 +196,12 @@ class StreamJobConfig(StrictModel):
                               "metrics_token")
     metrics_token: SecretStr | None = Field(None, description="bearer token every request to metrics_port must carry "
                                             "(Authorization: Bearer ...), e.g. ${env:THREES_METRICS_TOKEN}")
+    query_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="mode realtime: serve interactive queries (GET /snapshots/{name}/{key}[?as_of=], range scans) "
+        "from the JVM state stores on this port, bound to metrics_host with metrics_token (0: any free port; "
+        "mode microbatch answers them on metrics_port)",
+    )
     spark: SparkSettings = Field(default_factory=SparkSettings)
 
     @model_validator(mode="after")

@@ -117,10 +117,10 @@ def enrich(
     if indexed:
         df = _indexed_lookups(df, indexed, passthrough)
     for i, lookup in numbered:
-        if lookup.config.as_of is not None:
-            df = _as_of_lookup(df, i, lookup, passthrough)
-        elif lookup.view.mode == "jvm":
+        if lookup.view.mode == "jvm":  # the JVM store answers as_of lookups too
             df = _jvm_lookup(df, i, lookup, passthrough, cache)
+        elif lookup.config.as_of is not None:
+            df = _as_of_lookup(df, i, lookup, passthrough)
         elif not _in_python(lookup.view):
             df = _spark_lookup(df, i, lookup, passthrough, cache)
     out = cache.get(
@@ -300,7 +300,7 @@ def _as_of_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None)
 def _jvm_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None, cache: ColumnCache) -> Any:
     """One lookup into the executors' JVM store of a snapshot (real-time mode, :mod:`stream_app.realtime`).
 
-    The key is the struct of the snapshot's key fields (the event columns cast to their types), encoded
+    An ``as_of`` lookup reads the version valid at its column's time (the store's versions). The key is the struct of the snapshot's key fields (the event columns cast to their types), encoded
     with the reader key schema; a string key is its UTF-8 bytes. A null key field matches nothing
     (``__lk`` is null then), as in the other engines.
     """
@@ -318,7 +318,10 @@ def _jvm_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None, c
             key = f.col(by_key[fields[0].name]).cast("string")
         else:
             key = f.struct(*[f.col(by_key[fld.name]).cast(fld.dataType).alias(fld.name) for fld in fields])
-        found = lookup_column(udf_name, key, key_json, value_json)
+        at = None
+        if lookup.config.as_of is not None:
+            at = event_time_ms(f.col(lookup.config.as_of), df.schema[lookup.config.as_of].dataType)
+        found = lookup_column(udf_name, key, key_json, value_json, at)
         values = lookup.value_columns()
         value = f.when(f.col(f"__lk{i}").isNotNull(), found).alias(f"__v{i}")
         keep = None

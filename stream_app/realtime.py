@@ -9,18 +9,23 @@ rebuilt only at checkpoint boundaries, so the job's snapshots cannot be broadcas
 
 The lookups run instead in a small Java component shipped with the package
 (``stream_app/jars/threes-lookup.jar``, built by ``make jvm`` from ``stream_app/jvm``): on every
-executor JVM, a GlobalKTable-like store per snapshot, filled by a daemon Kafka consumer that tails
-the compacted topics (what Kafka Streams' global stream thread does, KIP-99), read by a Spark UDF
-(key body -> value body). Its semantics:
+executor JVM, the snapshot's state store (``threes.store.SnapshotStore``), filled by a daemon Kafka
+consumer that tails the compacted topics (what Kafka Streams' global stream thread does, KIP-99),
+persisted and versioned in RocksDB, read by Spark UDFs (key body -> value body; key body and time ->
+the version's value body). Its semantics:
 
 * **Readiness gate.** The first lookup in an executor waits until its store has read every topic to
   the end offsets it saw when it started.
 * **Eventually fresh**, like a GlobalKTable: a reference update is visible once the executor's
   consumer applied it (tens of milliseconds), with no ordering against the events; a tombstone
   deletes the key.
-* **Bounded memory.** ``stream.snapshots[].max_bytes`` per snapshot per executor JVM (key and value
-  bodies plus 112 bytes per key); a snapshot that needs more fails the store, and every lookup
-  raises with both numbers.
+* **Heap, then disk.** The latest values are also held in the heap while they fit
+  ``stream.snapshots[].max_bytes`` per snapshot per executor JVM (key and value bodies plus 112 bytes
+  per key); a snapshot that needs more is served from RocksDB alone, on the executor's disk.
+* **Versions.** With ``retention``, every record is also a version of its key from its source time,
+  and an ``as_of`` lookup reads the version valid at the event's time (KIP-889).
+* **Persistent.** Beside a local checkpoint, each store keeps its RocksDB folder and the offsets it
+  covers; a restarted JVM reads only the topics' tail.
 
 This module holds the checks (:func:`realtime_problems`, reported by ``threes validate``), the jar
 (:func:`lookup_jar`) and the lookup column (:func:`lookup_column`); no side effect but registering
@@ -102,26 +107,9 @@ def _operator_problems(config: StreamJobConfig) -> list[tuple[str, str]]:
 
 
 def _store_problems(config: StreamJobConfig) -> list[tuple[str, str]]:
-    """What the executors' JVM store cannot hold or read: versions, the Python index, non-single-object records."""
+    """What the executors' JVM store cannot read: the Python index, non-single-object records, envelopes."""
     problems: list[tuple[str, str]] = []
-    for i, lookup in enumerate(config.lookups):
-        if lookup.as_of is not None:
-            problems.append(
-                (
-                    f"lookups[{i}].as_of",
-                    "as-of lookups join the snapshot's versions table, which real-time mode's JVM store does not "
-                    "keep (it holds the latest value per key); use stream.mode: microbatch for as_of",
-                )
-            )
     for i, snap in enumerate(config.snapshots):
-        if snap.retention is not None:
-            problems.append(
-                (
-                    f"snapshots[{i}].retention",
-                    "real-time mode's JVM store keeps the latest value per key, not versions; use "
-                    "stream.mode: microbatch for a versioned snapshot",
-                )
-            )
         if snap.index_min_rows is not None:
             problems.append(
                 (
@@ -224,8 +212,10 @@ def register_lookup(
     schema_topic: str,
     start_offsets: dict[tuple[str, int], int] | None = None,
     state_dir: str | None = None,
+    in_driver: bool = False,
 ) -> str:
-    """Register the lookup UDF of one snapshot in ``spark`` (``binary -> binary``), named ``udf_name``.
+    """Register the lookup UDFs of one snapshot in ``spark``: ``udf_name`` (``binary -> binary``), and for a
+    versioned snapshot ``<udf_name>_as_of`` (``binary, bigint -> binary``: key body, epoch ms).
 
     Args:
         spark: a SparkSession whose ``spark.jars`` hold :func:`lookup_jar`.
@@ -237,9 +227,12 @@ def register_lookup(
         schema_topic: the topic of the writer schemas.
         start_offsets: ``(topic, partition) -> offset`` to start each store from; from the beginning
             when ``None``.
-        state_dir: a local folder (the same path on every executor host) where each store keeps its
-            table and offsets, written every minute and when it closes; a restarted JVM loads them and
-            reads only the topics' tail. ``None``: every start reads the topics from their beginning.
+        state_dir: a local folder (the same path on every executor host) under which each store keeps
+            its RocksDB folder and the offsets it covers, checkpointed every 30 s and when it closes; a
+            restarted JVM reads only the topics' tail. ``None``: a temporary folder, and every start
+            reads the topics from their beginning.
+        in_driver: also start the store in the driver's JVM now (the job serves queries from it; in
+            ``local[*]`` it is the executors' store, loading before the first event).
 
     Returns:
         the store's id in this JVM (``<snapshot>@<hash of the spec>``, the key of :func:`store_status`):
@@ -247,7 +240,7 @@ def register_lookup(
     """
     jvm = spark.sparkContext._jvm
     offsets = ",".join(f"{t}:{p}={o}" for (t, p), o in sorted((start_offsets or {}).items()))
-    spec = jvm.threes.lookup.StoreSpec(
+    spec = jvm.threes.store.StoreSpec(
         snapshot.name,
         consumer_config,
         ",".join(snapshot.topics),
@@ -258,10 +251,14 @@ def register_lookup(
         READY_TIMEOUT_MS,
         offsets,
         state_dir,
+        -1 if snapshot.retention_ms is None else snapshot.retention_ms,
     )
-    udf = jvm.threes.lookup.LookupUdf(spec)
     binary = jvm.org.apache.spark.sql.types.DataTypes.BinaryType
-    spark._jsparkSession.udf().register(udf_name, udf, binary)
+    spark._jsparkSession.udf().register(udf_name, jvm.threes.lookup.LookupUdf(spec), binary)
+    if snapshot.retention_ms is not None:
+        spark._jsparkSession.udf().register(f"{udf_name}_as_of", jvm.threes.lookup.AsOfLookupUdf(spec), binary)
+    if in_driver:
+        jvm.threes.store.SnapshotStore.forSpec(spec)
     log.info("snapshot=%s lookup udf=%s topics=%s max_bytes=%d", snapshot.name, udf_name, snapshot.topics,
              snapshot.max_bytes)
     return str(spec.storeId())
@@ -299,7 +296,9 @@ def register_event_decoder(
     return names
 
 
-def lookup_column(udf_name: str, key: Any, key_schema_json: str | None, value_schema_json: str) -> Any:
+def lookup_column(
+    udf_name: str, key: Any, key_schema_json: str | None, value_schema_json: str, at_ms: Any = None
+) -> Any:
     """The snapshot value of each event's key, as a struct column (null when the snapshot has no such key).
 
     Args:
@@ -309,6 +308,8 @@ def lookup_column(udf_name: str, key: Any, key_schema_json: str | None, value_sc
             ``key_format: string``.
         key_schema_json: the reader key schema; ``None`` for ``key_format: string``.
         value_schema_json: the reader value schema.
+        at_ms: an ``as_of`` lookup's time column (epoch ms, long): the version valid then, through
+            ``<udf_name>_as_of``; ``None``: the latest value.
 
     Returns:
         A struct column of the value schema; every stage is a Catalyst expression or the JVM UDF.
@@ -317,36 +318,60 @@ def lookup_column(udf_name: str, key: Any, key_schema_json: str | None, value_sc
     from pyspark.sql.avro.functions import from_avro, to_avro
 
     body = key.cast("binary") if key_schema_json is None else to_avro(key, key_schema_json)
-    return from_avro(f.call_function(udf_name, body), value_schema_json)
+    found = f.call_function(udf_name, body) if at_ms is None else f.call_function(f"{udf_name}_as_of", body, at_ms)
+    return from_avro(found, value_schema_json)
+
+
+def serve_queries(spark: Any, store_ids: list[str], host: str, port: int, token: str | None) -> Any:
+    """Serve interactive queries of the driver's stores from the JVM (``threes.store.QueryServer``).
+
+    Args:
+        spark: the job's session.
+        store_ids: the stores to serve (:func:`register_lookup`'s ids, started with ``in_driver``).
+        host: the address to bind; port: the port (0: any free one).
+        token: the bearer token every request but ``/healthz`` and ``/readyz`` must carry; ``None``: none.
+
+    Returns:
+        the server (``.port()``, ``.close()``).
+    """
+    jvm = spark.sparkContext._jvm
+    ids = jvm.java.util.ArrayList()
+    for store_id in store_ids:
+        ids.add(store_id)
+    return jvm.threes.store.QueryServer.forStores(host, port, token, 16, ids)
 
 
 def close_stores(spark: Any) -> None:
-    """Close the stores of the driver's JVM (in ``local[*]`` the executors'), each writing its state file."""
-    spark.sparkContext._jvm.threes.lookup.SnapshotStore.closeAll()
+    """Close the stores of the driver's JVM (in ``local[*]`` the executors'), each checkpointing its RocksDB folder."""
+    spark.sparkContext._jvm.threes.store.SnapshotStore.closeAll()
 
 
 def store_status(spark: Any) -> dict[str, dict[str, Any]]:
     """The stores of the driver's JVM (in ``local[*]`` the executors' too), for status and metrics.
 
     Returns:
-        ``{snapshot spec id: {keys, bytes, max_bytes, applied, tombstones, bad_records, ready,
-        last_applied_timestamp_ms, loaded_from_file}}`` (``loaded_from_file`` -1: started without one).
+        ``{snapshot spec id: {keys, engine, bytes, max_bytes, disk_bytes, applied, tombstones, bad_records,
+        ready, ready_ms, last_applied_timestamp_ms, restored_keys}}``: ``engine`` ``heap`` (the latest values
+        in the heap too) or ``rocksdb``; ``bytes`` the heap they take; ``restored_keys`` the keys found in
+        the state folder at start (-1: started empty).
     """
     jvm = spark.sparkContext._jvm
     out: dict[str, dict[str, Any]] = {}
-    stores = jvm.threes.lookup.SnapshotStore.stores()
+    stores = jvm.threes.store.SnapshotStore.stores()
     for store_id in list(stores.keySet().toArray()):
         store = stores.get(store_id)
-        table = store.table()
         out[str(store_id)] = {
-            "keys": table.size(),
-            "bytes": table.bytes(),
-            "max_bytes": table.maxBytes(),
+            "keys": store.keys(),
+            "engine": str(store.engine()),
+            "bytes": store.heapBytes(),
+            "max_bytes": store.spec().maxBytes(),
+            "disk_bytes": store.diskBytes(),
             "applied": store.applied(),
             "tombstones": store.tombstones(),
             "bad_records": store.badRecords(),
             "ready": store.isReady(),
+            "ready_ms": store.readyMs(),
             "last_applied_timestamp_ms": store.lastAppliedTimestampMs(),
-            "loaded_from_file": store.loadedFromFile(),
+            "restored_keys": store.restoredKeys(),
         }
     return out

@@ -45,6 +45,7 @@ class RealtimeQuery(JobQueries):
     kafka: KafkaConfig
     queries: list[Any]
     _ready: threading.Event
+    query_server: Any = None  # threes.store.QueryServer with stream.query_port
 
     def _start_realtime(self, available_now: bool) -> None:
         """Real-time mode: one query, Kafka -> decode -> where/derive -> JVM lookups -> encode -> Kafka.
@@ -84,9 +85,16 @@ class RealtimeQuery(JobQueries):
         for name in views:  # `threes status` and /metrics: the keys of this JVM's store (local[*]: every executor's)
             metrics.SNAPSHOT_KEYS.labels(cfg.name, name).set_function(partial(_store_keys, self.spark, store_ids[name]))
         log.info("job=%s mode=realtime checkpoint_interval_s=%d snapshots=%s", cfg.name, interval, sorted(views))
+        token = None if cfg.metrics_token is None else cfg.metrics_token.get_secret_value()
         if cfg.metrics_port:
-            token = cfg.metrics_token
-            metrics.serve(cfg.metrics_port, cfg.metrics_host, token.get_secret_value() if token is not None else None)
+            metrics.serve(cfg.metrics_port, cfg.metrics_host, token)
+        if cfg.query_port is not None:
+            from stream_app.realtime import serve_queries
+
+            self.query_server = serve_queries(self.spark, list(store_ids.values()), cfg.metrics_host, cfg.query_port,
+                                              token)
+            log.info("job=%s interactive queries on %s:%d (JVM state stores)", cfg.name, cfg.metrics_host,
+                     self.query_server.port())
 
     def _register_stores(self, consumer: str) -> tuple[dict[str, Any], dict[str, str]]:
         """Register each snapshot's JVM store and lookup UDF; its view (mode ``jvm``) and store id, by snapshot."""
@@ -108,7 +116,7 @@ class RealtimeQuery(JobQueries):
             udf = re.sub(r"\W", "_", f"threes_lookup_{cfg.name}_{name}")
             store_ids[name] = register_lookup(
                 self.spark, udf, snap.config, key_json, snap.value.json, consumer, self.kafka.schema_topic,
-                state_dir=state_dir,
+                state_dir=state_dir, in_driver=cfg.query_port is not None,
             )
             views[name] = SnapshotView(name, snap.key.spark_type, snap.value.spark_type, {}, "jvm", 0,
                                        jvm=(udf, key_json, snap.value.json))
@@ -161,9 +169,13 @@ class RealtimeQuery(JobQueries):
                 time.sleep(0.1)
 
     def _close_stores(self) -> None:
-        """Each store writes its table and offsets (local[*]: the executors are this JVM)."""
+        """The query server stops; each store checkpoints its RocksDB folder (local[*]: the executors are this JVM)."""
         from stream_app.realtime import close_stores
 
+        server = getattr(self, "query_server", None)
+        if server is not None:
+            server.close()
+            self.query_server = None
         try:
             close_stores(self.spark)
         except Exception:  # a stop goes on; the next start reads more of the topics

@@ -123,26 +123,26 @@ def test_the_jvm_store_reads_its_topics_over_sasl_ssl_with_the_pipelines_ca(spar
     })
     env.put_airport("EWR")
     jvm = spark.sparkContext._jvm
-    spec = jvm.threes.lookup.StoreSpec(f"tls-{env.unique}", consumer_properties(secure.librdkafka_config()),
-                                       env.airports, secure.schema_topic, schema_json(AIRPORT_KEY),
-                                       schema_json(AIRPORT), 1 << 20, 120_000, "", None)
-    store = jvm.threes.lookup.SnapshotStore.forSpec(spec)
+    spec = jvm.threes.store.StoreSpec(f"tls-{env.unique}", consumer_properties(secure.librdkafka_config()),
+                                      env.airports, secure.schema_topic, schema_json(AIRPORT_KEY),
+                                      schema_json(AIRPORT), 1 << 20, 120_000, "", None, -1)
+    store = jvm.threes.store.SnapshotStore.forSpec(spec)
     try:
         key = io.BytesIO()
         fastavro.schemaless_writer(key, fastavro.parse_schema(AIRPORT_KEY), {"faa": "EWR"})
         value = store.lookup(bytearray(key.getvalue()))  # waits at the readiness gate
         record = fastavro.schemaless_reader(io.BytesIO(bytes(value)), fastavro.parse_schema(AIRPORT))
-        assert record["name"] == "Newark Liberty Intl" and store.table().size() == 1
+        assert record["name"] == "Newark Liberty Intl" and store.keys() == 1
     finally:
         store.close()
 
 
-def test_a_store_stops_at_a_deleted_topic_and_refuses_its_state_file_once_the_topic_is_created_again(spark, env):
-    """A deleted snapshot topic fails the store's lookups; a store file of the deleted topic is never loaded.
+def test_a_store_stops_at_a_deleted_topic_and_refuses_its_state_folder_once_the_topic_is_created_again(spark, env):
+    """A deleted snapshot topic fails the store's lookups; a RocksDB folder of the deleted topic is never read.
 
     Without the topic check, the store's consumer waits for the deleted topic without end and the lookups go on
-    answering from the old records; without the topic ids in the store file, a restart loads the old table and
-    reads the new topic on top of it.
+    answering from the old records; without the topic ids in the store's metadata, a restart reads the old table
+    and the new topic on top of it.
     """
     import io
 
@@ -156,12 +156,12 @@ def test_a_store_stops_at_a_deleted_topic_and_refuses_its_state_file_once_the_to
     env.put_airport("EWR")
     env.put_airport("JFK")
     jvm = spark.sparkContext._jvm
-    spec = jvm.threes.lookup.StoreSpec(
+    spec = jvm.threes.store.StoreSpec(
         f"deleted-{env.unique}", consumer_properties(env.kafka.librdkafka_config()), env.airports,
         env.kafka.schema_topic, schema_json(AIRPORT_KEY), schema_json(AIRPORT), 1 << 20, 120_000, "",
-        str(env.tmp / "stores"),
+        str(env.tmp / "stores"), -1,
     )
-    stores = jvm.threes.lookup.SnapshotStore
+    stores = jvm.threes.store.SnapshotStore
     admin = clients.kafka_admin(env.kafka)
 
     def name(store, faa: str) -> str | None:
@@ -197,9 +197,9 @@ def test_a_store_stops_at_a_deleted_topic_and_refuses_its_state_file_once_the_to
     try:
         store = stores.forSpec(spec)
         assert name(store, "EWR") == "Newark Liberty Intl"
-        stores.closeStore(spec)  # a clean stop writes the store file
+        stores.closeStore(spec)  # a clean stop checkpoints the RocksDB folder
         store = stores.forSpec(spec)
-        assert name(store, "JFK") == "John F Kennedy Intl" and store.loadedFromFile() == 2  # from the file
+        assert name(store, "JFK") == "John F Kennedy Intl" and store.restoredKeys() == 2  # from the folder
 
         admin.delete_topics([env.airports])[env.airports].result(30)
         said = failure(store)
@@ -208,9 +208,9 @@ def test_a_store_stops_at_a_deleted_topic_and_refuses_its_state_file_once_the_to
 
         stores.closeStore(spec)
         recreate(("JFK", "JFK renamed"))
-        store = stores.forSpec(spec)  # a restart: the file holds the deleted topic's table
+        store = stores.forSpec(spec)  # a restart: the folder holds the deleted topic's table
         assert name(store, "JFK") == "JFK renamed"
-        assert name(store, "EWR") is None and store.loadedFromFile() == -1  # read from the new topic only
+        assert name(store, "EWR") is None and store.restoredKeys() == -1  # read from the new topic only
 
         admin.delete_topics([env.airports])[env.airports].result(30)
         recreate(("EWR", None))
