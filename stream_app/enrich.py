@@ -300,7 +300,8 @@ def _as_of_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None)
 def _jvm_lookup(df: Any, i: int, lookup: BoundLookup, passthrough: str | None, cache: ColumnCache) -> Any:
     """One lookup into the executors' JVM store of a snapshot (real-time mode, :mod:`stream_app.realtime`).
 
-    An ``as_of`` lookup reads the version valid at its column's time (the store's versions). The key is the struct of the snapshot's key fields (the event columns cast to their types), encoded
+    An ``as_of`` lookup reads the version valid at its column's time (the store's versions). The key is the
+    struct of the snapshot's key fields (the event columns cast to their types), encoded
     with the reader key schema; a string key is its UTF-8 bytes. A null key field matches nothing
     (``__lk`` is null then), as in the other engines.
     """

@@ -214,8 +214,10 @@ def register_lookup(
     state_dir: str | None = None,
     in_driver: bool = False,
 ) -> str:
-    """Register the lookup UDFs of one snapshot in ``spark``: ``udf_name`` (``binary -> binary``), and for a
-    versioned snapshot ``<udf_name>_as_of`` (``binary, bigint -> binary``: key body, epoch ms).
+    """Register the lookup UDFs of one snapshot in ``spark``.
+
+    ``udf_name`` (``binary -> binary``), and for a versioned snapshot ``<udf_name>_as_of`` (``binary,
+    bigint -> binary``: key body, epoch ms).
 
     Args:
         spark: a SparkSession whose ``spark.jars`` hold :func:`lookup_jar`.
@@ -328,7 +330,8 @@ def serve_queries(spark: Any, store_ids: list[str], host: str, port: int, token:
     Args:
         spark: the job's session.
         store_ids: the stores to serve (:func:`register_lookup`'s ids, started with ``in_driver``).
-        host: the address to bind; port: the port (0: any free one).
+        host: the address to bind.
+        port: the port (0: any free one).
         token: the bearer token every request but ``/healthz`` and ``/readyz`` must carry; ``None``: none.
 
     Returns:

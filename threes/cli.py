@@ -160,7 +160,7 @@ def query(
 def _mount_subcommands() -> None:
     # Each part owns its command group; the modules import their heavy
     # libraries (pyspark, clients) inside the commands, so `threes --help` stays fast.
-    from threes import status
+    from threes import serve, status
     from threes.demo import cli as demo
     from threes.dlq import dlq_app
     from threes.local.cli import local_app
@@ -176,6 +176,7 @@ def _mount_subcommands() -> None:
     app.add_typer(sync_app, name="sync")
     app.add_typer(dlq_app, name="dlq")
     status.register(app)  # status
+    serve.register(app)  # serve
     demo.register(app)  # replay, demo, docs
     pipeline.register(app)  # run
 

@@ -30,11 +30,9 @@ def _stream(config: Path):  # the pipeline model is built at runtime
 
 def _jars() -> list[Path] | None:
     """The connector jars of the local stack when resolved (offline); else Spark resolves them through Ivy."""
-    from threes.local import LocalStack
-    from threes.local.spark import spark_jars_dir
+    from threes.local.stack import resolved_spark_jars
 
-    stack = LocalStack()
-    return stack.spark_jars() if spark_jars_dir(stack.layout).is_dir() else None
+    return resolved_spark_jars()
 
 
 def _s3a_jars(checkpoint_location: str) -> list[Path] | None:
@@ -144,6 +142,22 @@ def schemas(config: ConfigArg) -> None:
     typer.echo(json.dumps(out, indent=2))
 
 
+def _query_served(stream: Any, snapshot: str, key: list[str], as_of: str | None) -> tuple[int, Any] | None:
+    """The answer of a running ``threes serve`` of this pipeline, or ``None`` when none runs."""
+    from stream_app.serve import default_state_dir, running_server
+    from threes.console import fail
+    from threes.serve import query_server
+
+    url = running_server(default_state_dir(stream.name).resolve())
+    if url is None:
+        return None
+    token = None if stream.metrics_token is None else stream.metrics_token.get_secret_value()
+    try:
+        return query_server(url, snapshot, key, as_of, token)
+    except ThreesError as exc:
+        raise fail(exc, 3) from None
+
+
 def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | None) -> None:
     """``threes query``: print one key of a snapshot as JSON.
 
@@ -151,8 +165,9 @@ def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | Non
     snapshot, a malformed key or ``--as-of``, or ``as_of`` on a snapshot without versions); 3 the
     snapshot cannot be queried now (503) or the config or Kafka failed.
 
-    Loads the snapshot as the job does, from its newest checkpoint plus the topics' tail, in a
-    SparkSession of its own (``local[1]``), and reads the checkpoint location only.
+    Asks a running ``threes serve`` of this pipeline (started from the same folder) when there is
+    one; else loads the snapshot as the job does, from its newest checkpoint plus the topics' tail, in
+    a SparkSession of its own (``local[1]``), reading the checkpoint location only.
     """
     from stream_app.session import spark_session
     from stream_app.snapshot.offline_query import query_offline
@@ -164,6 +179,13 @@ def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | Non
     names = sorted(s.name for s in stream.snapshots)
     if snapshot not in names:  # before a SparkSession takes seconds to start
         raise fail(ThreesError(f"{config}: no snapshot {snapshot!r} in stream.snapshots (have: {names})"), 2)
+    served = _query_served(stream, snapshot, key, as_of)
+    if served is not None:
+        code, doc = served
+        typer.echo(json.dumps(doc, indent=2))
+        if code != 200:
+            raise typer.Exit(1 if code == 404 else 2 if code < 500 else 3)
+        return
     settings = stream.spark.model_copy(update={"master": "local[1]", "app_name": "threes-query"})
     spark = None
     try:

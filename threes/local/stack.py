@@ -386,3 +386,11 @@ class LocalStack:
             return path.relative_to(Path.cwd())
         except ValueError:
             return path
+
+
+def resolved_spark_jars() -> list[Path] | None:
+    """The connector jars of the local stack (``THREES_HOME`` or ``.threes``) when resolved, else ``None``."""
+    from .spark import spark_jars_dir
+
+    stack = LocalStack()
+    return stack.spark_jars() if spark_jars_dir(stack.layout).is_dir() else None

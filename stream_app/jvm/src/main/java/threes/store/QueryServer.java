@@ -33,8 +33,10 @@ import org.apache.avro.Schema;
  *   <li>{@code GET /snapshots/{name}/{key}[?as_of=]} (a one-field or string key), or {@code GET
  *       /snapshots/{name}?field=...&field=...[&as_of=]} (a composite key): the latest value, or the
  *       version valid at {@code as_of} (epoch ms or ISO-8601) with {@code valid_from_ms}/{@code valid_to_ms}.
- *   <li>{@code GET /snapshots/{name}?from=&to=&limit=}: a bounded range scan of the latest values in the
- *       store's key order (as Kafka Streams' {@code range}); {@code limit} defaults to 100, at most 10,000.
+ *   <li>{@code GET /snapshots/{name}?from=&to=&limit=}: a bounded range scan of the latest values,
+ *       {@code from} inclusive, {@code to} exclusive, in the store's key order (as Kafka Streams' {@code
+ *       range}, the serialized keys' bytes: a {@code key_format: string} key in UTF-8 order, an Avro string
+ *       key by its length, then its UTF-8 bytes); {@code limit} defaults to 100, at most 10,000.
  *   <li>{@code GET /healthz}: 200 while the server runs; {@code GET /readyz}: 200 once every store is ready.
  * </ul>
  *
@@ -65,6 +67,11 @@ public final class QueryServer implements AutoCloseable {
    */
   public QueryServer(String host, int port, String token, int threads, Supplier<Map<String, SnapshotStore>> stores)
       throws IOException {
+    // the JDK server drops a connection whose request head passes this limit, without an answer: raise it so
+    // that a request over MAX_REQUEST_BYTES (a 1 MB key) gets its JSON 414 (read once, at the first server)
+    if (System.getProperty("sun.net.httpserver.maxReqHeaderSize") == null) {
+      System.setProperty("sun.net.httpserver.maxReqHeaderSize", String.valueOf(4 << 20));
+    }
     this.stores = stores;
     this.token = token == null || token.isEmpty() ? null : token.getBytes(StandardCharsets.UTF_8);
     this.server = HttpServer.create(new InetSocketAddress(host, port), 1024);

@@ -59,6 +59,7 @@ public final class RocksState implements AutoCloseable {
   private static final byte[] VERSIONS = "versions".getBytes(UTF_8);
   private static final byte[] FORMAT_KEY = "format".getBytes(UTF_8);
   private static final byte[] FINGERPRINT_KEY = "fingerprint".getBytes(UTF_8);
+  private static final byte[] STREAM_TIME_KEY = "stream-time".getBytes(UTF_8);
   private static final String OFFSET_PREFIX = "offset/";
   private static final String TOPIC_ID_PREFIX = "topic-id/";
   private static final byte[] FORMAT = "threes-state-1".getBytes(UTF_8);
@@ -118,6 +119,10 @@ public final class RocksState implements AutoCloseable {
   public static RocksState open(Path dir, String name, String fingerprint, Map<String, String> topicIds)
       throws IOException {
     Files.createDirectories(dir);
+    boolean empty;
+    try (Stream<Path> entries = Files.list(dir)) {
+      empty = entries.findAny().isEmpty();
+    }
     String reason;
     try {
       RocksState state = new RocksState(dir, name, false);
@@ -134,10 +139,6 @@ public final class RocksState implements AutoCloseable {
             + "process (" + e.getMessage() + ")");
       }
       reason = "RocksDB cannot open it (" + e.getMessage() + ")";
-    }
-    boolean empty;
-    try (Stream<Path> entries = Files.list(dir)) {
-      empty = entries.findAny().isEmpty();
     }
     if (!empty) {
       LOG.warning(String.format("snapshot %s: the state store in %s is rebuilt from the topics: %s", name, dir,
@@ -215,6 +216,21 @@ public final class RocksState implements AutoCloseable {
   public void putOffset(WriteBatch batch, String topic, int partition, long next) throws RocksDBException {
     batch.put(meta, (OFFSET_PREFIX + topic + ":" + partition).getBytes(UTF_8),
         ByteBuffer.allocate(8).putLong(next).array());
+  }
+
+  /** Record in {@code batch} the newest source time applied (a versioned store's stream time), epoch ms. */
+  public void putStreamTime(WriteBatch batch, long ms) throws RocksDBException {
+    batch.put(meta, STREAM_TIME_KEY, ByteBuffer.allocate(8).putLong(ms).array());
+  }
+
+  /** The stream time stored with the data, epoch ms; {@link Long#MIN_VALUE} when none. */
+  public long streamTime() {
+    try {
+      byte[] v = db.get(meta, STREAM_TIME_KEY);
+      return v == null ? Long.MIN_VALUE : ByteBuffer.wrap(v).getLong();
+    } catch (RocksDBException e) {
+      throw new IllegalStateException(e);
+    }
   }
 
   /** Put or delete (null {@code value}) the latest value of {@code key} in {@code batch}. */
@@ -431,7 +447,7 @@ public final class RocksState implements AutoCloseable {
       if (text.contains("No space left") || text.contains("ENOSPC")
           || (status != null && status.getSubCode() == Status.SubCode.NoSpace)) {
         throw new StoreFullException(String.format("snapshot %s: the disk of the state store %s is full (%s): free "
-            + "space there or give stream.state_dir another disk; the store stops rather than answer from a partial "
+            + "space there or move the state folder to another disk; the store stops rather than answer from a partial "
             + "table", name, dir, e.getMessage()), e);
       }
     }

@@ -49,6 +49,7 @@ public final class SnapshotStore implements AutoCloseable {
   volatile SnapshotTable heap;
   volatile RocksState state;
   volatile long lastAppliedTimestampMs = -1;
+  volatile long streamTimeMs = Long.MIN_VALUE;
   volatile long restoredKeys = -1;
   volatile long readyMs = -1;
   volatile Throwable failure;
@@ -164,10 +165,13 @@ public final class SnapshotStore implements AutoCloseable {
     return state.range(from, to, limit);
   }
 
-  /** The earliest time an {@code as_of} query can be answered for, epoch ms; {@link Long#MIN_VALUE} unbounded. */
+  /**
+   * The earliest time an {@code as_of} query can be answered for, epoch ms: the newest source time applied
+   * (the store's stream time) minus the retention; {@link Long#MIN_VALUE} when unbounded.
+   */
   public long horizonMs() {
-    long last = lastAppliedTimestampMs;
-    return spec.versioned() && last >= 0 ? last - spec.retentionMs() : Long.MIN_VALUE;
+    long now = streamTimeMs;
+    return spec.versioned() && now != Long.MIN_VALUE ? now - spec.retentionMs() : Long.MIN_VALUE;
   }
 
   /** The spec the store was built from. */

@@ -131,6 +131,7 @@ final class StoreLoader implements Runnable {
       state = RocksState.open(java.nio.file.Files.createTempDirectory("threes-state-" + spec.name() + "-"),
           spec.name(), spec.fingerprint(), topicIds);
     }
+    store.streamTimeMs = state.streamTime();
     if (!state.offsets().isEmpty()) {
       SnapshotTable heap = store.heap;
       if (heap != null) { // the in-heap table again, from RocksDB, until it no longer fits
@@ -228,11 +229,16 @@ final class StoreLoader implements Runnable {
         }
         state.putLatest(write, kv[0], kv[1]);
         if (spec.versioned()) {
-          state.putVersion(write, kv[0], sourceTime(record), record.partition(), record.offset(), kv[1]);
+          long at = sourceTime(record);
+          state.putVersion(write, kv[0], at, record.partition(), record.offset(), kv[1]);
           touched.add(ByteBuffer.wrap(kv[0]));
+          store.streamTimeMs = Math.max(store.streamTimeMs, at);
         }
         decoded.add(kv);
         store.lastAppliedTimestampMs = record.timestamp();
+      }
+      if (spec.versioned() && store.streamTimeMs != Long.MIN_VALUE) {
+        state.putStreamTime(write, store.streamTimeMs);
       }
       for (TopicPartition tp : batch.partitions()) {
         long next = c.position(tp);
