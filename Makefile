@@ -36,7 +36,7 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "threes needs Python >= 3.11 (found %s); set PYTHON=python3.11" % sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -e '.[dev,mysql,demo]'
+	$(BIN)/pip install -e '.[dev,mysql,demo,iceberg]'
 	touch $@
 
 stack: venv
