@@ -61,6 +61,12 @@ class IcebergSinkConfig(SinkConnectorConfig):
     )
     key: list[str] = Field(default_factory=list, description="key column(s) (upsert mode): the record key's fields")
     version_column: str = Field("_version", description="column holding each row's version header")
+    tombstone_table: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$",
+        description="upsert mode: Iceberg table keeping the key and version of every applied delete (created at the "
+        "first delete), so an update older than a delete never recreates the row; default <table>__deleted",
+    )
     create_table: bool = Field(True, description="create the namespace and table from the first batch if missing")
     evolve_table: bool = Field(
         True,
@@ -83,6 +89,6 @@ class IcebergSinkConfig(SinkConnectorConfig):
         return self
 
     @property
-    def namespace(self) -> str:
-        """The table's namespace (everything before the last dot)."""
-        return self.table.rsplit(".", 1)[0]
+    def tombstone_table_name(self) -> str:
+        """The tombstone table: ``tombstone_table``, default ``<table>__deleted``."""
+        return self.tombstone_table or f"{self.table}__deleted"

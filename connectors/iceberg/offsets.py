@@ -52,3 +52,20 @@ def with_offset(offsets: OffsetMap, topic: str, partition: int, last_offset: int
     parts = merged.setdefault(topic, {})
     parts[str(partition)] = max(parts.get(str(partition), -1), last_offset)
     return json.dumps(merged, sort_keys=True, separators=(",", ":"))
+
+
+def without_rebase(table: Any) -> Any:
+    """``table`` with pyiceberg's own commit retries off, in this process's copy of its metadata only.
+
+    pyiceberg 0.12 retries a commit another writer overtook by rebasing the new snapshots onto
+    the winner's (``commit.retry.num-retries``, default 4), without asking the caller: a batch
+    would then be appended on top of a snapshot whose offsets already cover it. The sink (and
+    the maintenance commands) instead get the ``CommitFailedException``, refresh, check the
+    offsets again and decide anew. The table's stored properties, which other engines read,
+    are left as they are.
+
+    Returns:
+        ``table`` (its metadata changed in place; a ``refresh`` undoes it).
+    """
+    table.metadata.properties["commit.retry.num-retries"] = "0"
+    return table

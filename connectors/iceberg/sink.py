@@ -13,14 +13,13 @@ from connectors.api.sink_records import RecordFailure, SinkBatch, SinkRecord, la
 from connectors.iceberg import table_schema
 from connectors.iceberg.config import IcebergSinkConfig
 from connectors.iceberg.connection import IcebergConnection, load_catalog, storage_client
-from connectors.iceberg.offsets import offset_of, offsets_property, recorded_offsets, with_offset
+from connectors.iceberg.offsets import offset_of, offsets_property, recorded_offsets, with_offset, without_rebase
 from connectors.iceberg.rows import KeyTuple, key_filter, key_tuple, value_tables, versions_of
-from kernel.exceptions import BatchRefusedError, FatalError, SinkBackpressureError, SinkBlockedError
+from connectors.iceberg.tombstones import Decision, Tombstones, decide
+from kernel.exceptions import BatchRefusedError, FatalError, SetupError, SinkBackpressureError, SinkBlockedError
 from kernel.redact import redact
 
 log = logging.getLogger(__name__)
-
-_MIN_VERSION = -(2**63)
 
 
 class IcebergSink(Sink):
@@ -37,8 +36,9 @@ class IcebergSink(Sink):
     replaces or deletes are removed with a copy-on-write delete (pyiceberg rewrites the data
     files holding them) and the new rows appended, both in one transaction (one catalog commit,
     two snapshots). pyiceberg 0.12 writes no merge-on-read (positional or equality) delete files.
-    A tombstone removes its row; the table keeps no tombstones, so an update older than a delete
-    that arrives after it (out of order in its partition) would bring the row back.
+    A tombstone removes its row, and its key and version go to the tombstone table
+    (``<table>__deleted``, :mod:`connectors.iceberg.tombstones`), so an update older than a
+    delete never brings the row back.
     ``mode: append``: every upsert is a new row, tombstones are skipped.
 
     Concurrency: commits to the table are serialised in the process; another writer's commit
@@ -61,6 +61,7 @@ class IcebergSink(Sink):
         super().__init__(config, connection, **kwargs)
         self.catalog: Any = None
         self.table: Any = None  # the pyiceberg Table, None until it exists
+        self.tombstones: Tombstones | None = None
         self._lock = threading.Lock()
         self._prop = offsets_property(self.name)
 
@@ -86,6 +87,10 @@ class IcebergSink(Sink):
                     raise FatalError(f"sink {self.name!r}: Iceberg table {self.config.table!r} does not exist "
                                      "(create it, or set create_table: true)") from None
                 self.table = None
+            if self.config.mode == "upsert":
+                self.tombstones = Tombstones(self.catalog, self.config.tombstone_table_name, self.config.key,
+                                             self.config.version_column)
+                self.tombstones.load()
         except (FatalError, SinkBlockedError):
             raise
         except Exception as exc:
@@ -102,19 +107,19 @@ class IcebergSink(Sink):
         """List the catalog's namespaces.
 
         Raises:
-            SinkBlockedError: the catalog does not answer.
+            SetupError: the catalog does not answer or refuses our credentials.
         """
         try:
             (self.catalog or load_catalog(self.connection)).list_namespaces()
         except Exception as exc:
-            raise self._unreachable(exc) from exc
+            raise SetupError(str(self._unreachable(exc)), f"check connections.{self.config.connection}") from exc
 
     def close(self) -> None:
         """Drop the catalog (its SQLAlchemy engine's connections) and the table."""
         engine = getattr(self.catalog, "engine", None)
         if engine is not None:
             engine.dispose()
-        self.catalog = self.table = None
+        self.catalog = self.table = self.tombstones = None
 
     def _unreachable(self, exc: BaseException) -> SinkBlockedError:
         text = redact(f"{type(exc).__name__}: {exc}").splitlines()[0][:500] if str(exc) else type(exc).__name__
@@ -173,6 +178,8 @@ class IcebergSink(Sink):
                  self.config.table, state.attempt_number)
         if self.table is not None:
             self.table.refresh()
+        if self.tombstones is not None:
+            self.tombstones.refresh()
 
     def _write_once(self, batch: SinkBatch) -> None:
         table = self.table
@@ -184,26 +191,36 @@ class IcebergSink(Sink):
                      batch.topic, batch.partition, len(batch.records) - len(records), done, self.config.table)
         if not records:
             return
-        key, vc = self.config.key, self.config.version_column
         if self.config.mode == "append":
-            upserts, deletes = [r for r in records if not r.is_delete], []
+            decision = Decision(upserts=[r for r in records if not r.is_delete])
         else:
-            latest = latest_per_key(records)
-            keys = {id(r): key_tuple(r, key) for r in latest}
-            existing = versions_of(table, key, vc, list(keys.values())) if table is not None else {}
-            winners = [r for r in latest if r.version > existing.get(keys[id(r)], _MIN_VERSION)]
-            upserts = [r for r in winners if not r.is_delete]
-            deletes = [keys[id(r)] for r in winners if keys[id(r)] in existing]
-        rows = self._rows(batch, upserts)
+            decision = self._decide(table, records)
+        rows = self._rows(batch, decision.upserts)
         if rows is not None and table is None:
             table = self.table = table_schema.create(self.catalog, self.config.table, rows.schema,
                                                      self.config.partition_by)
             log.info("sink=%s created Iceberg table %s", self.name, self.config.table)
-        if table is None or (rows is None and not deletes):
-            return
-        if rows is not None:
+        if rows is not None and table is not None:
             rows = self._fit(table, rows)
-        self._commit(table, batch, offsets, deletes, rows)
+        if decision.tombstones and self.tombstones is not None:  # first: a crash after it leaves the delete to do
+            self.tombstones.record(decision, self._key_types(table))
+        if table is None or (rows is None and not decision.replaced):
+            return
+        self._commit(table, batch, offsets, decision.replaced, rows)
+
+    def _decide(self, table: Any, records: list[SinkRecord]) -> Decision:
+        """The version guard: the batch's newest update per key against the table's rows and tombstones."""
+        latest = latest_per_key(records)
+        keys = [key_tuple(r, self.config.key) for r in latest]
+        rows = versions_of(table, self.config.key, self.config.version_column, keys) if table is not None else {}
+        tombs = self.tombstones.versions(keys) if self.tombstones is not None else {}
+        return decide(latest, keys, rows, tombs)
+
+    def _key_types(self, table: Any) -> list[pa.DataType | None]:
+        if table is None:
+            return [None] * len(self.config.key)
+        schema = table.schema().as_arrow()
+        return [schema.field(k).type if k in schema.names else None for k in self.config.key]
 
     def _rows(self, batch: SinkBatch, upserts: list[SinkRecord]) -> pa.Table | None:
         """The upserts' rows (values, key columns from the record keys where the value lacks them, version)."""
@@ -236,7 +253,7 @@ class IcebergSink(Sink):
                 rows: pa.Table | None) -> None:
         """One transaction: delete the replaced keys' rows, append the new rows, record the offsets."""
         props = {self._prop: with_offset(offsets, batch.topic, batch.partition, batch.last_offset)}
-        with table.transaction() as tx:
+        with without_rebase(table).transaction() as tx:
             if deletes:
                 tx.delete(key_filter(self.config.key, deletes), snapshot_properties=props)
             if rows is not None and rows.num_rows:
