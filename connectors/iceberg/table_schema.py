@@ -153,7 +153,12 @@ def create(catalog: Any, identifier: str, writer: pa.Schema, partition_by: Seque
     missing = [p.field for p in partition_by if p.field not in schema.names]
     if missing:
         raise SchemaRefused(f"partition_by names {missing}, not columns of the writer schema {schema.names}")
-    catalog.create_namespace_if_not_exists(identifier.rsplit(".", 1)[0])
+    namespace = identifier.rsplit(".", 1)[0]
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except Exception:  # another writer created it between the check and the insert (the SQL catalog's race)
+        if not catalog.namespace_exists(namespace):
+            raise
     try:
         with catalog.create_table_transaction(identifier, schema=schema) as tx:
             if partition_by:
