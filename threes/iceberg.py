@@ -1,4 +1,4 @@
-"""``threes iceberg expire|compact CONFIG``: maintenance of the tables of the config's ``iceberg_sink``\\ s."""
+"""``threes iceberg expire|compact CONFIG``: maintenance of the tables of the config's iceberg sinks."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from kernel.exceptions import ThreesError
 from kernel.redact import redact
 from threes.console import ConfigArg, fail, load, out
 
-iceberg_app = typer.Typer(help="Maintain the Iceberg tables of the config's iceberg_sinks (snapshots, small files).",
-                          no_args_is_help=True)
+iceberg_app = typer.Typer(
+    help="Maintain the Iceberg tables of the config's iceberg_sinks (snapshots, small files).", no_args_is_help=True
+)
 
-SinkOpt = Annotated[list[str] | None, typer.Option("--sink", "-s", help="only this sink's table (repeatable); "
-                                                                         "default: every iceberg_sink")]
+SinkOpt = Annotated[
+    list[str] | None,
+    typer.Option("--sink", "-s", help="only this sink's table (repeatable); default: every iceberg_sink"),
+]
 
 
 def _tables(config: Path, sinks: list[str] | None) -> list[tuple[str, Any]]:
@@ -24,8 +27,12 @@ def _tables(config: Path, sinks: list[str] | None) -> list[tuple[str, Any]]:
     from connectors.iceberg.connection import load_catalog
 
     pipeline = load(config)
-    chosen = [s for svc in pipeline.sync for s in svc.sinks
-              if isinstance(s, IcebergSinkConfig) and (not sinks or s.name in sinks)]
+    chosen = [
+        s
+        for svc in pipeline.sync
+        for s in svc.sinks
+        if isinstance(s, IcebergSinkConfig) and (not sinks or s.name in sinks)
+    ]
     if not chosen:
         raise fail(ThreesError(f"{config} has no iceberg_sink{' named ' + ', '.join(sinks) if sinks else ''}"))
     out_tables = []
@@ -34,8 +41,13 @@ def _tables(config: Path, sinks: list[str] | None) -> list[tuple[str, Any]]:
             catalog = load_catalog(pipeline.connections[sink.connection])
             out_tables.append((sink.name, catalog.load_table(sink.table)))
         except Exception as exc:  # unreachable catalog, missing table: one line each
-            raise fail(ThreesError(redact(f"sink {sink.name!r}: cannot load table {sink.table}: "
-                                          f"{type(exc).__name__}: {exc}").splitlines()[0])) from None
+            raise fail(
+                ThreesError(
+                    redact(
+                        f"sink {sink.name!r}: cannot load table {sink.table}: {type(exc).__name__}: {exc}"
+                    ).splitlines()[0]
+                )
+            ) from None
     return out_tables
 
 
@@ -43,8 +55,9 @@ def _tables(config: Path, sinks: list[str] | None) -> list[tuple[str, Any]]:
 def expire_cmd(
     config: ConfigArg,
     sink: SinkOpt = None,
-    older_than_h: Annotated[float, typer.Option("--older-than-h", help="expire snapshots older than this, hours")]
-    = 24.0,
+    older_than_h: Annotated[
+        float, typer.Option("--older-than-h", help="expire snapshots older than this, hours")
+    ] = 24.0,
     retain_last: Annotated[int, typer.Option("--retain-last", help="always keep this many newest snapshots")] = 10,
 ) -> None:
     """Expire old snapshots (metadata; data files left for an orphan-file clean-up), keeping the sinks' offsets."""
@@ -62,8 +75,9 @@ def expire_cmd(
 def compact_cmd(
     config: ConfigArg,
     sink: SinkOpt = None,
-    min_files: Annotated[int, typer.Option("--min-files", help="compact only tables with at least this many data "
-                                                                "files")] = 2,
+    min_files: Annotated[
+        int, typer.Option("--min-files", help="compact only tables with at least this many data files")
+    ] = 2,
 ) -> None:
     """Rewrite each table's small data files into big ones (whole table in memory; Spark for big tables)."""
     from connectors.iceberg.maintenance import compact

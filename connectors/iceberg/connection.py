@@ -94,21 +94,34 @@ class IcebergConnection(ConnectionConfig):
         except Exception as exc:  # any failure is a result line
             from kernel.redact import redact
 
-            results.append(CheckResult("iceberg", f"{name} catalog", False, redact(f"{type(exc).__name__}: {exc}")[:300],
-                                       f"check connections.{name}.uri and its credentials"))
+            results.append(
+                CheckResult(
+                    "iceberg",
+                    f"{name} catalog",
+                    False,
+                    redact(f"{type(exc).__name__}: {exc}")[:300],
+                    f"check connections.{name}.uri and its credentials",
+                )
+            )
         try:
             storage_client(self).head_bucket(Bucket=self.bucket)
             results.append(CheckResult("iceberg", f"{name}/{self.bucket}", True, "reachable"))
         except Exception as exc:  # a missing bucket passes when it is created at start
             created = self.create_bucket and "404" in str(exc)
-            results.append(CheckResult("iceberg", f"{name}/{self.bucket}", created,
-                                       "missing; created at start (create_bucket: true)" if created else str(exc)[:300],
-                                       f"create bucket {self.bucket!r} or check connections.{name}.storage"))
+            results.append(
+                CheckResult(
+                    "iceberg",
+                    f"{name}/{self.bucket}",
+                    created,
+                    "missing; created at start (create_bucket: true)" if created else str(exc)[:300],
+                    f"create bucket {self.bucket!r} or check connections.{name}.storage",
+                )
+            )
         return results
 
 
 def catalog_properties(conn: IcebergConnection) -> dict[str, str]:
-    """pyiceberg catalog properties of ``conn``, secrets revealed (pass only to pyiceberg).
+    """The pyiceberg catalog properties of ``conn``, secrets revealed (pass only to pyiceberg).
 
     Returns:
         ``uri``, ``warehouse``, the ``s3.*`` FileIO properties and the catalog's credentials.
@@ -172,6 +185,11 @@ def storage_client(conn: IcebergConnection) -> Any:
         aws_access_key_id=s.access_key_id,
         aws_secret_access_key=s.secret_access_key.get_secret_value() if s.secret_access_key else None,
         aws_session_token=s.session_token.get_secret_value() if s.session_token else None,
-        config=Config(region_name=s.region, s3={"addressing_style": "path" if s.path_style else "auto"},
-                      retries={"mode": "standard", "max_attempts": 3}, connect_timeout=10, read_timeout=60),
+        config=Config(
+            region_name=s.region,
+            s3={"addressing_style": "path" if s.path_style else "auto"},
+            retries={"mode": "standard", "max_attempts": 3},
+            connect_timeout=10,
+            read_timeout=60,
+        ),
     )

@@ -57,8 +57,12 @@ def offset_holders(table: Any) -> dict[str, Any]:
 def _retrying(attempts: int) -> Retrying:
     from pyiceberg.exceptions import CommitFailedException
 
-    return Retrying(stop=stop_after_attempt(attempts), wait=wait_random_exponential(multiplier=0.1, max=5.0),
-                    retry=retry_if_exception_type(CommitFailedException), reraise=True)
+    return Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait_random_exponential(multiplier=0.1, max=5.0),
+        retry=retry_if_exception_type(CommitFailedException),
+        reraise=True,
+    )
 
 
 def expire(table: Any, older_than_s: float, retain_last: int, attempts: int = 10) -> MaintenanceResult:
@@ -133,5 +137,10 @@ def compact(table: Any, min_files: int = 2, attempts: int = 10) -> MaintenanceRe
 
 def describe_offsets(table: Any) -> str:
     """The sinks' offsets the table holds, as JSON (for messages)."""
-    return json.dumps({k.removeprefix(OFFSETS_PREFIX): json.loads(s.summary.additional_properties[k])
-                       for k, s in offset_holders(table).items()}, sort_keys=True)
+    return json.dumps(
+        {
+            k.removeprefix(OFFSETS_PREFIX): json.loads(s.summary.additional_properties[k])
+            for k, s in offset_holders(table).items()
+        },
+        sort_keys=True,
+    )

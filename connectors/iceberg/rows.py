@@ -80,10 +80,10 @@ def key_filter(key: Sequence[str], keys: Sequence[KeyTuple]) -> Any:
     if not keys:
         return AlwaysFalse()
     if len(key) == 1:
-        return In(key[0], {k[0] for k in keys})
+        return In(term=key[0], literals={k[0] for k in keys})
 
     def one(values: KeyTuple) -> Any:
-        terms = [EqualTo(c, v) for c, v in zip(key, values, strict=True)]
+        terms = [EqualTo(term=c, value=v) for c, v in zip(key, values, strict=True)]
         return terms[0] if len(terms) == 1 else And(*terms)
 
     terms = [one(k) for k in keys]

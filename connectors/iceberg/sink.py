@@ -84,12 +84,15 @@ class IcebergSink(Sink):
                 self.table = self.catalog.load_table(self.config.table)
             except NoSuchTableError:
                 if not self.config.create_table:
-                    raise FatalError(f"sink {self.name!r}: Iceberg table {self.config.table!r} does not exist "
-                                     "(create it, or set create_table: true)") from None
+                    raise FatalError(
+                        f"sink {self.name!r}: Iceberg table {self.config.table!r} does not exist "
+                        "(create it, or set create_table: true)"
+                    ) from None
                 self.table = None
             if self.config.mode == "upsert":
-                self.tombstones = Tombstones(self.catalog, self.config.tombstone_table_name, self.config.key,
-                                             self.config.version_column)
+                self.tombstones = Tombstones(
+                    self.catalog, self.config.tombstone_table_name, self.config.key, self.config.version_column
+                )
                 self.tombstones.load()
         except (FatalError, SinkBlockedError):
             raise
@@ -157,16 +160,16 @@ class IcebergSink(Sink):
                     with attempt:
                         self._write_once(batch)
             except CommitFailedException as exc:
-                raise SinkBackpressureError(1.0, f"sink {self.name!r}: commits overtaken "
-                                                 f"{self.config.commit_retries} times in a row: {exc}") from exc
+                raise SinkBackpressureError(
+                    1.0, f"sink {self.name!r}: commits overtaken {self.config.commit_retries} times in a row: {exc}"
+                ) from exc
             except table_schema.SchemaRefused as exc:
                 raise SinkBlockedError(f"sink {self.name!r}: table {self.config.table}: {exc}") from exc
             except NoSuchTableError as exc:
                 self.table = None
                 raise SinkBlockedError(f"sink {self.name!r}: table {self.config.table} is gone: {exc}") from exc
             except (pa.ArrowInvalid, OverflowError) as exc:
-                raise BatchRefusedError(f"sink {self.name!r}: a value its column cannot hold exactly: {exc}") \
-                    from exc
+                raise BatchRefusedError(f"sink {self.name!r}: a value its column cannot hold exactly: {exc}") from exc
             except (FatalError, SinkBlockedError, BatchRefusedError):
                 raise
             except Exception as exc:  # the catalog's database, the REST server or S3: not the records
@@ -174,8 +177,12 @@ class IcebergSink(Sink):
         return []
 
     def _before_retry(self, state: Any) -> None:
-        log.info("sink=%s commit to %s overtaken by another writer (attempt %d): refreshing", self.name,
-                 self.config.table, state.attempt_number)
+        log.info(
+            "sink=%s commit to %s overtaken by another writer (attempt %d): refreshing",
+            self.name,
+            self.config.table,
+            state.attempt_number,
+        )
         if self.table is not None:
             self.table.refresh()
         if self.tombstones is not None:
@@ -187,8 +194,15 @@ class IcebergSink(Sink):
         done = offset_of(offsets, batch.topic, batch.partition)
         records = [r for r in batch.records if r.offset > done]
         if len(records) < len(batch.records):
-            log.info("sink=%s %s[%d]: %d record(s) at or below offset %d already in %s, skipped", self.name,
-                     batch.topic, batch.partition, len(batch.records) - len(records), done, self.config.table)
+            log.info(
+                "sink=%s %s[%d]: %d record(s) at or below offset %d already in %s, skipped",
+                self.name,
+                batch.topic,
+                batch.partition,
+                len(batch.records) - len(records),
+                done,
+                self.config.table,
+            )
         if not records:
             return
         if self.config.mode == "append":
@@ -197,8 +211,9 @@ class IcebergSink(Sink):
             decision = self._decide(table, records)
         rows = self._rows(batch, decision.upserts)
         if rows is not None and table is None:
-            table = self.table = table_schema.create(self.catalog, self.config.table, rows.schema,
-                                                     self.config.partition_by)
+            table = self.table = table_schema.create(
+                self.catalog, self.config.table, rows.schema, self.config.partition_by
+            )
             log.info("sink=%s created Iceberg table %s", self.name, self.config.table)
         if rows is not None and table is not None:
             rows = self._fit(table, rows)
@@ -243,14 +258,21 @@ class IcebergSink(Sink):
             if not self.config.evolve_table:
                 raise table_schema.SchemaRefused(
                     f"the writer schema has new column(s) {[f.name for f in adds]} or wider type(s) "
-                    f"{sorted(promotes)} and evolve_table is off")
+                    f"{sorted(promotes)} and evolve_table is off"
+                )
             table_schema.evolve(table, adds, promotes)
-            log.info("sink=%s evolved %s: added %s, promoted %s", self.name, self.config.table,
-                     [f.name for f in adds], {k: str(v) for k, v in promotes.items()})
+            log.info(
+                "sink=%s evolved %s: added %s, promoted %s",
+                self.name,
+                self.config.table,
+                [f.name for f in adds],
+                {k: str(v) for k, v in promotes.items()},
+            )
         return table_schema.align(rows, table.schema().as_arrow())
 
-    def _commit(self, table: Any, batch: SinkBatch, offsets: Any, deletes: list[KeyTuple],
-                rows: pa.Table | None) -> None:
+    def _commit(
+        self, table: Any, batch: SinkBatch, offsets: Any, deletes: list[KeyTuple], rows: pa.Table | None
+    ) -> None:
         """One transaction: delete the replaced keys' rows, append the new rows, record the offsets."""
         props = {self._prop: with_offset(offsets, batch.topic, batch.partition, batch.last_offset)}
         with without_rebase(table).transaction() as tx:
@@ -258,6 +280,14 @@ class IcebergSink(Sink):
                 tx.delete(key_filter(self.config.key, deletes), snapshot_properties=props)
             if rows is not None and rows.num_rows:
                 tx.append(rows, snapshot_properties=props)
-        log.debug("sink=%s %s[%d]@%d-%d: committed %d row(s), %d delete(s) to %s", self.name, batch.topic,
-                  batch.partition, batch.first_offset, batch.last_offset, 0 if rows is None else rows.num_rows,
-                  len(deletes), self.config.table)
+        log.debug(
+            "sink=%s %s[%d]@%d-%d: committed %d row(s), %d delete(s) to %s",
+            self.name,
+            batch.topic,
+            batch.partition,
+            batch.first_offset,
+            batch.last_offset,
+            0 if rows is None else rows.num_rows,
+            len(deletes),
+            self.config.table,
+        )

@@ -75,7 +75,8 @@ def compare(name: str, column: pa.DataType, writer: pa.DataType) -> pa.DataType 
             return None if writer.precision <= column.precision else pa.decimal128(writer.precision, writer.scale)
         raise SchemaRefused(
             f"column {name!r} is {column} in the table and {writer} in the writer schema: Iceberg cannot change a "
-            "decimal's scale, and writing would round the values; write to a new column or a new table")
+            "decimal's scale, and writing would round the values; write to a new column or a new table"
+        )
     elif column.equals(writer):
         return None
     elif not pa.types.is_nested(column) or not pa.types.is_nested(writer):
@@ -84,7 +85,8 @@ def compare(name: str, column: pa.DataType, writer: pa.DataType) -> pa.DataType 
         return None  # nested: checked by the safe cast of the values
     raise SchemaRefused(
         f"column {name!r} is {column} in the table and {writer} in the writer schema: the table cannot hold these "
-        "values exactly (Iceberg widens only int -> long, float -> double and a decimal's precision)")
+        "values exactly (Iceberg widens only int -> long, float -> double and a decimal's precision)"
+    )
 
 
 def plan(table_schema: pa.Schema, writer: pa.Schema) -> tuple[list[pa.Field], dict[str, pa.DataType]]:
@@ -164,8 +166,12 @@ def create(catalog: Any, identifier: str, writer: pa.Schema, partition_by: Seque
             if partition_by:
                 with tx.update_spec() as spec:
                     for p in partition_by:
-                        transform = {"identity": IdentityTransform(), "day": DayTransform(), "hour": HourTransform(),
-                                     "bucket": BucketTransform(p.buckets or 1)}[p.transform]
+                        transform: Any = {
+                            "identity": IdentityTransform(),
+                            "day": DayTransform(),
+                            "hour": HourTransform(),
+                            "bucket": BucketTransform(p.buckets or 1),
+                        }[p.transform]
                         name = p.field if p.transform == "identity" else f"{p.field}_{p.transform}"
                         spec.add_field(p.field, transform, name)
     except TableAlreadyExistsError:

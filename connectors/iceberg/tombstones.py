@@ -43,8 +43,9 @@ class Decision:
     recorded: list[KeyTuple] = field(default_factory=list)
 
 
-def decide(latest: Sequence[SinkRecord], keys: Sequence[KeyTuple], rows: dict[KeyTuple, int],
-           tombs: dict[KeyTuple, int]) -> Decision:
+def decide(
+    latest: Sequence[SinkRecord], keys: Sequence[KeyTuple], rows: dict[KeyTuple, int], tombs: dict[KeyTuple, int]
+) -> Decision:
     """Apply the version guard to the batch's newest update per key.
 
     Args:

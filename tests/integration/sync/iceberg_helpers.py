@@ -18,10 +18,18 @@ def iceberg_connection(pg: RdsConnection, s3_conn: S3Connection, uri: str | None
     """The stack's SQL catalog (PostgreSQL) and S3 warehouse, the bucket created at start."""
     assert s3_conn.secret_access_key is not None and pg.password is not None
     return IcebergConnection(
-        type="iceberg", catalog="sql", uri=uri or pg.url, password=pg.password, create_bucket=True,
+        type="iceberg",
+        catalog="sql",
+        uri=uri or pg.url,
+        password=pg.password,
+        create_bucket=True,
         warehouse=f"s3://{WAREHOUSE_BUCKET}/warehouse",
-        storage={"endpoint_url": s3_conn.endpoint_url, "region": s3_conn.region,
-                 "access_key_id": s3_conn.access_key_id, "secret_access_key": s3_conn.secret_access_key},
+        storage={
+            "endpoint_url": s3_conn.endpoint_url,
+            "region": s3_conn.region,
+            "access_key_id": s3_conn.access_key_id,
+            "secret_access_key": s3_conn.secret_access_key,
+        },
     )
 
 
@@ -30,11 +38,19 @@ def as_yaml(conn: IcebergConnection) -> dict[str, Any]:
     props = catalog_properties(conn)
     storage = conn.storage
     assert storage.secret_access_key is not None and conn.password is not None
-    return {"type": "iceberg", "uri": conn.uri, "password": conn.password.get_secret_value(),
-            "warehouse": conn.warehouse, "create_bucket": True,
-            "storage": {"endpoint_url": storage.endpoint_url, "region": storage.region,
-                        "access_key_id": storage.access_key_id,
-                        "secret_access_key": props["s3.secret-access-key"]}}
+    return {
+        "type": "iceberg",
+        "uri": conn.uri,
+        "password": conn.password.get_secret_value(),
+        "warehouse": conn.warehouse,
+        "create_bucket": True,
+        "storage": {
+            "endpoint_url": storage.endpoint_url,
+            "region": storage.region,
+            "access_key_id": storage.access_key_id,
+            "secret_access_key": props["s3.secret-access-key"],
+        },
+    }
 
 
 def read_with_polars(conn: IcebergConnection, table: str) -> Any:
@@ -47,9 +63,13 @@ def read_with_polars(conn: IcebergConnection, table: str) -> Any:
 
     storage = conn.storage
     assert storage.secret_access_key is not None
-    options = {"aws_endpoint_url": storage.endpoint_url or "", "aws_access_key_id": storage.access_key_id or "",
-               "aws_secret_access_key": storage.secret_access_key.get_secret_value(), "aws_region": storage.region,
-               "aws_allow_http": "true"}
+    options = {
+        "aws_endpoint_url": storage.endpoint_url or "",
+        "aws_access_key_id": storage.access_key_id or "",
+        "aws_secret_access_key": storage.secret_access_key.get_secret_value(),
+        "aws_region": storage.region,
+        "aws_allow_http": "true",
+    }
     os.environ.setdefault("POLARS_ICEBERG_PLANNER", "pyiceberg")
     return pl.scan_iceberg(load_catalog(conn).load_table(table), storage_options=options).collect()
 

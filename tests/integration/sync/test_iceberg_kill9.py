@@ -41,7 +41,11 @@ KEYS = 500
 
 
 def test_kill9_of_the_iceberg_sync_service_loses_and_duplicates_nothing(
-    kafka: KafkaConfig, kafka_conf: dict[str, Any], pg: RdsConnection, s3_conn: S3Connection, unique: str,
+    kafka: KafkaConfig,
+    kafka_conf: dict[str, Any],
+    pg: RdsConnection,
+    s3_conn: S3Connection,
+    unique: str,
     tmp_path: Path,
 ) -> None:
     topic = f"updates.icesoak.{unique}"
@@ -51,14 +55,34 @@ def test_kill9_of_the_iceberg_sync_service_loses_and_duplicates_nothing(
     config = {
         "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
         "connections": {"lake": as_yaml(lake)},
-        "sync": [{"name": f"ice-{unique}", "group_instance_id": "icesoak-0", "dead_letter_topic": f"dlq.{unique}",
-                  "session_timeout_ms": 6_000, "max_poll_interval_ms": 60_000,
-                  "batch": {"max_records": 500, "max_age_ms": 300},
-                  "sinks": [
-                      {"name": "lake", "type": "iceberg_sink", "connection": "lake", "topics": [topic],
-                       "table": upserts, "key": ["id"]},
-                      {"name": "events", "type": "iceberg_sink", "connection": "lake", "topics": [topic],
-                       "table": events, "mode": "append"}]}],
+        "sync": [
+            {
+                "name": f"ice-{unique}",
+                "group_instance_id": "icesoak-0",
+                "dead_letter_topic": f"dlq.{unique}",
+                "session_timeout_ms": 6_000,
+                "max_poll_interval_ms": 60_000,
+                "batch": {"max_records": 500, "max_age_ms": 300},
+                "sinks": [
+                    {
+                        "name": "lake",
+                        "type": "iceberg_sink",
+                        "connection": "lake",
+                        "topics": [topic],
+                        "table": upserts,
+                        "key": ["id"],
+                    },
+                    {
+                        "name": "events",
+                        "type": "iceberg_sink",
+                        "connection": "lake",
+                        "topics": [topic],
+                        "table": events,
+                        "mode": "append",
+                    },
+                ],
+            }
+        ],
     }
     cfg = tmp_path / "icesoak.yaml"
     cfg.write_text(yaml.safe_dump(config))
@@ -91,8 +115,11 @@ def test_kill9_of_the_iceberg_sync_service_loses_and_duplicates_nothing(
     try:
         for _ in range(KILLS):
             before = log_path.read_text().count("applied=")
-            wait_until(lambda b=before, pr=proc: log_path.read_text().count("applied=") > b or pr.poll() is not None,
-                       120, "the (re)started service to write")
+            wait_until(
+                lambda b=before, pr=proc: log_path.read_text().count("applied=") > b or pr.poll() is not None,
+                120,
+                "the (re)started service to write",
+            )
             time.sleep(random.uniform(0.0, 1.5))
             assert proc.poll() is None, log_path.read_text()[-3000:]
             proc.send_signal(signal.SIGKILL)
@@ -101,8 +128,9 @@ def test_kill9_of_the_iceberg_sync_service_loses_and_duplicates_nothing(
             proc = start()
         feeder.join()
         assert done.is_set()
-        wait_until(lambda: "assigned partitions" in log_path.read_text()[last_start:], 90,
-                   "the last process to join its group")
+        wait_until(
+            lambda: "assigned partitions" in log_path.read_text()[last_start:], 90, "the last process to join its group"
+        )
         group = f"threes-sync-ice-{unique}"
         wait_until(lambda: group_lag(kafka_conf, group, topic) == 0, 300, "lag 0")
         proc.send_signal(signal.SIGTERM)

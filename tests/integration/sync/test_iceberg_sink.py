@@ -41,9 +41,17 @@ def lake(pg: RdsConnection, s3_conn: S3Connection) -> IcebergConnection:
 
 
 def make_sink(lake: IcebergConnection, table: str, **options: Any) -> IcebergSink:
-    config = IcebergSinkConfig.model_validate({"name": options.pop("name", "lake"), "type": "iceberg_sink",
-                                               "connection": "lake", "topics": ["updates.items"], "table": table,
-                                               "key": ["id"], **options})
+    config = IcebergSinkConfig.model_validate(
+        {
+            "name": options.pop("name", "lake"),
+            "type": "iceberg_sink",
+            "connection": "lake",
+            "topics": ["updates.items"],
+            "table": table,
+            "key": ["id"],
+            **options,
+        }
+    )
     sink = IcebergSink(config, lake)
     sink.open()
     return sink
@@ -66,8 +74,14 @@ class TestIcebergSinkContract(SinkContract):
         bad = iceberg_connection(pg, s3_conn).model_copy(update={"password": None})
         bad = bad.model_copy(update={"uri": pg.url.replace("threes@", "threes:wrong-password@")})
         bad = IcebergConnection.model_validate(bad.model_dump(mode="python") | {"password": "wrong-password"})
-        config = IcebergSinkConfig(name="bad", type="iceberg_sink", connection="lake", topics=["updates.items"],
-                                   table=f"contract_{unique}.bad", key=["id"])
+        config = IcebergSinkConfig(
+            name="bad",
+            type="iceberg_sink",
+            connection="lake",
+            topics=["updates.items"],
+            table=f"contract_{unique}.bad",
+            key=["id"],
+        )
         return IcebergSink(config, bad)
 
     def state(self, sink: IcebergSink) -> dict[str, tuple[int, dict[str, Any]]]:
@@ -77,8 +91,14 @@ class TestIcebergSinkContract(SinkContract):
 def test_a_second_reader_sees_the_oracle_after_updates_and_deletes(lake: IcebergConnection, unique: str) -> None:
     """Random upserts and deletes over two partitions, partitioned by day and bucket: Polars reads the oracle."""
     table = f"oracle_{unique}.items"
-    sink = make_sink(lake, table, partition_by=[{"field": "updated_at", "transform": "day"},
-                                                 {"field": "id", "transform": "bucket", "buckets": 4}])
+    sink = make_sink(
+        lake,
+        table,
+        partition_by=[
+            {"field": "updated_at", "transform": "day"},
+            {"field": "id", "transform": "bucket", "buckets": 4},
+        ],
+    )
     rng = random.Random(52)
     oracle: dict[int, int] = {}
     offsets = {0: 0, 1: 0}
@@ -144,27 +164,49 @@ def test_two_replicas_never_write_a_record_twice(lake: IcebergConnection, unique
     assert versions == list(range(201))
 
 
-ITEM_V1 = {"type": "record", "name": "Price", "namespace": "threes.test", "fields": [
-    {"name": "id", "type": "long"},
-    {"name": "qty", "type": "int"},
-    {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 4}},
-]}
+ITEM_V1 = {
+    "type": "record",
+    "name": "Price",
+    "namespace": "threes.test",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "qty", "type": "int"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 4}},
+    ],
+}
 ITEM_V2 = {**ITEM_V1, "fields": [*ITEM_V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
-ITEM_V2_WIDE = {**ITEM_V2, "fields": [{"name": "id", "type": "long"}, {"name": "qty", "type": "long"},
-                                       *ITEM_V2["fields"][2:]]}
-ITEM_SCALE = {**ITEM_V1, "fields": [*ITEM_V1["fields"][:2], {"name": "amount", "type": {
-    "type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}}]}
+ITEM_V2_WIDE = {
+    **ITEM_V2,
+    "fields": [{"name": "id", "type": "long"}, {"name": "qty", "type": "long"}, *ITEM_V2["fields"][2:]],
+}
+ITEM_SCALE = {
+    **ITEM_V1,
+    "fields": [
+        *ITEM_V1["fields"][:2],
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+    ],
+}
 
 
 def _priced(schema: dict[str, Any], rows: list[dict[str, Any]], first_offset: int) -> SinkBatch:
     parsed, fp = fastavro.parse_schema(schema), fingerprint(schema)
-    recs = [SinkRecord("updates.items", 0, first_offset + i, r["id"], dict(r), version=first_offset + i + 1,
-                       value_schema=parsed, value_fingerprint=fp) for i, r in enumerate(rows)]
+    recs = [
+        SinkRecord(
+            "updates.items",
+            0,
+            first_offset + i,
+            r["id"],
+            dict(r),
+            version=first_offset + i + 1,
+            value_schema=parsed,
+            value_fingerprint=fp,
+        )
+        for i, r in enumerate(rows)
+    ]
     return batch(recs)
 
 
-def test_schema_evolves_decimals_stay_exact_and_a_scale_change_is_refused(lake: IcebergConnection,
-                                                                           unique: str) -> None:
+def test_schema_evolves_decimals_stay_exact_and_a_scale_change_is_refused(lake: IcebergConnection, unique: str) -> None:
     table = f"schema_{unique}.prices"
     sink = make_sink(lake, table)
     exact = Decimal("12345678.1234")
@@ -207,9 +249,9 @@ def test_compaction_and_expiry_keep_the_rows_and_the_offsets(lake: IcebergConnec
     assert sorted((r["id"], r["_version"]) for r in rows_of(lake, table)) == before
 
 
-def test_an_unreachable_catalog_blocks_the_sink_and_it_resumes(kafka: KafkaConfig, kafka_conf: dict[str, Any],
-                                                                pg: RdsConnection, s3_conn: S3Connection,
-                                                                unique: str) -> None:
+def test_an_unreachable_catalog_blocks_the_sink_and_it_resumes(
+    kafka: KafkaConfig, kafka_conf: dict[str, Any], pg: RdsConnection, s3_conn: S3Connection, unique: str
+) -> None:
     """The catalog's database cut off under a running sync service: blocked, nothing dead-lettered, then all lands."""
     from sqlalchemy.engine import make_url
 
@@ -219,11 +261,28 @@ def test_an_unreachable_catalog_blocks_the_sink_and_it_resumes(kafka: KafkaConfi
     conn = iceberg_connection(pg, s3_conn, uri=url.set(host="127.0.0.1", port=proxy.port).render_as_string(False))
     topic, table = f"updates.ice.{unique}", f"cut_{unique}.items"
     create_topic(kafka_conf, topic, 2)
-    p = pipeline(kafka, {"lake": as_yaml(conn)}, [{
-        "name": f"ice-{unique}", "dead_letter_topic": f"dlq.ice.{unique}",
-        "batch": {"max_records": 100, "max_age_ms": 200},
-        "sinks": [{"name": "lake", "type": "iceberg_sink", "connection": "lake", "topics": [topic], "table": table,
-                   "key": ["id"], "errors": {"restart_backoff_s": 0.2, "restart_max_backoff_s": 1.0}}]}])
+    p = pipeline(
+        kafka,
+        {"lake": as_yaml(conn)},
+        [
+            {
+                "name": f"ice-{unique}",
+                "dead_letter_topic": f"dlq.ice.{unique}",
+                "batch": {"max_records": 100, "max_age_ms": 200},
+                "sinks": [
+                    {
+                        "name": "lake",
+                        "type": "iceberg_sink",
+                        "connection": "lake",
+                        "topics": [topic],
+                        "table": table,
+                        "key": ["id"],
+                        "errors": {"restart_backoff_s": 0.2, "restart_max_backoff_s": 1.0},
+                    }
+                ],
+            }
+        ],
+    )
     producer = UpdateProducer(kafka, topic)
     for key in range(100):
         producer.send(key, 1)

@@ -36,12 +36,15 @@ def test_widening_promotes_and_narrower_writers_fit() -> None:
     assert compare("ts", pa.timestamp("us", "UTC"), pa.timestamp("ms", "UTC")) is None
 
 
-@pytest.mark.parametrize(("column", "writer", "words"), [
-    (pa.decimal128(10, 2), pa.decimal128(10, 3), "scale"),
-    (pa.int64(), pa.string(), "cannot hold"),
-    (pa.string(), pa.int64(), "cannot hold"),
-    (pa.timestamp("us", "UTC"), pa.timestamp("us"), "cannot hold"),
-])
+@pytest.mark.parametrize(
+    ("column", "writer", "words"),
+    [
+        (pa.decimal128(10, 2), pa.decimal128(10, 3), "scale"),
+        (pa.int64(), pa.string(), "cannot hold"),
+        (pa.string(), pa.int64(), "cannot hold"),
+        (pa.timestamp("us", "UTC"), pa.timestamp("us"), "cannot hold"),
+    ],
+)
 def test_a_change_the_column_cannot_hold_exactly_is_refused_naming_it(column: Any, writer: Any, words: str) -> None:
     with pytest.raises(SchemaRefused, match=f"column 'c' is .*{words}"):
         compare("c", column, writer)
@@ -54,13 +57,16 @@ def test_align_casts_safely_and_fills_absent_columns() -> None:
     assert out.schema == target
     assert out.to_pylist() == [{"id": 1, "amount": Decimal("1.25"), "gone": None}]
     with pytest.raises(pa.ArrowInvalid):  # a value that would be rounded is refused, never rounded
-        align(pa.table({"amount": pa.array([Decimal("1.255")], pa.decimal128(10, 3))}),
-              pa.schema([("amount", pa.decimal128(10, 2))]))
+        align(
+            pa.table({"amount": pa.array([Decimal("1.255")], pa.decimal128(10, 3))}),
+            pa.schema([("amount", pa.decimal128(10, 2))]),
+        )
 
 
 def _snapshot(sid: int, parent: int | None, props: dict[str, str]) -> Any:
-    return SimpleNamespace(snapshot_id=sid, parent_snapshot_id=parent,
-                           summary=SimpleNamespace(additional_properties=props))
+    return SimpleNamespace(
+        snapshot_id=sid, parent_snapshot_id=parent, summary=SimpleNamespace(additional_properties=props)
+    )
 
 
 class _Table:
@@ -77,11 +83,13 @@ class _Table:
 
 def test_offsets_come_from_the_newest_snapshot_that_has_them() -> None:
     prop = "threes.kafka.offsets.lake"
-    table = _Table([
-        _snapshot(1, None, {prop: json.dumps({"t": {"0": 5}})}),
-        _snapshot(2, 1, {prop: json.dumps({"t": {"0": 9, "1": 3}})}),
-        _snapshot(3, 2, {}),  # another writer's snapshot (a compaction without them, Spark)
-    ])
+    table = _Table(
+        [
+            _snapshot(1, None, {prop: json.dumps({"t": {"0": 5}})}),
+            _snapshot(2, 1, {prop: json.dumps({"t": {"0": 9, "1": 3}})}),
+            _snapshot(3, 2, {}),  # another writer's snapshot (a compaction without them, Spark)
+        ]
+    )
     offsets = recorded_offsets(table, prop)
     assert offset_of(offsets, "t", 0) == 9 and offset_of(offsets, "t", 1) == 3 and offset_of(offsets, "t", 2) == -1
     assert recorded_offsets(_Table([]), prop) == {}
@@ -113,20 +121,27 @@ def test_config_needs_a_key_to_upsert_and_buckets_for_bucket() -> None:
         IcebergSinkConfig.model_validate(base)
     assert IcebergSinkConfig.model_validate({**base, "mode": "append"}).key == []
     with pytest.raises(ValidationError, match="buckets"):
-        IcebergSinkConfig.model_validate({**base, "key": ["id"], "partition_by": [{"field": "id",
-                                                                                    "transform": "bucket"}]})
+        IcebergSinkConfig.model_validate(
+            {**base, "key": ["id"], "partition_by": [{"field": "id", "transform": "bucket"}]}
+        )
     with pytest.raises(ValidationError, match="table"):
         IcebergSinkConfig.model_validate({**base, "key": ["id"], "table": "no_namespace"})
 
 
 def test_the_catalog_password_never_shows() -> None:
-    conn = IcebergConnection.model_validate({
-        "type": "iceberg", "uri": "postgresql+psycopg://u:s3cret@db:5432/c", "warehouse": "s3://lake/wh",
-        "storage": {"access_key_id": "k", "secret_access_key": "hush"}})
+    conn = IcebergConnection.model_validate(
+        {
+            "type": "iceberg",
+            "uri": "postgresql+psycopg://u:s3cret@db:5432/c",
+            "warehouse": "s3://lake/wh",
+            "storage": {"access_key_id": "k", "secret_access_key": "hush"},
+        }
+    )
     assert "s3cret" not in conn.uri and "s3cret" not in repr(conn) and "hush" not in repr(conn)
     props = catalog_properties(conn)
     assert props["uri"] == "postgresql+psycopg://u:s3cret@db:5432/c"  # revealed only to pyiceberg
     assert props["s3.secret-access-key"] == "hush" and conn.bucket == "lake"
-    rest = IcebergConnection.model_validate({"type": "iceberg", "catalog": "rest", "uri": "http://cat:8181",
-                                             "token": "t0k", "warehouse": "s3://lake"})
+    rest = IcebergConnection.model_validate(
+        {"type": "iceberg", "catalog": "rest", "uri": "http://cat:8181", "token": "t0k", "warehouse": "s3://lake"}
+    )
     assert catalog_properties(rest)["token"] == "t0k" and "t0k" not in repr(rest)
