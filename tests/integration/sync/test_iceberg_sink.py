@@ -313,3 +313,51 @@ def test_an_unreachable_catalog_blocks_the_sink_and_it_resumes(
     assert not errors, errors
     assert sorted(r["id"] for r in rows_of(conn, table)) == list(range(200))
     assert service.metrics.value("threes_sync_dead_letters_total", stage="write") == 0
+
+
+def test_the_maintenance_commands_on_a_config(lake: IcebergConnection, unique: str, tmp_path: Any) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from threes.cli import app
+
+    table = f"cli_{unique}.items"
+    sink = make_sink(lake, table)
+    for start in range(0, 30, 10):
+        sink.write(batch([record(k, k + 1, k) for k in range(start, start + 10)]))
+    cfg = tmp_path / "lake.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "kafka": {"bootstrap_servers": "127.0.0.1:19092"},
+                "connections": {"lake": as_yaml(lake)},
+                "sync": [
+                    {
+                        "name": "s",
+                    "dead_letter_topic": "dlq.s",
+                        "sinks": [
+                            {
+                                "name": "lake",
+                                "type": "iceberg_sink",
+                                "connection": "lake",
+                                "topics": ["updates.items"],
+                                "table": table,
+                                "key": ["id"],
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    runner = CliRunner()
+    compacted = runner.invoke(app, ["iceberg", "compact", str(cfg)])
+    assert compacted.exit_code == 0, compacted.output
+    assert "data file(s) rewritten into 1" in compacted.output
+    expired = runner.invoke(app, ["iceberg", "expire", str(cfg), "--older-than-h", "0", "--retain-last", "1"])
+    assert expired.exit_code == 0 and "expired" in expired.output, expired.output
+    assert lake.storage.secret_access_key is not None
+    assert lake.storage.secret_access_key.get_secret_value() not in compacted.output + expired.output
+    missing = runner.invoke(app, ["iceberg", "compact", str(cfg), "--sink", "nope"])
+    assert missing.exit_code == 1 and "no iceberg_sink named nope" in missing.output
+    assert sorted(r["id"] for r in rows_of(lake, table)) == list(range(30))

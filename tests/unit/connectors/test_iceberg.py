@@ -145,3 +145,31 @@ def test_the_catalog_password_never_shows() -> None:
         {"type": "iceberg", "catalog": "rest", "uri": "http://cat:8181", "token": "t0k", "warehouse": "s3://lake"}
     )
     assert catalog_properties(rest)["token"] == "t0k" and "t0k" not in repr(rest)
+
+
+def test_the_version_guard_with_tombstones() -> None:
+    from connectors.iceberg.tombstones import decide
+
+    latest = [
+        record(1, 5, 0),
+        record(2, 3, 1, delete=True),
+        record(3, 2, 2),
+        record(4, 7, 3, delete=True),
+        record(5, 9, 4, delete=True),
+    ]
+    keys = [(1,), (2,), (3,), (4,), (5,)]
+    rows = {(1,): 4, (2,): 1, (4,): 8, (5,): 2}
+    tombs = {(3,): 3, (5,): 9}  # key 5: this delete's tombstone is there already (a crash between the commits)
+    d = decide(latest, keys, rows, tombs)
+    assert [r.key for r in d.upserts] == [1]  # 3 is older than its tombstone
+    assert d.replaced == [(1,), (2,), (5,)]  # 4's delete is older than its row; 5's row goes at last
+    assert d.tombstones == [((2,), 3)] and d.recorded == []
+
+
+def test_the_iceberg_commands_are_registered() -> None:
+    from typer.testing import CliRunner
+
+    from threes.cli import app
+
+    result = CliRunner().invoke(app, ["iceberg", "--help"])
+    assert result.exit_code == 0 and "expire" in result.output and "compact" in result.output
