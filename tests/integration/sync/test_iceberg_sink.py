@@ -334,7 +334,7 @@ def test_the_maintenance_commands_on_a_config(lake: IcebergConnection, unique: s
                 "sync": [
                     {
                         "name": "s",
-                    "dead_letter_topic": "dlq.s",
+                        "dead_letter_topic": "dlq.s",
                         "sinks": [
                             {
                                 "name": "lake",
