@@ -142,6 +142,7 @@ def test_kill9_of_the_iceberg_sync_service_loses_and_duplicates_nothing(
 
     text = log_path.read_text()
     assert "Traceback" not in text
+    assert as_yaml(lake)["storage"]["secret_access_key"] not in text  # no secret in the log
     assert "already in" in text  # a restart re-read records the tables held (killed before the Kafka commit)
     assert len(latest) == KEYS
     table = read_with_polars(lake, upserts)
