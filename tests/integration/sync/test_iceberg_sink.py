@@ -164,6 +164,44 @@ def test_two_replicas_never_write_a_record_twice(lake: IcebergConnection, unique
     assert versions == list(range(201))
 
 
+def test_two_replicas_upserting_and_deleting_end_at_the_oracle(lake: IcebergConnection, unique: str) -> None:
+    """Upsert mode: the same batches (updates and deletes over 30 keys) from two replicas at once."""
+    table = f"replicas_{unique}.items"
+    make_sink(lake, table).write(batch([record(k, 0, k) for k in range(30)]))  # offsets 0-29, version 0
+    replicas = [make_sink(lake, table) for _ in range(2)]
+    rng = random.Random(7)
+    oracle = dict.fromkeys(range(30), 0)
+    batches = []
+    for start in range(30, 330, 30):
+        recs = []
+        for offset in range(start, start + 30):
+            key, delete = rng.randrange(30), rng.random() < 0.2
+            recs.append(record(key, offset, offset, delete=delete))
+            if delete:
+                oracle.pop(key, None)
+            else:
+                oracle[key] = offset
+        batches.append(batch(recs))
+    errors: list[BaseException] = []
+
+    def run(sink: IcebergSink) -> None:
+        try:
+            for b in batches:
+                sink.write(b)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in replicas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    rows = rows_of(lake, table)
+    assert len(rows) == len({r["id"] for r in rows})  # one row per key
+    assert {r["id"]: r["_version"] for r in rows} == oracle
+
+
 ITEM_V1 = {
     "type": "record",
     "name": "Price",
