@@ -77,12 +77,8 @@ def compare(name: str, column: pa.DataType, writer: pa.DataType) -> pa.DataType 
             f"column {name!r} is {column} in the table and {writer} in the writer schema: Iceberg cannot change a "
             "decimal's scale, and writing would round the values; write to a new column or a new table"
         )
-    elif column.equals(writer):
-        return None
-    elif not pa.types.is_nested(column) or not pa.types.is_nested(writer):
-        pass
-    else:
-        return None  # nested: checked by the safe cast of the values
+    elif column.equals(writer) or (pa.types.is_nested(column) and pa.types.is_nested(writer)):
+        return None  # nested types: their values are checked by the safe cast (align)
     raise SchemaRefused(
         f"column {name!r} is {column} in the table and {writer} in the writer schema: the table cannot hold these "
         "values exactly (Iceberg widens only int -> long, float -> double and a decimal's precision)"
