@@ -45,10 +45,10 @@ class IcebergSinkConfig(SinkConnectorConfig):
           connection: lake
           topics: [updates.flights]
           table: analytics.flights
-          key: [flight_id]
+          key: [year, month, day, carrier, flight, origin, sched_dep_time]
           partition_by:
-            - {field: dep_time, transform: day}
-            - {field: flight_id, transform: bucket, buckets: 16}
+            - {field: time_hour, transform: day}
+            - {field: flight, transform: bucket, buckets: 16}
     """
 
     implementation = "connectors.iceberg.sink:IcebergSink"
