@@ -61,6 +61,11 @@ class IcebergSinkConfig(SinkConnectorConfig):
     )
     key: list[str] = Field(default_factory=list, description="key column(s) (upsert mode): the record key's fields")
     version_column: str = Field("_version", description="column holding each row's version header")
+    composite_key_column: str = Field(
+        "_key",
+        description="upsert mode with a key of several columns: the column holding the key as one canonical string "
+        "(the JSON array of its values), on which rows are found and deleted",
+    )
     tombstone_table: str | None = Field(
         None,
         pattern=r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+$",

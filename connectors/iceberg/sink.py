@@ -14,7 +14,15 @@ from connectors.iceberg import table_schema
 from connectors.iceberg.config import IcebergSinkConfig
 from connectors.iceberg.connection import IcebergConnection, load_catalog, storage_client
 from connectors.iceberg.offsets import offset_of, offsets_property, recorded_offsets, with_offset, without_rebase
-from connectors.iceberg.rows import KeyTuple, key_filter, key_tuple, value_tables, versions_of
+from connectors.iceberg.rows import (
+    KeyTuple,
+    key_filter,
+    key_tuple,
+    match_columns,
+    match_tuple,
+    value_tables,
+    versions_of,
+)
 from connectors.iceberg.tombstones import Decision, Tombstones, decide
 from kernel.exceptions import BatchRefusedError, FatalError, SetupError, SinkBackpressureError, SinkBlockedError
 from kernel.redact import redact
@@ -64,6 +72,7 @@ class IcebergSink(Sink):
         self.tombstones: Tombstones | None = None
         self._lock = threading.Lock()
         self._prop = offsets_property(self.name)
+        self._match = match_columns(self.config.key, self.config.composite_key_column)
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -91,7 +100,7 @@ class IcebergSink(Sink):
                 self.table = None
             if self.config.mode == "upsert":
                 self.tombstones = Tombstones(
-                    self.catalog, self.config.tombstone_table_name, self.config.key, self.config.version_column
+                    self.catalog, self.config.tombstone_table_name, self._match, self.config.version_column
                 )
                 self.tombstones.load()
         except (FatalError, SinkBlockedError):
@@ -226,16 +235,16 @@ class IcebergSink(Sink):
     def _decide(self, table: Any, records: list[SinkRecord]) -> Decision:
         """The version guard: the batch's newest update per key against the table's rows and tombstones."""
         latest = latest_per_key(records)
-        keys = [key_tuple(r, self.config.key) for r in latest]
-        rows = versions_of(table, self.config.key, self.config.version_column, keys) if table is not None else {}
+        keys = [match_tuple(r, self.config.key) for r in latest]
+        rows = versions_of(table, self._match, self.config.version_column, keys) if table is not None else {}
         tombs = self.tombstones.versions(keys) if self.tombstones is not None else {}
         return decide(latest, keys, rows, tombs)
 
     def _key_types(self, table: Any) -> list[pa.DataType | None]:
         if table is None:
-            return [None] * len(self.config.key)
+            return [None] * len(self._match)
         schema = table.schema().as_arrow()
-        return [schema.field(k).type if k in schema.names else None for k in self.config.key]
+        return [schema.field(k).type if k in schema.names else None for k in self._match]
 
     def _rows(self, batch: SinkBatch, upserts: list[SinkRecord]) -> pa.Table | None:
         """The upserts' rows (values, key columns from the record keys where the value lacks them, version)."""
@@ -246,6 +255,10 @@ class IcebergSink(Sink):
             for i, column in enumerate(self.config.key):
                 if column not in part.column_names:
                     part = part.add_column(i, column, pa.array([key_tuple(r, self.config.key)[i] for r in run]))
+            if self._match != self.config.key and self.config.mode == "upsert":
+                part = part.add_column(
+                    0, self._match[0], pa.array([match_tuple(r, self.config.key)[0] for r in run], pa.string())
+                )
             parts.append(part)
         if len(parts) == 1:
             return parts[0]
@@ -277,7 +290,7 @@ class IcebergSink(Sink):
         props = {self._prop: with_offset(offsets, batch.topic, batch.partition, batch.last_offset)}
         with without_rebase(table).transaction() as tx:
             if deletes:
-                tx.delete(key_filter(self.config.key, deletes), snapshot_properties=props)
+                tx.delete(key_filter(self._match, deletes), snapshot_properties=props)
             if rows is not None and rows.num_rows:
                 tx.append(rows, snapshot_properties=props)
         log.debug(

@@ -399,3 +399,24 @@ def test_the_maintenance_commands_on_a_config(lake: IcebergConnection, unique: s
     missing = runner.invoke(app, ["iceberg", "compact", str(cfg), "--sink", "nope"])
     assert missing.exit_code == 1 and "no iceberg_sink named nope" in missing.output
     assert sorted(r["id"] for r in rows_of(lake, table)) == list(range(30))
+
+
+def test_a_composite_key_is_matched_on_one_column(lake: IcebergConnection, unique: str) -> None:
+    """Upserts and deletes by a two-field key: rows found and deleted through the canonical `_key` column."""
+    table = f"composite_{unique}.items"
+    sink = make_sink(lake, table, key=["id", "name"])
+
+    def keyed(k: int, version: int, offset: int, delete: bool = False) -> SinkRecord:
+        rec = record(k, version, offset, delete=delete)
+        rec.key = {"name": f"item-{k}", "id": k}  # the record key's fields in another order than `key`
+        if rec.value is not None:
+            rec.value = {**rec.value, "name": f"item-{k}"}
+        return rec
+
+    sink.write(batch([keyed(k, 1, k) for k in range(2000)]))
+    sink.write(batch([keyed(k, 2, 2000 + k, delete=k % 4 == 0) for k in range(0, 2000, 2)]))
+    sink.write(batch([keyed(0, 1, 4000)]))  # older than its delete: stays deleted
+    rows = rows_of(lake, table)
+    want = {k: 1 if k % 2 else 2 for k in range(2000) if k % 4}
+    assert {r["id"]: r["_version"] for r in rows} == want and len(rows) == len(want)
+    assert {r["_key"] for r in rows} == {f'[{k},"item-{k}"]' for k in want}

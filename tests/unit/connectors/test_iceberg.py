@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from connectors.iceberg.config import IcebergSinkConfig
 from connectors.iceberg.connection import IcebergConnection, catalog_properties
 from connectors.iceberg.offsets import offset_of, recorded_offsets, with_offset
-from connectors.iceberg.rows import key_filter, key_tuple
+from connectors.iceberg.rows import key_filter, key_tuple, match_tuple
 from connectors.iceberg.table_schema import SchemaRefused, align, compare, plan
 from threes.testing.sink import record
 
@@ -108,6 +108,8 @@ def test_keys_and_their_filters() -> None:
     composite = record(7, 1, 0)
     composite.key = {"carrier": "AA", "flight": 7}
     assert key_tuple(composite, ["flight", "carrier"]) == (7, "AA")
+    assert match_tuple(composite, ["flight", "carrier"]) == ('[7,"AA"]',)
+    assert match_tuple(record(7, 1, 0), ["id"]) == (7,)
     with pytest.raises(ValueError, match="no field"):
         key_tuple(composite, ["tailnum"])
     assert "In" in repr(key_filter(["id"], [(1,), (2,)]))
