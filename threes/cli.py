@@ -163,6 +163,7 @@ def _mount_subcommands() -> None:
     from threes import serve, status
     from threes.demo import cli as demo
     from threes.dlq import dlq_app
+    from threes.iceberg import iceberg_app
     from threes.local.cli import local_app
     from threes.pipeline import cli as pipeline
     from threes.source import offsets_app, source_app
@@ -175,6 +176,7 @@ def _mount_subcommands() -> None:
     app.add_typer(stream_cli, name="stream")
     app.add_typer(sync_app, name="sync")
     app.add_typer(dlq_app, name="dlq")
+    app.add_typer(iceberg_app, name="iceberg")
     status.register(app)  # status
     serve.register(app)  # serve
     demo.register(app)  # replay, demo, docs

@@ -82,7 +82,9 @@ def test_threes_is_imported_from_the_wheel_not_the_repository(installed: Install
     assert location.is_relative_to(installed.venv), location
 
 
-@pytest.mark.parametrize("example", ["nycflights13/pipeline.yaml", "pipeline.yaml", "shop/pipeline.yaml"])
+@pytest.mark.parametrize(
+    "example", ["nycflights13/pipeline.yaml", "pipeline.yaml", "shop/pipeline.yaml", "iceberg.yaml"]
+)
 def test_the_shipped_examples_validate_from_an_empty_folder(installed: Installed, example: str) -> None:
     path = Path(installed.py(f"from threes.demo.example import example_path; print(example_path({example!r}))"))
     assert path.is_relative_to(installed.venv), path
