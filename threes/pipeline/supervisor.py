@@ -34,12 +34,14 @@ from collections.abc import Callable
 from typing import Any
 
 from kernel.exceptions import FatalError, SetupError
+from threes.pipeline.control import PAUSE_FILE_ENV, Controls
 from threes.pipeline.flow_reader import FlowReader
 from threes.pipeline.kafka_probe import Flow, KafkaOutage, KafkaProbe
 from threes.pipeline.parts import PartState, RunOptions, free_port
 from threes.pipeline.plan import plan_run
 from threes.pipeline.probes import scrape, source_cycles, sources_ready, sync_assigned
 from threes.pipeline.processes import signal_group, spawn
+from threes.pipeline.revisions import part_revisions
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,11 @@ class Supervisor:
             sources_metrics_port=sources_port, stream_metrics_port=stream_port,
         )]
         self.tasks = self._source_tasks() if any(p.name == "sources" for p in self.parts) else {}
+        self.revision = 1  # the config revision: PUT /pipeline counts up
+        revisions = part_revisions(pipeline)
+        for state in self.parts:
+            state.revision = revisions[state.name]
+        self.control = Controls(self)  # the operator's requests (management API), carried out at each tick
         self.flow: Flow | None = None
         self.events: list[tuple[float, str]] = []  # (time.time(), message), newest last
         self.events_total = 0  # messages noted so far (``events`` keeps the last 50)
@@ -156,6 +163,7 @@ class Supervisor:
 
     def tick(self) -> None:
         """One round of supervision (see the module docstring)."""
+        self.control.run_pending()
         now = time.monotonic()
         for state in self.parts:
             if state.child is not None and state.status in ("starting", "ready"):
@@ -166,6 +174,7 @@ class Supervisor:
                     self._check_ready(state)
             elif state.status == "restarting" and state._restart_at is not None and now >= state._restart_at:
                 self._spawn(state)
+        self.control.tick()
         for i, state in enumerate(self.parts):
             if state.status != "waiting":
                 continue
@@ -185,7 +194,7 @@ class Supervisor:
         for state in self.parts:
             if state.status == "starting":
                 self._check_timeout(state, "to be ready")
-        if all(p.status == "ready" for p in self.parts):
+        if all(p.status in ("ready", "paused") for p in self.parts):
             if self.phase != "running":
                 self._note("every part is ready")
             self.phase = "running"
@@ -270,8 +279,9 @@ class Supervisor:
 
     def _spawn(self, state: PartState) -> None:
         log_path = self.options.log_dir / f"{state.name}.log"
+        env = self.env if state.name != "sync" else {**self.env, PAUSE_FILE_ENV: str(self.control.pause_file)}
         try:
-            state.child = spawn(state.name, state.part.args, log_path, self.env)
+            state.child = spawn(state.name, state.part.args, log_path, env)
         except OSError as exc:
             raise FatalError(f"cannot start `threes {' '.join(state.part.args)}`: {exc}") from exc
         state._restart_at = None
@@ -356,6 +366,7 @@ class Supervisor:
         up_s = time.monotonic() - child.started
         child.close_log()
         what = f"`threes {' '.join(child.args)}` exited with code {code}"
+        state.last_error = f"exit code {code}: {child.tail(3)}".strip()
         if state.status == "starting" and not state.ever_ready:
             state.set("failed", f"exit code {code} while starting")
             raise FatalError(f"{state.name} failed to start: {what}; the end of {child.log_path}:\n{child.tail()}")
