@@ -58,8 +58,8 @@ from schemas.serde import AvroDeserializer
 from schemas.store import SchemaStore
 from sync_service.batching import message_size
 from sync_service.concurrency import AdaptiveConcurrency
-from sync_service.pause import OperatorPause
 from sync_service.metrics import SyncMetrics
+from sync_service.pause import OperatorPause
 from sync_service.rebalance import PartitionHandoff
 from sync_service.state import TP, SinkSlot
 from sync_service.writer import BatchWriter

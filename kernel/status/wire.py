@@ -81,6 +81,7 @@ class Connection(asyncio.Protocol):
         self.keep = True  # keep the connection after the current answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """A client connected (asyncio): keep its transport."""
         self.transport = transport  # type: ignore[assignment]
         self.server._clients.add(self.transport)  # type: ignore[arg-type]
         sock = transport.get_extra_info("socket")
@@ -88,12 +89,14 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        """Bytes arrived (asyncio): answer every request they complete."""
         self.buffer += data
         if self.busy and len(self.buffer) > 16 * MAX_HEAD_BYTES + MAX_BODY_BYTES and self.transport is not None:
             self.transport.pause_reading()  # pipelined requests behind a slow answer: backpressure, not memory
         self._next()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """The client went (asyncio)."""
         if self.transport is not None:
             self.server._clients.discard(self.transport)
         self.transport = None

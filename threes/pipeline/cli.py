@@ -151,6 +151,10 @@ def _supervise(pipeline: PipelineBase, options: RunOptions, stop: threading.Even
     """Run the parts until ``stop``, showing their states: a live table on a terminal, else a line per change.
 
     Args:
+        pipeline: the validated pipeline.
+        options: how to run it.
+        stop: set to stop the run.
+        force: set to kill the parts at once while stopping.
         api: ``(host, port, token, lock file)`` of the run's endpoint (:class:`~threes.pipeline.endpoint.RunEndpoint`).
 
     Returns:
