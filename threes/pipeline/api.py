@@ -49,7 +49,8 @@ def part_document(sup: Supervisor, state: PartState) -> dict[str, Any]:
     return {
         "name": state.name,
         "state": api_state(state),
-        "detail": state.detail,
+        "detail": "holds its partitions and consumes nothing" if state.paused and state.name == "sync"
+        else state.detail,
         "paused": state.paused,
         "pid": state.child.pid if state.child is not None and state.child.alive() else None,
         "for_s": round(time.monotonic() - state.since, 1),
