@@ -54,7 +54,7 @@ def run(
         int | None, typer.Option("--metrics-port", help="serve Prometheus /metrics and the /status page")
     ] = None,
     metrics_host: Annotated[
-        str, typer.Option("--metrics-host", help="address --metrics-port binds; any other than loopback needs a "
+        str, typer.Option("--metrics-host", envvar="THREES_METRICS_HOST", help="address --metrics-port binds; any other than loopback needs a "
                                                  "bearer token in the variable --metrics-token-env names")
     ] = "127.0.0.1",
     metrics_token_env: Annotated[
