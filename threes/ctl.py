@@ -18,15 +18,19 @@ import typer
 
 from kernel.exceptions import ThreesError
 
-ctl_app = typer.Typer(help="Control a running `threes run`: list, status, pause, resume, restart its parts.",
-                      no_args_is_help=True)
+ctl_app = typer.Typer(
+    help="Control a running `threes run`: list, status, pause, resume, restart its parts.", no_args_is_help=True
+)
 
-UrlOpt = Annotated[str | None, typer.Option("--url", envvar="THREES_API_URL",
-                                            help="the run's API, e.g. http://127.0.0.1:8083")]
-TokenOpt = Annotated[str | None, typer.Option("--token", envvar="THREES_API_TOKEN", show_envvar=True,
-                                              help="its bearer token")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="find the API of the run of this YAML "
-                                                                       "(its URL and token)")]
+UrlOpt = Annotated[
+    str | None, typer.Option("--url", envvar="THREES_API_URL", help="the run's API, e.g. http://127.0.0.1:8083")
+]
+TokenOpt = Annotated[
+    str | None, typer.Option("--token", envvar="THREES_API_TOKEN", show_envvar=True, help="its bearer token")
+]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="find the API of the run of this YAML (its URL and token)")
+]
 NameArg = Annotated[str, typer.Argument(help="the part: sources, stream or sync", show_default=False)]
 
 
@@ -86,8 +90,14 @@ def _table(parts: list[dict[str, Any]]) -> None:
 
     table = Table("part", "state", "restarts", "lag", "config", "last error")
     for p in parts:
-        table.add_row(p["name"], p["state"], str(p["restarts"]), "-" if p["lag"] is None else f"{p['lag']:,}",
-                      p["config_revision"], (p["last_error"] or "")[:120])
+        table.add_row(
+            p["name"],
+            p["state"],
+            str(p["restarts"]),
+            "-" if p["lag"] is None else f"{p['lag']:,}",
+            p["config_revision"],
+            (p["last_error"] or "")[:120],
+        )
     out.print(table)
 
 
@@ -102,8 +112,12 @@ def _run(method: str, path: str, url: str | None, token: str | None, config: Pat
 
 
 @ctl_app.command("list")
-def list_parts(url: UrlOpt = None, token: TokenOpt = None, config: ConfigOpt = None,
-               as_json: Annotated[bool, typer.Option("--json", help="print the API's JSON")] = False) -> None:
+def list_parts(
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the API's JSON")] = False,
+) -> None:
     """Every part of the run: state, restarts, lag, config revision, last error (GET /parts)."""
     parts = _run("GET", "/parts", url, token, config)
     _show(parts) if as_json else _table(parts)

@@ -54,8 +54,9 @@ def run(
         int | None, typer.Option("--metrics-port", help="serve Prometheus /metrics and the /status page")
     ] = None,
     metrics_host: Annotated[
-        str, typer.Option("--metrics-host", envvar="THREES_METRICS_HOST", help="address --metrics-port binds; any other than loopback needs a "
-                                                 "bearer token in the variable --metrics-token-env names")
+        str, typer.Option("--metrics-host", envvar="THREES_METRICS_HOST",
+                          help="address --metrics-port binds; any other than loopback needs a bearer token in the "
+                               "variable --metrics-token-env names")
     ] = "127.0.0.1",
     metrics_token_env: Annotated[
         str, typer.Option("--metrics-token-env", help="environment variable holding the bearer token of "

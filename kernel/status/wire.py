@@ -28,8 +28,18 @@ MAX_BODY_BYTES = 1024 * 1024
 """A state-changing request's body (a pipeline YAML); a larger one gets ``413``."""
 BODY_METHODS = frozenset({b"POST", b"PUT", b"DELETE", b"PATCH"})
 # the headers a route may read; others are skipped while parsing
-_KEPT = frozenset({b"authorization", b"connection", b"host", b"origin", b"content-type", b"sec-fetch-site",
-                   b"content-length", b"transfer-encoding"})
+_KEPT = frozenset(
+    {
+        b"authorization",
+        b"connection",
+        b"host",
+        b"origin",
+        b"content-type",
+        b"sec-fetch-site",
+        b"content-length",
+        b"transfer-encoding",
+    }
+)
 
 
 @dataclass
@@ -64,10 +74,23 @@ class Response:
         self.code, self.ctype, self.body, self.extra = code, ctype, body, extra
 
 
-REASONS = {200: b"OK", 202: b"Accepted", 204: b"No Content", 303: b"See Other", 400: b"Bad Request",
-           401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed",
-           409: b"Conflict", 413: b"Content Too Large", 415: b"Unsupported Media Type",
-           422: b"Unprocessable Content", 500: b"Internal Server Error", 503: b"Service Unavailable"}
+REASONS = {
+    200: b"OK",
+    202: b"Accepted",
+    204: b"No Content",
+    303: b"See Other",
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    403: b"Forbidden",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    409: b"Conflict",
+    413: b"Content Too Large",
+    415: b"Unsupported Media Type",
+    422: b"Unprocessable Content",
+    500: b"Internal Server Error",
+    503: b"Service Unavailable",
+}
 
 
 class Connection(asyncio.Protocol):
@@ -172,9 +195,12 @@ class Connection(asyncio.Protocol):
     def _write(self, answer: Response) -> None:
         if self.transport is None:
             return
-        head = [b"HTTP/1.1 %d %s" % (answer.code, REASONS.get(answer.code, b"")),
-                b"Content-Type: " + answer.ctype.encode(), b"Content-Length: %d" % len(answer.body),
-                b"Cache-Control: no-store"]
+        head = [
+            b"HTTP/1.1 %d %s" % (answer.code, REASONS.get(answer.code, b"")),
+            b"Content-Type: " + answer.ctype.encode(),
+            b"Content-Length: %d" % len(answer.body),
+            b"Cache-Control: no-store",
+        ]
         head += [name + b": " + value for name, value in answer.extra]
         if not self.keep:
             head.append(b"Connection: close")

@@ -63,9 +63,14 @@ def _manifests() -> list[dict[str, Any]]:
 
 def _local(env: dict[str, str], kafka: str, tmp: Path) -> dict[str, str]:
     """The container's environment on this machine (see the module docstring): only these substitutions."""
-    out = {**env, "THREES_KAFKA_BOOTSTRAP": kafka, "THREES_POSTGRES_URL": f"postgresql+psycopg://x:y@{CLOSED}/x",
-           "THREES_ELASTICSEARCH_URL": f"http://{CLOSED}", "THREES_S3_ENDPOINT_URL": f"http://{CLOSED}",
-           "THREES_CHECKPOINTS": str(tmp / "checkpoints")}
+    out = {
+        **env,
+        "THREES_KAFKA_BOOTSTRAP": kafka,
+        "THREES_POSTGRES_URL": f"postgresql+psycopg://x:y@{CLOSED}/x",
+        "THREES_ELASTICSEARCH_URL": f"http://{CLOSED}",
+        "THREES_S3_ENDPOINT_URL": f"http://{CLOSED}",
+        "THREES_CHECKPOINTS": str(tmp / "checkpoints"),
+    }
     assert out["THREES_METRICS_HOST"] == "0.0.0.0"
     out["THREES_METRICS_HOST"] = POD_IP
     # what runs the command here: the interpreter's PATH and this checkout on PYTHONPATH
@@ -133,15 +138,17 @@ def _scrape_like_prometheus(port: int, token_file: Path) -> None:
     assert _get(port, "/metrics") == 401
     assert _get(port, "/status.json") == 401
     assert _get(port, "/metrics", "not-the-token") == 401
-    request = urllib.request.Request(f"http://{POD_IP}:{port}/metrics",
-                                     headers={"Authorization": f"Bearer {token_file.read_text().strip()}"})
+    request = urllib.request.Request(
+        f"http://{POD_IP}:{port}/metrics", headers={"Authorization": f"Bearer {token_file.read_text().strip()}"}
+    )
     with urllib.request.urlopen(request, timeout=5) as resp:
         assert resp.status == 200 and b"# HELP" in resp.read()
 
 
 @pytest.mark.parametrize("workload", LONG_RUNNING)
 def test_each_kubernetes_workload_answers_its_probes_on_the_pod_ip(
-        workload: str, endpoints: Any, tmp_path: Path, started: list[Started]) -> None:
+    workload: str, endpoints: Any, tmp_path: Path, started: list[Started]
+) -> None:
     manifests = _manifests()
     container = _container(_workloads(manifests)[workload])
     env = _local(_environment(manifests, container), endpoints.kafka_bootstrap, tmp_path)
@@ -163,11 +170,13 @@ def test_each_kubernetes_workload_answers_its_probes_on_the_pod_ip(
 
 @pytest.mark.parametrize("service", ["sources", "stream", "sync"])
 def test_each_compose_service_passes_its_health_check_and_refuses_scrapes_without_the_token(
-        service: str, endpoints: Any, tmp_path: Path, started: list[Started]) -> None:
+    service: str, endpoints: Any, tmp_path: Path, started: list[Started]
+) -> None:
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
     svc = compose["services"][service]
-    env = _local({k: interpolate(str(v), HOST_ENV) for k, v in svc["environment"].items()},
-                 endpoints.kafka_bootstrap, tmp_path)
+    env = _local(
+        {k: interpolate(str(v), HOST_ENV) for k, v in svc["environment"].items()}, endpoints.kafka_bootstrap, tmp_path
+    )
     ports = [int(str(p).rpartition(":")[2]) for p in svc["ports"]]
     process = Started(svc["command"], env, tmp_path)
     started.append(process)

@@ -49,7 +49,8 @@ def part_document(sup: Supervisor, state: PartState) -> dict[str, Any]:
     return {
         "name": state.name,
         "state": api_state(state),
-        "detail": "holds its partitions and consumes nothing" if state.paused and state.name == "sync"
+        "detail": "holds its partitions and consumes nothing"
+        if state.paused and state.name == "sync"
         else state.detail,
         "paused": state.paused,
         "pid": state.child.pid if state.child is not None and state.child.alive() else None,
@@ -63,8 +64,12 @@ def part_document(sup: Supervisor, state: PartState) -> dict[str, Any]:
 
 def run_document(sup: Supervisor) -> dict[str, Any]:
     """The run's status document (``/status.json`` and the page): its phase, revision and parts."""
-    return {"config": str(sup.options.config), "phase": sup.phase, "revision": sup.revision,
-            "parts": [part_document(sup, s) for s in sup.parts]}
+    return {
+        "config": str(sup.options.config),
+        "phase": sup.phase,
+        "revision": sup.revision,
+        "parts": [part_document(sup, s) for s in sup.parts],
+    }
 
 
 class ManagementApi:
@@ -90,8 +95,11 @@ class ManagementApi:
         """``GET`` under ``/parts`` and ``/pipeline``."""
         steps = [p for p in path.split("/") if p]
         if steps == ["pipeline"]:
-            return 200, {"config": str(self.sup.options.config), "revision": self.sup.revision,
-                         "parts": {s.name: s.revision for s in self.sup.parts}}
+            return 200, {
+                "config": str(self.sup.options.config),
+                "revision": self.sup.revision,
+                "parts": {s.name: s.revision for s in self.sup.parts},
+            }
         if steps == ["parts"]:
             return 200, [part_document(self.sup, s) for s in self.sup.parts]
         state = self.sup.part(steps[1])
@@ -109,15 +117,31 @@ class ManagementApi:
     def _offsets(self, name: str) -> dict[str, Any]:
         if name == "sources":
             stored = self._store()[0]
-            return {"part": name, "offsets": [
-                {"key": p.key, "connector": p.connector, "task": p.task, "topic": p.topic, "position": p.position,
-                 "updated_ms": p.updated_ms} for p in stored]}
+            return {
+                "part": name,
+                "offsets": [
+                    {
+                        "key": p.key,
+                        "connector": p.connector,
+                        "task": p.task,
+                        "topic": p.topic,
+                        "position": p.position,
+                        "updated_ms": p.updated_ms,
+                    }
+                    for p in stored
+                ],
+            }
         if name == "sync":
             flow = self.sup.flow
             if flow is None:
                 return {"part": name, "offsets": []}
-            return {"part": name, "offsets": [{"service": svc, "committed": committed, "lag": flow.lag.get(svc)}
-                                              for svc, committed in flow.committed.items()]}
+            return {
+                "part": name,
+                "offsets": [
+                    {"service": svc, "committed": committed, "lag": flow.lag.get(svc)}
+                    for svc, committed in flow.committed.items()
+                ],
+            }
         stream = self.sup.pipeline.stream
         return {"part": name, "offsets": [], "checkpoint": str(stream.checkpoint_location)}
 
@@ -127,8 +151,9 @@ class ManagementApi:
 
         pipeline = self.sup.pipeline
         names = {s.name for s in pipeline.sources}
-        store = OffsetStore(pipeline.kafka.librdkafka_config(), self.sup.options.offsets_topic,
-                            **internal_topic_options(pipeline.kafka))
+        store = OffsetStore(
+            pipeline.kafka.librdkafka_config(), self.sup.options.offsets_topic, **internal_topic_options(pipeline.kafka)
+        )
         stored = sorted((p for p in store.load_all().values() if p.connector in names), key=lambda p: p.key)
         return stored, store
 
@@ -152,8 +177,10 @@ class ManagementApi:
             return exc.code, {"error": str(exc)}
         except ThreesError as exc:
             return 503, {"error": str(exc)}
-        return 405, {"error": f"{method} {path}: not an action (POST /parts/NAME/pause|resume|restart, "
-                              "DELETE /parts/NAME/offsets, PUT /pipeline)"}
+        return 405, {
+            "error": f"{method} {path}: not an action (POST /parts/NAME/pause|resume|restart, "
+            "DELETE /parts/NAME/offsets, PUT /pipeline)"
+        }
 
     def _reset(self, name: str) -> tuple[int, Any]:
         """Forget the sources' stored positions (on the supervisor's thread: no resume meanwhile)."""

@@ -75,12 +75,17 @@ class RunEndpoint:
 
         register_secret(self.admin_token)
         sup = self.sup
-        server = StatusServer(lambda: run_document(sup), title=f"threes run {sup.options.config}",
-                              ready=lambda: sup.phase == "running", page=render_run_page)
+        server = StatusServer(
+            lambda: run_document(sup),
+            title=f"threes run {sup.options.config}",
+            ready=lambda: sup.phase == "running",
+            page=render_run_page,
+        )
         ManagementApi(sup).mount(server)
         try:
-            bound = server.serve(DEFAULT_PORT if self.port is None else self.port, self.host, self.token,
-                                 self.admin_token)
+            bound = server.serve(
+                DEFAULT_PORT if self.port is None else self.port, self.host, self.token, self.admin_token
+            )
         except OSError:
             if self.port is not None:
                 raise

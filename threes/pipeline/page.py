@@ -37,7 +37,7 @@ def render_run_page(doc: dict[str, Any], csrf: str, refresh_s: int = 5) -> str:
     rows = "".join(
         f'<tr data-key="{_e(p["name"])}"><td>{_e(p["name"])}</td>'
         f'<td data-state="{_e(p["state"])}">{_e(p["state"])}</td><td>{_e(p["detail"])}</td>'
-        f'<td>{_e(p["restarts"])}</td><td>{_e(p["lag"])}</td><td>{_e(p["config_revision"])}</td>'
+        f"<td>{_e(p['restarts'])}</td><td>{_e(p['lag'])}</td><td>{_e(p['config_revision'])}</td>"
         f'<td class="err">{_e(p["last_error"])}</td><td>{_buttons(p["name"], csrf)}</td></tr>'
         for p in doc.get("parts", [])
     )
@@ -45,7 +45,7 @@ def render_run_page(doc: dict[str, Any], csrf: str, refresh_s: int = 5) -> str:
     return (
         f'<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{refresh_s}">'
         f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>"
-        f"<h1>{_e(title)}</h1><p id=\"phase\">{_e(doc.get('phase'))} · config revision {_e(doc.get('revision'))}</p>"
+        f'<h1>{_e(title)}</h1><p id="phase">{_e(doc.get("phase"))} · config revision {_e(doc.get("revision"))}</p>'
         '<table id="parts"><thead><tr><th>part</th><th>state</th><th>detail</th><th>restarts</th><th>lag</th>'
         f"<th>config</th><th>last error</th><th>actions</th></tr></thead><tbody>{rows}</tbody></table>"
         "</body></html>"

@@ -31,9 +31,19 @@ class Browser:
             os.dup2(from_browser, 4)
 
         self.process = subprocess.Popen(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--remote-debugging-pipe", "about:blank"],
-            preexec_fn=pipes, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--remote-debugging-pipe",
+                "about:blank",
+            ],
+            preexec_fn=pipes,
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         os.close(to_browser)
         os.close(from_browser)
@@ -67,8 +77,7 @@ class Browser:
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page."""
-        result = self.command("Runtime.evaluate", {"expression": expression, "returnByValue": True},
-                              self.session)
+        result = self.command("Runtime.evaluate", {"expression": expression, "returnByValue": True}, self.session)
         return result.get("result", {}).get("value")
 
     def open(self, url: str, timeout_s: float = 60.0) -> None:

@@ -26,7 +26,7 @@ from connectors.rds.connection import RdsConnection
 from kernel.config.models import KafkaConfig
 from tests.integration.ops.cdp import Browser
 from tests.integration.pipeline.test_management_api import Run
-from tests.integration.pipeline.test_management_api import run as run  # noqa: F401  (the fixture)
+from tests.integration.pipeline.test_management_api import run as run
 
 STATE = "document.querySelector('#parts tr[data-key=\"sync\"] td[data-state]').dataset.state"
 
@@ -42,10 +42,10 @@ def browser(chromium: str) -> Iterator[Browser]:
 
 def _foreign_page(form: str) -> tuple[http.server.ThreadingHTTPServer, str]:
     """A page of another origin (a free port of 127.0.0.1) whose form posts itself on load."""
-    body = f"<!doctype html><html><body onload=\"document.forms[0].submit()\">{form}</body></html>".encode()
+    body = f'<!doctype html><html><body onload="document.forms[0].submit()">{form}</body></html>'.encode()
 
     class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
             self.send_header("Content-Length", str(len(body)))
@@ -61,7 +61,8 @@ def _foreign_page(form: str) -> tuple[http.server.ThreadingHTTPServer, str]:
 
 
 def test_the_page_pauses_and_resumes_and_a_foreign_page_cannot(
-        run: Run, browser: Browser, artifacts: Path, kafka: KafkaConfig, pg: RdsConnection) -> None:
+    run: Run, browser: Browser, artifacts: Path, kafka: KafkaConfig, pg: RdsConnection
+) -> None:
     api = run.api
     browser.open(f"{api.url}/status")
     assert browser.evaluate(STATE) == "ready"
@@ -76,8 +77,10 @@ def test_the_page_pauses_and_resumes_and_a_foreign_page_cannot(
 
     csrf = browser.evaluate("document.querySelector('#pause-sync').form.csrf.value")
     assert csrf  # the foreign page even knows the page's token: the origin check still refuses it
-    form = (f'<form method="post" action="{api.url}/parts/sync/pause">'
-            f'<input type="hidden" name="csrf" value="{html.escape(csrf)}"></form>')
+    form = (
+        f'<form method="post" action="{api.url}/parts/sync/pause">'
+        f'<input type="hidden" name="csrf" value="{html.escape(csrf)}"></form>'
+    )
     server, url = _foreign_page(form)
     try:
         browser.open(url)

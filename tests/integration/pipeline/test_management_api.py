@@ -34,7 +34,6 @@ from sqlalchemy import text
 
 from connectors.rds.connection import RdsConnection
 from kernel.config.models import KafkaConfig
-from tests.conftest import sql_engine
 from tests.integration.sync.helpers import UpdateProducer, create_topic, group_lag, wait_until
 from threes.pipeline.endpoint import read_discovery
 from threes.pipeline.lock import lock_path
@@ -68,8 +67,14 @@ class Api:
         assert found is not None
         self.url, self.token = found["url"], found["token"]
 
-    def call(self, method: str, path: str, body: bytes | None = None, token: str | None = "own",
-             headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        token: str | None = "own",
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
         sent = dict(headers or {})
         if token is not None:
             sent["Authorization"] = f"Bearer {self.token if token == 'own' else token}"
@@ -97,14 +102,22 @@ class Run:
         self.env = {**os.environ, "THREES_PGPASS": pg.password.get_secret_value()}
         self.process = subprocess.Popen(
             [THREES, "run", str(self.config), "--api-port", "0", "--log-dir", str(folder / "logs")],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=folder, env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=folder,
+            env=self.env,
         )
         self.output: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
         wait_until(lambda: read_discovery(lock_path(self.config)) is not None, 60, "the run's API")
         self.api = Api(self.config)
-        wait_until(lambda: all(p["state"] == "ready" for p in self.api.call("GET", "/parts")[1]), 180,
-                   "every part ready", interval_s=1.0)
+        wait_until(
+            lambda: all(p["state"] == "ready" for p in self.api.call("GET", "/parts")[1]),
+            180,
+            "every part ready",
+            interval_s=1.0,
+        )
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -122,15 +135,26 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, kafka: KafkaConfig, kafka_conf: dict[str, Any],
-        pg: RdsConnection, pg_engine: Any) -> Iterator[Run]:
+def run(
+    tmp_path_factory: pytest.TempPathFactory,
+    kafka: KafkaConfig,
+    kafka_conf: dict[str, Any],
+    pg: RdsConnection,
+    pg_engine: Any,
+) -> Iterator[Run]:
     from tests.integration.ops.helpers import free_port
 
     unique = draw_unique()
     with pg_engine.begin() as conn:
-        conn.execute(text(f"CREATE TABLE things_{unique} (id bigint PRIMARY KEY, name text, "
-                          "updated_at timestamptz NOT NULL DEFAULT now())"))
-        conn.execute(text(f"INSERT INTO things_{unique} (id, name) SELECT g, 'thing ' || g FROM generate_series(1, 5) g"))
+        conn.execute(
+            text(
+                f"CREATE TABLE things_{unique} (id bigint PRIMARY KEY, name text, "
+                "updated_at timestamptz NOT NULL DEFAULT now())"
+            )
+        )
+        conn.execute(
+            text(f"INSERT INTO things_{unique} (id, name) SELECT g, 'thing ' || g FROM generate_series(1, 5) g")
+        )
     create_topic(kafka_conf, f"updates.{unique}", 2)
     started = Run(tmp_path_factory.mktemp("mgmt"), kafka, pg, unique, free_port())
     try:
@@ -151,14 +175,23 @@ def _log_writes(engine: Any, unique: str) -> None:
     """From now on every row the sink writes (insert or update) is logged in ``log_<unique>``."""
     with engine.begin() as conn:
         conn.execute(text(f"CREATE TABLE log_{unique} (id bigint NOT NULL)"))
-        conn.execute(text(f"CREATE FUNCTION log_{unique}() RETURNS trigger LANGUAGE plpgsql AS "
-                          f"$$ BEGIN INSERT INTO log_{unique} VALUES (NEW.id); RETURN NEW; END $$"))
-        conn.execute(text(f"CREATE TRIGGER log_{unique} AFTER INSERT OR UPDATE ON items_{unique} "
-                          f"FOR EACH ROW EXECUTE FUNCTION log_{unique}()"))
+        conn.execute(
+            text(
+                f"CREATE FUNCTION log_{unique}() RETURNS trigger LANGUAGE plpgsql AS "
+                f"$$ BEGIN INSERT INTO log_{unique} VALUES (NEW.id); RETURN NEW; END $$"
+            )
+        )
+        conn.execute(
+            text(
+                f"CREATE TRIGGER log_{unique} AFTER INSERT OR UPDATE ON items_{unique} "
+                f"FOR EACH ROW EXECUTE FUNCTION log_{unique}()"
+            )
+        )
 
 
 def test_a_paused_sink_writes_nothing_and_resumes_without_loss_or_duplicates(
-        run: Run, kafka: KafkaConfig, kafka_conf: dict[str, Any], pg_engine: Any) -> None:
+    run: Run, kafka: KafkaConfig, kafka_conf: dict[str, Any], pg_engine: Any
+) -> None:
     u, api = run.unique, run.api
     producer = UpdateProducer(kafka, f"updates.{u}")
     for key in range(100):
@@ -190,8 +223,9 @@ def test_a_paused_sink_writes_nothing_and_resumes_without_loss_or_duplicates(
     assert _written(pg_engine, u) == (2100, 2000, 2000)  # each of the 2,000 written once
 
 
-def test_a_restart_while_records_flow_loses_nothing(run: Run, kafka: KafkaConfig, kafka_conf: dict[str, Any],
-                                                    pg_engine: Any) -> None:
+def test_a_restart_while_records_flow_loses_nothing(
+    run: Run, kafka: KafkaConfig, kafka_conf: dict[str, Any], pg_engine: Any
+) -> None:
     u, api = run.unique, run.api
     before = api.part("sync")
     base = _written(pg_engine, u)
@@ -211,8 +245,11 @@ def test_a_restart_while_records_flow_loses_nothing(run: Run, kafka: KafkaConfig
     code, doc = api.call("POST", "/parts/sync/restart")
     assert code == 202 and doc["state"] == "stopping", doc
     loading.join()
-    wait_until(lambda: api.part("sync")["state"] == "ready" and api.part("sync")["pid"] != before["pid"], 120,
-               "the sync part restarted")
+    wait_until(
+        lambda: api.part("sync")["state"] == "ready" and api.part("sync")["pid"] != before["pid"],
+        120,
+        "the sync part restarted",
+    )
     wait_until(lambda: _written(pg_engine, u)[0] == base[0] + 3000, 120, "every record written")
     after = api.part("sync")
     assert after["restarts"] == before["restarts"] + 1
@@ -225,8 +262,14 @@ def test_an_offsets_reset_is_refused_while_the_sources_run(run: Run) -> None:
     api = run.api
     code, doc = api.call("DELETE", "/parts/sources/offsets")
     assert code == 409 and "pause it first" in doc["error"], doc
-    cli = subprocess.run([THREES, "offsets", "reset", str(run.config), "-y"], capture_output=True, text=True,
-                         timeout=120, env=run.env, cwd=run.folder)
+    cli = subprocess.run(
+        [THREES, "offsets", "reset", str(run.config), "-y"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=run.env,
+        cwd=run.folder,
+    )
     assert cli.returncode == 1 and "409" in cli.stderr and "Traceback" not in cli.stderr, cli.stderr
     code, stored = api.call("GET", "/parts/sources/offsets")
     assert code == 200 and [p["connector"] for p in stored["offsets"]] == [f"things_{run.unique}"], stored
@@ -234,8 +277,14 @@ def test_an_offsets_reset_is_refused_while_the_sources_run(run: Run) -> None:
     assert api.call("POST", "/parts/sources/pause")[0] == 202
     wait_until(lambda: api.part("sources")["state"] == "paused", 60, "the sources stopped")
     assert api.part("sources")["pid"] is None  # nothing polls
-    cli = subprocess.run([THREES, "offsets", "reset", str(run.config), "-y"], capture_output=True, text=True,
-                         timeout=120, env=run.env, cwd=run.folder)
+    cli = subprocess.run(
+        [THREES, "offsets", "reset", str(run.config), "-y"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=run.env,
+        cwd=run.folder,
+    )
     assert cli.returncode == 0, cli.stderr
     assert api.call("GET", "/parts/sources/offsets")[1]["offsets"] == []
     assert api.call("POST", "/parts/sources/resume")[0] == 202
@@ -255,8 +304,11 @@ def test_put_pipeline_refuses_an_invalid_revision_and_restarts_only_what_changed
     good = CONFIG.format(**run.fields, max_records=80)  # only the sync service's batch changes
     code, doc = api.call("PUT", "/pipeline", good.encode())
     assert code == 200 and doc["changed"] == ["sync"] and doc["restarted"] == ["sync"], doc
-    wait_until(lambda: api.part("sync")["state"] == "ready" and api.part("sync")["pid"] != before["sync"]["pid"],
-               120, "sync restarted")
+    wait_until(
+        lambda: api.part("sync")["state"] == "ready" and api.part("sync")["pid"] != before["sync"]["pid"],
+        120,
+        "sync restarted",
+    )
     after = {p["name"]: p for p in api.call("GET", "/parts")[1]}
     assert after["sources"]["pid"] == before["sources"]["pid"]  # not restarted
     assert after["sources"]["config_revision"] == before["sources"]["config_revision"]
@@ -265,8 +317,11 @@ def test_put_pipeline_refuses_an_invalid_revision_and_restarts_only_what_changed
 
 def test_200_concurrent_calls_and_the_refusals(run: Run) -> None:
     api = run.api
-    calls = [("GET", "/parts", "own")] * 150 + [("GET", "/parts/sync", None)] * 40 + \
-            [("POST", "/parts/sync/resume", "own")] * 10  # resuming a running part changes nothing
+    calls = (
+        [("GET", "/parts", "own")] * 150
+        + [("GET", "/parts/sync", None)] * 40
+        + [("POST", "/parts/sync/resume", "own")] * 10
+    )  # resuming a running part changes nothing
     with ThreadPoolExecutor(50) as pool:
         answers = list(pool.map(lambda c: api.call(c[0], c[1], token=c[2]), calls))
     assert [code for code, _ in answers] == [200] * 190 + [202] * 10
@@ -274,8 +329,13 @@ def test_200_concurrent_calls_and_the_refusals(run: Run) -> None:
 
     assert api.call("POST", "/parts/sync/pause", token=None)[0] == 401
     assert api.call("POST", "/parts/sync/pause", token="wrong")[0] == 401
-    code, doc = api.call("POST", "/parts/sync/pause", b"csrf=guess", token=None, headers={
-        "Content-Type": "application/x-www-form-urlencoded", "Origin": "http://evil.example"})
+    code, doc = api.call(
+        "POST",
+        "/parts/sync/pause",
+        b"csrf=guess",
+        token=None,
+        headers={"Content-Type": "application/x-www-form-urlencoded", "Origin": "http://evil.example"},
+    )
     assert code == 403 and doc == {"error": "cross-origin request refused"}
     assert api.part("sync")["state"] == "ready"  # none of them paused it
     assert api.call("GET", "/parts/nothing")[0] == 404

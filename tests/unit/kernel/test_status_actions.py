@@ -24,8 +24,9 @@ TOKEN = "s3cret-admin-token"
 class Server:
     def __init__(self, token: str | None, admin: str | None, ready: bool = True):
         self.calls: list[tuple[str, str, bytes]] = []
-        self.server = StatusServer(lambda: {"sync": []}, ready=lambda: ready,
-                                   page=lambda _doc, csrf: f'<input name="csrf" value="{csrf}">')
+        self.server = StatusServer(
+            lambda: {"sync": []}, ready=lambda: ready, page=lambda _doc, csrf: f'<input name="csrf" value="{csrf}">'
+        )
         self.server.add_action("/parts", self.act)
         self.port = self.server.serve(0, "127.0.0.1", token, admin)
 
@@ -33,8 +34,9 @@ class Server:
         self.calls.append((method, path, body))
         return 202, {"done": path}
 
-    def request(self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b"") -> tuple[
-            int, dict[str, str], bytes]:
+    def request(
+        self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b""
+    ) -> tuple[int, dict[str, str], bytes]:
         head = {"Host": f"127.0.0.1:{self.port}", "Connection": "close", **(headers or {})}
         if body or method != "GET":
             head["Content-Length"] = str(len(body))
@@ -55,11 +57,14 @@ def loopback() -> Iterator[Server]:
     server.server.close()
 
 
-def _form(server: Server, origin: str | None = None, host: str | None = None, csrf: str | None = None) -> tuple[
-        int, dict[str, str], bytes]:
+def _form(
+    server: Server, origin: str | None = None, host: str | None = None, csrf: str | None = None
+) -> tuple[int, dict[str, str], bytes]:
     token = csrf if csrf is not None else server.server.guard.csrf  # type: ignore[union-attr]
-    headers = {"Content-Type": "application/x-www-form-urlencoded",
-               "Origin": origin or f"http://127.0.0.1:{server.port}"}
+    headers = {
+        "Content-Type": "application/x-www-form-urlencoded",
+        "Origin": origin or f"http://127.0.0.1:{server.port}",
+    }
     if host is not None:
         headers["Host"] = host
     return server.request("POST", "/parts/sync/pause", headers, f"csrf={token}".encode())
@@ -87,8 +92,12 @@ def test_the_pages_form_is_accepted_from_its_own_origin_only(loopback: Server) -
         ("null", None, None, "cross-origin request refused"),  # a sandboxed frame, a file:// page
         (f"http://localhost:{loopback.port}", None, None, "cross-origin request refused"),  # another origin
         # DNS rebinding: a name the attacker controls pointed at 127.0.0.1 (Origin and Host agree)
-        (f"http://rebound.example:{loopback.port}", f"rebound.example:{loopback.port}", None,
-         "cross-origin request refused"),
+        (
+            f"http://rebound.example:{loopback.port}",
+            f"rebound.example:{loopback.port}",
+            None,
+            "cross-origin request refused",
+        ),
         (None, None, "guess", "missing or wrong CSRF token: reload the page"),
         (None, None, "", "missing or wrong CSRF token: reload the page"),
     ]:
@@ -123,8 +132,10 @@ def test_probes_skip_the_token_and_reveal_nothing_while_the_rest_needs_it() -> N
 
 def test_a_body_over_1_mib_is_refused_from_its_head(loopback: Server) -> None:
     with socket.create_connection(("127.0.0.1", loopback.port), timeout=10) as sock:
-        sock.sendall(f"PUT /parts/x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-                     f"Content-Length: {1024 * 1024 + 1}\r\n\r\n".encode())  # refused before the body comes
+        sock.sendall(
+            f"PUT /parts/x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Length: {1024 * 1024 + 1}\r\n\r\n".encode()
+        )  # refused before the body comes
         answer = b"".join(iter(lambda: sock.recv(65536), b""))
     assert answer.startswith(b"HTTP/1.1 413") and loopback.calls == []
     code, _, _ = loopback.request("PUT", "/parts/x", {"Authorization": f"Bearer {TOKEN}"}, b"a" * (1024 * 1024))
