@@ -208,8 +208,16 @@ class ManagementApi:
         new = self._validate(config, text)
         if isinstance(new, list):
             return 400, {"error": f"invalid pipeline: {len(new)} problem(s)", "problems": new}
-        changed = [p for p in changed_parts(self.sup.pipeline, new) if self.sup.part(p) is not None]
-        return 200, self.sup.control.submit(lambda: self._apply(config, text, new, changed))
+        from threes.pipeline.plan import plan_run
+
+        options = self.sup.options
+        fresh = {p.name: p for p in plan_run(new, config, options.only, offsets_topic=options.offsets_topic,
+                                             **self.sup.ports)}
+        if set(fresh) != {s.name for s in self.sup.parts}:
+            return 409, {"error": f"the revision runs other parts ({', '.join(fresh)}) than this run "
+                                  f"({', '.join(s.name for s in self.sup.parts)}): restart `threes run` for it"}
+        changed = [p for p in changed_parts(self.sup.pipeline, new) if p in fresh]
+        return 200, self.sup.control.submit(lambda: self._apply(config, text, new, {n: fresh[n] for n in changed}))
 
     @staticmethod
     def _validate(config: Path, text: str) -> Any:
@@ -230,20 +238,35 @@ class ManagementApi:
             draft.unlink(missing_ok=True)
         return pipeline
 
-    def _apply(self, config: Path, text: str, new: Any, changed: list[str]) -> dict[str, Any]:
-        """Write the revision (atomically), then restart what changed (the supervisor's thread)."""
+    def _apply(self, config: Path, text: str, new: Any, changed: dict[str, Any]) -> dict[str, Any]:
+        """Write the revision (atomically), then restart what changed (the supervisor's thread).
+
+        Args:
+            config: the run's config file.
+            text: the new YAML.
+            new: its pipeline.
+            changed: part name -> its new plan (:class:`~threes.pipeline.plan.Part`), for the parts it changes.
+        """
         tmp = config.with_name(f".{config.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, config)
-        self.sup.pipeline = new
-        self.sup.revision += 1
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, config)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise ActionError(409, f"cannot write {config}: {exc.strerror}") from None
+        sup = self.sup
+        sup.pipeline = new
+        sup.revision += 1
+        if "sources" in changed:
+            sup.tasks = sup._source_tasks()
+        sup.restart_flow_reader()  # the live view reads the new revision's topics and groups
         revisions = part_revisions(new)
         restarted = []
-        for name in changed:
-            state = self.sup.control.state(name)
-            state.revision = revisions[name]
+        for name, part in changed.items():
+            state = sup.control.state(name)
+            state.part, state.revision = part, revisions[name]
             if state.status in ("starting", "ready", "restarting"):
-                self.sup.control.restart(name)
+                sup.control.restart(name)
                 restarted.append(name)
-        self.sup._note(f"config revision {self.sup.revision}: restarted {', '.join(restarted) or 'nothing'}")
-        return {"revision": self.sup.revision, "changed": changed, "restarted": restarted}
+        sup._note(f"config revision {sup.revision}: restarted {', '.join(restarted) or 'nothing'}")
+        return {"revision": self.sup.revision, "changed": list(changed), "restarted": restarted}

@@ -62,6 +62,7 @@ class Controls:
         self.sup = sup
         self.wait_s = wait_s
         self._pending: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self.closed = False
 
     @property
     def pause_file(self) -> Path:
@@ -74,12 +75,25 @@ class Controls:
         Raises:
             ActionError: what ``action`` raised, or 503 when the supervisor did not take it in time.
         """
+        if self.closed:
+            raise ActionError(503, "the run is stopping")
         future: Future[Any] = Future()
         self._pending.put((action, future))
         try:
             return future.result(self.wait_s)
         except TimeoutError:
             raise ActionError(503, "the supervisor did not take the request in time: try again") from None
+
+    def close(self) -> None:
+        """Refuse requests from now on (the run stops), and those still waiting."""
+        self.closed = True
+        while True:
+            try:
+                _action, future = self._pending.get_nowait()
+            except queue.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_exception(ActionError(503, "the run is stopping"))
 
     def run_pending(self) -> None:
         """Carry out the requests handed over since the last tick (the supervisor's thread)."""

@@ -73,9 +73,9 @@ class Supervisor:
         sources_port = free_port() if "sources" in options.only else None
         stream = pipeline.stream
         stream_port = free_port() if stream is not None and stream.metrics_port is None else None
+        self.ports = {"sources_metrics_port": sources_port, "stream_metrics_port": stream_port}
         self.parts = [PartState(p) for p in plan_run(
-            pipeline, options.config, options.only, offsets_topic=options.offsets_topic,
-            sources_metrics_port=sources_port, stream_metrics_port=stream_port,
+            pipeline, options.config, options.only, offsets_topic=options.offsets_topic, **self.ports,
         )]
         self.tasks = self._source_tasks() if any(p.name == "sources" for p in self.parts) else {}
         self.revision = 1  # the config revision: PUT /pipeline counts up
@@ -127,6 +127,7 @@ class Supervisor:
                 self.on_update(self)
                 stop.wait(0.5)
         finally:
+            self.control.close()  # requests from now on are refused at once
             clean = self.shutdown(force)
             self.close()
         return 0 if clean else 1
@@ -152,11 +153,15 @@ class Supervisor:
         """Part name -> pid of its current process (parts started so far)."""
         return {p.name: p.child.pid for p in self.parts if p.child is not None}
 
-    def close(self) -> None:
-        """Close the Kafka clients (after :meth:`shutdown`)."""
+    def restart_flow_reader(self) -> None:
+        """Stop the live view's reader: the next tick starts one that reads the current pipeline's topics."""
         if self._reader is not None:
             self._reader.stop()
             self._reader = None
+
+    def close(self) -> None:
+        """Close the Kafka clients (after :meth:`shutdown`)."""
+        self.restart_flow_reader()
         if self._probe is not None:
             self._probe.close()
             self._probe = None

@@ -301,6 +301,12 @@ def test_put_pipeline_refuses_an_invalid_revision_and_restarts_only_what_changed
     assert any("poll_interval_s" in p for p in doc["problems"]), doc
     assert run.config.read_text() == CONFIG.format(**run.fields, max_records=50)  # the file is unchanged
 
+    text = CONFIG.format(**run.fields, max_records=50)
+    without_sources = text[: text.index("sources:")] + text[text.index("sync:") :]
+    code, doc = api.call("PUT", "/pipeline", without_sources.encode())
+    assert code == 409 and "restart `threes run`" in doc["error"], doc  # another set of parts: not here
+    assert run.config.read_text() == text
+
     good = CONFIG.format(**run.fields, max_records=80)  # only the sync service's batch changes
     code, doc = api.call("PUT", "/pipeline", good.encode())
     assert code == 200 and doc["changed"] == ["sync"] and doc["restarted"] == ["sync"], doc
