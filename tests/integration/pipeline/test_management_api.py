@@ -34,6 +34,7 @@ from sqlalchemy import text
 
 from connectors.rds.connection import RdsConnection
 from kernel.config.models import KafkaConfig
+from tests.integration.ops.helpers import metric
 from tests.integration.sync.helpers import UpdateProducer, create_topic, group_lag, wait_until
 from threes.pipeline.endpoint import read_discovery
 from threes.pipeline.lock import lock_path
@@ -124,9 +125,12 @@ class Run:
         for line in self.process.stdout:
             self.output.append(line.rstrip("\n"))
 
-    def sync_state(self) -> str:
+    def sync_status(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.sync_port}/status.json", timeout=10) as resp:
-            return str(json.loads(resp.read())["sync"][0]["state"])
+            return dict(json.loads(resp.read())["sync"][0])
+
+    def sync_state(self) -> str:
+        return str(self.sync_status()["state"])
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -212,6 +216,8 @@ def test_a_paused_sink_writes_nothing_and_resumes_without_loss_or_duplicates(
     producer.flush()
     # it still polls (the group keeps it) and sees the new end offsets: its lag shows all 2,000 waiting
     wait_until(lambda: group_lag(kafka_conf, group, f"updates.{u}") == 2000, 30, "the records waiting")
+    # another member joins, takes a partition and leaves: the partition comes back with records waiting on it
+    _rebalance(run, kafka_conf, group, f"updates.{u}")
     assert _written(pg_engine, u) == (100, 0, 0)  # nothing written while paused
     assert _committed(kafka_conf, group, f"updates.{u}") == committed  # and its offsets stay
     assert api.part("sync")["pid"] == pid and api.part("sync")["state"] == "paused"
@@ -345,6 +351,35 @@ def test_200_concurrent_calls_and_the_refusals(run: Run) -> None:
     assert code == 403 and doc == {"error": "cross-origin request refused"}
     assert api.part("sync")["state"] == "ready"  # none of them paused it
     assert api.call("GET", "/parts/nothing")[0] == 404
+
+
+def _rebalance(run: Run, kafka_conf: dict[str, Any], group: str, topic: str) -> None:
+    """Another member joins the paused service's group, takes a partition, and leaves: two rebalances."""
+    from confluent_kafka import Consumer
+
+    intruder = Consumer(
+        {
+            **kafka_conf,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    taken: list[Any] = []
+    intruder.subscribe([topic], on_assign=lambda _c, parts: taken.extend(parts))
+    try:
+        wait_until(
+            lambda: (intruder.poll(0.2), bool(taken) and len(run.sync_status()["partitions"]) < 2)[1],
+            90,
+            "a partition moved to the other member",
+        )
+    finally:
+        intruder.close()  # it leaves: its partition goes back to the paused service (uncommitted: nothing moved)
+    wait_until(lambda: len(run.sync_status()["partitions"]) == 2, 90, "the partition back with the service")
+    assert all(p["paused"] for p in run.sync_status()["partitions"])
+    # none of the records waiting on the returned partition was fetched into the buffers
+    assert metric(run.sync_port, "threes_sync_buffered_bytes") == 0
 
 
 def _committed(kafka_conf: dict[str, Any], group: str, topic: str) -> list[int]:
