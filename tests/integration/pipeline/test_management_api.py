@@ -353,6 +353,24 @@ def test_200_concurrent_calls_and_the_refusals(run: Run) -> None:
     assert api.call("GET", "/parts/nothing")[0] == 404
 
 
+def test_threes_ctl_calls_the_api(run: Run) -> None:
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [THREES, "ctl", *args], capture_output=True, text=True, timeout=120, env=run.env, cwd=run.folder
+        )
+
+    listed = ctl("list", "--config", str(run.config), "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [p["name"] for p in json.loads(listed.stdout)] == ["sources", "sync"]
+    status = ctl("status", "sync", "--url", run.api.url, "--token", run.api.token)
+    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "ready", status.stderr
+    unknown = ctl("pause", "nothing", "--config", str(run.config))
+    assert unknown.returncode == 1 and unknown.stderr.startswith("error 404: no part 'nothing' in this run")
+    wrong = ctl("restart", "sync", "--url", run.api.url, "--token", "wrong")
+    assert wrong.returncode == 1 and "error 401: wrong bearer token" in wrong.stderr
+    assert "Traceback" not in unknown.stderr + wrong.stderr and run.api.token not in wrong.stderr
+
+
 def _rebalance(run: Run, kafka_conf: dict[str, Any], group: str, topic: str) -> None:
     """Another member joins the paused service's group, takes a partition, and leaves: two rebalances."""
     from confluent_kafka import Consumer
