@@ -231,6 +231,8 @@ def reset_offsets(
     lock = RunLock(config)
     try:
         lock.acquire()
+    except OSError:  # a read-only folder: no `threes run` can hold a lock there either
+        pass
     except FatalError:
         try:
             keys = _reset_through_run(lock, connector, yes)

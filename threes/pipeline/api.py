@@ -211,11 +211,15 @@ class ManagementApi:
         from threes.pipeline.plan import plan_run
 
         options = self.sup.options
-        fresh = {p.name: p for p in plan_run(new, config, options.only, offsets_topic=options.offsets_topic,
-                                             **self.sup.ports)}
+        fresh = {
+            p.name: p
+            for p in plan_run(new, config, options.only, offsets_topic=options.offsets_topic, **self.sup.ports)
+        }
         if set(fresh) != {s.name for s in self.sup.parts}:
-            return 409, {"error": f"the revision runs other parts ({', '.join(fresh)}) than this run "
-                                  f"({', '.join(s.name for s in self.sup.parts)}): restart `threes run` for it"}
+            return 409, {
+                "error": f"the revision runs other parts ({', '.join(fresh)}) than this run "
+                f"({', '.join(s.name for s in self.sup.parts)}): restart `threes run` for it"
+            }
         changed = [p for p in changed_parts(self.sup.pipeline, new) if p in fresh]
         return 200, self.sup.control.submit(lambda: self._apply(config, text, new, {n: fresh[n] for n in changed}))
 
