@@ -206,6 +206,8 @@ class BatchDispatch(ServiceState):
             for tp, buf in slot.buffers.items():
                 if slot.memory_paused or backoff or (buf.inflight is not None and buf.full()):
                     want.add(tp)
+        if self.operator.active:  # paused by the operator: every partition, the sinks get nothing
+            want = set(self._assigned)
         want &= self._assigned
         self.metrics.buffered_bytes.labels(self.config.name).set(total)
         pause = want - self._paused

@@ -25,6 +25,11 @@ class PartitionHandoff(BatchDispatch, OffsetCommits, ServiceStatus):
 
     def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         tps = {(p.topic, p.partition) for p in partitions}
+        if self.operator.active and partitions:
+            # paused by the operator: these partitions deliver nothing either (a rebalance never resumes)
+            self.consumer.incremental_assign(partitions)
+            self.consumer.pause(partitions)
+            self._paused |= tps
         was_ready = bool(self._assigned)
         self._assigned |= tps
         self.metrics.assigned.labels(self.config.name).set(len(self._assigned))

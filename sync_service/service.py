@@ -59,6 +59,7 @@ from schemas.store import SchemaStore
 from sync_service.batching import message_size
 from sync_service.concurrency import AdaptiveConcurrency
 from sync_service.metrics import SyncMetrics
+from sync_service.pause import OperatorPause
 from sync_service.rebalance import PartitionHandoff
 from sync_service.state import TP, SinkSlot
 from sync_service.writer import BatchWriter
@@ -110,6 +111,7 @@ class SyncService(PartitionHandoff):
         self.config = config
         self.metrics = metrics or SyncMetrics(config.name)
         self._serve = serve
+        self.operator = OperatorPause.from_env()  # paused by the operator (threes run's management API)
         self._status_doc = {"service": config.name, "group": config.consumer_group(),
                             "state": "starting", "sinks": [], "partitions": [], "paused": []}
         self._last_status = 0.0
@@ -329,7 +331,12 @@ class SyncService(PartitionHandoff):
         # the memory bound must hold after the next consume() too: keep one turn's bytes of headroom
         self._step_bytes = max(int(self._step_bytes * 0.99), step_bytes)
         self._take_outcomes()
-        self._dispatch(idle=idle)
+        was_paused = self.operator.active
+        if not self.operator.check():
+            self._dispatch(idle=idle)
+        if was_paused != self.operator.active:
+            log.info("sync service=%s %s by the operator", self.config.name,
+                     "paused" if self.operator.active else "resumed")
         self._update_pauses()
         self._commit(asynchronous=True)
         if time.monotonic() - self._last_lag > 5.0:

@@ -19,6 +19,7 @@ from kernel.supervision import RestartBackoff
 from sync_service.batching import PartitionBuffer
 from sync_service.concurrency import AdaptiveConcurrency
 from sync_service.metrics import SyncMetrics
+from sync_service.pause import OperatorPause
 from sync_service.writer import BatchWriter, Outcome
 
 TP = tuple[str, int]
@@ -73,6 +74,7 @@ class ServiceState:
     _fatal: BaseException | None
     _assigned: set[TP]
     _paused: set[TP]
+    operator: OperatorPause
     _committed: dict[TP, int]
     _refusals_logged: dict[int, float]  # commit error code -> when last logged (monotonic s)
     _highs: dict[TP, int]

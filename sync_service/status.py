@@ -113,6 +113,9 @@ class ServiceStatus(ServiceState):
                 "lag": None if high is None else max(0, high - (committed or 0)), "paused": tp in self._paused,
             })
         errors = [s["last_error"] for s in sinks if s["state"] != "running" and s["last_error"]]
+        if state is None and self.operator.active:
+            inflight = any(b.inflight is not None for slot in self.slots for b in slot.buffers.values())
+            state = "pausing" if inflight else "paused"  # paused: nothing in flight, nothing handed to a sink
         if state is None and not self._assigned:
             state = "waiting_for_partitions"  # not ready: the group has not given this member partitions (yet)
         if state is None:

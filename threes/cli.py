@@ -161,6 +161,7 @@ def _mount_subcommands() -> None:
     # Each part owns its command group; the modules import their heavy
     # libraries (pyspark, clients) inside the commands, so `threes --help` stays fast.
     from threes import serve, status
+    from threes.ctl import ctl_app
     from threes.demo import cli as demo
     from threes.dlq import dlq_app
     from threes.iceberg import iceberg_app
@@ -177,6 +178,7 @@ def _mount_subcommands() -> None:
     app.add_typer(sync_app, name="sync")
     app.add_typer(dlq_app, name="dlq")
     app.add_typer(iceberg_app, name="iceberg")
+    app.add_typer(ctl_app, name="ctl")
     status.register(app)  # status
     serve.register(app)  # serve
     demo.register(app)  # replay, demo, docs

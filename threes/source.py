@@ -54,8 +54,9 @@ def run(
         int | None, typer.Option("--metrics-port", help="serve Prometheus /metrics and the /status page")
     ] = None,
     metrics_host: Annotated[
-        str, typer.Option("--metrics-host", help="address --metrics-port binds; any other than loopback needs a "
-                                                 "bearer token in the variable --metrics-token-env names")
+        str, typer.Option("--metrics-host", envvar="THREES_METRICS_HOST",
+                          help="address --metrics-port binds; any other than loopback needs a bearer token in the "
+                               "variable --metrics-token-env names")
     ] = "127.0.0.1",
     metrics_token_env: Annotated[
         str, typer.Option("--metrics-token-env", help="environment variable holding the bearer token of "
@@ -215,21 +216,75 @@ def reset_offsets(
     offsets_topic: OffsetsTopicOpt = "_threes_offsets",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask")] = False,
 ) -> None:
-    """Forget stored positions: the next run of those sources re-snapshots. Stop the sources first."""
-    from kernel.exceptions import ThreesError
-    from kernel.kafka import clients
+    """Forget stored positions: the next run of those sources re-snapshots. The sources must not run.
+
+    While a `threes run` of CONFIG runs (it holds CONFIG's lock), the reset goes through its management API
+    (DELETE /parts/sources/offsets), which refuses it unless its sources are paused (`threes ctl pause
+    sources`): a running task's next position write would undo the reset. Otherwise this command holds the
+    lock while it resets, so no `threes run` of CONFIG starts meanwhile.
+    """
+    from kernel.exceptions import FatalError, ThreesError
     from threes.console import fail, load, out
+    from threes.pipeline.lock import RunLock
 
     pipeline = load(config)
+    lock = RunLock(config)
     try:
-        store, stored, _names = _offset_rows(pipeline, connector, offsets_topic)
-        if not stored:
-            out.print("no stored position to reset")
-            return
-        keys = [p.key for p in stored]
-        if not yes and not typer.confirm(f"reset {len(keys)} position(s): {', '.join(keys)}?"):
-            raise typer.Exit(1)
-        store.reset(keys, clients.kafka_producer(pipeline.kafka))
+        lock.acquire()
+    except OSError:  # a read-only folder: no `threes run` can hold a lock there either
+        pass
+    except FatalError:
+        try:
+            keys = _reset_through_run(lock, connector, yes)
+        except ThreesError as exc:
+            raise fail(exc) from None
+        out.print(f"[green]reset[/green] {', '.join(keys) or 'nothing stored'} through the running `threes run`: "
+                  "its sources snapshot again when resumed", highlight=False)
+        return
+    try:
+        keys = _reset_here(pipeline, connector, offsets_topic, yes)
     except ThreesError as exc:
         raise fail(exc) from None
-    out.print(f"[green]reset[/green] {', '.join(keys)}: the next run re-snapshots", highlight=False)
+    finally:
+        lock.release()
+    if keys:
+        out.print(f"[green]reset[/green] {', '.join(keys)}: the next run re-snapshots", highlight=False)
+
+
+def _reset_here(pipeline: Any, connector: list[str] | None, offsets_topic: str, yes: bool) -> list[str]:
+    """Reset the stored positions with no run of the config (the caller holds its lock)."""
+    from kernel.kafka import clients
+    from threes.console import out
+
+    store, stored, _names = _offset_rows(pipeline, connector, offsets_topic)
+    if not stored:
+        out.print("no stored position to reset")
+        return []
+    keys = [p.key for p in stored]
+    if not yes and not typer.confirm(f"reset {len(keys)} position(s): {', '.join(keys)}?"):
+        raise typer.Exit(1)
+    store.reset(keys, clients.kafka_producer(pipeline.kafka))
+    return keys
+
+
+def _reset_through_run(lock: Any, connector: list[str] | None, yes: bool) -> list[str]:
+    """Reset through the management API of the `threes run` holding ``lock`` (409 unless its sources are paused).
+
+    Raises:
+        ThreesError: its API is not found, refuses (the sources run), or ``connector`` narrows the reset.
+    """
+    from kernel.exceptions import ThreesError
+    from threes.ctl import call
+    from threes.pipeline.endpoint import read_discovery
+
+    found = read_discovery(lock.path)
+    pid = lock.holder()
+    if found is None:
+        raise ThreesError(f"a `threes run` of {lock.config} runs (pid {pid}) and its API is not found: stop it first")
+    if connector:
+        raise ThreesError(f"a `threes run` of {lock.config} runs (pid {pid}): its API resets every source's "
+                          "position; pause its sources and reset without --connector, or stop the run first")
+    if not yes and not typer.confirm(f"reset every source position of the `threes run` of {lock.config}?"):
+        raise typer.Exit(1)
+    doc = call("DELETE", f"{found['url']}/parts/sources/offsets", found.get("token"))
+    return list(doc.get("reset", []))

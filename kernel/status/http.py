@@ -1,32 +1,33 @@
-"""The HTTP endpoint of a long-running process: ``/metrics``, ``/status``, ``/status.json``, ``/healthz``.
+"""The HTTP endpoint of a long-running process: ``/metrics``, ``/status``, ``/status.json``, ``/healthz``, ``/readyz``.
 
 A process may add read-only JSON routes (:meth:`StatusServer.add_route`): the stream
-job answers interactive queries of its snapshots under ``/snapshots``.
+job answers interactive queries of its snapshots under ``/snapshots``; and
+state-changing routes (:meth:`StatusServer.add_action`): ``threes run``'s management API.
 
-One asyncio event loop on a daemon thread speaks HTTP/1.1 (GET only, see
-:class:`_Connection`) with persistent connections: a client that keeps its connection open (every HTTP
+One asyncio event loop on a daemon thread speaks HTTP/1.1 (:mod:`kernel.status.wire`)
+with persistent connections: a client that keeps its connection open (every HTTP
 client library pools them) costs no TCP handshake and no thread per request,
 and the process's other threads (the stream job's driver) compete for the GIL
 with one thread, not one per connection. A route's ``fast`` answer (microseconds:
 a dict look-up, a memory-mapped file) runs on the loop; ``/status`` and
-``/metrics``, which may gather from Kafka, and answers that read files run on a
+``/metrics``, which may gather from Kafka, answers that read files and actions run on a
 small thread pool, so that a slow one never delays the others.
 
 The status page sits next to the metrics so one port serves both (Kubernetes
-probes use ``/healthz``).
+probes use ``/healthz`` and ``/readyz``, which answer ``ok`` and nothing else).
 
 It binds ``127.0.0.1`` unless told otherwise: the page shows topics, positions and
 error texts. Binding any other address needs a bearer token (RFC 6750): every
-request but ``/healthz`` must then carry ``Authorization: Bearer <token>`` (compared
-in constant time), else it gets ``401``. Every string of the status document goes
-through the log redaction (:func:`kernel.redact.redact_document`) before it is
-served.
+request but ``/healthz`` and ``/readyz`` must then carry ``Authorization: Bearer <token>``
+(compared in constant time), else it gets ``401``; a state-changing request is guarded
+even on loopback (:mod:`kernel.status.guard`). Refusals are JSON, ``{"error": ...}``.
+Every string of the status document goes through the log redaction
+(:func:`kernel.redact.redact_document`) before it is served.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import socket
@@ -42,11 +43,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from kernel.config.endpoints import is_loopback
 from kernel.exceptions import ConfigError
 from kernel.redact import redact_document
+from kernel.status.guard import Guard, Refused
 from kernel.status.page import render_page
+from kernel.status.wire import Connection, Request, Response
 
 log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], dict[str, Any]]
+PageFn = Callable[[dict[str, Any], str], str]
+"""``(status document, CSRF token) -> HTML``: a process's own status page (with forms that post the token)."""
+ActionFn = Callable[[str, str, bytes], tuple[int, Any]]
+"""``(method, path, body) -> (HTTP status, JSON document)``: a state-changing route (a management API)."""
 RouteFn = Callable[[str, dict[str, list[str]]], tuple[int, Any]]
 """``(path, query parameters) -> (HTTP status, JSON document)``: a read-only route a process adds."""
 FastRouteFn = Callable[[str, dict[str, list[str]]], tuple[int, Any] | None]
@@ -76,129 +83,15 @@ def require_token_off_loopback(addr: str, token: str | None, option: str) -> Non
 
 # the listen backlog: a burst of new clients (interactive queries) must not wait for SYN retries (1 s, 3 s...)
 _BACKLOG = 1024
-_MAX_REQUEST_BYTES = 64 * 1024  # a GET's line and headers; a larger head gets 413
 
 
-class _Response:
-    """One answer: status, content type, body."""
-
-    __slots__ = ("code", "ctype", "body", "extra")
-
-    def __init__(self, code: int, ctype: str, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()):
-        self.code, self.ctype, self.body, self.extra = code, ctype, body, extra
+def _json(code: int, doc: Any, extra: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
+    return Response(code, "application/json", orjson.dumps(doc, default=str), extra)
 
 
-_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found", 405: b"Method Not Allowed",
-            413: b"Content Too Large", 500: b"Internal Server Error", 503: b"Service Unavailable"}
-
-
-class _Connection(asyncio.Protocol):
-    """One client connection: GET requests parsed as they arrive, answered in order (HTTP/1.1 keep-alive, pipelining).
-
-    The server answers ``GET`` without a body and nothing else, so the parser is the few
-    lines of RFC 9112 that takes: a request line, header lines up to the empty line, the
-    connection's persistence (HTTP/1.1: kept unless ``Connection: close``; HTTP/1.0:
-    closed unless ``keep-alive``). A request with a body (``Content-Length`` other than 0,
-    or ``Transfer-Encoding``), a malformed line or a head over 64 KiB gets ``400``/``413``
-    and the connection is closed. h11, a complete HTTP/1.1 state machine, was tried first:
-    it took ~350 us per request on the shared 2-core machine at load ~15 (this parser and
-    the answer together ~190 us there), and at 1,000 interactive queries/s that alone was a
-    third of a core.
-    """
-
-    def __init__(self, server: StatusServer):
-        self.server = server
-        self.buffer = b""
-        self.transport: asyncio.Transport | None = None
-        self.busy = False  # an answer is being computed off the loop: parse nothing more until it is written
-        self.keep = True  # keep the connection after the current answer
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.server._clients.add(self.transport)  # type: ignore[arg-type]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:  # small answers: no Nagle delay waiting for the client's delayed ACK
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if self.busy and len(self.buffer) > 16 * _MAX_REQUEST_BYTES and self.transport is not None:
-            self.transport.pause_reading()  # pipelined requests behind a slow answer: backpressure, not memory
-        self._next()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.transport is not None:
-            self.server._clients.discard(self.transport)
-        self.transport = None
-
-    def _next(self) -> None:
-        while not self.busy and self.transport is not None:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0 or end > _MAX_REQUEST_BYTES:  # a head over the limit, whether it came in one read or many
-                if end > _MAX_REQUEST_BYTES or len(self.buffer) > _MAX_REQUEST_BYTES:
-                    self._fail(413)
-                return
-            head, self.buffer = self.buffer[:end], self.buffer[end + 4 :]
-            lines = head.split(b"\r\n")
-            parts = lines[0].split(b" ")
-            if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-                self._fail(400)
-                return
-            method, target, version = parts
-            authorization, connection, body = b"", b"", False
-            for line in lines[1:]:
-                name, sep, value = line.partition(b":")
-                if not sep:
-                    self._fail(400)
-                    return
-                name, value = name.strip().lower(), value.strip()
-                if name == b"authorization":
-                    authorization = value
-                elif name == b"connection":
-                    connection = value.lower()
-                elif name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
-                    body = True
-            if body:  # never read: the stream's framing is unknown from here on
-                self._fail(400)
-                return
-            self.keep = b"close" not in connection if version == b"HTTP/1.1" else b"keep-alive" in connection
-            self._request(method, target.decode("latin-1"), authorization)
-            if not self.keep:
-                return
-
-    def _request(self, method: bytes, target: str, authorization: bytes) -> None:
-        answer = self.server._answer_now(method, target, authorization)
-        if answer is not None:
-            self._write(answer)
-            return
-        self.busy = True  # answered on the pool: later requests of this connection wait their turn
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self.server._pool, self.server._answer_slow, target)
-        future.add_done_callback(self._written_later)
-
-    def _written_later(self, future: asyncio.Future[_Response]) -> None:
-        self.busy = False
-        self._write(future.result())
-        self._next()
-        if self.transport is not None and not self.transport.is_reading():
-            self.transport.resume_reading()
-
-    def _write(self, answer: _Response) -> None:
-        if self.transport is None:
-            return
-        head = [b"HTTP/1.1 %d %s" % (answer.code, _REASONS.get(answer.code, b"")),
-                b"Content-Type: " + answer.ctype.encode(), b"Content-Length: %d" % len(answer.body),
-                b"Cache-Control: no-store"]
-        head += [name + b": " + value for name, value in answer.extra]
-        if not self.keep:
-            head.append(b"Connection: close")
-        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + answer.body)
-        if not self.keep:
-            self.transport.close()
-
-    def _fail(self, status: int) -> None:
-        self.keep = False
-        self._write(_Response(status, "text/plain", f"bad request ({status})\n".encode()))
+def error(code: int, message: str, extra: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
+    """A refusal as JSON: ``{"error": message}`` with ``code``."""
+    return _json(code, {"error": message}, extra)
 
 
 class StatusServer:
@@ -209,20 +102,26 @@ class StatusServer:
         registry: the Prometheus registry of ``/metrics`` (default: the process's global one).
         title: the page's title.
         refresh_s: how often the page reloads itself, seconds (``<meta http-equiv="refresh">``).
+        ready: whether the process is ready (``/readyz``; default: ready while it serves).
+        page: renders ``/status`` from ``(document, CSRF token)`` (default: :func:`render_page`, no actions).
 
     Endpoints:
         ``/metrics`` Prometheus text format; ``/status`` HTML (no JavaScript);
-        ``/status.json`` the document; ``/healthz`` ``200 ok`` while the process serves.
+        ``/status.json`` the document; ``/healthz`` ``200 ok`` while the process serves;
+        ``/readyz`` ``200 ok`` once ``ready()``, else ``503``. The last two skip the token and say nothing else.
     """
 
     def __init__(self, status: StatusFn, registry: CollectorRegistry | None = None, *, title: str = "threes",
-                 refresh_s: int = 5):
+                 refresh_s: int = 5, ready: Callable[[], bool] | None = None, page: PageFn | None = None):
         self.status = status
         self.registry = registry or REGISTRY
         self.title = title
         self.refresh_s = refresh_s
+        self.ready = ready or (lambda: True)
+        self.page = page
         self.routes: dict[str, tuple[RouteFn, FastRouteFn | None]] = {}
-        self._expected: bytes | None = None
+        self.actions: dict[str, ActionFn] = {}
+        self.guard: Guard | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
@@ -247,29 +146,44 @@ class StatusServer:
         """
         self.routes[prefix.rstrip("/")] = (route, fast)
 
-    def serve(self, port: int, addr: str = LOOPBACK, token: str | None = None) -> int:
+    def add_action(self, prefix: str, action: ActionFn) -> None:
+        """Answer the state-changing requests (``POST``, ``PUT``, ``DELETE``) under ``prefix`` with ``action``.
+
+        Each request passes :meth:`Guard.check_write` first (the admin token, or the status
+        page's CSRF token from its own origin). ``action`` runs on the thread pool; its answer
+        is JSON, except that a form post of the page that succeeded is sent back to ``/status``
+        (``303``). An exception is a ``500`` with its class name only.
+
+        Args:
+            prefix: the path prefix (``/parts``).
+            action: ``(method, path, body) -> (HTTP status, JSON document)``.
+        """
+        self.actions[prefix.rstrip("/")] = action
+
+    def serve(self, port: int, addr: str = LOOPBACK, token: str | None = None, admin_token: str | None = None) -> int:
         """Start serving on a daemon thread; returns the bound port (``0`` picks a free one).
 
         Args:
             port: TCP port.
             addr: the address to bind (default loopback only).
-            token: a bearer token every request but ``/healthz`` must carry; required when
+            token: a bearer token every request but ``/healthz`` and ``/readyz`` must carry; required when
                 ``addr`` is not a loopback address.
+            admin_token: the bearer token of state-changing requests (default: ``token``).
 
         Raises:
             OSError: the port is taken.
             ConfigError: ``addr`` is not loopback and there is no token.
         """
         require_token_off_loopback(addr, token, "a bearer token")
-        self._expected = f"Bearer {token}".encode() if token else None
         # bound here, in the caller's thread, so that a taken port raises OSError to the caller
         sock = socket.create_server((addr, port), backlog=_BACKLOG, reuse_port=False)
         sock.setblocking(False)
+        host, bound = sock.getsockname()[:2]
+        self.guard = Guard(token, admin_token, int(bound), addr)
         loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(4, thread_name_prefix=f"status-http-{port}")
-        listening = loop.run_until_complete(loop.create_server(lambda: _Connection(self), sock=sock))
+        listening = loop.run_until_complete(loop.create_server(lambda: Connection(self), sock=sock))
         self._loop, self._listener = loop, listening
-        host, bound = sock.getsockname()[:2]
         self._bound = (str(host), int(bound))
         self._thread = threading.Thread(target=loop.run_forever, name=f"status-http-{bound}", daemon=True)
         self._thread.start()
@@ -279,44 +193,71 @@ class StatusServer:
 
     # -- answering (on the loop: _answer_now; on the pool: _answer_slow) --------------------------
 
-    def _answer_now(self, method: bytes, target: str, authorization: bytes) -> _Response | None:
-        """The answer when it is cheap (refusals, ``/healthz``, inline routes); ``None``: compute on the pool."""
-        path = target.split("?", 1)[0]
-        if method != b"GET":
-            return _Response(405, "text/plain", b"read-only: GET only\n", ((b"allow", b"GET"),))
-        if self._expected is not None and path != "/healthz":
-            # constant time: no timing oracle on the token
-            if not hmac.compare_digest(authorization, self._expected):
-                return _Response(401, "text/plain", b"", ((b"www-authenticate", b'Bearer realm="threes"'),))
+    def _answer_now(self, request: Request) -> Response | None:
+        """The answer when it is cheap (refusals, probes, inline routes); ``None``: compute on the pool."""
+        path = request.path
+        assert self.guard is not None
+        if request.method != "GET":
+            if self._action(path) is None:
+                return error(405, "read-only: GET only", ((b"allow", b"GET"),))
+            return None  # the guard reads the body's form: on the pool
+        try:
+            self.guard.check_read(request)
+        except Refused as exc:
+            return error(exc.code, str(exc), ((b"www-authenticate", b'Bearer realm="threes"'),))
         if path == "/healthz":
-            return _Response(200, "text/plain", b"ok\n")
+            return Response(200, "text/plain", b"ok\n")
         found = self._route(path)
         if found is not None and found[1] is not None:
-            return self._run_route(found[1], path, target)
+            return self._run_route(found[1], path, request.target)
         return None
 
-    def _answer_slow(self, target: str) -> _Response:
-        path = target.split("?", 1)[0]
+    def _answer_slow(self, request: Request) -> Response:
+        if request.method != "GET":
+            return self._act(request)
+        path, target = request.path, request.target
         try:
+            if path == "/readyz":
+                return Response(200, "text/plain", b"ok\n") if self.ready() else Response(503, "text/plain", b"no\n")
             if path == "/metrics":
-                return _Response(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
+                return Response(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
             if path in ("/status.json", "/status/json"):
                 body = json.dumps(redact_document(self.status()), default=str, indent=1).encode()
-                return _Response(200, "application/json", body)
+                return Response(200, "application/json", body)
             if path in ("/", "/status"):
                 doc = redact_document(self.status())
-                html = render_page(doc, title=self.title, refresh_s=self.refresh_s)
-                return _Response(200, "text/html; charset=utf-8", html.encode())
+                assert self.guard is not None
+                html = (self.page(doc, self.guard.csrf) if self.page is not None
+                        else render_page(doc, title=self.title, refresh_s=self.refresh_s))
+                return Response(200, "text/html; charset=utf-8", html.encode())
         except Exception as exc:  # a broken status must not kill the server
             log.warning("status endpoint %s failed: %s", path, exc)
-            return _Response(500, "text/plain", f"status unavailable: {type(exc).__name__}\n".encode())
+            return error(500, f"status unavailable: {type(exc).__name__}")
         found = self._route(path)
         answer = None if found is None else self._run_route(found[0], path, target)
         if answer is not None:
             return answer
-        return _Response(404, "text/plain", b"not found: try /status, /status.json or /metrics\n")
+        return error(404, "not found: try /status, /status.json or /metrics")
 
-    def _run_route(self, route: FastRouteFn, path: str, target: str) -> _Response | None:
+    def _act(self, request: Request) -> Response:
+        """A state-changing request: guarded, then its action; a page's form post goes back to the page."""
+        assert self.guard is not None
+        try:
+            form = self.guard.check_write(request)
+        except Refused as exc:
+            return error(exc.code, str(exc), ((b"www-authenticate", b'Bearer realm="threes"'),))
+        action = self._action(request.path)
+        assert action is not None
+        try:
+            code, doc = action(request.method, request.path, request.body if not form else b"")
+        except Exception as exc:  # a broken action must not kill the server, nor show a traceback
+            log.warning("action %s %s failed: %s", request.method, request.path, exc)
+            return error(500, f"unavailable: {type(exc).__name__}")
+        if form and code < 400:
+            return Response(303, "text/plain", b"", ((b"location", b"/status"),))
+        return _json(code, doc)
+
+    def _run_route(self, route: FastRouteFn, path: str, target: str) -> Response | None:
         try:
             query = parse_qs(urlsplit(target).query, keep_blank_values=True) if "?" in target else {}
             answer = route(path, query)
@@ -324,13 +265,19 @@ class StatusServer:
                 return None
             code, doc = answer
             body = doc if isinstance(doc, bytes) else orjson.dumps(doc, default=str)
-            return _Response(code, "application/json", body)
+            return Response(code, "application/json", body)
         except Exception as exc:  # a broken route must not kill the server
             log.warning("route %s failed: %s", path, exc)
-            return _Response(500, "text/plain", f"unavailable: {type(exc).__name__}\n".encode())
+            return error(500, f"unavailable: {type(exc).__name__}")
 
     def _route(self, path: str) -> tuple[RouteFn, FastRouteFn | None] | None:
         for prefix, found in self.routes.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return found
+        return None
+
+    def _action(self, path: str) -> ActionFn | None:
+        for prefix, found in self.actions.items():
             if path == prefix or path.startswith(prefix + "/"):
                 return found
         return None

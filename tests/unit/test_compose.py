@@ -2,7 +2,9 @@
 
 Every service must have a pinned image or a build context that exists, a
 command the ``threes`` CLI accepts, ports and health checks that agree with
-the example pipeline YAML, and mounted files that exist. The example YAML is
+the example pipeline YAML (health checks on the token-free ``/healthz`` of
+endpoints bound to the container's addresses, with the token from the
+environment), and mounted files that exist. The example YAML is
 validated with each service's environment, and the endpoints it resolves to
 must be services of the compose file listening on those ports with those
 credentials.
@@ -42,11 +44,30 @@ def services(compose: dict[str, Any]) -> dict[str, Any]:
     return compose["services"]
 
 
-def _env(service: dict[str, Any]) -> dict[str, str]:
+HOST_ENV = {"THREES_METRICS_TOKEN": "compose-test-token"}
+"""The variables of the shell that runs ``docker compose up`` (compose interpolates ``${...}`` from it)."""
+
+
+def interpolate(value: str, host_env: dict[str, str]) -> str:
+    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` (the error raised as ``KeyError``)."""
+
+    def one(match: re.Match[str]) -> str:
+        name, op, arg = match.group(1), match.group(2), match.group(3) or ""
+        found = host_env.get(name) or None
+        if found is not None:
+            return found
+        if op == ":?":
+            raise KeyError(f"{name}: {arg}")
+        return arg if op == ":-" else ""
+
+    return re.sub(r"\$\{([A-Z0-9_]+)(?:(:-|:\?)([^}]*))?\}", one, value)
+
+
+def _env(service: dict[str, Any], host_env: dict[str, str] | None = None) -> dict[str, str]:
     env = service.get("environment") or {}
     if isinstance(env, list):
         env = dict(item.split("=", 1) for item in env)
-    return {k: str(v) for k, v in env.items()}
+    return {k: interpolate(str(v), HOST_ENV if host_env is None else host_env) for k, v in env.items()}
 
 
 def _published(service: dict[str, Any]) -> dict[int, int]:
@@ -186,26 +207,61 @@ def test_host_ports_are_unique_and_match_the_native_local_stack(services: dict[s
     assert "HOST://localhost:19092" in _env(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
 
 
-def _health_port(service: dict[str, Any]) -> int:
+LONG_RUNNING = ("sources", "stream", "sync")
+
+
+def _health_url(service: dict[str, Any]) -> tuple[str, int]:
+    """``(path, port)`` the service's health check requests (its ``python -c`` program, run with the port)."""
     test = service["healthcheck"]["test"]
-    return int(test[-1])
+    assert test[:3] == ["CMD", "python", "-c"], test
+    url = re.search(r"f'(http://[^']+)'", test[3]).group(1).replace("{sys.argv[1]}", test[4])
+    parsed = urlparse(url)
+    assert parsed.hostname == "127.0.0.1"  # inside the container: the 0.0.0.0 bind answers there too
+    return parsed.path, int(parsed.port or 80)
 
 
-def test_health_checks_probe_the_metrics_ports_the_yaml_declares(services: dict[str, Any]) -> None:
+def test_health_checks_use_the_token_free_path_of_the_metrics_ports_the_yaml_declares(
+    services: dict[str, Any],
+) -> None:
+    from kernel.status.guard import UNGUARDED
+
     pipeline = _pipeline(services["stream"])
-    assert _health_port(services["stream"]) == pipeline.stream.metrics_port
-    assert pipeline.stream.metrics_port in _published(services["stream"])
+    path, port = _health_url(services["stream"])
+    assert path in UNGUARDED and port == pipeline.stream.metrics_port and port in _published(services["stream"])
     sync_ports = {s.metrics_port for s in pipeline.sync}
-    assert None not in sync_ports
-    assert sync_ports == set(_published(services["sync"]))
-    assert _health_port(services["sync"]) in sync_ports
+    assert None not in sync_ports and sync_ports == set(_published(services["sync"]))
+    path, port = _health_url(services["sync"])
+    assert path in UNGUARDED and port in sync_ports
     sources_cmd = services["sources"]["command"]
-    port = int(sources_cmd[sources_cmd.index("--metrics-port") + 1])
-    assert _health_port(services["sources"]) == port and port in _published(services["sources"])
+    metrics_port = int(sources_cmd[sources_cmd.index("--metrics-port") + 1])
+    path, port = _health_url(services["sources"])
+    assert path in UNGUARDED and port == metrics_port and port in _published(services["sources"])
     for name in INFRA:
         assert services[name]["healthcheck"]["test"][0] == "CMD", f"{name}: no health check"
     assert "localhost:9092" in services["kafka"]["healthcheck"]["test"]
     assert any("localhost:9200/_cluster/health" in part for part in services["elasticsearch"]["healthcheck"]["test"])
+
+
+def test_the_endpoints_bind_the_container_and_need_the_token_from_the_environment(services: dict[str, Any]) -> None:
+    """Published ports reach the container's interface, not its 127.0.0.1: the processes bind 0.0.0.0 with a token."""
+    for name in LONG_RUNNING:
+        env = _env(services[name])
+        assert env["THREES_METRICS_HOST"] == "0.0.0.0", name
+        assert env["THREES_METRICS_TOKEN"] == HOST_ENV["THREES_METRICS_TOKEN"], name  # from the host, not the file
+        with pytest.raises(KeyError, match="THREES_METRICS_TOKEN"):  # compose refuses to start without one
+            _env(services[name], host_env={})
+    pipeline = _pipeline(services["sync"])
+    for entry in [pipeline.stream, *pipeline.sync]:
+        assert entry.metrics_host == "0.0.0.0"
+        assert entry.metrics_token.get_secret_value() == HOST_ENV["THREES_METRICS_TOKEN"]
+    command, rest = _resolve(services["sources"]["command"])  # source run reads $THREES_METRICS_HOST
+    import os
+
+    os.environ["THREES_METRICS_HOST"] = "0.0.0.0"
+    try:
+        assert command.make_context("threes source run", list(rest)).params["metrics_host"] == "0.0.0.0"
+    finally:
+        del os.environ["THREES_METRICS_HOST"]
 
 
 def test_depends_on_conditions_are_satisfiable(services: dict[str, Any]) -> None:

@@ -6,9 +6,12 @@ ships. Then the manifests must agree with threes and with the example
 pipeline: every container runs a real ``threes`` command (parsed by the CLI
 itself), the mounted pipeline is ``examples/nycflights13/pipeline.yaml``
 unchanged and validates with the containers' environment, probes hit the
-metrics ports the YAML declares, every ``sync:`` entry has its Deployment,
-secrets come from the Secret only, and the stream job checkpoints on object
-storage.
+metrics ports the YAML declares on the token-free paths (``/healthz``,
+``/readyz``) of an endpoint bound to the pod's addresses, the metrics token
+comes from a Secret and Prometheus sends it, every ``sync:`` entry has its
+Deployment, secrets come from the Secrets only, and the stream job checkpoints
+on object storage. ``tests/integration/test_deploy_endpoints.py`` starts the
+workloads' commands with their environments as real processes and probes them.
 """
 
 from __future__ import annotations
@@ -132,28 +135,78 @@ def test_the_mounted_pipeline_is_the_example_and_validates_with_each_containers_
         assert "127.0.0.1" not in str(pipeline.connections["postgres"].url), name
 
 
-def test_probes_hit_the_metrics_ports_of_the_yaml(manifests: list[dict[str, Any]]) -> None:
+LONG_RUNNING = ("threes-sources", "threes-stream", "threes-sync-search", "threes-sync-warehouse",
+                "threes-sync-archive")
+METRICS_TOKEN_SECRET = "threes-metrics-token"
+
+
+def _metrics_port(pipeline: Any, name: str, container: dict[str, Any]) -> int:
+    """The port the YAML (or the sources' --metrics-port) serves the workload's endpoint on."""
+    if name == "threes-sources":
+        args = container["args"]
+        return int(args[args.index("--metrics-port") + 1])
+    if name == "threes-stream":
+        return int(pipeline.stream.metrics_port)
+    return int(next(s.metrics_port for s in pipeline.sync if f"threes-sync-{s.name}" == name))
+
+
+def test_probes_use_the_token_free_paths_of_the_port_the_process_binds_off_loopback(
+    manifests: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kubelet probes the pod IP without a token: the process must bind it, and the paths need none."""
+    from kernel.status.guard import UNGUARDED
+
     workloads = _workloads(manifests)
-    pipeline = load_pipeline(EXAMPLE, environ=_environment(manifests, _container(workloads["threes-stream"])))
-
-    def probed(name: str) -> int:
+    for name in LONG_RUNNING:
         container = _container(workloads[name])
+        env = _environment(manifests, container)
+        pipeline = load_pipeline(EXAMPLE, environ=env)
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        for kind in ("readinessProbe", "livenessProbe"):
-            probe = container[kind]["httpGet"]
-            assert probe["path"] == "/metrics", (name, kind)
-            port = ports.get(probe["port"], probe["port"])
-            assert port == ports["metrics"], (name, kind)
-        annotations = workloads[name]["spec"]["template"]["metadata"]["annotations"]
-        assert annotations["prometheus.io/port"] == str(ports["metrics"])
-        return ports["metrics"]
+        assert ports["metrics"] == _metrics_port(pipeline, name, container), name
+        paths = {kind: container[kind]["httpGet"] for kind in ("startupProbe", "readinessProbe", "livenessProbe")
+                 if kind in container}
+        assert paths["readinessProbe"]["path"] == "/readyz" and paths["livenessProbe"]["path"] == "/healthz", name
+        for kind, probe in paths.items():
+            assert probe["path"] in UNGUARDED, (name, kind)  # answered without the token
+            assert ports.get(probe["port"], probe["port"]) == ports["metrics"], (name, kind)
+        # the process binds every address of the pod, not 127.0.0.1 (the probes connect to the pod IP)
+        assert env["THREES_METRICS_HOST"] == "0.0.0.0", name
+        if name == "threes-sources":  # `threes source run --metrics-host` reads $THREES_METRICS_HOST
+            monkeypatch.setenv("THREES_METRICS_HOST", env["THREES_METRICS_HOST"])
+            command, rest = _resolve(container["args"])
+            assert command.make_context("threes source run", list(rest)).params["metrics_host"] == "0.0.0.0"
+            monkeypatch.delenv("THREES_METRICS_HOST")
+        else:
+            entries = [pipeline.stream] if name == "threes-stream" else [
+                s for s in pipeline.sync if f"threes-sync-{s.name}" == name]
+            for entry in entries:
+                assert entry.metrics_host == "0.0.0.0", name
+                assert entry.metrics_token.get_secret_value() == env["THREES_METRICS_TOKEN"], name
 
-    assert probed("threes-stream") == pipeline.stream.metrics_port
-    assert _container(workloads["threes-stream"])["startupProbe"]["httpGet"]["port"] == "metrics"
-    args = _container(workloads["threes-sources"])["args"]
-    assert probed("threes-sources") == int(args[args.index("--metrics-port") + 1])
-    for service in pipeline.sync:
-        assert probed(f"threes-sync-{service.name}") == service.metrics_port
+
+def test_the_metrics_token_comes_from_a_secret_and_prometheus_sends_it(manifests: list[dict[str, Any]]) -> None:
+    from kernel.status.guard import UNGUARDED
+
+    secret = _by_kind(manifests, "Secret")[METRICS_TOKEN_SECRET]
+    token = secret["stringData"]["THREES_METRICS_TOKEN"]
+    workloads = _workloads(manifests)
+    for name in LONG_RUNNING:
+        container = _container(workloads[name])
+        assert {"secretRef": {"name": METRICS_TOKEN_SECRET}} in container["envFrom"], name
+        assert all(e["name"] != "THREES_METRICS_TOKEN" for e in container.get("env", [])), name
+        annotations = workloads[name]["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/path"] == "/metrics" and "/metrics" not in UNGUARDED
+    # no ConfigMap (nor the pipeline) holds the token or sets the variable
+    for configmap in _by_kind(manifests, "ConfigMap").values():
+        assert token not in yaml.safe_dump(configmap) and "THREES_METRICS_TOKEN" not in configmap["data"]
+    # Prometheus's job reads the token from that Secret, mounted as a file (the operator's spec.secrets path)
+    scrape = yaml.safe_load(_by_kind(manifests, "ConfigMap")["threes-prometheus"]["data"]["scrape-config.yaml"])
+    (job,) = scrape["scrape_configs"]
+    assert job["authorization"] == {
+        "type": "Bearer", "credentials_file": f"/etc/prometheus/secrets/{METRICS_TOKEN_SECRET}/THREES_METRICS_TOKEN"}
+    keep = job["relabel_configs"][0]
+    assert keep["source_labels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]
+    assert keep["action"] == "keep"
 
 
 def test_scaling_is_by_replicas_and_consumer_groups(manifests: list[dict[str, Any]]) -> None:
@@ -198,8 +251,9 @@ def test_the_stream_job_checkpoints_on_object_storage(manifests: list[dict[str, 
 
 
 def test_secrets_come_from_the_secret_only(manifests: list[dict[str, Any]]) -> None:
-    (secret,) = _by_kind(manifests, "Secret").values()
+    secret = _by_kind(manifests, "Secret")["threes-credentials"]
     values = [v for k, v in secret["stringData"].items() if "SECRET" in k or "URL" in k]
+    values.append(_by_kind(manifests, "Secret")[METRICS_TOKEN_SECRET]["stringData"]["THREES_METRICS_TOKEN"])
     # the example YAML keeps the local stack's defaults (${env:THREES_S3_SECRET_ACCESS_KEY:-...}): the
     # Secret sets every variable that carries a secret, so those defaults never apply here
     for variable in ("THREES_POSTGRES_URL", "THREES_S3_SECRET_ACCESS_KEY"):

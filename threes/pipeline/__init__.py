@@ -11,6 +11,10 @@
 * :mod:`threes.pipeline.supervisor` - starts them in order, restarts a child
   that dies with backoff, stops them in reverse order;
 * :mod:`threes.pipeline.view` - the rich live view;
+* :mod:`threes.pipeline.control` - an operator's pause, resume and restart, carried out at each tick;
+* :mod:`threes.pipeline.api`, :mod:`threes.pipeline.endpoint`, :mod:`threes.pipeline.page` - the
+  management API, the run's HTTP endpoint (status page with actions, probes) and its page;
+* :mod:`threes.pipeline.revisions` - each part's config revision (what a new YAML changes);
 * :mod:`threes.pipeline.cli` - the ``threes run`` command.
 
 Supervision *inside* a process (a failed source task or sink restarted with

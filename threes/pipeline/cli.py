@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from kernel.exceptions import FatalError
 
 if TYPE_CHECKING:
     from threes.config import PipelineBase
@@ -41,6 +44,16 @@ TakeOverOpt = Annotated[
                                        "SIGTERM to it (its parts stop cleanly), up to 60 s, then SIGKILL; "
                                        "then this run starts")
 ]
+ApiHostOpt = Annotated[
+    str, typer.Option("--api-host", envvar="THREES_API_HOST",
+                      help="address of the status page and management API; any other than loopback needs "
+                           "$THREES_API_TOKEN (0.0.0.0 in a container)")
+]
+ApiPortOpt = Annotated[
+    int | None, typer.Option("--api-port", envvar="THREES_API_PORT",
+                             help="port of the status page and management API (default 8083, or a free one "
+                                  "when 8083 is taken)", show_default=False)
+]
 
 
 def run(
@@ -51,6 +64,8 @@ def run(
     start_timeout: StartTimeoutOpt = 600.0,
     no_restart: NoRestartOpt = False,
     take_over: TakeOverOpt = False,
+    api_host: ApiHostOpt = "127.0.0.1",
+    api_port: ApiPortOpt = None,
 ) -> None:
     """Run the whole pipeline of CONFIG: sources, then the stream job, then the sync services.
 
@@ -64,6 +79,10 @@ def run(
     One run per CONFIG: a second `threes run` of the same file (however it is named) refuses to start while
     the first holds its lock (CONFIG's folder/.threes/run/*.lock), naming the first's PID; --force stops the
     first and takes over.
+
+    The status page, /status.json, /healthz, /readyz and the management API (GET /parts, POST
+    /parts/NAME/pause|resume|restart, DELETE /parts/NAME/offsets, PUT /pipeline; `threes ctl`) answer on
+    --api-host:--api-port; $THREES_API_TOKEN is the bearer token (required off loopback).
     """
     from kernel.exceptions import ThreesError
     from threes.console import fail, load
@@ -87,7 +106,8 @@ def run(
             start_timeout_s=start_timeout,
             restart=not no_restart,
         )
-        supervisor, code = _supervise(pipeline, options, stop, force)
+        api = (api_host, api_port, os.environ.get("THREES_API_TOKEN") or None, lock.path)
+        supervisor, code = _supervise(pipeline, options, stop, force, api)
     except ThreesError as exc:
         raise fail(exc) from None
     finally:
@@ -127,8 +147,15 @@ def _stop_on_signals() -> tuple[threading.Event, threading.Event]:
 
 
 def _supervise(pipeline: PipelineBase, options: RunOptions, stop: threading.Event,
-               force: threading.Event) -> tuple[Supervisor, int]:
+               force: threading.Event, api: tuple[str, int | None, str | None, Path]) -> tuple[Supervisor, int]:
     """Run the parts until ``stop``, showing their states: a live table on a terminal, else a line per change.
+
+    Args:
+        pipeline: the validated pipeline.
+        options: how to run it.
+        stop: set to stop the run.
+        force: set to kill the parts at once while stopping.
+        api: ``(host, port, token, lock file)`` of the run's endpoint (:class:`~threes.pipeline.endpoint.RunEndpoint`).
 
     Returns:
         ``(the supervisor, the run's exit code)``.
@@ -136,17 +163,29 @@ def _supervise(pipeline: PipelineBase, options: RunOptions, stop: threading.Even
     from rich.live import Live
 
     from threes.console import console
+    from threes.pipeline.endpoint import RunEndpoint
     from threes.pipeline.supervisor import Supervisor
     from threes.pipeline.view import line_printer, live
 
+    def supervise(supervisor: Supervisor) -> tuple[Supervisor, int]:
+        endpoint = RunEndpoint(supervisor, *api)
+        try:
+            url = endpoint.start()
+        except OSError as exc:
+            raise FatalError(f"cannot serve the management API on {api[0]}:{api[1]}: {exc.strerror}; "
+                             "pass another --api-port") from None
+        supervisor._note(f"status page and management API on {url}/status")
+        try:
+            return supervisor, supervisor.run(stop, force)
+        finally:
+            endpoint.close()
+
     if console.is_terminal:
         with Live(console=console, refresh_per_second=2, transient=False) as view:
-            supervisor = Supervisor(pipeline, options, on_update=lambda s: view.update(live(s)))
-            return supervisor, supervisor.run(stop, force)
+            return supervise(Supervisor(pipeline, options, on_update=lambda s: view.update(live(s))))
     # a log file or a pipe: a line per change instead of redrawing
     printer = line_printer(lambda text: console.print(text, highlight=False, soft_wrap=True, markup=False))
-    supervisor = Supervisor(pipeline, options, on_update=printer)
-    return supervisor, supervisor.run(stop, force)
+    return supervise(Supervisor(pipeline, options, on_update=printer))
 
 
 def register(app: typer.Typer) -> None:

@@ -55,13 +55,18 @@ class PartState:
 
     Attributes:
         part: what it runs and waits for.
-        status: ``waiting``, ``starting``, ``ready``, ``restarting``, ``stopping``, ``stopped`` or ``failed``.
+        status: ``waiting``, ``starting``, ``ready``, ``restarting``, ``stopping``, ``paused``, ``stopped`` or
+            ``failed``.
         detail: what it waits for or what it does, for people.
         child: its current process (``None`` before the first start).
         since: ``time.monotonic()`` of the last status change.
         restarts: restarts so far.
         ever_ready: it became ready at least once.
         exit_code: the code of its last exit (``None``: still runs, or killed).
+        paused: an operator paused it (management API); a paused source or stream job has no process,
+            a paused sync process holds its partitions without consuming.
+        last_error: the end of its log when it last exited with an error (``None``: never).
+        revision: the config revision it runs (:func:`threes.pipeline.revisions.part_revisions`).
     """
 
     part: Part
@@ -72,6 +77,11 @@ class PartState:
     restarts: int = 0
     ever_ready: bool = False
     exit_code: int | None = None
+    paused: bool = False
+    last_error: str | None = None
+    revision: str = ""
+    _intent: str | None = None  # what follows the clean stop under way: "pause" or "restart"
+    _stop_deadline: float | None = None
     _failures: int = 0
     _restart_at: float | None = None
 

@@ -34,12 +34,14 @@ from collections.abc import Callable
 from typing import Any
 
 from kernel.exceptions import FatalError, SetupError
+from threes.pipeline.control import PAUSE_FILE_ENV, Controls
 from threes.pipeline.flow_reader import FlowReader
 from threes.pipeline.kafka_probe import Flow, KafkaOutage, KafkaProbe
 from threes.pipeline.parts import PartState, RunOptions, free_port
 from threes.pipeline.plan import plan_run
 from threes.pipeline.probes import scrape, source_cycles, sources_ready, sync_assigned
 from threes.pipeline.processes import signal_group, spawn
+from threes.pipeline.revisions import part_revisions
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +73,16 @@ class Supervisor:
         sources_port = free_port() if "sources" in options.only else None
         stream = pipeline.stream
         stream_port = free_port() if stream is not None and stream.metrics_port is None else None
+        self.ports = {"sources_metrics_port": sources_port, "stream_metrics_port": stream_port}
         self.parts = [PartState(p) for p in plan_run(
-            pipeline, options.config, options.only, offsets_topic=options.offsets_topic,
-            sources_metrics_port=sources_port, stream_metrics_port=stream_port,
+            pipeline, options.config, options.only, offsets_topic=options.offsets_topic, **self.ports,
         )]
         self.tasks = self._source_tasks() if any(p.name == "sources" for p in self.parts) else {}
+        self.revision = 1  # the config revision: PUT /pipeline counts up
+        revisions = part_revisions(pipeline)
+        for state in self.parts:
+            state.revision = revisions[state.name]
+        self.control = Controls(self)  # the operator's requests (management API), carried out at each tick
         self.flow: Flow | None = None
         self.events: list[tuple[float, str]] = []  # (time.time(), message), newest last
         self.events_total = 0  # messages noted so far (``events`` keeps the last 50)
@@ -120,6 +127,7 @@ class Supervisor:
                 self.on_update(self)
                 stop.wait(0.5)
         finally:
+            self.control.close()  # requests from now on are refused at once
             clean = self.shutdown(force)
             self.close()
         return 0 if clean else 1
@@ -145,17 +153,22 @@ class Supervisor:
         """Part name -> pid of its current process (parts started so far)."""
         return {p.name: p.child.pid for p in self.parts if p.child is not None}
 
-    def close(self) -> None:
-        """Close the Kafka clients (after :meth:`shutdown`)."""
+    def restart_flow_reader(self) -> None:
+        """Stop the live view's reader: the next tick starts one that reads the current pipeline's topics."""
         if self._reader is not None:
             self._reader.stop()
             self._reader = None
+
+    def close(self) -> None:
+        """Close the Kafka clients (after :meth:`shutdown`)."""
+        self.restart_flow_reader()
         if self._probe is not None:
             self._probe.close()
             self._probe = None
 
     def tick(self) -> None:
         """One round of supervision (see the module docstring)."""
+        self.control.run_pending()
         now = time.monotonic()
         for state in self.parts:
             if state.child is not None and state.status in ("starting", "ready"):
@@ -166,6 +179,7 @@ class Supervisor:
                     self._check_ready(state)
             elif state.status == "restarting" and state._restart_at is not None and now >= state._restart_at:
                 self._spawn(state)
+        self.control.tick()
         for i, state in enumerate(self.parts):
             if state.status != "waiting":
                 continue
@@ -185,7 +199,7 @@ class Supervisor:
         for state in self.parts:
             if state.status == "starting":
                 self._check_timeout(state, "to be ready")
-        if all(p.status == "ready" for p in self.parts):
+        if all(p.status in ("ready", "paused") for p in self.parts):
             if self.phase != "running":
                 self._note("every part is ready")
             self.phase = "running"
@@ -270,8 +284,9 @@ class Supervisor:
 
     def _spawn(self, state: PartState) -> None:
         log_path = self.options.log_dir / f"{state.name}.log"
+        env = self.env if state.name != "sync" else {**self.env, PAUSE_FILE_ENV: str(self.control.pause_file)}
         try:
-            state.child = spawn(state.name, state.part.args, log_path, self.env)
+            state.child = spawn(state.name, state.part.args, log_path, env)
         except OSError as exc:
             raise FatalError(f"cannot start `threes {' '.join(state.part.args)}`: {exc}") from exc
         state._restart_at = None
@@ -356,6 +371,7 @@ class Supervisor:
         up_s = time.monotonic() - child.started
         child.close_log()
         what = f"`threes {' '.join(child.args)}` exited with code {code}"
+        state.last_error = f"exit code {code}: {child.tail(3)}".strip()
         if state.status == "starting" and not state.ever_ready:
             state.set("failed", f"exit code {code} while starting")
             raise FatalError(f"{state.name} failed to start: {what}; the end of {child.log_path}:\n{child.tail()}")
