@@ -222,13 +222,12 @@ def register_lookup(
     Args:
         spark: a SparkSession whose ``spark.jars`` hold :func:`lookup_jar`.
         udf_name: the SQL function name, e.g. ``threes_lookup_airports``.
-        snapshot: the snapshot's config (name, topics, ``max_bytes``).
+        snapshot: the snapshot's config (name, topics, ``max_bytes``, ``retention``).
         key_schema_json: the reader key schema; ``None`` for ``key_format: string``.
         value_schema_json: the reader value schema.
         consumer_config: :func:`consumer_properties`.
         schema_topic: the topic of the writer schemas.
-        start_offsets: ``(topic, partition) -> offset`` to start each store from; from the beginning
-            when ``None``.
+        start_offsets: ``(topic, partition) -> offset`` to start each store from (``None``: the beginning).
         state_dir: a local folder (the same path on every executor host) under which each store keeps
             its RocksDB folder and the offsets it covers, checkpointed every 30 s and when it closes; a
             restarted JVM reads only the topics' tail. ``None``: a temporary folder, and every start
@@ -241,7 +240,6 @@ def register_lookup(
         two jobs' snapshots of one name in one JVM are two stores.
     """
     jvm = spark.sparkContext._jvm
-    offsets = ",".join(f"{t}:{p}={o}" for (t, p), o in sorted((start_offsets or {}).items()))
     spec = jvm.threes.store.StoreSpec(
         snapshot.name,
         consumer_config,
@@ -251,7 +249,7 @@ def register_lookup(
         value_schema_json,
         snapshot.max_bytes,
         READY_TIMEOUT_MS,
-        offsets,
+        ",".join(f"{t}:{p}={o}" for (t, p), o in sorted((start_offsets or {}).items())),
         state_dir,
         -1 if snapshot.retention_ms is None else snapshot.retention_ms,
     )
@@ -261,8 +259,8 @@ def register_lookup(
         spark._jsparkSession.udf().register(f"{udf_name}_as_of", jvm.threes.lookup.AsOfLookupUdf(spec), binary)
     if in_driver:
         jvm.threes.store.SnapshotStore.forSpec(spec)
-    log.info("snapshot=%s lookup udf=%s topics=%s max_bytes=%d", snapshot.name, udf_name, snapshot.topics,
-             snapshot.max_bytes)
+    log.info("snapshot=%s lookup udf=%s topics=%s max_bytes=%d retention_ms=%s", snapshot.name, udf_name,
+             snapshot.topics, snapshot.max_bytes, snapshot.retention_ms)
     return str(spec.storeId())
 
 

@@ -42,9 +42,8 @@ def serve(
     GET /snapshots/{name}/{key}[?as_of=], /snapshots/{name}?from=&to=&limit=, /healthz, /readyz. A replica:
     run more of them (each with its own --state-dir) to serve more.
     """
-    from stream_app.serve import StoreServer, default_state_dir, java_command, write_server_file, write_specs
+    from stream_app.serve import default_state_dir
     from threes.console import console, fail, load
-    from threes.local.stack import resolved_spark_jars
 
     pipeline = load(config)
     stream = pipeline.stream
@@ -63,15 +62,10 @@ def serve(
     except ThreesError as exc:
         raise fail(exc) from None
     folder = (state_dir or default_state_dir(stream.name)).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
     try:
-        command = java_command(resolved_spark_jars(), heap)
-        spec_file = write_specs(snapshots, consumer, pipeline.kafka.schema_topic, folder)
-        server = StoreServer(command, spec_file, host, port, token, folder / "serve.log")
-        bound = server.wait_listening()
+        server, bound = _start(pipeline, snapshots, consumer, folder, (host, port, token), heap)
     except SetupError as exc:
         raise fail(exc) from None
-    write_server_file(folder, host, bound, server.process.pid)
     typer.echo(f"serving {len(snapshots)} snapshot(s) on http://{host}:{bound} (state {folder}); loading", err=False)
     previous = signal.signal(signal.SIGTERM, lambda *_: server.process.terminate())
     try:
@@ -88,6 +82,27 @@ def serve(
         (folder / "server.json").unlink(missing_ok=True)
     if code not in (0, 143, -15):
         raise typer.Exit(1)
+
+
+def _start(
+    pipeline: Any, snapshots: list[Any], consumer: str, folder: Path, bind: tuple[str, int, str | None], heap: str
+) -> tuple[Any, int]:
+    """Start the JVM of ``threes serve`` and record where it listens: ``(StoreServer, port)``.
+
+    Raises:
+        SetupError: no Java, no lookup jar, or the process did not start.
+    """
+    from stream_app.serve import StoreServer, java_command, write_server_file, write_specs
+    from threes.local.stack import resolved_spark_jars
+
+    host, port, token = bind
+    folder.mkdir(parents=True, exist_ok=True)
+    command = java_command(resolved_spark_jars(), heap)
+    spec_file = write_specs(snapshots, consumer, pipeline.kafka.schema_topic, folder)
+    server = StoreServer(command, spec_file, host, port, token, folder / "serve.log")
+    bound = server.wait_listening()
+    write_server_file(folder, host, bound, server.process.pid)
+    return server, bound
 
 
 def _specs(pipeline: Any, config: Path) -> tuple[list[Any], str]:
