@@ -119,9 +119,10 @@ class SnapshotConfig(StrictModel):
 
     max_bytes: int = Field(
         256 * 1024 * 1024,
-        ge=1,
-        description="mode realtime: the heap the snapshot's entries may take in each executor JVM, bytes (key and "
-        "value bodies plus 112 bytes per key); a snapshot that needs more stops the job at start, naming both numbers",
+        ge=0,
+        description="mode realtime and threes serve: the heap the in-heap table of the latest values may take in each "
+        "JVM, bytes (key and value bodies plus 112 bytes per key); a snapshot that needs more is served from the "
+        "RocksDB state store alone (0: never keep the table)",
     )
 
     @model_validator(mode="after")
