@@ -41,14 +41,15 @@ def test_make_builds_the_lookup_jar_with_its_classes_and_runs_the_java_tests(tmp
     assert done.returncode == 0, done.stdout + done.stderr
     with zipfile.ZipFile(tmp_path / "stream_app" / "jars" / "threes-lookup.jar") as jar:
         names = set(jar.namelist())
-    assert {"threes/lookup/LookupUdf.class", "threes/lookup/SnapshotStore.class"} <= names
-    assert not any(n.startswith(("org/apache/", "scala/")) for n in names)  # Spark, Kafka, Avro: provided
-    assert "Tests run: 6, Failures: 0, Errors: 0" in (tmp_path / "maven.log").read_text()
+    assert {"threes/lookup/LookupUdf.class", "threes/store/SnapshotStore.class", "threes/store/RocksState.class",
+            "threes/store/QueryServer.class"} <= names
+    assert not any(n.startswith(("org/apache/", "org/rocksdb/", "scala/")) for n in names)  # provided
+    assert "Tests run: 16, Failures: 0, Errors: 0" in (tmp_path / "maven.log").read_text()
 
 
 def test_a_broken_java_build_fails_make_with_a_clear_message(tmp_path):
     cwd = _copy(tmp_path)
-    source = cwd / "stream_app" / "jvm" / "src" / "main" / "java" / "threes" / "lookup" / "SnapshotTable.java"
+    source = cwd / "stream_app" / "jvm" / "src" / "main" / "java" / "threes" / "store" / "SnapshotTable.java"
     source.write_text(source.read_text().replace("public byte[] get(byte[] key) {", "public byte[] get(byte[] key) {\n    undefinedCall();"))
     done = _make(cwd)
     assert done.returncode != 0

@@ -156,6 +156,9 @@ public final class SnapshotStore implements AutoCloseable {
       throw new IllegalStateException("snapshot " + spec.name() + " keeps no versions (no retention): as_of does "
           + "not apply");
     }
+    if (atMs < horizonMs()) { // older than the retention keeps: unknown, as the micro-batch engines answer
+      return null;
+    }
     return state.versionAt(key, atMs);
   }
 
