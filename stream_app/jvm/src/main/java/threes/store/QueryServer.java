@@ -72,6 +72,11 @@ public final class QueryServer implements AutoCloseable {
     if (System.getProperty("sun.net.httpserver.maxReqHeaderSize") == null) {
       System.setProperty("sun.net.httpserver.maxReqHeaderSize", String.valueOf(4 << 20));
     }
+    // the head and the body of an answer are two writes: without TCP_NODELAY, Nagle's algorithm holds the
+    // body until the client's delayed ACK (40 ms) on a keep-alive connection
+    if (System.getProperty("sun.net.httpserver.nodelay") == null) {
+      System.setProperty("sun.net.httpserver.nodelay", "true");
+    }
     this.stores = stores;
     this.token = token == null || token.isEmpty() ? null : token.getBytes(StandardCharsets.UTF_8);
     this.server = HttpServer.create(new InetSocketAddress(host, port), 1024);
