@@ -21,8 +21,15 @@ single-object encoding) and a few events. Then, one side at a time:
   connections, after a 5 s warm-up at the same rate: ``iq_idle_p99_ms_<size>`` for each side and
   ``iq_idle_p99_ratio_vs_kafka_streams_<size>`` = theirs / ours (target >= 1.0).
 
-Not measured here: the queries while each side processes 20k events/s (the issue's
-``iq_p99_ms_<size>``), the throughput ratios and the 100M-key load.
+* **Interactive queries while processing** (the first size, unless ``THREES_BENCH_STORE_LOADED=0``):
+  each side enriches events produced at ``THREES_BENCH_STORE_EVENT_RATE`` (20,000/s, one Python
+  producer, as ``realtime_vs_kstreams.py`` drives its latency runs) while the same query client runs:
+  the reference app with ``--iq-port``, and the job in real-time mode (local[2], driver 4 GB) with
+  ``stream.query_port``, whose driver JVM holds the stores (local[*]: the executors' own).
+  ``iq_p99_ms_<size>`` (target <= 5) and ``iq_p99_ratio_vs_kafka_streams_<size>`` = theirs / ours
+  (target >= 1.0); each side's enrichment latency p99 is reported beside it.
+
+Not measured here: the throughput ratios (``realtime_vs_kstreams.py``) and the 100M-key load.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ RATE = int(os.environ.get("THREES_BENCH_STORE_RATE", "2000"))
 QUERY_S = float(os.environ.get("THREES_BENCH_STORE_QUERY_S", "20"))
 WARMUP_S = float(os.environ.get("THREES_BENCH_STORE_WARMUP_S", "5"))
 HEAP = os.environ.get("THREES_BENCH_STORE_HEAP", "2g")
+LOADED = os.environ.get("THREES_BENCH_STORE_LOADED", "1") != "0"
+EVENT_RATE = int(os.environ.get("THREES_BENCH_STORE_EVENT_RATE", "20000"))
 READY_TIMEOUT_S = float(os.environ.get("THREES_BENCH_STORE_TIMEOUT_S", "900"))
 log = logging.getLogger("state_store")
 
@@ -224,6 +233,75 @@ class StoreBench(PeerBench):
         self.rows.append((label, f"restore {keys / ours_s:,.0f} keys/s (ks {keys / ks_s:,.0f}); restart "
                           f"{restart_s:.1f} s", f"iq p99 {ours_q['p99_ms']} ms (ks {ks_q['p99_ms']} ms)"))
 
+    def loaded_queries(self, side: str, port: int, prefix: str, events: str, out: str, keys: int) -> dict[str, Any]:
+        """The query client while this process produces ``EVENT_RATE`` events/s into ``events``."""
+        import threading
+
+        import realtime_vs_kstreams
+
+        realtime_vs_kstreams.LATENCY_S = WARMUP_S + QUERY_S + 5
+        driven: dict[str, Any] = {}
+        producer = threading.Thread(target=lambda: driven.update(self.drive(events, out, EVENT_RATE, keys)))
+        producer.start()
+        time.sleep(2)
+        figures = query_load(port, prefix, keys)
+        producer.join()
+        log.info("%s: queries %s; enrichment %s", side, figures, {k: driven.get(k) for k in ("p99_ms", "received")})
+        return {**figures, "enrich_p99_ms": driven.get("p99_ms"), "enriched": driven.get("received"),
+                "produced_per_s": round(driven.get("produce_rate_eps", 0))}
+
+    def under_load(self, keys: int) -> None:
+        """Both sides' queries while each enriches ``EVENT_RATE`` events/s, one side at a time."""
+        from stream_app.config import StreamJobConfig
+        from stream_app.job import StreamJob
+
+        label = size_label(keys)
+        ref = self.topics.name("ref")
+        self.topics.adopt(ref)
+        self.ks_run(f"load-loaded-{label}", "load", f"--n={keys}", "--e=1", f"--ref-topic={ref}",
+                    f"--events-topic={self.topics.name('unused')}")
+        events, out = self.topics.create("ks_iq_events"), self.topics.output("ks_iq_out")
+        port = free_port()
+        app = self.topics.name("ks_iq_app")
+        proc = subprocess.Popen(self.ks_cmd("iq-loaded", "app", *self.ks_app_args(app, ref, events, out),
+                                            f"--iq-port={port}"), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            self.probe(events, out, lambda: proc.poll() is None)
+            ks = self.loaded_queries("kafka streams", port, "/ref/", events, out, keys)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        events, out = self.topics.create("rt_iq_events"), self.topics.output("rt_iq_out")
+        dlq = self.topics.name("iq_dlq")
+        self.topics.adopt(dlq)
+        port = free_port()
+        config = StreamJobConfig.model_validate({
+            "name": f"bench-store-rt-{uuid.uuid4().hex[:6]}", "mode": "realtime", "checkpoint_interval": "30 seconds",
+            "events": {"topic": events, "value_schema": "event.avsc", "starting_offsets": "earliest"},
+            "snapshots": [{"name": "refs", "topics": [ref], "key_format": "string", "key_field": "key",
+                           "value_schema": "ref.avsc"}],
+            "lookups": [{"snapshot": "refs", "on": {"fk": "key"}, "prefix": "ref_"}],
+            "enriched_topic": out, "dead_letter_topic": dlq, "query_port": port,
+            "checkpoint_location": str(self.tmp / f"cp-{uuid.uuid4().hex[:6]}"),
+        })
+        job = StreamJob(config, self.kafka, self.session(), base_dir=self.tmp)
+        job.start()
+        try:
+            self.probe(events, out, lambda: self.job_alive(job))
+            ours = self.loaded_queries("threes realtime", port, "/snapshots/refs/", events, out, keys)
+        finally:
+            job.stop(checkpoint=False)
+        r = self.results
+        r[f"iq_loaded_{label}"] = {"event_rate": EVENT_RATE, "threes": ours, "kafka_streams": ks}
+        r[f"iq_p99_ms_{label}"] = ours["p99_ms"]
+        r[f"iq_p99_ms_kafka_streams_{label}"] = ks["p99_ms"]
+        r[f"iq_p99_ratio_vs_kafka_streams_{label}"] = round(ks["p99_ms"] / max(ours["p99_ms"], 0.01), 3)
+        self.rows.append((label, f"iq p99 at {EVENT_RATE:,} events/s {ours['p99_ms']} ms (ks {ks['p99_ms']} ms)",
+                          f"enrich p99 {ours['enrich_p99_ms']} ms (ks {ks['enrich_p99_ms']} ms)"))
+
     def main(self) -> None:  # type: ignore[override]
         self.results.update({"benchmark": "state_store", "load_before": os.getloadavg()[0], "rate_per_s": RATE,
                              "query_s": QUERY_S, "heap": HEAP, "note": load_note()})
@@ -233,6 +311,12 @@ class StoreBench(PeerBench):
             except Exception as exc:  # one size failing leaves the others' figures
                 log.exception("size %d failed", keys)
                 self.results[f"error_{size_label(keys)}"] = str(exc)[:500]
+        if LOADED:
+            try:
+                self.under_load(SIZES[0])
+            except Exception as exc:
+                log.exception("queries under load failed")
+                self.results["error_loaded"] = str(exc)[:500]
         self.results["load_after"] = os.getloadavg()[0]
 
     def print(self) -> None:
