@@ -91,8 +91,11 @@ def client(port: int, prefix: str, keys: int, rate: int, seconds: float, out: An
                 reader, writer = conn
                 writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-                length = int(next(ln.split(b":", 1)[1] for ln in head.split(b"\r\n")
-                                  if ln.lower().startswith(b"content-length:")))
+                length = int(
+                    next(
+                        ln.split(b":", 1)[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")
+                    )
+                )
                 await reader.readexactly(length)
                 ok = head.startswith(b"HTTP/1.1 200")
                 idle.append(conn)
@@ -129,8 +132,13 @@ def query_load(port: int, prefix: str, keys: int) -> dict[str, float]:
         proc.join()
         if measured:
             latencies.sort()
-            figures = {"p50_ms": round(percentile(latencies, 0.50), 2), "p99_ms": round(percentile(latencies, 0.99), 2),
-                       "max_ms": round(latencies[-1], 1), "errors": errors, "queries": len(latencies)}
+            figures = {
+                "p50_ms": round(percentile(latencies, 0.50), 2),
+                "p99_ms": round(percentile(latencies, 0.99), 2),
+                "max_ms": round(latencies[-1], 1),
+                "errors": errors,
+                "queries": len(latencies),
+            }
     return figures
 
 
@@ -171,8 +179,9 @@ class StoreBench(PeerBench):
         command = java_command(LocalStack().spark_jars(), HEAP)
         log_file = (self.tmp / "serve.log").open("ab")
         began = time.monotonic()
-        proc = subprocess.Popen([*command, str(spec), "127.0.0.1", str(port)], stdout=subprocess.DEVNULL,
-                                stderr=log_file)
+        proc = subprocess.Popen(
+            [*command, str(spec), "127.0.0.1", str(port)], stdout=subprocess.DEVNULL, stderr=log_file
+        )
         return proc, began
 
     def theirs(self, ref: str, events: str, port: int) -> tuple[subprocess.Popen[Any], float]:
@@ -181,15 +190,21 @@ class StoreBench(PeerBench):
         self.topics.adopt(out)
         args = self.ks_app_args(app, ref, events, out)
         began = time.monotonic()
-        proc = subprocess.Popen(self.ks_cmd(app, "app", *args, f"--iq-port={port}"), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            self.ks_cmd(app, "app", *args, f"--iq-port={port}"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         return proc, began
 
     def size(self, keys: int) -> None:
         label = size_label(keys)
         ref, events = self.topics.name("ref"), self.topics.name("events")
         self.topics.adopt(ref, events)
-        self.ks_run(f"load-{label}", "load", f"--n={keys}", "--e=1000", f"--ref-topic={ref}", f"--events-topic={events}")
+        self.ks_run(
+            f"load-{label}", "load", f"--n={keys}", "--e=1000", f"--ref-topic={ref}", f"--events-topic={events}"
+        )
         last = f"k{keys - 1}"
 
         state = self.tmp / f"state-{label}"
@@ -230,8 +245,13 @@ class StoreBench(PeerBench):
         r[f"iq_idle_p50_ms_kafka_streams_{label}"] = ks_q["p50_ms"]
         r[f"iq_idle_errors_kafka_streams_{label}"] = ks_q["errors"]
         r[f"iq_idle_p99_ratio_vs_kafka_streams_{label}"] = round(ks_q["p99_ms"] / max(ours_q["p99_ms"], 0.01), 3)
-        self.rows.append((label, f"restore {keys / ours_s:,.0f} keys/s (ks {keys / ks_s:,.0f}); restart "
-                          f"{restart_s:.1f} s", f"iq p99 {ours_q['p99_ms']} ms (ks {ks_q['p99_ms']} ms)"))
+        self.rows.append(
+            (
+                label,
+                f"restore {keys / ours_s:,.0f} keys/s (ks {keys / ks_s:,.0f}); restart {restart_s:.1f} s",
+                f"iq p99 {ours_q['p99_ms']} ms (ks {ks_q['p99_ms']} ms)",
+            )
+        )
 
     def loaded_queries(self, side: str, port: int, prefix: str, events: str, out: str, keys: int) -> dict[str, Any]:
         """The query client while this process produces ``EVENT_RATE`` events/s into ``events``."""
@@ -247,8 +267,12 @@ class StoreBench(PeerBench):
         figures = query_load(port, prefix, keys)
         producer.join()
         log.info("%s: queries %s; enrichment %s", side, figures, {k: driven.get(k) for k in ("p99_ms", "received")})
-        return {**figures, "enrich_p99_ms": driven.get("p99_ms"), "enriched": driven.get("received"),
-                "produced_per_s": round(driven.get("produce_rate_eps", 0))}
+        return {
+            **figures,
+            "enrich_p99_ms": driven.get("p99_ms"),
+            "enriched": driven.get("received"),
+            "produced_per_s": round(driven.get("produce_rate_eps", 0)),
+        }
 
     def under_load(self, keys: int) -> None:
         """Both sides' queries while each enriches ``EVENT_RATE`` events/s, one side at a time."""
@@ -258,13 +282,22 @@ class StoreBench(PeerBench):
         label = size_label(keys)
         ref = self.topics.name("ref")
         self.topics.adopt(ref)
-        self.ks_run(f"load-loaded-{label}", "load", f"--n={keys}", "--e=1", f"--ref-topic={ref}",
-                    f"--events-topic={self.topics.name('unused')}")
+        self.ks_run(
+            f"load-loaded-{label}",
+            "load",
+            f"--n={keys}",
+            "--e=1",
+            f"--ref-topic={ref}",
+            f"--events-topic={self.topics.name('unused')}",
+        )
         events, out = self.topics.create("ks_iq_events"), self.topics.output("ks_iq_out")
         port = free_port()
         app = self.topics.name("ks_iq_app")
-        proc = subprocess.Popen(self.ks_cmd("iq-loaded", "app", *self.ks_app_args(app, ref, events, out),
-                                            f"--iq-port={port}"), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            self.ks_cmd("iq-loaded", "app", *self.ks_app_args(app, ref, events, out), f"--iq-port={port}"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         try:
             self.probe(events, out, lambda: proc.poll() is None)
             ks = self.loaded_queries("kafka streams", port, "/ref/", events, out, keys)
@@ -278,15 +311,28 @@ class StoreBench(PeerBench):
         dlq = self.topics.name("iq_dlq")
         self.topics.adopt(dlq)
         port = free_port()
-        config = StreamJobConfig.model_validate({
-            "name": f"bench-store-rt-{uuid.uuid4().hex[:6]}", "mode": "realtime", "checkpoint_interval": "30 seconds",
-            "events": {"topic": events, "value_schema": "event.avsc", "starting_offsets": "earliest"},
-            "snapshots": [{"name": "refs", "topics": [ref], "key_format": "string", "key_field": "key",
-                           "value_schema": "ref.avsc"}],
-            "lookups": [{"snapshot": "refs", "on": {"fk": "key"}, "prefix": "ref_"}],
-            "enriched_topic": out, "dead_letter_topic": dlq, "query_port": port,
-            "checkpoint_location": str(self.tmp / f"cp-{uuid.uuid4().hex[:6]}"),
-        })
+        config = StreamJobConfig.model_validate(
+            {
+                "name": f"bench-store-rt-{uuid.uuid4().hex[:6]}",
+                "mode": "realtime",
+                "checkpoint_interval": "30 seconds",
+                "events": {"topic": events, "value_schema": "event.avsc", "starting_offsets": "earliest"},
+                "snapshots": [
+                    {
+                        "name": "refs",
+                        "topics": [ref],
+                        "key_format": "string",
+                        "key_field": "key",
+                        "value_schema": "ref.avsc",
+                    }
+                ],
+                "lookups": [{"snapshot": "refs", "on": {"fk": "key"}, "prefix": "ref_"}],
+                "enriched_topic": out,
+                "dead_letter_topic": dlq,
+                "query_port": port,
+                "checkpoint_location": str(self.tmp / f"cp-{uuid.uuid4().hex[:6]}"),
+            }
+        )
         job = StreamJob(config, self.kafka, self.session(), base_dir=self.tmp)
         job.start()
         try:
@@ -299,12 +345,25 @@ class StoreBench(PeerBench):
         r[f"iq_p99_ms_{label}"] = ours["p99_ms"]
         r[f"iq_p99_ms_kafka_streams_{label}"] = ks["p99_ms"]
         r[f"iq_p99_ratio_vs_kafka_streams_{label}"] = round(ks["p99_ms"] / max(ours["p99_ms"], 0.01), 3)
-        self.rows.append((label, f"iq p99 at {EVENT_RATE:,} events/s {ours['p99_ms']} ms (ks {ks['p99_ms']} ms)",
-                          f"enrich p99 {ours['enrich_p99_ms']} ms (ks {ks['enrich_p99_ms']} ms)"))
+        self.rows.append(
+            (
+                label,
+                f"iq p99 at {EVENT_RATE:,} events/s {ours['p99_ms']} ms (ks {ks['p99_ms']} ms)",
+                f"enrich p99 {ours['enrich_p99_ms']} ms (ks {ks['enrich_p99_ms']} ms)",
+            )
+        )
 
     def main(self) -> None:  # type: ignore[override]
-        self.results.update({"benchmark": "state_store", "load_before": os.getloadavg()[0], "rate_per_s": RATE,
-                             "query_s": QUERY_S, "heap": HEAP, "note": load_note()})
+        self.results.update(
+            {
+                "benchmark": "state_store",
+                "load_before": os.getloadavg()[0],
+                "rate_per_s": RATE,
+                "query_s": QUERY_S,
+                "heap": HEAP,
+                "note": load_note(),
+            }
+        )
         for keys in SIZES:
             try:
                 self.size(keys)
