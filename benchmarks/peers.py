@@ -142,8 +142,9 @@ def end_offsets(conf: dict[str, Any], topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def wait_for_count(conf: dict[str, Any], topic: str, expected: int, timeout_s: float,
-                   alive: Callable[[], bool] = lambda: True) -> int:
+def wait_for_count(
+    conf: dict[str, Any], topic: str, expected: int, timeout_s: float, alive: Callable[[], bool] = lambda: True
+) -> int:
     """Poll ``topic``'s end offsets every second until they add up to ``expected`` records.
 
     Args:
@@ -234,3 +235,66 @@ def measure_output(conf: dict[str, Any], topic: str, check: RowCheck, timeout_s:
 def percentile(sorted_values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of already sorted values, nearest rank below (as ``Latency.java``)."""
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+def open_loop_queries(
+    port: int, paths: list[str], rate: int, out: Any, field: str | None = None, expected: list[str] | None = None
+) -> None:
+    """GET ``paths`` at ``rate``/s on up to 64 keep-alive connections; ``(latencies_ms, errors, slow)`` to ``out``.
+
+    An open-loop load generator (wrk2's model): query ``i`` is due at ``start + i / rate`` whatever the
+    answers before it, and its latency counts from then (no coordinated omission). Connections are kept
+    open and reused, as every HTTP client library pools them; one asyncio loop, meant to run in a
+    process of its own so that the generator's cost per query is not what is measured. A query is an
+    error unless it answers 200 (and, with ``field``, its JSON's ``value[field]`` equals ``expected[i]``);
+    ``slow`` lists when (s into the run) the queries that took over 100 ms were due.
+    """
+    import asyncio
+    import json
+
+    async def run() -> tuple[list[float], int, list[float]]:
+        idle: list[Any] = []
+        latencies: list[float] = []
+        slow: list[float] = []
+        errors = 0
+
+        async def one(due: float, i: int) -> None:
+            nonlocal errors
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
+            ok = False
+            try:
+                reader, writer = conn
+                writer.write(f"GET {paths[i]} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                length = int(
+                    next(
+                        ln.split(b":", 1)[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")
+                    )
+                )
+                body = await reader.readexactly(length)
+                ok = head.startswith(b"HTTP/1.1 200")
+                if ok and field is not None and expected is not None:
+                    ok = json.loads(body)["value"][field] == expected[i]
+                idle.append(conn)
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, StopIteration, KeyError, ValueError):
+                conn[1].close()
+            latencies.append((time.monotonic() - due) * 1000)
+            if latencies[-1] > 100:  # when the slow ones were due: stalls, not a slow path
+                slow.append(round(due - start, 2))
+            errors += not ok
+
+        start = time.monotonic() + 0.5
+        limit = asyncio.Semaphore(64)
+
+        async def bounded(i: int) -> None:
+            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic() - 0.001))
+            async with limit:
+                await one(start + i / rate, i)
+
+        await asyncio.gather(*(bounded(i) for i in range(len(paths))))
+        for _reader, writer in idle:
+            writer.close()
+        return latencies, errors, slow
+
+    out.put(asyncio.run(run()))

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent))
 
-from peers import size_label  # noqa: E402 - the issue's JSON keys name sizes alike (iq_p99_ms_10k)
+from peers import open_loop_queries, size_label  # noqa: E402 - the issue's JSON keys name sizes alike (iq_p99_ms_10k)
 
 KEYS = int(os.environ.get("THREES_BENCH_QUERY_KEYS", "10000"))
 RATE = int(os.environ.get("THREES_BENCH_QUERY_RATE", "1000"))
@@ -40,60 +40,10 @@ log = logging.getLogger("snapshot_queries")
 
 
 def client(port: int, keys: int, rate: int, seconds: float, out: Any) -> None:
-    """Send queries at ``rate``/s on up to 64 keep-alive connections; put ``(latencies_ms, errors, slow)`` on ``out``.
-
-    An open-loop load generator (wrk2's model): query ``i`` is due at ``start + i / rate``
-    whatever the answers before it, and its latency counts from then. Connections are kept
-    open and reused, as every HTTP client library pools them; one asyncio loop in its own
-    process, so that the generator's cost per query (~30 us) is not what is measured.
-    """
-    import asyncio
-
-    n = int(rate * seconds)
+    """Query random keys at ``rate``/s for ``seconds`` (:func:`peers.open_loop_queries`), each answer checked."""
     rng = random.Random(7)
-    keys_sent = [f"K{rng.randrange(keys):07d}" for _ in range(n)]
-
-    async def run() -> tuple[list[float], int]:
-        idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-        latencies: list[float] = []
-        slow: list[float] = []
-        errors = 0
-
-        async def one(due: float, key: str) -> None:
-            nonlocal errors
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
-            conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
-            ok = False
-            try:
-                reader, writer = conn
-                writer.write(f"GET /snapshots/airports/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-                length = int(next(ln.split(b":", 1)[1] for ln in head.split(b"\r\n")
-                                  if ln.lower().startswith(b"content-length:")))
-                body = await reader.readexactly(length)
-                ok = head.startswith(b"HTTP/1.1 200") and json.loads(body)["value"]["faa"] == key
-                idle.append(conn)
-            except (TimeoutError, OSError, asyncio.IncompleteReadError, StopIteration, KeyError, ValueError):
-                conn[1].close()
-            latencies.append((time.monotonic() - due) * 1000)
-            if latencies[-1] > 100:  # when the slow ones were due, seconds into the run: stalls, not a slow path
-                slow.append(round(due - start, 2))
-            errors += not ok
-
-        start = time.monotonic() + 0.5
-        limit = asyncio.Semaphore(64)  # at most 64 connections, as the threads of the first client
-
-        async def bounded(i: int) -> None:
-            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic() - 0.001))
-            async with limit:
-                await one(start + i / rate, keys_sent[i])
-
-        await asyncio.gather(*(bounded(i) for i in range(n)))
-        for _reader, writer in idle:
-            writer.close()
-        return latencies, errors, slow
-
-    out.put(asyncio.run(run()))
+    keys_sent = [f"K{rng.randrange(keys):07d}" for _ in range(int(rate * seconds))]
+    open_loop_queries(port, [f"/snapshots/airports/{k}" for k in keys_sent], rate, out, "faa", keys_sent)
 
 
 def main() -> None:

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from peers import load_note, percentile, size_label  # noqa: E402
+from peers import load_note, open_loop_queries, percentile, size_label  # noqa: E402
 from realtime_vs_kstreams import Bench as PeerBench  # noqa: E402
 from stream_join import KS_REF  # noqa: E402
 
@@ -70,54 +70,9 @@ log = logging.getLogger("state_store")
 
 
 def client(port: int, prefix: str, keys: int, rate: int, seconds: float, out: Any) -> None:
-    """Send ``GET {prefix}k<i>`` at ``rate``/s on up to 64 keep-alive connections; put ``(latencies_ms, errors)``."""
-    import asyncio
-
-    n = int(rate * seconds)
+    """Query ``{prefix}k<i>`` of random keys at ``rate``/s for ``seconds`` (:func:`peers.open_loop_queries`)."""
     rng = random.Random(7)
-    paths = [f"{prefix}k{rng.randrange(keys)}" for _ in range(n)]
-
-    async def run() -> tuple[list[float], int]:
-        idle: list[Any] = []
-        latencies: list[float] = []
-        errors = 0
-
-        async def one(due: float, path: str) -> None:
-            nonlocal errors
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
-            conn = idle.pop() if idle else await asyncio.open_connection("127.0.0.1", port)
-            ok = False
-            try:
-                reader, writer = conn
-                writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-                length = int(
-                    next(
-                        ln.split(b":", 1)[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")
-                    )
-                )
-                await reader.readexactly(length)
-                ok = head.startswith(b"HTTP/1.1 200")
-                idle.append(conn)
-            except (TimeoutError, OSError, asyncio.IncompleteReadError, StopIteration, ValueError):
-                conn[1].close()
-            latencies.append((time.monotonic() - due) * 1000)
-            errors += not ok
-
-        start = time.monotonic() + 0.5
-        limit = asyncio.Semaphore(64)
-
-        async def bounded(i: int) -> None:
-            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic() - 0.001))
-            async with limit:
-                await one(start + i / rate, paths[i])
-
-        await asyncio.gather(*(bounded(i) for i in range(n)))
-        for _reader, writer in idle:
-            writer.close()
-        return latencies, errors
-
-    out.put(asyncio.run(run()))
+    open_loop_queries(port, [f"{prefix}k{rng.randrange(keys)}" for _ in range(int(rate * seconds))], rate, out)
 
 
 def query_load(port: int, prefix: str, keys: int) -> dict[str, float]:
@@ -128,7 +83,7 @@ def query_load(port: int, prefix: str, keys: int) -> dict[str, float]:
         out: Any = ctx.Queue()
         proc = ctx.Process(target=client, args=(port, prefix, keys, RATE, seconds, out))
         proc.start()
-        latencies, errors = out.get(timeout=seconds * 10 + 120)
+        latencies, errors, _slow = out.get(timeout=seconds * 10 + 120)
         proc.join()
         if measured:
             latencies.sort()
