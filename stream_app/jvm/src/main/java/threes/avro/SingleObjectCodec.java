@@ -7,6 +7,7 @@ import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.function.Function;
 import org.apache.avro.Schema;
+import org.apache.avro.SchemaNormalization;
 import org.apache.avro.generic.GenericDatumReader;
 import org.apache.avro.generic.GenericDatumWriter;
 import org.apache.avro.io.BinaryDecoder;
@@ -23,7 +24,11 @@ import org.apache.avro.io.EncoderFactory;
  * maps it to the reader schema (added fields take their defaults, removed ones are skipped), and the
  * result is encoded again with the reader schema. Re-encoding once, when a record enters the store,
  * makes every stored key and value a canonical body of the reader schema: a lookup compares bytes,
- * and Spark's {@code from_avro} decodes the value with the reader schema alone.
+ * and Spark's {@code from_avro} decodes the value with the reader schema alone. A writer schema of the
+ * reader's Parsing Canonical Form (the common case: the snapshot reads what its source writes) encodes
+ * every value as the reader does: a codec made to {@code copyIdentical} copies such bodies as they are,
+ * without decoding them (as Kafka Streams restores the bytes of its store). The state store does; the
+ * events' decoder, which dead-letters a body that does not decode, does not.
  *
  * <p>Not thread-safe: each store's consumer thread owns one.
  */
@@ -39,6 +44,9 @@ public final class SingleObjectCodec {
   private final Schema reader;
   private final Function<String, Schema> writers;
   private final Map<String, GenericDatumReader<Object>> readers = new ConcurrentHashMap<>();
+  private final Map<String, Boolean> identity = new ConcurrentHashMap<>();
+  private final String readerForm;
+  private final boolean copyIdentical;
   private final GenericDatumWriter<Object> writer;
   private final ByteArrayOutputStream buffer = new ByteArrayOutputStream(256);
   private BinaryDecoder decoder;
@@ -52,9 +60,22 @@ public final class SingleObjectCodec {
    *     unknown
    */
   public SingleObjectCodec(Schema reader, Function<String, Schema> writers) {
+    this(reader, writers, false);
+  }
+
+  /**
+   * A codec to one reader schema that copies the bodies of writers of the reader's form undecoded.
+   *
+   * @param reader the schema every body is re-encoded with
+   * @param writers the writer schema of a fingerprint, or null when unknown
+   * @param copyIdentical copy a body whose writer has the reader's Parsing Canonical Form, undecoded
+   */
+  public SingleObjectCodec(Schema reader, Function<String, Schema> writers, boolean copyIdentical) {
+    this.copyIdentical = copyIdentical;
     this.reader = reader;
     this.writers = writers;
     this.writer = new GenericDatumWriter<>(reader);
+    this.readerForm = SchemaNormalization.toParsingForm(reader);
   }
 
   /** The fingerprint of a single-object record as 16 lowercase hex characters, or null without a marker. */
@@ -86,6 +107,10 @@ public final class SingleObjectCodec {
       }
       datumReader = new GenericDatumReader<>(writerSchema, reader);
       readers.put(fp, datumReader);
+      identity.put(fp, SchemaNormalization.toParsingForm(writerSchema).equals(readerForm));
+    }
+    if (copyIdentical && identity.get(fp)) {
+      return java.util.Arrays.copyOfRange(data, HEADER_BYTES, data.length);
     }
     try {
       decoder = DecoderFactory.get().binaryDecoder(data, HEADER_BYTES, data.length - HEADER_BYTES, decoder);

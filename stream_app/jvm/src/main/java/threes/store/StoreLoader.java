@@ -62,6 +62,7 @@ final class StoreLoader implements Runnable {
   private volatile KafkaConsumer<byte[], byte[]> consumer;
   private SingleObjectCodec keys;
   private SingleObjectCodec values;
+  private boolean heapToRebuild;
 
   StoreLoader(SnapshotStore store) {
     this.store = store;
@@ -97,8 +98,8 @@ final class StoreLoader implements Runnable {
       if (store.closing) {
         return;
       }
-      keys = spec.keySchema() == null ? null : new SingleObjectCodec(parse(spec.keySchema()), schemas::get);
-      values = new SingleObjectCodec(parse(spec.valueSchema()), schemas::get);
+      keys = spec.keySchema() == null ? null : new SingleObjectCodec(parse(spec.keySchema()), schemas::get, true);
+      values = new SingleObjectCodec(parse(spec.valueSchema()), schemas::get, true);
       List<TopicPartition> partitions = partitions(c, timeout);
       Map<String, String> topicIds = topicIds(admin, spec.topicList(), timeout);
       state = open(topicIds);
@@ -133,23 +134,39 @@ final class StoreLoader implements Runnable {
     }
     store.streamTimeMs = state.streamTime();
     if (!state.offsets().isEmpty()) {
-      SnapshotTable heap = store.heap;
-      if (heap != null) { // the in-heap table again, from RocksDB, until it no longer fits
-        state.forEachLatest((k, v) -> {
-          try {
-            heap.apply(k, v);
-            return true;
-          } catch (SnapshotTable.SnapshotTooLargeException tooLarge) {
-            dropHeap(tooLarge);
-            return false;
-          }
-        });
-      }
-      store.restoredKeys = store.heap != null ? store.heap.size() : state.estimatedKeys();
-      SnapshotStore.log(String.format("snapshot %s: %d keys restored from %s (%s), reading the topics from %s",
-          spec.name(), store.restoredKeys, folder, store.engine(), state.offsets()));
+      // ready from RocksDB at once; the in-heap table is built again once the store is ready
+      heapToRebuild = store.heap != null;
+      store.heap = null;
+      store.restoredKeys = state.estimatedKeys();
+      SnapshotStore.log(String.format("snapshot %s: about %d keys restored from %s, reading the topics from %s",
+          spec.name(), store.restoredKeys, folder, state.offsets()));
     }
     return state;
+  }
+
+  /**
+   * The in-heap table of a restored store, from RocksDB, until it no longer fits; lookups read RocksDB
+   * meanwhile. Runs on this thread between two polls, so the table is exactly the store's state.
+   */
+  private void rebuildHeap(RocksState state) {
+    long began = System.nanoTime();
+    SnapshotTable heap = new SnapshotTable(spec.name(), spec.maxBytes());
+    boolean[] fits = {true};
+    state.forEachLatest((k, v) -> {
+      try {
+        heap.apply(k, v);
+        return true;
+      } catch (SnapshotTable.SnapshotTooLargeException tooLarge) {
+        fits[0] = false;
+        dropHeap(tooLarge);
+        return false;
+      }
+    });
+    if (fits[0]) {
+      store.heap = heap;
+      SnapshotStore.log(String.format("snapshot %s: %d keys in the in-heap table again in %d ms", spec.name(),
+          heap.size(), (System.nanoTime() - began) / 1_000_000));
+    }
   }
 
   private List<TopicPartition> partitions(KafkaConsumer<byte[], byte[]> c, Duration timeout) {
@@ -203,6 +220,10 @@ final class StoreLoader implements Runnable {
           SnapshotStore.log(String.format("snapshot %s ready: %d keys (%s), %d records in %d ms", spec.name(),
               store.keys(), store.engine(), store.applied.get(), store.readyMs));
           store.ready.countDown();
+          if (heapToRebuild) {
+            heapToRebuild = false;
+            rebuildHeap(state);
+          }
         }
         ConsumerRecords<byte[], byte[]> batch = c.poll(Duration.ofMillis(store.ready.getCount() > 0 ? 100 : 20));
         if (!batch.isEmpty()) {
