@@ -12,6 +12,7 @@ Numeric(p, s)                  ``bytes`` + ``decimal(p, s)`` (exact)            
 Numeric (unbounded)            ``string``: the exact decimal text (see below)    str
 Boolean                        ``boolean``                                       bool
 String, Text, Enum             ``string``                                        str
+MySQL SET                      ``string``: members in definition order, ``a,c``  str
 Uuid                           ``string`` + ``uuid``                             str
 Date                           ``int`` + ``date``                                date
 Time                           ``long`` + ``time-micros``                        time
@@ -95,6 +96,23 @@ def decimal_text(value: Any) -> str:
     return format(value, "f")
 
 
+def _set_members(t: sqltypes.TypeEngine) -> tuple[str, ...] | None:
+    """The members of a MySQL ``SET`` column type, in definition order (``None`` for any other type)."""
+    from sqlalchemy.dialects import mysql
+
+    return tuple(t.values) if isinstance(t, mysql.SET) else None
+
+
+def set_text(value: Any, members: tuple[str, ...]) -> str:
+    """A MySQL ``SET`` value as MySQL writes it: its members in definition order, comma-separated (``"x,z"``).
+
+    The driver (through SQLAlchemy) and the binlog hand a Python ``set``; text is kept as it is.
+    """
+    if isinstance(value, str):
+        return value
+    return ",".join(m for m in members if m in value)
+
+
 def _to_bytes(value: Any) -> bytes:
     return bytes(value)
 
@@ -162,6 +180,9 @@ def avro_type_for_sql(
         return "string", _json_text
     if isinstance(t, sqltypes.Uuid):
         return {"type": "string", "logicalType": "uuid"}, str
+    members = _set_members(t)
+    if members is not None:
+        return "string", lambda v: set_text(v, members)
     if isinstance(t, (sqltypes.String, sqltypes.Enum)):
         return "string", None
     if isinstance(t, sqltypes._Binary):
