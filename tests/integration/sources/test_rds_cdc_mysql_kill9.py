@@ -3,7 +3,7 @@
 The source runs with ``exactly_once: true`` (records and position in one Kafka transaction): a
 ``read_committed`` reader of the topic sees every change exactly once, the latest value per key equals the
 table and every deleted row ends in a tombstone. Kept short for the suite (3 kills over 3,000 operations);
-``THREES_CDC_KILLS`` and ``THREES_CDC_OPS`` raise it (``make drills``: 5 kills over 20,000 operations).
+``THREES_BINLOG_KILLS`` and ``THREES_BINLOG_OPS`` raise it (``make drills``: 5 kills over 20,000 operations).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from tests.conftest import ROOT
 from tests.integration.sources.rds import write_source_run_config
 from tests.integration.sources.test_rds_cdc import changes
 
-KILLS = int(os.environ.get("THREES_CDC_KILLS", "3"))
-OPERATIONS = int(os.environ.get("THREES_CDC_OPS", "3000"))
+KILLS = int(os.environ.get("THREES_BINLOG_KILLS", "3"))
+OPERATIONS = int(os.environ.get("THREES_BINLOG_OPS", "3000"))
 
 
 @pytest.fixture
