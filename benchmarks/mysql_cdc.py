@@ -51,12 +51,24 @@ from threes.local.endpoints import Endpoints
 
 
 def pipeline(kafka: Any, conn: RdsConnection, name: str, table: str, topic: str) -> Any:
-    source = {"name": name, "type": "rds_source", "connection": "db", "topic": topic, "table": table, "mode": "cdc",
-              "topic_spec": {"partitions": 1}, "batch_records": 1000}
+    source = {
+        "name": name,
+        "type": "rds_source",
+        "connection": "db",
+        "topic": topic,
+        "table": table,
+        "mode": "cdc",
+        "topic_spec": {"partitions": 1},
+        "batch_records": 1000,
+    }
     secret = conn.password.get_secret_value() if conn.password else None
-    return pipeline_from_dict({"kafka": {"bootstrap_servers": kafka.bootstrap_servers},
-                               "connections": {"db": {"type": "rds", "url": conn.url, "password": secret}},
-                               "sources": [source]})
+    return pipeline_from_dict(
+        {
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+            "connections": {"db": {"type": "rds", "url": conn.url, "password": secret}},
+            "sources": [source],
+        }
+    )
 
 
 def run_until_caught_up(p: Any) -> None:
@@ -96,11 +108,12 @@ def backlog(engine: Any, table: str, n: int, rows: int) -> int:
     with engine.connect() as c:
         for i in range(n):
             c.execute(text(f"INSERT INTO {table} (id, v, payload) VALUES (:id, 0, 'bulk')"), {"id": rows + 1 + i})
-            changes += 1 + c.execute(text(f"UPDATE {table} SET v = v + 1 WHERE id = :id"),
-                                     {"id": rng.randint(1, rows)}).rowcount
+            changes += (
+                1
+                + c.execute(text(f"UPDATE {table} SET v = v + 1 WHERE id = :id"), {"id": rng.randint(1, rows)}).rowcount
+            )
             if i % 2:
-                changes += c.execute(text(f"DELETE FROM {table} WHERE id = :id"),
-                                     {"id": rng.randint(1, rows)}).rowcount
+                changes += c.execute(text(f"DELETE FROM {table} WHERE id = :id"), {"id": rng.randint(1, rows)}).rowcount
             c.commit()
     return changes
 
@@ -113,10 +126,18 @@ def raw_read(conn: RdsConnection, table: str, start: tuple[str, int], end: tuple
 
     _args, settings = MySQLDialect_pymysql().create_connect_args(conn.sqlalchemy_url())
     database = settings.pop("database")
-    reader = BinLogStreamReader(connection_settings=settings, server_id=0x7D000001, log_file=start[0],
-                                log_pos=start[1], resume_stream=True, blocking=False, only_schemas=[database],
-                                only_tables=[table], only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
-                                enable_logging=False)
+    reader = BinLogStreamReader(
+        connection_settings=settings,
+        server_id=0x7D000001,
+        log_file=start[0],
+        log_pos=start[1],
+        resume_stream=True,
+        blocking=False,
+        only_schemas=[database],
+        only_tables=[table],
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+        enable_logging=False,
+    )
     count, first, last = 0, None, None
     stop = version_of(*end)
     try:
@@ -175,18 +196,22 @@ def main() -> None:
     out.add_row("raw BinLogStreamReader", str(committed), str(raw_rows), f"{raw_s:.2f}", f"{raw_rate:,.0f}")
     out.add_row("rds_source mode: cdc", str(committed), str(records), f"{threes_s:.2f}", f"{threes_rate:,.0f}")
     Console(width=140).print(out)
-    print(json.dumps({
-        "benchmark": "mysql_cdc",
-        "backlog_transactions": args.transactions,
-        "backlog_changes": committed,
-        "raw_changes": raw_rows,
-        "threes_records": records,
-        "raw_changes_per_s": round(raw_rate),
-        "threes_changes_per_s": round(threes_rate),
-        "ratio_mysql_cdc_vs_raw": round(threes_rate / raw_rate, 3),
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in load_after],
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "mysql_cdc",
+                "backlog_transactions": args.transactions,
+                "backlog_changes": committed,
+                "raw_changes": raw_rows,
+                "threes_records": records,
+                "raw_changes_per_s": round(raw_rate),
+                "threes_changes_per_s": round(threes_rate),
+                "ratio_mysql_cdc_vs_raw": round(threes_rate / raw_rate, 3),
+                "load_average_before": [round(x, 2) for x in load_before],
+                "load_average_after": [round(x, 2) for x in load_after],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

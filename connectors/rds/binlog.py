@@ -148,8 +148,15 @@ class MysqlChangeStream(BinlogRows):
             after = snap.get("after")
             self.snapshot_after = [from_json_value(v) for v in after] if after is not None else None
             log.info("source=%s resuming the interrupted snapshot after key %s", self.name, self.snapshot_after)
-        log.info("source=%s streaming %s.%s from %s:%d (server_id %d)",
-                 self.name, self.database, self.table, self.log_file, self.log_pos, self.server_id)
+        log.info(
+            "source=%s streaming %s.%s from %s:%d (server_id %d)",
+            self.name,
+            self.database,
+            self.table,
+            self.log_file,
+            self.log_pos,
+            self.server_id,
+        )
 
     def _purged(self, what: str) -> None:
         """The stored position is gone: a new snapshot (``binlog_purged: snapshot``) or a one-line refusal."""
@@ -160,8 +167,12 @@ class MysqlChangeStream(BinlogRows):
                 f"`threes offsets reset --connector {self.name}`; keep binlog_expire_logs_seconds above the "
                 "longest stop of the source"
             )
-        log.warning("source=%s %s: the changes since the stored position are gone; taking a new snapshot and "
-                    "reconciling deletes (binlog_purged: snapshot)", self.name, what)
+        log.warning(
+            "source=%s %s: the changes since the stored position are gone; taking a new snapshot and "
+            "reconciling deletes (binlog_purged: snapshot)",
+            self.name,
+            what,
+        )
         self._close_reader()
         self.log_file, self.log_pos, self.snapshot_after = None, 0, None
         self.snapshotting = self.resnapshot = True
@@ -214,8 +225,17 @@ class MysqlChangeStream(BinlogRows):
             conn.rollback()
         self.snapshotting = False
         src.cursor = None
-        log.info("source=%s snapshot of %s.%s copied: rows=%d at %s:%d; streaming from %s:%d", self.name,
-                 self.database, self.table, rows_total, snap_file, snap_pos, self.log_file, self.log_pos)
+        log.info(
+            "source=%s snapshot of %s.%s copied: rows=%d at %s:%d; streaming from %s:%d",
+            self.name,
+            self.database,
+            self.table,
+            rows_total,
+            snap_file,
+            snap_pos,
+            self.log_file,
+            self.log_pos,
+        )
         yield SourceBatch([], self._position())
 
     # -- stream ---------------------------------------------------------------------------------------
@@ -276,8 +296,17 @@ class MysqlChangeStream(BinlogRows):
             slave_heartbeat=_HEARTBEAT_S,
             only_schemas=[self.database],
             only_tables=[self.table],
-            only_events=[GtidEvent, MariadbGtidEvent, QueryEvent, XidEvent, RotateEvent, HeartbeatLogEvent,
-                         WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+            only_events=[
+                GtidEvent,
+                MariadbGtidEvent,
+                QueryEvent,
+                XidEvent,
+                RotateEvent,
+                HeartbeatLogEvent,
+                WriteRowsEvent,
+                UpdateRowsEvent,
+                DeleteRowsEvent,
+            ],
             enable_logging=False,
         )
         log.info("source=%s reading the binlog from %s:%d", self.name, self.log_file, self.log_pos)

@@ -82,8 +82,13 @@ class BinlogRows:
                     f"{'dropped ' + str(dropped) if dropped else ''}); the task restarts to publish the new schema "
                     "(checked for compatibility as at any start) and resumes from the last stored position"
                 )
-            log.info("source=%s row events of %s.%s with columns %s: mapped by name (missing as null)",
-                     self.name, self.database, self.table, list(names))
+            log.info(
+                "source=%s row events of %s.%s with columns %s: mapped by name (missing as null)",
+                self.name,
+                self.database,
+                self.table,
+                list(names),
+            )
         mapping = [(c if c in names else None, adapter_for(by_name[c].type)) for c in wanted]
         self._shapes[names] = mapping
         return mapping

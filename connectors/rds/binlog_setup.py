@@ -129,8 +129,9 @@ def truncates(query: str, schema: str | None, database: str, table: str) -> bool
         database: the table's database.
         table: the table's name.
     """
-    m = re.match(r"\s*TRUNCATE\s+(?:TABLE\s+)?((?:`[^`]+`|\w+)(?:\s*\.\s*(?:`[^`]+`|\w+))?)\s*;?\s*$", query,
-                 re.IGNORECASE)
+    m = re.match(
+        r"\s*TRUNCATE\s+(?:TABLE\s+)?((?:`[^`]+`|\w+)(?:\s*\.\s*(?:`[^`]+`|\w+))?)\s*;?\s*$", query, re.IGNORECASE
+    )
     if m is None:
         return False
     parts = [p.strip().strip("`") for p in m.group(1).split(".")]

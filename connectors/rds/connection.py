@@ -138,8 +138,10 @@ class RdsConnection(ConnectionConfig):
             engine.dispose()
         ver = ".".join(str(v) for v in version) if version else "?"
         if problems:
-            return [CheckResult("rds", name, False, p, "set it on the server (or its RDS parameter group)")
-                    for p in problems]
+            return [
+                CheckResult("rds", name, False, p, "set it on the server (or its RDS parameter group)")
+                for p in problems
+            ]
         what = "; binlog ready for mode cdc" if cdc and engine.dialect.name in ("mysql", "mariadb") else ""
         return [CheckResult("rds", name, True, f"{engine.dialect.name} {ver}{what}")]
 

@@ -42,8 +42,16 @@ def names(mysql_engine: Any, unique: str) -> Iterator[dict[str, str]]:
 
 
 def _pipeline(kafka: Any, mysql: RdsConnection, names: dict[str, str], **extra: Any) -> Any:
-    return source_pipeline(kafka, mysql, name=names["name"], topic=names["topic"], table=names["table"],
-                           mode="cdc", topic_spec={"partitions": 1}, **extra)
+    return source_pipeline(
+        kafka,
+        mysql,
+        name=names["name"],
+        topic=names["topic"],
+        table=names["table"],
+        mode="cdc",
+        topic_spec={"partitions": 1},
+        **extra,
+    )
 
 
 def _ok(pipeline: Any) -> Any:
@@ -130,7 +138,7 @@ def test_changes_arrive_in_commit_order_with_tombstones_key_changes_and_large_tr
         c.execute(text(f"UPDATE {t} SET id = 10 WHERE id = 1"))  # the key changed
         c.execute(text(f"INSERT INTO {t} VALUES " + ",".join(f"({i}, 'bulk', {i})" for i in range(100, 220))))
     _ok(pipeline)
-    got = changes(kafka_conf, names["topic"])[len(snap):]
+    got = changes(kafka_conf, names["topic"])[len(snap) :]
     shape = [(i, None if v is None else v["v"]) for _p, i, v, _ver in got]
     assert shape[:7] == [(5, "A"), (2, "B"), (3, None), (1, "L1"), (4, None), (1, None), (10, "L1")]
     assert got[1][2]["n"] is None
@@ -157,11 +165,18 @@ TYPES_ROW = (
 
 def _expected(i: int) -> dict[str, Any]:
     return {
-        "id": D(i), "amount": D("12345678901234567890.0123456789"),
+        "id": D(i),
+        "amount": D("12345678901234567890.0123456789"),
         "at": dt.datetime(2024, 2, 29, 23, 59, 59, 123456),
         "instant": dt.datetime(2024, 2, 29, 23, 59, 59, 654321, tzinfo=dt.UTC),
-        "doc": '{"a": [1, 2.5, "é"]}', "state": "paid", "tags": "x,z", "data": b"\x00\xff\x10",
-        "note": "héllo ✓", "ratio": 1.5, "alarm": dt.time(12, 34, 56, 1), "born": dt.date(2024, 1, 1),
+        "doc": '{"a": [1, 2.5, "é"]}',
+        "state": "paid",
+        "tags": "x,z",
+        "data": b"\x00\xff\x10",
+        "note": "héllo ✓",
+        "ratio": 1.5,
+        "alarm": dt.time(12, 34, 56, 1),
+        "born": dt.date(2024, 1, 1),
     }
 
 
@@ -219,15 +234,19 @@ def test_a_column_added_mid_stream_is_a_new_schema_and_truncate_tombstones_every
     # the restarted task (a new run here) reflects the table again: the new schema, nothing lost or twice
     _ok(pipeline)
     got = [(i, v) for _p, i, v, _ver in changes(kafka_conf, names["topic"])]
-    assert got == [(1, {"id": 1, "v": "a"}), (2, {"id": 2, "v": "b"}),
-                   (3, {"id": 3, "v": "c", "extra": None}), (4, {"id": 4, "v": "d", "extra": 40})]
+    assert got == [
+        (1, {"id": 1, "v": "a"}),
+        (2, {"id": 2, "v": "b"}),
+        (3, {"id": 3, "v": "c", "extra": None}),
+        (4, {"id": 4, "v": "d", "extra": 40}),
+    ]
 
     with mysql_engine.begin() as c:
         c.execute(text(f"TRUNCATE TABLE {t}"))
     with mysql_engine.begin() as c:
         c.execute(text(f"INSERT INTO {t} VALUES (9, 'after', NULL)"))
-    s = _ok(pipeline)
-    after = changes(kafka_conf, names["topic"])[len(got):]
+    _ok(pipeline)
+    after = changes(kafka_conf, names["topic"])[len(got) :]
     latest = _latest(after)
     assert latest[9] == {"id": 9, "v": "after", "extra": None}
     assert {k for k, v in latest.items() if v is None} == {1, 2, 3, 4}  # a tombstone for every key gone
@@ -329,4 +348,3 @@ def test_a_user_without_replication_privileges_is_refused_in_one_line(
     finally:
         with mysql_engine.begin() as c:
             c.execute(text(f"DROP USER IF EXISTS '{user}'@'%'"))
-

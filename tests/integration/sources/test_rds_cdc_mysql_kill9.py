@@ -58,12 +58,15 @@ class Load:
         while self.done < self.operations and not self.stop.is_set():
             with self.engine.begin() as c:
                 new = list(range(self.next_id, self.next_id + 5))
-                c.execute(text(f"INSERT INTO {t} (id, v, payload) VALUES (:id, 0, MD5(RAND()))"),
-                          [{"id": i} for i in new])
+                c.execute(
+                    text(f"INSERT INTO {t} (id, v, payload) VALUES (:id, 0, MD5(RAND()))"), [{"id": i} for i in new]
+                )
                 self.next_id += 5
                 touched = rng.sample(self.live, 3)
-                c.execute(text(f"UPDATE {t} SET v = v + 1 WHERE id IN :ids").bindparams(
-                    bindparam("ids", expanding=True)), {"ids": touched})
+                c.execute(
+                    text(f"UPDATE {t} SET v = v + 1 WHERE id IN :ids").bindparams(bindparam("ids", expanding=True)),
+                    {"ids": touched},
+                )
                 ops = 5 + 3
                 gone = None
                 if rng.random() < 0.5:
@@ -87,7 +90,12 @@ def test_kill9_during_a_change_load_loses_and_duplicates_nothing(
         c.execute(text(f"CREATE TABLE {table} (id bigint PRIMARY KEY, v int NOT NULL, payload varchar(40))"))
         c.execute(text(f"INSERT INTO {table} VALUES " + ",".join(f"({i}, 0, MD5({i}))" for i in range(1, 501))))
     cfg, env = write_source_run_config(
-        tmp_path, kafka, mysql, name, topic, table,
+        tmp_path,
+        kafka,
+        mysql,
+        name,
+        topic,
+        table,
         "    mode: cdc\n    exactly_once: true\n    batch_records: 500\n    topic_spec:\n      partitions: 1\n",
     )
     cmd = [sys.executable, "-m", "threes.cli", "source", "run", str(cfg)]
@@ -140,5 +148,7 @@ def test_kill9_during_a_change_load_loses_and_duplicates_nothing(
     assert not duplicates, list(duplicates.items())[:10]
     versions = [version for *_rest, version in committed]
     assert versions == sorted(versions)  # commit order (one partition)
-    print(f"binlog cdc kill9: kills={KILLS} operations={load.done} transactions={load.transactions} "
-          f"records={len(committed)}")
+    print(
+        f"binlog cdc kill9: kills={KILLS} operations={load.done} transactions={load.transactions} "
+        f"records={len(committed)}"
+    )

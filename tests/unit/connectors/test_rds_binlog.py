@@ -102,14 +102,32 @@ def test_binlog_values_become_what_a_select_returns() -> None:
 
 
 def test_the_binlog_settings_belong_to_mode_cdc() -> None:
-    cfg = RdsSourceConfig(name="o", type="rds_source", connection="db", topic="t", table="orders", mode="cdc",
-                          binlog_purged="snapshot", binlog_server_id=4242)
+    cfg = RdsSourceConfig(
+        name="o",
+        type="rds_source",
+        connection="db",
+        topic="t",
+        table="orders",
+        mode="cdc",
+        binlog_purged="snapshot",
+        binlog_server_id=4242,
+    )
     assert cfg.binlog_purged == "snapshot" and cfg.binlog_server_id == 4242
-    assert RdsSourceConfig(name="o", type="rds_source", connection="db", topic="t", table="o",
-                           mode="cdc").binlog_purged == "stop"
+    assert (
+        RdsSourceConfig(name="o", type="rds_source", connection="db", topic="t", table="o", mode="cdc").binlog_purged
+        == "stop"
+    )
     with pytest.raises(ValidationError, match="apply to mode 'cdc' only"):
-        RdsSourceConfig(name="o", type="rds_source", connection="db", topic="t", table="orders", mode="bulk",
-                        binlog_purged="snapshot")
+        RdsSourceConfig(
+            name="o",
+            type="rds_source",
+            connection="db",
+            topic="t",
+            table="orders",
+            mode="bulk",
+            binlog_purged="snapshot",
+        )
     with pytest.raises(ValidationError):
-        RdsSourceConfig(name="o", type="rds_source", connection="db", topic="t", table="orders", mode="cdc",
-                        binlog_purged="ignore")
+        RdsSourceConfig(
+            name="o", type="rds_source", connection="db", topic="t", table="orders", mode="cdc", binlog_purged="ignore"
+        )
