@@ -44,7 +44,14 @@ from typing import TYPE_CHECKING, Any
 
 from connectors.api.source import SourceBatch
 from connectors.rds.binlog_rows import BinlogRows
-from connectors.rds.binlog_setup import default_server_id, read_server, server_problems, truncates, version_of
+from connectors.rds.binlog_setup import (
+    begin_snapshot,
+    default_server_id,
+    read_server,
+    server_problems,
+    truncates,
+    version_of,
+)
 from connectors.rds.cdc_setup import first_line
 from connectors.rds.types import from_json_value, to_json_value
 from kernel.exceptions import ConfigError, FatalError, RetriableError, SetupError
@@ -186,28 +193,12 @@ class MysqlChangeStream(BinlogRows):
             snap = {"after": after}
         return {"mode": "cdc", "file": self.log_file, "pos": self.log_pos, "gtid": self.gtid, "snapshot": snap}
 
-    def _begin_snapshot(self, conn: Any) -> tuple[str, int]:
-        """Start a consistent-snapshot transaction on ``conn``; the binlog position it saw."""
-        conn.exec_driver_sql("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-        status = dict(conn.exec_driver_sql("SHOW STATUS LIKE 'binlog_snapshot_%%'").all())
-        if status.get("Binlog_snapshot_file"):  # MariaDB: the position of this very snapshot
-            return str(status["Binlog_snapshot_file"]), int(status["Binlog_snapshot_position"])
-        conn.rollback()  # MySQL: no commit between the lock and the snapshot
-        conn.exec_driver_sql("FLUSH TABLES WITH READ LOCK")
-        try:
-            conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            row = conn.exec_driver_sql("SHOW MASTER STATUS").first()
-        finally:
-            conn.exec_driver_sql("UNLOCK TABLES")
-        return str(row[0]), int(row[1])
-
     def _copy(self) -> Iterator[SourceBatch]:
         """The table, keyset-ordered after the stored key, in one consistent-snapshot transaction."""
         src = self.source
         rows_total = 0
         with src.engine.connect() as conn:
-            snap_file, snap_pos = self._begin_snapshot(conn)
+            snap_file, snap_pos = begin_snapshot(conn)
             if self.log_file is None:  # the first snapshot: the stream starts where it stands
                 self.log_file, self.log_pos = snap_file, snap_pos
             headers = [(VERSION_HEADER, encode_version(version_of(snap_file, snap_pos)))]

@@ -137,3 +137,31 @@ def truncates(query: str, schema: str | None, database: str, table: str) -> bool
     parts = [p.strip().strip("`") for p in m.group(1).split(".")]
     db, name = (parts[0], parts[1]) if len(parts) == 2 else (schema, parts[0])
     return name == table and db == database
+
+
+def begin_snapshot(conn: Any) -> tuple[str, int]:
+    """Start a consistent-snapshot transaction on ``conn``; the binlog position it saw.
+
+    MariaDB reports the position of the transaction's own snapshot (``Binlog_snapshot_file``/``_position``);
+    MySQL has no such status: a brief ``FLUSH TABLES WITH READ LOCK`` holds commits while the snapshot starts
+    and ``SHOW MASTER STATUS`` is read (Debezium's method; needs the ``RELOAD`` privilege).
+
+    Args:
+        conn: a SQLAlchemy connection to the server, outside a transaction.
+
+    Returns:
+        ``(binlog file, offset)``: the first change the snapshot does not see is at or after it.
+    """
+    conn.exec_driver_sql("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+    status = dict(conn.exec_driver_sql("SHOW STATUS LIKE 'binlog_snapshot_%%'").all())
+    if status.get("Binlog_snapshot_file"):  # MariaDB: the position of this very snapshot
+        return str(status["Binlog_snapshot_file"]), int(status["Binlog_snapshot_position"])
+    conn.rollback()  # MySQL: no commit between the lock and the snapshot
+    conn.exec_driver_sql("FLUSH TABLES WITH READ LOCK")
+    try:
+        conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        row = conn.exec_driver_sql("SHOW MASTER STATUS").first()
+    finally:
+        conn.exec_driver_sql("UNLOCK TABLES")
+    return str(row[0]), int(row[1])
