@@ -15,11 +15,11 @@ while replaying: a column since dropped is ignored, a column added since is null
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from connectors.rds.types import time_of_day
 from kernel.exceptions import FatalError
 
 if TYPE_CHECKING:
@@ -35,19 +35,12 @@ class SchemaChanged(FatalError):
     """The table's columns changed (DDL): the task restarts to publish the new schema."""
 
 
-def _time_of(value: Any) -> Any:
-    """``TIME`` as ``datetime.time`` (what the snapshot's ``SELECT`` returns); outside 00:00-24:00 as it is."""
-    if isinstance(value, dt.timedelta) and dt.timedelta(0) <= value < dt.timedelta(days=1):
-        return (dt.datetime.min + value).time()
-    return value
-
-
 def adapter_for(sql_type: Any) -> Adapter | None:
     """How a binlog value of a column of ``sql_type`` becomes the value a ``SELECT`` returns (``None``: as is)."""
     from sqlalchemy import types as sqltypes
 
     if isinstance(sql_type, sqltypes.Time):
-        return _time_of
+        return time_of_day
     return None
 
 

@@ -93,10 +93,17 @@ def test_binlog_values_become_what_a_select_returns() -> None:
     from sqlalchemy import Integer
     from sqlalchemy.dialects import mysql
 
+    from connectors.rds.types import exact_mysql_time
+
     alarm = adapter_for(mysql.TIME(fsp=6))
     assert alarm is not None and alarm(dt.timedelta(hours=12, microseconds=1)) == dt.time(12, 0, 0, 1)
     assert alarm(dt.timedelta(hours=30)) == dt.timedelta(hours=30)  # no time of day: the encoder refuses it
     assert adapter_for(Integer()) is None
+    # the snapshot's SELECT: SQLAlchemy's TIME would drop the day of '30:00:00' (06:00); never silently
+    read = exact_mysql_time(mysql.TIME(fsp=6)).result_processor(mysql.dialect(), None)
+    assert read is not None
+    assert read(dt.timedelta(hours=30)) == dt.timedelta(hours=30) and read(dt.timedelta(hours=6)) == dt.time(6)
+    assert exact_mysql_time(Integer()).__class__ is Integer
     avro, to_text = avro_type_for_sql(mysql.SET("x", "y", "z"))
     assert avro == "string" and to_text is not None and to_text({"z", "x"}) == "x,z" and to_text("y") == "y"
 
@@ -131,3 +138,15 @@ def test_the_binlog_settings_belong_to_mode_cdc() -> None:
         RdsSourceConfig(
             name="o", type="rds_source", connection="db", topic="t", table="orders", mode="cdc", binlog_purged="ignore"
         )
+
+
+def test_the_example_validates() -> None:
+    from pathlib import Path
+
+    from threes.config import load_pipeline
+
+    example = Path(__file__).parents[3] / "examples" / "mysql_cdc.yaml"
+    (source,) = load_pipeline(example, environ={}).sources
+    assert isinstance(source, RdsSourceConfig)
+    assert source.mode == "cdc" and source.exactly_once and source.binlog_purged == "stop"
+    assert source.reconcile_interval_s is None  # deletes arrive as tombstones
