@@ -334,7 +334,7 @@ class MysqlChangeStream(BinlogRows):
                     idle_since = time.monotonic()
                     self._apply(event, records)
                     if len(records) >= size:  # a large transaction: parts before its end; the position waits
-                        yield SourceBatch(records, None, headers=headers, source_ts_ms=ts_ms)
+                        yield SourceBatch(records, None, headers=headers, source_ts_ms=ts_ms, continues=True)
                         records, parted = [], True
                 continue
             if query is not None and query.upper().startswith(_IN_TRANSACTION):
