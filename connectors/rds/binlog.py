@@ -24,7 +24,7 @@ so the topic converges (older changes carry older versions).
 **Stream.** Each committed transaction (an ``Xid`` or ``COMMIT``) is one batch (several of ``batch_records`` for
 a large one, the position moving only at its end): inserts and updates are the new row, deletes a tombstone at
 once, an update that changed the key a tombstone of the old key first. Every record carries the ``version``
-header = ``file number << 32 | offset`` of its transaction's first event (monotonic in commit order) and
+header = ``file number << 32 | offset`` just past its transaction's first event (monotonic in commit order) and
 ``threes.source_ts`` = the transaction's time. With ``exactly_once`` a transaction is in one Kafka transaction.
 
 **Purged binlog.** A stored file the server no longer lists (``PURGE BINARY LOGS``, ``binlog_expire_logs_seconds``)
