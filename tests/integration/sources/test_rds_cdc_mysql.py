@@ -348,3 +348,31 @@ def test_a_user_without_replication_privileges_is_refused_in_one_line(
     finally:
         with mysql_engine.begin() as c:
             c.execute(text(f"DROP USER IF EXISTS '{user}'@'%'"))
+
+
+def test_an_interrupted_snapshot_resumes_after_its_last_key_and_streams_from_its_start(
+    mysql: Any, mysql_engine: Any, kafka: Any, kafka_conf: Any, names: dict[str, str]
+) -> None:
+    """What a crash during the copy leaves: the first snapshot's binlog position and the last key stored."""
+    t, name = names["table"], names["name"]
+    with mysql_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {t} (id int PRIMARY KEY, v int NOT NULL)"))
+        c.execute(text(f"INSERT INTO {t} VALUES " + ",".join(f"({i}, {i})" for i in range(1, 11))))
+    with mysql_engine.connect() as c:  # where a snapshot of the ten rows would have started the stream
+        log_file, pos = c.exec_driver_sql("SHOW MASTER STATUS").first()[:2]
+    interrupted = {"mode": "cdc", "file": log_file, "pos": int(pos), "gtid": None, "snapshot": {"after": [5]}}
+    _store_position(kafka_conf, name, names["topic"], interrupted)
+    with mysql_engine.begin() as c:  # after the first snapshot's position: the stream replays it
+        c.execute(text(f"UPDATE {t} SET v = 20 WHERE id = 2"))
+        c.execute(text(f"DELETE FROM {t} WHERE id = 7"))
+    _ok(_pipeline(kafka, mysql, names))
+    got = changes(kafka_conf, names["topic"])
+    assert [(i, v and v["v"]) for _p, i, v, _ver in got] == [
+        (6, 6),
+        (8, 8),
+        (9, 9),
+        (10, 10),  # the copy, after key 5, at a fresh snapshot
+        (2, 20),
+        (7, None),  # the binlog from the first snapshot's position
+    ]
+    assert OffsetStore(kafka_conf).load(name)["snapshot"] is None
