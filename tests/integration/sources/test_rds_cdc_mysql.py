@@ -5,7 +5,8 @@ before it applied twice; inserts, updates, deletes (tombstones), key changes and
 batch in commit order with binlog-position versions; every type exact in the snapshot and in the stream; a
 column added mid-stream is published as a new schema; TRUNCATE tombstones every key; a purged position stops
 in one line or takes a new snapshot, as configured; a value Avro cannot carry is a dead letter; a user without
-replication privileges is refused in one line by ``threes check`` and at start.
+replication privileges is refused in one line by ``threes check`` and at start; an interrupted snapshot resumes
+after its last key.
 """
 
 from __future__ import annotations
