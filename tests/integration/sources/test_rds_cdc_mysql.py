@@ -6,7 +6,7 @@ batch in commit order with binlog-position versions; every type exact in the sna
 column added mid-stream is published as a new schema; TRUNCATE tombstones every key; a purged position stops
 in one line or takes a new snapshot, as configured; a value Avro cannot carry is a dead letter; a user without
 replication privileges is refused in one line by ``threes check`` and at start; an interrupted snapshot resumes
-after its last key.
+after its last key; a position the server cannot send (error 1236) is detected while streaming.
 """
 
 from __future__ import annotations
@@ -377,3 +377,27 @@ def test_an_interrupted_snapshot_resumes_after_its_last_key_and_streams_from_its
         (7, None),  # the binlog from the first snapshot's position
     ]
     assert OffsetStore(kafka_conf).load(name)["snapshot"] is None
+
+
+def test_a_position_the_server_cannot_send_is_detected_while_streaming(
+    mysql: Any, mysql_engine: Any, kafka: Any, kafka_conf: Any, names: dict[str, str]
+) -> None:
+    """The file is listed but the server refuses the offset (error 1236, as for a purge seen while reading)."""
+    t, name = names["table"], names["name"]
+    with mysql_engine.begin() as c:
+        c.execute(text(f"CREATE TABLE {t} (id int PRIMARY KEY, v int NOT NULL)"))
+        c.execute(text(f"INSERT INTO {t} VALUES (1, 1), (2, 2)"))
+    _ok(_pipeline(kafka, mysql, names))
+    position = OffsetStore(kafka_conf).load(name)
+    _store_position(kafka_conf, name, names["topic"], {**position, "pos": 4_000_000_000})
+    with mysql_engine.begin() as c:
+        c.execute(text(f"DELETE FROM {t} WHERE id = 1"))
+
+    (s,) = run_once(_pipeline(kafka, mysql, names)).values()
+    assert s.state == "failed" and "\n" not in s.error
+    assert "cannot send" in s.error and "binlog_purged: snapshot" in s.error, s.error
+
+    before = len(changes(kafka_conf, names["topic"]))
+    _ok(_pipeline(kafka, mysql, names, binlog_purged="snapshot"))
+    latest = _latest(changes(kafka_conf, names["topic"])[before:])
+    assert latest == {1: None, 2: {"id": 2, "v": 2}}  # a new snapshot, the key gone tombstoned
