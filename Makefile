@@ -54,8 +54,8 @@ test: lint stack
 
 # The failure drills at the sizes their issues name (make test runs them shorter): 90 s outages of
 # PostgreSQL, Elasticsearch and the Kafka broker, 10 kill -9 of a polling, a CDC and an exactly-once
-# source, 20 kills of a sync service over 50,000 updates, a sink table without privileges or a column
-# for 20 s under 3,000 updates, SIGTERM during every retry loop, kill -9 of threes run, kill -9 of a
+# source, 5 kill -9 of a MySQL/MariaDB binlog CDC source over 20,000 operations, 20 kills of a sync
+# service over 50,000 updates, a sink table without privileges or a column for 20 s under 3,000 updates, SIGTERM during every retry loop, kill -9 of threes run, kill -9 of a
 # partition leader of a three-broker cluster under the sync service, an exactly-once snapshot, a CDC stream and
 # the stream job in micro-batch and real-time mode, and 10 kills of the Iceberg sink's sync service over 50,000 updates.
 drills: stack
@@ -63,8 +63,10 @@ drills: stack
 	THREES_SOAK_UPDATES=50000 THREES_SOAK_KILLS=20 THREES_BLOCKED_TARGET_S=20 THREES_BLAST_RECORDS=3000 \
 	THREES_FAILOVER_UPDATES=60000 THREES_FAILOVER_ROWS=200000 THREES_FAILOVER_LOAD_S=60 \
 	THREES_ICEBERG_SOAK_UPDATES=50000 THREES_ICEBERG_SOAK_KILLS=10 \
+	THREES_BINLOG_KILLS=5 THREES_BINLOG_OPS=20000 \
 	$(BIN)/pytest tests/integration/ops/test_outage.py tests/integration/sources/test_rds_kill9.py \
-	  tests/integration/sources/test_rds_cdc_kill9.py tests/integration/sources/test_exactly_once.py \
+	  tests/integration/sources/test_rds_cdc_kill9.py tests/integration/sources/test_rds_cdc_mysql_kill9.py \
+	  tests/integration/sources/test_exactly_once.py \
 	  tests/integration/sync/test_kill9.py tests/e2e/test_kafka_restart.py tests/integration/sync/test_blast_radius.py \
 	  tests/integration/ops/test_stops.py tests/integration/pipeline/test_run_lock.py \
 	  tests/integration/ops/test_leader_failover.py tests/integration/ops/test_leader_failover_realtime.py \

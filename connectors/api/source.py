@@ -61,6 +61,12 @@ class SourceBatch:
             epoch milliseconds (the newest of them), if the connector knows it;
             the worker stamps every record with it (header ``threes.source_ts``),
             or with the time it read the batch when ``None``.
+        continues: the batch is a part of one transaction of the system whose
+            remaining records follow in the next batches (a change stream's large
+            transaction, split every ``batch_records``). With ``exactly_once`` the
+            worker commits no Kafka transaction after such a batch, so a system
+            transaction is never split over Kafka transactions (a stop in the
+            middle aborts the open one; it is read again).
     """
 
     # a Sequence (read-only, covariant): a connector may hand over its list[tuple[dict, dict]] as is
@@ -70,6 +76,7 @@ class SourceBatch:
     rows_read: int | None = None
     columns: pa.Table | None = None
     source_ts_ms: int | None = None
+    continues: bool = False
 
     def __post_init__(self) -> None:
         if self.rows_read is None:

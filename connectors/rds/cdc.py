@@ -280,6 +280,7 @@ class PgChangeStream(ReplicationSetup, ChangeRows):
         records: list[Any] = []
         begin: pgoutput.Begin | None = None
         headers: list[tuple[str, bytes]] = []  # the version: the transaction's commit LSN
+        parted = False  # parts of the open transaction were yielded (SourceBatch.continues)
         idle_since = time.monotonic()
         while True:
             msg = cur.read_message()
@@ -306,15 +307,16 @@ class PgChangeStream(ReplicationSetup, ChangeRows):
                 self._apply(rel, parsed, records)
                 if len(records) >= size:
                     # a large transaction: parts of it before its end; the position moves only at its commit
-                    yield SourceBatch(records, None, headers=headers, source_ts_ms=begin.commit_ts_ms)
-                    records = []
+                    yield SourceBatch(records, None, headers=headers, source_ts_ms=begin.commit_ts_ms, continues=True)
+                    records, parted = [], True
             elif isinstance(parsed, pgoutput.Commit):
                 self.lsn = parsed.end_lsn
-                if begin is not None and (records or time.monotonic() - self._last_yield > _HEARTBEAT_S):
+                # after parts of it, the commit's position comes even with no record left (it ends the parts)
+                if begin is not None and (records or parted or time.monotonic() - self._last_yield > _HEARTBEAT_S):
                     self._last_yield = time.monotonic()
                     yield SourceBatch(records, self._position(), headers=headers, source_ts_ms=parsed.commit_ts_ms)
                 begin = None
-                records = []
+                records, parted = [], False
             elif isinstance(parsed, pgoutput.Relation):
                 self._relation(parsed)
             elif isinstance(parsed, pgoutput.Truncate):

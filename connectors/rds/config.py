@@ -22,10 +22,11 @@ class RdsSourceConfig(SourceConnectorConfig):
     ``timestamp_column`` moved (ties broken by the key); ``timestamp+incrementing``
     breaks ties by ``incrementing_column``; ``query`` re-reads a custom SELECT
     (``key`` and ``value_schema`` required). Deletes become tombstones through a
-    key-set reconciliation every ``reconcile_interval_s``. ``cdc`` (PostgreSQL)
-    streams every insert, update and delete from a logical replication slot
-    (``pgoutput``) after a snapshot consistent with the slot's start; see
-    :mod:`connectors.rds.cdc`. In ``cdc`` mode ``poll_interval_s`` defaults to
+    key-set reconciliation every ``reconcile_interval_s``. ``cdc`` streams every
+    insert, update and delete after a consistent snapshot: on PostgreSQL from a
+    logical replication slot (``pgoutput``, :mod:`connectors.rds.cdc`), on
+    MySQL/MariaDB from the row-based binary log (:mod:`connectors.rds.binlog`).
+    In ``cdc`` mode ``poll_interval_s`` defaults to
     0.2 s and ``reconcile_interval_s`` to null (deletes arrive as tombstones).
 
     Without ``mode`` the columns decide: ``timestamp_column`` and/or
@@ -68,6 +69,19 @@ class RdsSourceConfig(SourceConnectorConfig):
         min_length=1,
         max_length=63,
         description="mode cdc: the publication of the table (created if absent); default threes_<name>",
+    )
+    binlog_purged: Literal["stop", "snapshot"] = Field(
+        "stop",
+        description="mode cdc on MySQL/MariaDB: when the stored binlog position was purged from the server "
+        "(the changes since are lost): stop with an error saying so, or take a new snapshot and tombstone the "
+        "keys gone (intermediate changes are not recovered); never a silent gap",
+    )
+    binlog_server_id: int | None = Field(
+        None,
+        ge=1,
+        le=4294967295,
+        description="mode cdc on MySQL/MariaDB: the server id the binlog reader registers with, unique among the "
+        "server's replicas; default 0x7E000000 plus a hash of the connector's name",
     )
     incrementing_column: str | None = None
     timestamp_column: str | None = None
@@ -135,6 +149,8 @@ class RdsSourceConfig(SourceConnectorConfig):
                 self.reconcile_interval_s = None
         elif self.slot_name or self.publication_name:
             raise ValueError("`slot_name` / `publication_name` apply to mode 'cdc' only")
+        elif self.binlog_server_id is not None or "binlog_purged" in self.model_fields_set:
+            raise ValueError("`binlog_server_id` / `binlog_purged` apply to mode 'cdc' only")
         if "incrementing" in self.mode and not self.incrementing_column:
             raise ValueError(f"mode '{self.mode}' needs `incrementing_column`")
         if "timestamp" in self.mode and not self.timestamp_column:

@@ -107,7 +107,11 @@ class RdsConnection(ConnectionConfig):
         return (name,) if name else ()
 
     def check(self, name: str, users: Sequence[ConnectorConfig]) -> list[CheckResult]:
-        """``SELECT 1`` and the server version (``threes check``)."""
+        """``SELECT 1`` and the server version (``threes check``).
+
+        For ``mode: cdc`` sources on MySQL/MariaDB also the binary log's settings and the replication
+        privileges: one failed result per problem, each saying what to set.
+        """
         from sqlalchemy import text
         from sqlalchemy.exc import SQLAlchemyError
 
@@ -116,10 +120,14 @@ class RdsConnection(ConnectionConfig):
             engine = sql_engine(self, **options)
         except SetupError as exc:  # a driver that is not installed
             return [CheckResult("rds", name, False, str(exc), "install the driver, or use another URL")]
+        cdc = [u.name for u in users if getattr(u, "mode", None) == "cdc"]
+        problems: list[str] = []
         try:
             with engine.connect() as c:
                 c.execute(text("SELECT 1")).scalar_one()
                 version = engine.dialect.server_version_info
+                if cdc and engine.dialect.name in ("mysql", "mariadb"):
+                    problems = binlog_problems(c, cdc)
         except SQLAlchemyError as exc:
             reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
             return [CheckResult(
@@ -129,7 +137,30 @@ class RdsConnection(ConnectionConfig):
         finally:
             engine.dispose()
         ver = ".".join(str(v) for v in version) if version else "?"
-        return [CheckResult("rds", name, True, f"{engine.dialect.name} {ver}")]
+        if problems:
+            return [
+                CheckResult("rds", name, False, p, "set it on the server (or its RDS parameter group)")
+                for p in problems
+            ]
+        what = "; binlog ready for mode cdc" if cdc and engine.dialect.name in ("mysql", "mariadb") else ""
+        return [CheckResult("rds", name, True, f"{engine.dialect.name} {ver}{what}")]
+
+
+def binlog_problems(conn: Any, sources: list[str]) -> list[str]:
+    """What keeps a MySQL/MariaDB server from serving the binlog change capture of ``sources`` (one line each).
+
+    Args:
+        conn: a SQLAlchemy connection to the server.
+        sources: the names of the connection's ``mode: cdc`` sources (the first names the problems).
+    """
+    from connectors.rds.binlog_setup import read_server, server_problems
+
+    cur = conn.connection.driver_connection.cursor()
+    try:
+        variables, grants, user = read_server(cur)
+    finally:
+        cur.close()
+    return server_problems(variables, grants, user=user, source=sources[0])
 
 
 def sql_engine(conn: RdsConnection, **kwargs: Any) -> Any:

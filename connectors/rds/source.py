@@ -48,7 +48,13 @@ from connectors.api.source import SourceBatch, SourceSchemas
 from connectors.rds.config import RdsSourceConfig
 from connectors.rds.connection import RdsConnection, sql_engine
 from connectors.rds.read_errors import db_reason, read_error
-from connectors.rds.reading import BATCHES_PER_QUERY, commit_safe_bound, stream_rows, utc_sessions
+from connectors.rds.reading import (
+    BATCHES_PER_QUERY,
+    MYSQL_DIALECTS,
+    commit_safe_bound,
+    stream_rows,
+    utc_sessions,
+)
 from connectors.rds.source_reconcile import KeyReconciliation
 from connectors.rds.source_schema import TableSchemas
 from connectors.rds.types import from_json_value, is_instant
@@ -134,15 +140,9 @@ class RdsSource(TableSchemas, KeyReconciliation):
         else:
             self._open_table()
         if cfg.mode == "cdc":
-            if self.dialect != "postgresql":
-                raise ConfigError(
-                    f"source {cfg.name!r}: mode 'cdc' needs PostgreSQL (the connection is {self.dialect})"
-                )
-            from connectors.rds.cdc import PgChangeStream
-
             self.cursor = None
             self._use_adbc = False
-            self._cdc = PgChangeStream(self)
+            self._cdc = self._change_stream()
             self._cdc.open(position)
         else:
             self._open_cursor(position)
@@ -157,6 +157,25 @@ class RdsSource(TableSchemas, KeyReconciliation):
             len(self.value_schema["fields"]),
         )
         return SourceSchemas(key=self.key_schema, value=self.value_schema)
+
+    def _change_stream(self) -> Any:
+        """The ``cdc`` reader of the dialect: PostgreSQL's logical replication, or MySQL/MariaDB's binlog.
+
+        Raises:
+            ConfigError: another database (SQLite has no change stream).
+        """
+        if self.dialect == "postgresql":
+            from connectors.rds.cdc import PgChangeStream
+
+            return PgChangeStream(self)
+        if self.dialect in MYSQL_DIALECTS:
+            from connectors.rds.binlog import MysqlChangeStream
+
+            return MysqlChangeStream(self)
+        raise ConfigError(
+            f"source {self.config.name!r}: mode 'cdc' needs PostgreSQL or MySQL/MariaDB (the connection is "
+            f"{self.dialect})"
+        )
 
     def _check_activity_visible(self) -> None:
         """Refuse a watermark that would silently miss other roles' open transactions (PostgreSQL).

@@ -21,6 +21,7 @@ from connectors.rds.types import (
     avro_record_schema,
     converters_for_schema,
     drop_needless_converters,
+    exact_mysql_time,
     make_row_converter,
 )
 from kernel.exceptions import ConfigError, RetriableError
@@ -46,6 +47,8 @@ class TableSchemas(ColumnarPages):
         except OperationalError as exc:
             raise RetriableError(f"source {cfg.name!r}: cannot reflect {self.where}: {db_reason(exc)}") from exc
         columns: list[Column[Any]] = list(tbl.columns)
+        for c in columns:  # MySQL TIME beyond a day: never wrapped silently (see exact_mysql_time)
+            c.type = exact_mysql_time(c.type)
         self._require_columns([c.name for c in columns])
         key_names = list(cfg.key or [c.name for c in tbl.primary_key.columns])
         if not key_names:

@@ -12,6 +12,7 @@ Numeric(p, s)                  ``bytes`` + ``decimal(p, s)`` (exact)            
 Numeric (unbounded)            ``string``: the exact decimal text (see below)    str
 Boolean                        ``boolean``                                       bool
 String, Text, Enum             ``string``                                        str
+MySQL SET                      ``string``: members in definition order, ``a,c``  str
 Uuid                           ``string`` + ``uuid``                             str
 Date                           ``int`` + ``date``                                date
 Time                           ``long`` + ``time-micros``                        time
@@ -72,6 +73,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from sqlalchemy import types as sqltypes
+from sqlalchemy.dialects import mysql
 
 from connectors.runtime.avro import avro_name
 from kernel.exceptions import FatalError
@@ -93,6 +95,51 @@ def decimal_text(value: Any) -> str:
     if not isinstance(value, decimal.Decimal):
         value = decimal.Decimal(str(value))
     return format(value, "f")
+
+
+def exact_mysql_time(t: sqltypes.TypeEngine) -> sqltypes.TypeEngine:
+    """A MySQL ``TIME`` column type whose values outside 00:00-24:00 stay ``timedelta`` (other types as they are).
+
+    SQLAlchemy's ``mysql.TIME`` turns the driver's ``timedelta`` into a ``datetime.time`` by dropping whole
+    days: ``'30:00:00'`` (MySQL's range is ±838 h) would silently read as 06:00. Kept a ``timedelta``, such
+    a value is refused when encoded, naming the column (Avro's ``time-micros`` is a time of day), and the
+    binlog change stream reads it the same way (:func:`time_of_day`).
+    """
+    if not isinstance(t, mysql.TIME) or isinstance(t, ExactMysqlTime):
+        return t
+    return ExactMysqlTime(timezone=t.timezone, fsp=t.fsp)
+
+
+def time_of_day(value: Any) -> Any:
+    """A MySQL ``TIME`` value (``timedelta``) as a ``datetime.time`` when it is one (00:00-24:00), else as it is."""
+    if isinstance(value, dt.timedelta) and dt.timedelta(0) <= value < dt.timedelta(days=1):
+        return (dt.datetime.min + value).time()
+    return value
+
+
+class ExactMysqlTime(mysql.TIME):
+    """``mysql.TIME`` read with :func:`time_of_day` (see :func:`exact_mysql_time`)."""
+
+    cache_ok = True
+
+    def result_processor(self, dialect: Any, coltype: object) -> Any:
+        """Values as :func:`time_of_day` returns them."""
+        return lambda value: None if value is None else time_of_day(value)
+
+
+def _set_members(t: sqltypes.TypeEngine) -> tuple[str, ...] | None:
+    """The members of a MySQL ``SET`` column type, in definition order (``None`` for any other type)."""
+    return tuple(t.values) if isinstance(t, mysql.SET) else None
+
+
+def set_text(value: Any, members: tuple[str, ...]) -> str:
+    """A MySQL ``SET`` value as MySQL writes it: its members in definition order, comma-separated (``"x,z"``).
+
+    SQLAlchemy (over the driver) and the binlog hand a Python ``set``; text is kept as it is.
+    """
+    if isinstance(value, str):
+        return value
+    return ",".join(m for m in members if m in value)
 
 
 def _to_bytes(value: Any) -> bytes:
@@ -162,6 +209,9 @@ def avro_type_for_sql(
         return "string", _json_text
     if isinstance(t, sqltypes.Uuid):
         return {"type": "string", "logicalType": "uuid"}, str
+    members = _set_members(t)
+    if members is not None:
+        return "string", lambda v: set_text(v, members)
     if isinstance(t, (sqltypes.String, sqltypes.Enum)):
         return "string", None
     if isinstance(t, sqltypes._Binary):

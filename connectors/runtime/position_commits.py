@@ -102,7 +102,7 @@ class PositionCommits(RunnerState):
         if acked:
             self.stats.acked += acked
             metrics.RECORDS_ACKED.labels(self._label).inc(acked)
-        if not self._tx_open:
+        if not self._tx_open or not self._tx_whole:  # never in the middle of a system transaction
             return
         now = time.monotonic()
         if not force and now - self._last_write < self.offset_flush_interval_s:
@@ -172,6 +172,7 @@ class PositionCommits(RunnerState):
         """Start the task again from the last committed position (the aborted records are gone)."""
         self._tracker = PositionTracker()
         self._tx_position = None
+        self._tx_whole = True
         try:
             self.task.close()
         except Exception as exc:  # the old instance is dropped either way
@@ -234,7 +235,7 @@ class PositionCommits(RunnerState):
         """Commit the open transaction on a clean stop; abort it after a failure (records replay from the position)."""
         if self._fenced or not self._tx_open:
             pass
-        elif self.stats.state == "failed":
+        elif self.stats.state == "failed" or not self._tx_whole:  # a half system transaction is read again
             try:
                 self._producer.abort_transaction(self._tx_timeout_s)
             except KafkaException as exc:

@@ -66,6 +66,7 @@ class RecordProducer(PositionCommits):
         batch.headers = with_source_ts(batch.headers, ts_ms)
         if self.transactional:
             self._begin(batch.position)
+            self._tx_whole = not batch.continues
         if batch.columns is not None:
             self._send_columns(batch)
             return

@@ -80,6 +80,7 @@ class RunnerState:
     _queue_max_messages: int
     _tx_open: bool
     _tx_position: dict[str, Any] | None
+    _tx_whole: bool
     _tx_timeout_s: float
     _fenced: bool
     _live: LiveKeys | None  # the state topic's live keys, kept between reconciliations

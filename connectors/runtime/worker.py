@@ -124,6 +124,7 @@ class TaskRunner(RecordProducer, TopicSerializers):
         self.transactional_id = transactional_id(offsets.topic, self.key)
         self._tx_open = False
         self._tx_position = None
+        self._tx_whole = True  # no part of a system transaction is waiting for its rest (SourceBatch.continues)
         self._tx_timeout_s = max(30.0, kafka.request_timeout_s)
         self._fenced = False
         self._live = None  # the state topic's live keys, kept between reconciliations

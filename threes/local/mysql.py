@@ -65,6 +65,8 @@ SETTINGS = {
     "log-bin": "mariadb-bin",
     "binlog-format": "ROW",
     "binlog-row-image": "FULL",
+    # column names, signedness and ENUM/SET labels in each row event's table map (mysql-replication maps by them)
+    "binlog-row-metadata": "FULL",
     "binlog-expire-logs-seconds": "604800",
 }
 

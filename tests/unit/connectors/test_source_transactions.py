@@ -86,3 +86,28 @@ def test_a_fenced_producer_stops_the_task_for_good() -> None:
 def test_transactional_ids_are_per_task_and_offsets_topic() -> None:
     assert transactional_id("_threes_offsets", "orders#1") == "threes-source._threes_offsets.orders#1"
     assert transactional_id("other", "orders#1") != transactional_id("_threes_offsets", "orders#1")
+
+
+class Committing(Producer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.committed = 0
+
+    def commit_transaction(self, _timeout: float) -> None:
+        self.committed += 1
+
+
+def test_no_kafka_transaction_ends_in_the_middle_of_a_system_transaction() -> None:
+    """``SourceBatch.continues``: a change stream's large transaction is never split over Kafka transactions."""
+    from connectors.runtime.runner_state import RunnerStats
+
+    runner = _runner()
+    runner._producer = Committing()
+    runner.stats = RunnerStats()
+    runner.offset_flush_interval_s, runner._last_write = 0.0, 0.0
+    runner._tx_whole = False  # a part of a system transaction was sent, its rest follows
+    runner._commit_transaction(force=True)
+    assert runner._producer.committed == 0 and runner._tx_open
+    runner.stats.state = "stopped"  # a clean stop in the middle: the open transaction is aborted (read again)
+    runner._shutdown_transactional()
+    assert runner._producer.aborted == 1 and runner._producer.committed == 0
