@@ -27,7 +27,6 @@ TRANSACTION_TIMEOUT_MS = 60_000
 """librdkafka's ``transaction.timeout.ms`` default: how long a dead producer's transaction holds readers back."""
 
 
-
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 """Errors saying another producer with the task's ``transactional.id`` took over: this one is a zombie."""
 
@@ -72,7 +71,6 @@ def transactional_id(offsets_topic: str, key: str) -> str:
     return f"threes-source.{offsets_topic}.{key}"
 
 
-
 class PositionCommits(RunnerState):
     """Position writes, transactions and the clean stop (a mixin of ``TaskRunner``)."""
 
@@ -87,7 +85,6 @@ class PositionCommits(RunnerState):
                 return
             except BufferError:
                 continue
-
 
     # -- transactions (exactly once) ---------------------------------------------------------------------
 
@@ -110,8 +107,12 @@ class PositionCommits(RunnerState):
                 f"source {self._label!r}: cannot initialise transactions (transactional.id "
                 f"{self.transactional_id!r}): {exc}"
             ) from exc
-        log.info("source=%s task=%d transactional.id=%s initialised (older instances fenced)",
-                 self._label, self.task_id, self.transactional_id)
+        log.info(
+            "source=%s task=%d transactional.id=%s initialised (older instances fenced)",
+            self._label,
+            self.task_id,
+            self.transactional_id,
+        )
         return producer
 
     def _begin(self, position: dict[str, Any] | None) -> None:
@@ -227,8 +228,12 @@ class PositionCommits(RunnerState):
                 abort_err = abort_exc.args[0] if abort_exc.args else None
                 action = transaction_action(abort_err)
                 if action == "retry" and attempt < ABORT_ATTEMPTS:
-                    log.warning("source=%s abort of a transaction timed out (attempt %d), retrying: %s",
-                                self._label, attempt, abort_err)
+                    log.warning(
+                        "source=%s abort of a transaction timed out (attempt %d), retrying: %s",
+                        self._label,
+                        attempt,
+                        abort_err,
+                    )
                     continue
                 self._tx_open = False
                 self._fenced = action == "fenced"
@@ -312,9 +317,12 @@ class PositionCommits(RunnerState):
                 log.error("source=%s on stop: %s", self._label, exc)
         log.info(
             "source=%s stopped rows_read=%d acked=%d tombstones=%d position=%s",
-            self._label, self.stats.rows_read, self.stats.acked, self.stats.tombstones, self.stats.position,
+            self._label,
+            self.stats.rows_read,
+            self.stats.acked,
+            self.stats.tombstones,
+            self.stats.position,
         )
-
 
     def _shutdown(self) -> None:
         try:

@@ -54,7 +54,6 @@ def bad_fields(schema: Mapping[str, Any], record: Mapping[str, Any]) -> list[tup
     return found
 
 
-
 def _transaction_refusal(err: Any) -> bool:
     """A record refused because its transactional producer cannot take records now (``_STATE``, ``_FATAL``)."""
     return isinstance(err, KafkaError) and err.code() in (KafkaError._STATE, KafkaError._FATAL)
@@ -251,7 +250,10 @@ class RecordProducer(PositionCommits):
         metrics.ERRORS.labels(self._label, "dead_letter").inc()
         log.warning(
             "source=%s %s cannot be encoded as Avro (%s): sent to dead letter topic=%s (errors.tolerance: all)",
-            self._label, self.task.describe_key(key), reason, self._dead_letters.dead_letter_topic,
+            self._label,
+            self.task.describe_key(key),
+            reason,
+            self._dead_letters.dead_letter_topic,
         )
         return self._dead_letters.record(
             key_bytes=kb,
@@ -263,4 +265,3 @@ class RecordProducer(PositionCommits):
             position=batch.position,
             headers=batch.headers,
         )
-
