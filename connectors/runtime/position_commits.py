@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from connectors.runtime import metrics
 from connectors.runtime.offsets import PositionTracker
@@ -27,6 +27,39 @@ TRANSACTION_TIMEOUT_MS = 60_000
 """librdkafka's ``transaction.timeout.ms`` default: how long a dead producer's transaction holds readers back."""
 
 
+FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+"""Errors saying another producer with the task's ``transactional.id`` took over: this one is a zombie."""
+
+ABORT_ATTEMPTS = 10
+"""``abort_transaction`` calls made while each times out (it goes on in the background between them)."""
+
+
+def transaction_action(err: KafkaError | None) -> str:
+    """What a failed transactional call asks for, from librdkafka's flags on its error.
+
+    Args:
+        err: the ``KafkaError`` of the ``KafkaException`` raised (``None`` when it carried none).
+
+    Returns:
+        ``"fenced"``: another instance of the task runs (``PRODUCER_FENCED``, ``INVALID_PRODUCER_EPOCH``,
+        ``_FENCED``), nothing more may be written; ``"restart"``: the producer failed for good
+        (``fatal()``, or an error librdkafka gives no action for): the task starts again with a new
+        producer; ``"abort"``: ``txn_requires_abort()``, abort the transaction and send its records
+        again from the last committed position; ``"retry"``: ``retriable()``, make the same call again
+        (a timed-out commit or abort goes on in the background).
+    """
+    if err is None:
+        return "restart"
+    if err.code() in FENCED_CODES:
+        return "fenced"
+    if err.fatal():
+        return "restart"
+    if err.txn_requires_abort():
+        return "abort"
+    if err.retriable():
+        return "retry"
+    return "restart"
+
 
 def transactional_id(offsets_topic: str, key: str) -> str:
     """The ``transactional.id`` of a task: stable across restarts and workers, unique per offsets key.
@@ -36,7 +69,6 @@ def transactional_id(offsets_topic: str, key: str) -> str:
     fence each other).
     """
     return f"threes-source.{offsets_topic}.{key}"
-
 
 
 class PositionCommits(RunnerState):
@@ -53,7 +85,6 @@ class PositionCommits(RunnerState):
                 return
             except BufferError:
                 continue
-
 
     # -- transactions (exactly once) ---------------------------------------------------------------------
 
@@ -76,8 +107,12 @@ class PositionCommits(RunnerState):
                 f"source {self._label!r}: cannot initialise transactions (transactional.id "
                 f"{self.transactional_id!r}): {exc}"
             ) from exc
-        log.info("source=%s task=%d transactional.id=%s initialised (older instances fenced)",
-                 self._label, self.task_id, self.transactional_id)
+        log.info(
+            "source=%s task=%d transactional.id=%s initialised (older instances fenced)",
+            self._label,
+            self.task_id,
+            self.transactional_id,
+        )
         return producer
 
     def _begin(self, position: dict[str, Any] | None) -> None:
@@ -120,7 +155,7 @@ class PositionCommits(RunnerState):
                 break
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
-                if err is not None and err.retriable() and not err.txn_requires_abort() and not err.fatal():
+                if transaction_action(err) == "retry":  # the commit goes on in the background: ask again
                     log.warning("source=%s commit of a transaction timed out, retrying: %s", self._label, err)
                     continue
                 self._transaction_failed(exc, "commit")
@@ -140,33 +175,69 @@ class PositionCommits(RunnerState):
             log.debug("source=%s committed transaction position=%s", self._label, position)
 
     def _transaction_failed(self, exc: KafkaException, step: str) -> None:
-        """Handle a failed ``begin``/``commit``: abort and rewind, or stop when fenced.
+        """Handle a failed ``begin``/``commit``/``produce``: abort and rewind, restart, or stop when fenced.
+
+        The action is librdkafka's (:func:`transaction_action`). A record refused at
+        ``produce`` with ``_STATE`` means the transaction failed in the background (it
+        is in its abortable state): it is aborted as well.
 
         Raises:
             RetriableError: the transaction was aborted; the task was rewound to
                 the last committed position (the worker retries the cycle from it).
             FatalError: this producer was fenced (another instance of the task
-                runs: this one is a zombie and must write nothing), or the
-                producer is in a state it cannot leave.
+                runs: this one is a zombie and must write nothing; ``_fenced`` set,
+                the supervisor does not restart it), or it failed for good (a fatal
+                error, or the abort failed): the supervisor restarts the task with a
+                new producer, from the last committed position.
         """
         err = exc.args[0] if exc.args else None
         where = f"source {self._label!r} task {self.task_id} (transactional.id {self.transactional_id!r})"
-        if err is not None and err.txn_requires_abort() and not err.fatal():
-            try:
-                self._producer.abort_transaction(self._tx_timeout_s)
-            except KafkaException as abort_exc:
-                raise FatalError(f"{where}: {step} failed ({err}) and the abort too: {abort_exc}") from abort_exc
+        action = transaction_action(err)
+        if step == "produce" and err is not None and err.code() == KafkaError._STATE:
+            action = "abort"
+        if action in ("abort", "retry"):
+            self._abort(where, step, err)
             self._tx_open = False
             self._rewind()
             raise RetriableError(
                 f"{where}: transaction aborted at {step} ({err}); resuming from the last committed position"
             ) from exc
         self._tx_open = False
-        self._fenced = True
+        if action == "fenced":
+            self._fenced = True
+            raise FatalError(
+                f"{where}: cannot {step} a transaction ({err}): another worker runs this task now (fenced); "
+                "nothing more is written by this instance"
+            ) from exc
         raise FatalError(
-            f"{where}: cannot {step} a transaction ({err}): another worker runs this task now (fenced) or the "
-            "producer failed for good; nothing more is written by this instance"
+            f"{where}: cannot {step} a transaction ({err}): the producer failed for good; the task starts again "
+            "with a new producer from the last committed position"
         ) from exc
+
+    def _abort(self, where: str, step: str, err: KafkaError | None) -> None:
+        """Abort the open transaction, asking again while the abort times out (at most :data:`ABORT_ATTEMPTS`).
+
+        Raises:
+            FatalError: the abort failed for good, or kept timing out (``_fenced`` set when fenced).
+        """
+        for attempt in range(1, ABORT_ATTEMPTS + 1):
+            try:
+                self._producer.abort_transaction(self._tx_timeout_s)
+                return
+            except KafkaException as abort_exc:
+                abort_err = abort_exc.args[0] if abort_exc.args else None
+                action = transaction_action(abort_err)
+                if action == "retry" and attempt < ABORT_ATTEMPTS:
+                    log.warning(
+                        "source=%s abort of a transaction timed out (attempt %d), retrying: %s",
+                        self._label,
+                        attempt,
+                        abort_err,
+                    )
+                    continue
+                self._tx_open = False
+                self._fenced = action == "fenced"
+                raise FatalError(f"{where}: {step} failed ({err}) and the abort too: {abort_err}") from abort_exc
 
     def _rewind(self) -> None:
         """Start the task again from the last committed position (the aborted records are gone)."""
@@ -247,9 +318,12 @@ class PositionCommits(RunnerState):
                 log.error("source=%s on stop: %s", self._label, exc)
         log.info(
             "source=%s stopped rows_read=%d acked=%d tombstones=%d position=%s",
-            self._label, self.stats.rows_read, self.stats.acked, self.stats.tombstones, self.stats.position,
+            self._label,
+            self.stats.rows_read,
+            self.stats.acked,
+            self.stats.tombstones,
+            self.stats.position,
         )
-
 
     def _shutdown(self) -> None:
         try:

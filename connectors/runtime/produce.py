@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import fastavro
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from connectors.api.source import SourceBatch
 from connectors.runtime import metrics
@@ -53,6 +53,10 @@ def bad_fields(schema: Mapping[str, Any], record: Mapping[str, Any]) -> list[tup
             found.append((f["name"], str(exc)))
     return found
 
+
+def _transaction_refusal(err: Any) -> bool:
+    """A record refused because its transactional producer cannot take records now (``_STATE``, ``_FATAL``)."""
+    return isinstance(err, KafkaError) and err.code() in (KafkaError._STATE, KafkaError._FATAL)
 
 
 class RecordProducer(PositionCommits):
@@ -193,6 +197,8 @@ class RecordProducer(PositionCommits):
                 )
                 # the refused records and the parts not produced owe no acknowledgement; the batch never commits
                 self._tracker.abandon(pending, len(values) - first - queued, str(error))
+                if self.transactional and failed and _transaction_refusal(failed[0]):
+                    self._transaction_failed(KafkaException(failed[0]), "produce")
                 raise error
 
     def _refused(self, pending: Any, unsent: int, exc: KafkaException) -> FatalError:
@@ -206,6 +212,8 @@ class RecordProducer(PositionCommits):
             f"{exc.args[0] if exc.args else exc}"
         )
         self._tracker.abandon(pending, unsent, str(error))
+        if self.transactional and _transaction_refusal(exc.args[0] if exc.args else None):
+            self._transaction_failed(exc, "produce")  # the transaction failed in the background: abort, or restart
         return error
 
     def _encode_error(self, key: Any, value: Any, exc: Exception) -> FatalError:
@@ -243,7 +251,10 @@ class RecordProducer(PositionCommits):
         metrics.ERRORS.labels(self._label, "dead_letter").inc()
         log.warning(
             "source=%s %s cannot be encoded as Avro (%s): sent to dead letter topic=%s (errors.tolerance: all)",
-            self._label, self.task.describe_key(key), reason, self._dead_letters.dead_letter_topic,
+            self._label,
+            self.task.describe_key(key),
+            reason,
+            self._dead_letters.dead_letter_topic,
         )
         return self._dead_letters.record(
             key_bytes=kb,
@@ -255,4 +266,3 @@ class RecordProducer(PositionCommits):
             position=batch.position,
             headers=batch.headers,
         )
-

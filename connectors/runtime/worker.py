@@ -116,8 +116,11 @@ class TaskRunner(RecordProducer, TopicSerializers):
         self.retry = retry or RetryPolicy()
         self.offset_flush_interval_s = offset_flush_interval_s
         self.producer_overrides = dict(producer_overrides or {})
-        # librdkafka's queue.buffering.max.messages (its default): a batch is queued only once it fits
-        self._queue_max_messages = int(self.producer_overrides.get("queue_buffering_max_messages", 100_000))
+        # the producer's queue.buffering.max.messages (as tuned, else librdkafka's default): a batch is queued
+        # only once it fits
+        self._queue_max_messages = int(
+            clients.producer_config(kafka, **self.producer_overrides).get("queue.buffering.max.messages", 100_000)
+        )
         self._connection = connection
         self.task = self._new_task()
         self.transactional = bool(transactional or getattr(config, "exactly_once", False))

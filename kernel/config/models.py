@@ -75,7 +75,9 @@ class KafkaConfig(StrictModel):
     allow-list of known-safe ones (:mod:`kernel.config.safety`): a property that
     loads code or files, runs a command, turns verification off or overrides a typed
     setting is a validation error naming it and why. Secrets belong in the typed
-    fields, which are masked.
+    fields, which are masked. Producers default to ``linger.ms`` 20 and lz4
+    compression, which ``client_config`` may change; ``acks=all`` and idempotence
+    always hold.
     """
 
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers")

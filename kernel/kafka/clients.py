@@ -29,8 +29,29 @@ CONSUMER_DEFAULTS: dict[str, Any] = {"fetch.queue.backoff.ms": FETCH_QUEUE_BACKO
 """librdkafka properties of every consumer that reads records, under the pipeline's own ``kafka`` settings."""
 
 
+PRODUCER_DEFAULTS: dict[str, Any] = {"compression.type": "lz4", "linger.ms": 20}
+"""librdkafka properties of every producer, under the pipeline's ``kafka.client_config`` (which may tune them)."""
+
+
+def producer_config(kafka: KafkaConfig, **overrides: Any) -> dict[str, Any]:
+    """The librdkafka properties of :func:`kafka_producer`.
+
+    :data:`PRODUCER_DEFAULTS`, then the pipeline's Kafka settings (``kafka.client_config``
+    tunes ``linger.ms``, ``compression.type``...), then ``acks=all`` and idempotence, then
+    ``overrides``.
+
+    Args:
+        kafka: the pipeline's Kafka config.
+        **overrides: librdkafka properties with ``.`` written as ``_``
+            (``linger_ms=50`` -> ``linger.ms``).
+    """
+    conf = {**PRODUCER_DEFAULTS, **kafka.librdkafka_config(), "acks": "all", "enable.idempotence": True}
+    conf.update({k.replace("_", "."): v for k, v in overrides.items()})
+    return conf
+
+
 def kafka_producer(kafka: KafkaConfig, **overrides: Any) -> Any:
-    """An idempotent producer (``acks=all``, ``enable.idempotence``, lz4).
+    """An idempotent producer (``acks=all``, ``enable.idempotence``; lz4 and ``linger.ms`` 20 unless tuned).
 
     Args:
         kafka: the pipeline's Kafka config.
@@ -38,19 +59,11 @@ def kafka_producer(kafka: KafkaConfig, **overrides: Any) -> Any:
             (``linger_ms=50`` -> ``linger.ms``).
 
     Returns:
-        A :class:`confluent_kafka.Producer`.
+        A :class:`confluent_kafka.Producer` configured by :func:`producer_config`.
     """
     from confluent_kafka import Producer
 
-    conf = {
-        **kafka.librdkafka_config(),
-        "acks": "all",
-        "enable.idempotence": True,
-        "compression.type": "lz4",
-        "linger.ms": 20,
-    }
-    conf.update({k.replace("_", "."): v for k, v in overrides.items()})
-    return Producer(conf)
+    return Producer(producer_config(kafka, **overrides))
 
 
 def kafka_consumer(kafka: KafkaConfig, group_id: str, **overrides: Any) -> Any:

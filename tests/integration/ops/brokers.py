@@ -7,8 +7,11 @@ in its own folder and on its own ports, so the shared stack's single broker is n
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from kernel.config.models import KafkaConfig
 from threes.local import LocalStack
@@ -27,6 +31,31 @@ BROKERS = 3
 PORT = int(os.environ.get("THREES_FAILOVER_KAFKA_PORT", "29092"))
 DOWN_S = float(os.environ.get("THREES_FAILOVER_DOWN_S", "5"))
 """How long the killed leader stays down before it is restarted, seconds."""
+
+_WATERMARK_READER = """
+import json, os, sys
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+conf, topic, partition = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+tp = TopicPartition(topic, partition)
+admin = AdminClient(conf)  # referenced until the answer is in: a dropped client never answers
+try:
+    offset = admin.list_offsets({tp: OffsetSpec.latest()}, request_timeout=2)[tp].result(timeout=5).offset
+except Exception:
+    offset = -1
+print(offset, flush=True)
+os._exit(0)  # no client teardown: its crash would only hide the answer
+"""
+"""Prints the high watermark of ``topic`` ``partition`` (-1 when it cannot be read); run by :meth:`high_watermark`."""
+
+_STACK_UP = """
+import logging, sys
+from pathlib import Path
+from threes.local import LocalStack
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
+LocalStack(Path(sys.argv[1])).up(["kafka"], brokers=int(sys.argv[2]), kafka_port=int(sys.argv[3]))
+"""
+"""Starts the missing brokers of the cluster in ``argv[1]`` (``threes local up --brokers N``); run by :meth:`up`."""
 
 _OWN_KAFKA_VARS = ("THREES_KAFKA_BOOTSTRAP", "THREES_KAFKA_SASL_BOOTSTRAP", "THREES_TLS_CA")  # its own CA too
 
@@ -78,8 +107,10 @@ class Failover:
     def report(self, scenario: str) -> str:
         """One line for the test's output (``-s`` or the captured stdout of a failure)."""
         stalls = ", ".join(f"{what} {seconds:.2f} s" for what, seconds in self.stalls.items())
-        return (f"[failover] {scenario}: killed broker {self.node} (leader of {self.topic}[{self.partition}]); "
-                f"stall: {stalls}; broker back after {self.restart_s:.1f} s")
+        return (
+            f"[failover] {scenario}: killed broker {self.node} (leader of {self.topic}[{self.partition}]); "
+            f"stall: {stalls}; broker back after {self.restart_s:.1f} s"
+        )
 
 
 class BrokerCluster:
@@ -98,9 +129,18 @@ class BrokerCluster:
         self.conf: dict[str, Any] = self.kafka.librdkafka_config()
 
     def up(self) -> None:
-        """Start (or restart the missing) brokers; return once all of them are registered."""
-        with own_kafka():
-            self.stack.up(["kafka"], brokers=BROKERS, kafka_port=PORT)
+        """Start (or restart the missing) brokers; return once all of them are registered.
+
+        In a child process (:data:`_STACK_UP`), started again if it dies: its readiness probe asks the
+        rejoining brokers for a group coordinator, and a request in flight while a killed broker leaves
+        and rejoins the cluster can abort its process (librdkafka 2.16, see :meth:`high_watermark`).
+        """
+        for _attempt in range(3):
+            with own_kafka():
+                done = subprocess.run([sys.executable, "-c", _STACK_UP, str(self.home), str(BROKERS), str(PORT)])
+            if done.returncode == 0:
+                return
+        raise AssertionError(f"the three brokers did not come up (last exit code {done.returncode})")
 
     def down(self) -> None:
         """Stop every broker."""
@@ -114,15 +154,10 @@ class BrokerCluster:
 
     def busiest_partition(self, topic: str) -> tuple[int, int]:
         """``(partition, leader node)`` of the partition of ``topic`` with the most records."""
-        consumer = Consumer({**self.conf, "group.id": "failover-probe", "enable.auto.commit": False})
-        try:
-            meta = consumer.list_topics(topic, timeout=10).topics[topic]
-            ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
-                    for p in meta.partitions}
-            busiest = max(ends, key=lambda p: ends[p])
-            return busiest, meta.partitions[busiest].leader
-        finally:
-            consumer.close()
+        meta = AdminClient(self.conf).list_topics(topic, timeout=10).topics[topic]
+        ends = {p: self.high_watermark(topic, p) for p in meta.partitions}
+        busiest = max(ends, key=lambda p: ends[p])
+        return busiest, meta.partitions[busiest].leader
 
     def kill_leader(self, topic: str, probes: dict[str, Callable[[int], int]]) -> Failover:
         """SIGKILL the leader of the busiest partition of ``topic``, reading each probe just before.
@@ -155,16 +190,25 @@ class BrokerCluster:
         return self._consumers[group]
 
     def high_watermark(self, topic: str, partition: int) -> int:
-        """The partition's high watermark; -1 while it cannot be read (no leader yet)."""
-        # a new consumer each time: one kept open went on asking the killed leader
-        consumer = Consumer({**self.conf, "group.id": "failover-probe", "enable.auto.commit": False})
+        """The partition's high watermark; -1 while it cannot be read (no leader yet).
+
+        Read in a child process (:data:`_WATERMARK_READER`: a new admin client, ListOffsets, which looks
+        the leader up anew). In this process, a client with a request waiting on the killed broker while
+        it left the cluster and rejoined aborted the whole test run in librdkafka 2.16
+        (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0' failed``, with consumers'
+        ``get_watermark_offsets`` and admin clients alike; see confluentinc/librdkafka#5160), and one
+        client kept open went on failing after the kill. A reader that crashes or times out reads -1.
+        """
         try:
-            marks = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=1, cached=False)
-            return int(marks[1]) if marks is not None else -1
-        except Exception:
+            done = subprocess.run(
+                [sys.executable, "-c", _WATERMARK_READER, json.dumps(self.conf), topic, str(partition)],
+                capture_output=True,
+                text=True,
+                timeout=15,
+            )
+            return int(done.stdout.split()[0])
+        except (subprocess.TimeoutExpired, ValueError, IndexError):
             return -1
-        finally:
-            consumer.close()
 
     def committed(self, group: str, topic: str, partition: int) -> int:
         """The group's committed offset of the partition; -1 while it cannot be read."""
@@ -180,20 +224,30 @@ class BrokerCluster:
         self._consumers.clear()
 
 
-def measure_stalls(failover: Failover, timeout_s: float = 180.0) -> None:
+def measure_stalls(failover: Failover, timeout_s: float = 180.0, ended: Callable[[], bool] | None = None) -> None:
     """Wait until every probe reads more than just before the kill; record the seconds from the kill to each.
 
+    Args:
+        failover: The kill to measure.
+        timeout_s: How long to wait for progress, from the kill.
+        ended: True once the load has ended (its process exited): a probe that shows no progress
+            after that never will, and the wait stops there.
+
     Raises:
-        AssertionError: A probe shows no progress within ``timeout_s`` of the kill.
+        AssertionError: A probe shows no progress within ``timeout_s`` of the kill (or before the load ended).
     """
+
     def watch(what: str, probe: Callable[[int], int]) -> None:  # one thread each: a slow reading delays no other
         while time.monotonic() - failover.killed_at < timeout_s:
+            over = ended is not None and ended()  # read before the probe: progress made before the end counts
             try:
                 reading = probe(failover.partition)
             except Exception:
                 reading = -1
             if reading > failover.baselines[what]:
                 failover.stalls[what] = time.monotonic() - failover.killed_at
+                return
+            if over:
                 return
             time.sleep(0.05)
 
@@ -203,4 +257,6 @@ def measure_stalls(failover: Failover, timeout_s: float = 180.0) -> None:
     for watcher in watchers:
         watcher.join(timeout_s + 5)
     waiting = sorted(set(failover.probes) - set(failover.stalls))
-    assert not waiting, f"no progress of {waiting} {timeout_s} s after the kill of broker {failover.node}"
+    waited = time.monotonic() - failover.killed_at
+    gone = ": the load had ended (it wrote nothing after the kill)" if ended is not None and ended() else ""
+    assert not waiting, f"no progress of {waiting} {waited:.0f} s after the kill of broker {failover.node}{gone}"

@@ -66,21 +66,31 @@ def dead_letters(kafka_conf: Any, topic: str) -> list[tuple[Any, Any, dict[str, 
 
 
 def write_source_run_config(
-    folder: Path, kafka: Any, conn: RdsConnection, name: str, topic: str, table: str, options: str
+    folder: Path,
+    kafka: Any,
+    conn: RdsConnection,
+    name: str,
+    topic: str,
+    table: str,
+    options: str,
+    client_config: dict[str, Any] | None = None,
 ) -> tuple[Path, dict[str, str]]:
     """A one-source pipeline for ``threes source run`` as a child process (kill -9 and group tests).
 
     Args:
         folder: where ``pipeline.yaml`` goes.
         options: the source's further YAML lines (indented by four spaces, each ending in a newline).
+        client_config: ``kafka.client_config`` (librdkafka properties), if any.
 
     Returns:
         The config's path and the child's environment (the password in ``$THREES_PGPASS``, never in the file).
     """
     cfg = folder / "pipeline.yaml"
+    tuning = "".join(f"    {key}: {value}\n" for key, value in (client_config or {}).items())
     cfg.write_text(
         f"kafka:\n  bootstrap_servers: {kafka.bootstrap_servers}\n"
-        f"connections:\n  pg:\n    type: rds\n    url: {conn.url}\n    password: ${{env:THREES_PGPASS}}\n"
+        + (f"  client_config:\n{tuning}" if tuning else "")
+        + f"connections:\n  pg:\n    type: rds\n    url: {conn.url}\n    password: ${{env:THREES_PGPASS}}\n"
         f"sources:\n  - name: {name}\n    type: rds_source\n    connection: pg\n    topic: {topic}\n"
         f"    table: {table}\n{options}"
     )
