@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,8 @@ def status_document() -> dict[str, Any]:
         if family.name not in ("threes_stream_snapshot_keys", "threes_stream_snapshot_age_seconds"):
             continue
         for sample in family.samples:
+            if math.isnan(sample.value):  # a real-time store that closed (its job stopped): no figure
+                continue
             key = (sample.labels.get("job", ""), sample.labels.get("snapshot", ""))
             entry = snaps.setdefault(key, {"job": key[0], "snapshot": key[1], "keys": None, "age_s": None,
                                            "offsets": []})
