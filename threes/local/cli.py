@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import shlex
+import sys
+import traceback
 from pathlib import Path
 from typing import Annotated
 
@@ -37,6 +39,11 @@ def _setup_logging() -> None:
 
 
 def _fail(exc: LocalStackError) -> typer.Exit:
+    """Print ``exc`` as one line (``--debug``: its traceback first); called inside its ``except``."""
+    if "--debug" in sys.argv:
+        from kernel.redact import redact
+
+        sys.stderr.write(redact(traceback.format_exc()))  # as threes.cli's hook: secrets masked
     _errors.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
     return typer.Exit(code=1)
 
@@ -118,7 +125,9 @@ def env() -> None:
         _errors.print(
             "note: Kafka runs from another folder whose CA file is not known here: set THREES_TLS_CA to its "
             ".threes/tls/ca.pem for the SASL_SSL listener (THREES_KAFKA_SASL_*)",
-            markup=False, highlight=False, soft_wrap=True,
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
         )
     for var, value in values.items():
         typer.echo(f"export {var}={shlex.quote(value)}")

@@ -209,8 +209,17 @@ def status_of(svc: Service, endpoints: Endpoints, external: bool) -> ServiceStat
     if found.presence is Presence.ELSEWHERE:
         other = found.record(svc.name)
         log = Layout(found.home).log(svc.name) if found.home else None
-        return ServiceStatus(svc.name, True, other.pid if other else found.pid, address,
-                             other.started if other else None, log, False, True, found.home)
+        return ServiceStatus(
+            svc.name,
+            True,
+            other.pid if other else found.pid,
+            address,
+            other.started if other else None,
+            log,
+            False,
+            True,
+            found.home,
+        )
     record = svc.running() if found.presence is Presence.OURS else None
     problem = ""
     if found.presence is Presence.HELD and found.port is not None:

@@ -226,7 +226,11 @@ class LocalStack:
             if any((node.dir / ".formatted").exists() for node in nodes):
                 logger.warning(
                     "kafka: %d broker(s) from port %d, was %d from port %d: formatting new KRaft storage "
-                    "(the old topics are dropped)", wanted.brokers, wanted.port, current.brokers, current.port,
+                    "(the old topics are dropped)",
+                    wanted.brokers,
+                    wanted.port,
+                    current.brokers,
+                    current.port,
                 )
             for node in nodes:  # a node's storage belongs to one quorum: format it again
                 (node.dir / ".formatted").unlink(missing_ok=True)
