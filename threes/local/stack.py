@@ -70,7 +70,9 @@ class LocalStack:
 
         Idempotent: running services are only health-checked; stale PID records
         are cleaned; half-done installs are repaired. Services given by an
-        environment override are not started, only waited for.
+        environment override are not started, only waited for; a service without a
+        PID record here whose port answers its health probe (started from another
+        folder) is used as it is (:mod:`.discovery`).
 
         Args:
             services: Subset of :data:`SERVICES`; all of them when None (the Spark
@@ -82,8 +84,9 @@ class LocalStack:
                 None keeps the recorded one (19092 on a new stack).
 
         Raises:
-            LocalStackError: Unknown service, a new Kafka shape while Kafka runs, or one
-                could not be installed, started or reached (one message covering every failure).
+            LocalStackError: Unknown service, a new Kafka shape while Kafka runs, a port held by
+                something that is not the service, or one could not be installed, started or
+                reached (one message covering every failure).
         """
         names = self._select(services)
         cluster = services is not None and SPARK in names

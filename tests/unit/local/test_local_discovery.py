@@ -175,3 +175,20 @@ def test_up_on_a_port_held_by_something_else_is_one_line(empty_folder: Path, mon
 def test_a_local_stack_error_is_an_error_of_threes() -> None:
     """``threes.cli.run`` turns every ThreesError into one line: so a LocalStackError too."""
     assert issubclass(LocalStackError, ThreesError)
+
+
+def test_env_without_the_other_folders_ca_leaves_out_sasl_and_says_so(
+    empty_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from threes.local.cli import local_app
+
+    # Kafka answers on its port, started from a folder that is not visible (another user's process)
+    monkeypatch.setattr("threes.local.stack.find", lambda svc, endpoints: Found(Presence.ELSEWHERE, 19092))
+    result = CliRunner().invoke(local_app, ["env"])
+    assert result.exit_code == 0, result.output
+    printed = dict(line.removeprefix("export ").split("=", 1) for line in result.stdout.splitlines())
+    assert printed["THREES_KAFKA_BOOTSTRAP"] == "127.0.0.1:19092"
+    assert not {"THREES_TLS_CA", "THREES_KAFKA_SASL_BOOTSTRAP", "THREES_KAFKA_SASL_PASSWORD"} & set(printed)
+    assert "set THREES_TLS_CA" in result.stderr
