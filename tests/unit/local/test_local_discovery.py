@@ -192,3 +192,23 @@ def test_env_without_the_other_folders_ca_leaves_out_sasl_and_says_so(
     assert printed["THREES_KAFKA_BOOTSTRAP"] == "127.0.0.1:19092"
     assert not {"THREES_TLS_CA", "THREES_KAFKA_SASL_BOOTSTRAP", "THREES_KAFKA_SASL_PASSWORD"} & set(printed)
     assert "set THREES_TLS_CA" in result.stderr
+
+
+def test_threes_demo_prints_a_held_port_as_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``threes demo`` in an empty folder printed as a traceback is one line now."""
+    from typer.testing import CliRunner
+
+    from threes.cli import app
+
+    message = "port 127.0.0.1:19200 needed by Elasticsearch is already in use; stop that process, or set X"
+
+    def run_demo(options: Any) -> None:
+        raise LocalStackError(message)
+
+    monkeypatch.setattr("threes.demo.cli._run_demo", run_demo)
+    monkeypatch.setattr("threes.demo.cli._demo_config", lambda config: Path("pipeline.yaml"))
+    result = CliRunner().invoke(app, ["demo", "--no-verify"])
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    assert [line for line in result.output.splitlines() if line.strip()] == [f"error {message}"]
