@@ -2,7 +2,8 @@
 
 Phases (each one's wall time is in the summary):
 
-1. **stack** - ``LocalStack().up(...)`` of the services the pipeline uses (a no-op on a warm machine);
+1. **stack** - ``LocalStack().up(...)`` of the services the pipeline uses (a no-op on a warm machine; in any
+   folder, a stack already running on its ports is used as it is: :mod:`threes.local.discovery`);
 2. **reset** - clean topics, consumer groups, source positions, checkpoints and sinks
    (:mod:`threes.demo.reset`), and the flights index with explicit mappings;
 3. **load_reference** - airports and weather into PostgreSQL, planes into
@@ -237,17 +238,23 @@ class DemoRun:
         opts = self.options
         log_dir = opts.log_dir or Path(".threes") / "demo" / time.strftime("%Y%m%d-%H%M%S")
         self.log_dir = log_dir
-        run_options = RunOptions(config=opts.config, offsets_topic=opts.offsets_topic, log_dir=log_dir,
-                                 start_timeout_s=opts.start_timeout_s, restart=False,
-                                 flow_every_s=float("inf"))  # the demo reads its own progress
+        run_options = RunOptions(
+            config=opts.config,
+            offsets_topic=opts.offsets_topic,
+            log_dir=log_dir,
+            start_timeout_s=opts.start_timeout_s,
+            restart=False,
+            flow_every_s=float("inf"),
+        )  # the demo reads its own progress
         self.supervisor = Supervisor(pipeline, run_options, on_update=self._on_tick)
         stream_part = self.supervisor.part("stream")
         if stream_part is not None and stream_part.part.create_events is not None:
             topic, spec = stream_part.part.create_events
             stream_part.part.create_events = (topic, spec.model_copy(update={"partitions": opts.partitions}))
 
-    def _verify(self, targets: Targets, flights: Any, initial: dict[str, Any],
-                references: dict[str, Any]) -> dict[str, Any]:
+    def _verify(
+        self, targets: Targets, flights: Any, initial: dict[str, Any], references: dict[str, Any]
+    ) -> dict[str, Any]:
         """The **verify** phase: every sink against the oracle (with the changes applied and without)."""
         done = self._phase("verify")
         from threes.demo.oracle import enriched_flights

@@ -15,7 +15,9 @@ Example:
 Set ``THREES_KAFKA_BOOTSTRAP``, ``THREES_POSTGRES_URL``,
 ``THREES_ELASTICSEARCH_URL``, ``THREES_MYSQL_URL`` or ``THREES_S3_ENDPOINT_URL`` (with
 ``THREES_S3_ACCESS_KEY_ID``/``THREES_S3_SECRET_ACCESS_KEY``) to use services
-that already run elsewhere: ``up`` then only waits for them.
+that already run elsewhere: ``up`` then only waits for them. Without them, a service
+this folder did not start but whose port answers its health probe is the stack started
+from another folder, used as it is (:mod:`threes.local.discovery`).
 """
 
 from .common import LocalStackError

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import shlex
+import sys
+import traceback
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 from .common import LocalStackError
@@ -36,6 +39,11 @@ def _setup_logging() -> None:
 
 
 def _fail(exc: LocalStackError) -> typer.Exit:
+    """Print ``exc`` as one line (``--debug``: its traceback first); called inside its ``except``."""
+    if "--debug" in sys.argv:
+        from kernel.redact import redact
+
+        sys.stderr.write(redact(traceback.format_exc()))  # as threes.cli's hook: secrets masked
     _errors.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
     return typer.Exit(code=1)
 
@@ -101,8 +109,27 @@ def status() -> None:
 
 @local_app.command()
 def env() -> None:
-    """Print export THREES_...=... lines for the endpoints (use with eval)."""
-    for var, value in LocalStack().endpoints().as_env().items():
+    """Print export THREES_...=... lines for the endpoints (use with eval).
+
+    A stack started from another folder is found by its ports; without its CA file (not
+    known here) the SASL_SSL lines are left out and a note on stderr says so.
+    """
+    try:
+        endpoints = LocalStack().endpoints()
+    except LocalStackError as exc:
+        raise _fail(exc) from None
+    values = endpoints.as_env()
+    if not endpoints.tls_ca_location:
+        for var in ("THREES_KAFKA_SASL_BOOTSTRAP", "THREES_KAFKA_SASL_USERNAME", "THREES_KAFKA_SASL_PASSWORD"):
+            values.pop(var, None)
+        _errors.print(
+            "note: Kafka runs from another folder whose CA file is not known here: set THREES_TLS_CA to its "
+            ".threes/tls/ca.pem for the SASL_SSL listener (THREES_KAFKA_SASL_*)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    for var, value in values.items():
         typer.echo(f"export {var}={shlex.quote(value)}")
 
 
@@ -110,10 +137,16 @@ def _print_status(stack: LocalStack) -> None:
     table = Table(title=f"local stack ({stack.home})")
     for column in ("service", "running", "address", "pid", "since", "log"):
         table.add_column(column, overflow="fold", no_wrap=column in ("service", "pid", "since"))
+    problems = []
     for st in stack.status():
         running = "[green]yes[/green]" if st.running else "[red]no[/red]"
         if st.external:
             running += " (external)"
+        elif st.elsewhere:
+            running += f" (started in {st.started_in})" if st.started_in else " (started elsewhere)"
+        elif st.problem:
+            running = "[red]port held[/red]"
+            problems.append(f"{st.name}: {st.problem}")
         since = st.since.astimezone().strftime("%Y-%m-%d %H:%M:%S") if st.since else "-"
         table.add_row(
             st.name,
@@ -124,6 +157,8 @@ def _print_status(stack: LocalStack) -> None:
             _short_path(st.log_path) if st.log_path else "-",
         )
     _console.print(table)
+    for line in problems:
+        _errors.print(f"[red]error:[/red] {escape(line)}", markup=True, highlight=False, soft_wrap=True)
 
 
 def _short_path(path: Path) -> str:

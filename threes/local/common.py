@@ -21,16 +21,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from kernel.exceptions import ThreesError
+
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 """The only address any local service binds to or is reached at."""
 
 
-class LocalStackError(Exception):
+class LocalStackError(ThreesError):
     """A local service could not be installed, started, reached or stopped.
 
-    The message is one line that says what is wrong and what to do about it.
+    The message is one line that says what is wrong and what to do about it; as a
+    :class:`~kernel.exceptions.ThreesError` the command line prints it as that one line
+    (``threes.cli.run``), never a traceback.
     """
 
 

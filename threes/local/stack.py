@@ -14,11 +14,10 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from .common import Layout, LocalStackError, wait_until
+from .discovery import Presence, ServiceStatus, find, held_message, status_of, with_ca
 from .endpoints import Endpoints
 from .kafka import Kafka
 from .kafka_cluster import MAX_BROKERS, KafkaCluster
@@ -29,29 +28,6 @@ from .spark import resolve_s3a_jars, resolve_spark_jars, s3a_jars_dir, spark_jar
 from .spark_cluster import cluster_services, external_master_probe
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServiceStatus:
-    """State of one service.
-
-    Attributes:
-        name: Service name (``kafka``, ``postgres``, ``elasticsearch``, ``s3``, ``mysql``).
-        running: Whether our process is alive (for an external service: whether it answers).
-        pid: Our process id, None when not running or external.
-        address: Where it is reached (no secrets).
-        since: When our process was started (UTC), None when not running or external.
-        log_path: The service's log file, None when external.
-        external: True when an environment variable points at a service we do not run.
-    """
-
-    name: str
-    running: bool
-    pid: int | None
-    address: str
-    since: datetime | None
-    log_path: Path | None
-    external: bool
 
 
 class LocalStack:
@@ -73,8 +49,19 @@ class LocalStack:
     # -- public API -----------------------------------------------------------------
 
     def endpoints(self) -> Endpoints:
-        """Return the endpoints, with ``THREES_*`` environment overrides applied."""
-        return Endpoints.from_env(home=self.home)
+        """Return the endpoints, with ``THREES_*`` environment overrides applied.
+
+        When this folder has no CA file and Kafka runs from another folder, that folder's CA
+        (none when it is not known: see :mod:`.discovery`).
+        """
+        endpoints = Endpoints.from_env(home=self.home)
+        if not endpoints.tls_ca_location or Path(endpoints.tls_ca_location).is_file():
+            return endpoints
+        kafka = self._services["kafka"]
+        if self._is_external(kafka) or kafka.running() is not None:
+            return endpoints
+        found = find(kafka, endpoints)
+        return with_ca(endpoints, self.layout, found.home) if found.presence is Presence.ELSEWHERE else endpoints
 
     def up(
         self, services: Sequence[str] | None = None, *, brokers: int | None = None, kafka_port: int | None = None
@@ -83,7 +70,9 @@ class LocalStack:
 
         Idempotent: running services are only health-checked; stale PID records
         are cleaned; half-done installs are repaired. Services given by an
-        environment override are not started, only waited for.
+        environment override are not started, only waited for; a service without a
+        PID record here whose port answers its health probe (started from another
+        folder) is used as it is (:mod:`.discovery`).
 
         Args:
             services: Subset of :data:`SERVICES`; all of them when None (the Spark
@@ -95,8 +84,9 @@ class LocalStack:
                 None keeps the recorded one (19092 on a new stack).
 
         Raises:
-            LocalStackError: Unknown service, a new Kafka shape while Kafka runs, or one
-                could not be installed, started or reached (one message covering every failure).
+            LocalStackError: Unknown service, a new Kafka shape while Kafka runs, a port held by
+                something that is not the service, or one could not be installed, started or
+                reached (one message covering every failure).
         """
         names = self._select(services)
         cluster = services is not None and SPARK in names
@@ -153,33 +143,13 @@ class LocalStack:
                 thread.join()
 
     def status(self) -> list[ServiceStatus]:
-        """Return the state of each server (:data:`SERVERS` in order, then the Spark cluster)."""
+        """Return the state of each server (:data:`SERVERS` in order, then the Spark cluster).
+
+        A server without a PID record here that answers its health probe on its port is
+        running, started elsewhere (:mod:`.discovery`).
+        """
         endpoints = self.endpoints()
-        result = []
-        for svc in [*self._servers(), *self._cluster]:
-            name = svc.name
-            address = svc.address(endpoints)
-            if self._is_external(svc):
-                try:
-                    svc.probe(endpoints)
-                    answering = True
-                except Exception:  # any failure means "not answering"
-                    answering = False
-                result.append(ServiceStatus(name, answering, None, address, None, None, True))
-                continue
-            record = svc.running()
-            result.append(
-                ServiceStatus(
-                    name=name,
-                    running=record is not None,
-                    pid=record.pid if record else None,
-                    address=address,
-                    since=record.started if record else None,
-                    log_path=svc.log,
-                    external=False,
-                )
-            )
-        return result
+        return [status_of(svc, endpoints, self._is_external(svc)) for svc in [*self._servers(), *self._cluster]]
 
     def spark_s3a_jars(self) -> list[Path]:
         """Return hadoop-aws (Spark's Hadoop version) and the AWS SDK bundle, resolving them on first call.
@@ -259,7 +229,11 @@ class LocalStack:
             if any((node.dir / ".formatted").exists() for node in nodes):
                 logger.warning(
                     "kafka: %d broker(s) from port %d, was %d from port %d: formatting new KRaft storage "
-                    "(the old topics are dropped)", wanted.brokers, wanted.port, current.brokers, current.port,
+                    "(the old topics are dropped)",
+                    wanted.brokers,
+                    wanted.port,
+                    current.brokers,
+                    current.port,
                 )
             for node in nodes:  # a node's storage belongs to one quorum: format it again
                 (node.dir / ".formatted").unlink(missing_ok=True)
@@ -313,6 +287,12 @@ class LocalStack:
                     what=f"{svc.title} at {address} (from {svc.env_var})",
                 )
                 return
+            found = find(svc, endpoints)
+            if found.presence is Presence.ELSEWHERE:
+                logger.info("%s: using the one running at %s (started from another folder)", name, address)
+                return
+            if found.presence is Presence.HELD and found.port is not None:
+                raise LocalStackError(held_message(svc.title, found.port, svc.env_var, found.pid, found.reason))
             records = [self._start(node) for node in group]  # every node before waiting: a quorum needs most
             svc.bootstrap()
             wait_until(
@@ -359,6 +339,9 @@ class LocalStack:
         for group in ([master], workers):
             records = {}
             for svc in group:
+                if find(svc, endpoints).presence is Presence.ELSEWHERE:
+                    logger.info("%s: using the one running (started from another folder)", svc.name)
+                    continue
                 record = svc.running()
                 if record is None:
                     svc.check_ports()
@@ -370,7 +353,7 @@ class LocalStack:
                     timeout=svc.health_timeout,
                     what=svc.title,
                     log=self._relative(svc.log),
-                    alive=functools.partial(svc.alive, records[svc.name]),
+                    alive=functools.partial(svc.alive, records[svc.name]) if svc.name in records else None,
                 )
         logger.info(
             "spark: cluster at %s with %d workers after %.1f s (logs %s)",

@@ -18,9 +18,10 @@ from threes.local.registry import _START_ORDER, ENV_VARS
 
 @pytest.fixture
 def no_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No ``THREES_*`` variable points anywhere; the stack's folder is an empty one."""
+    """No ``THREES_*`` variable points anywhere; the stack's folder is an empty one; no port answers."""
     for var in ENV_VARS.values():
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr("threes.local.discovery.port_open", lambda port, *args, **kwargs: False)
     monkeypatch.setenv("THREES_HOME", str(tmp_path))
     return tmp_path
 
@@ -36,10 +37,19 @@ def test_every_endpoint_has_exactly_one_variable_from_its_service() -> None:
     assert sorted(ENV_VARS) == sorted(f.name for f in dataclasses.fields(Endpoints))
     assert len(set(ENV_VARS.values())) == len(ENV_VARS)
     assert set(ENV_VARS.values()) == {
-        "THREES_KAFKA_BOOTSTRAP", "THREES_POSTGRES_URL", "THREES_ELASTICSEARCH_URL", "THREES_S3_ENDPOINT_URL",
-        "THREES_S3_ACCESS_KEY_ID", "THREES_S3_SECRET_ACCESS_KEY", "THREES_S3_REGION", "THREES_MYSQL_URL",
-        "THREES_SPARK_MASTER", "THREES_KAFKA_SASL_BOOTSTRAP", "THREES_KAFKA_SASL_USERNAME",
-        "THREES_KAFKA_SASL_PASSWORD", "THREES_TLS_CA",
+        "THREES_KAFKA_BOOTSTRAP",
+        "THREES_POSTGRES_URL",
+        "THREES_ELASTICSEARCH_URL",
+        "THREES_S3_ENDPOINT_URL",
+        "THREES_S3_ACCESS_KEY_ID",
+        "THREES_S3_SECRET_ACCESS_KEY",
+        "THREES_S3_REGION",
+        "THREES_MYSQL_URL",
+        "THREES_SPARK_MASTER",
+        "THREES_KAFKA_SASL_BOOTSTRAP",
+        "THREES_KAFKA_SASL_USERNAME",
+        "THREES_KAFKA_SASL_PASSWORD",
+        "THREES_TLS_CA",
     }
     for server in SERVERS:  # a service's override variable is its first endpoint's
         assert next(iter(server.endpoint_vars.values())) == server.env_var
@@ -48,7 +58,14 @@ def test_every_endpoint_has_exactly_one_variable_from_its_service() -> None:
 def test_status_lists_the_registry_then_the_cluster(no_overrides: Path) -> None:
     status = LocalStack(no_overrides).status()
     assert [s.name for s in status] == [
-        "kafka", "postgres", "elasticsearch", "s3", "mysql", "spark-master", "spark-worker-1", "spark-worker-2",
+        "kafka",
+        "postgres",
+        "elasticsearch",
+        "s3",
+        "mysql",
+        "spark-master",
+        "spark-worker-1",
+        "spark-worker-2",
     ]
     assert not any(s.running or s.external for s in status)
 
