@@ -353,8 +353,8 @@ def store_status(spark: Any) -> dict[str, dict[str, Any]]:
     Returns:
         ``{snapshot spec id: {keys, engine, bytes, max_bytes, disk_bytes, applied, tombstones, bad_records,
         ready, ready_ms, last_applied_timestamp_ms, restored_keys}}``: ``engine`` ``heap`` (the latest values
-        in the heap too) or ``rocksdb``; ``bytes`` the heap they take; ``restored_keys`` the keys found in
-        the state folder at start (-1: started empty).
+        in the heap too) or ``rocksdb``; ``bytes`` the heap they take; ``restored_keys`` RocksDB's estimate
+        of the keys found in the state folder at start (-1: started empty).
     """
     jvm = spark.sparkContext._jvm
     out: dict[str, dict[str, Any]] = {}

@@ -93,7 +93,9 @@ def test_realtime_gives_the_enriched_events_and_updates_of_microbatch(spark, env
     from stream_app.realtime import store_status
 
     (restarted,) = [s for s in store_status(spark).values() if s["restored_keys"] >= 0]
-    assert restarted["restored_keys"] == 3 and restarted["applied"] == 0 and restarted["keys"] == 3
+    # restored_keys is RocksDB's estimate (overwritten entries not compacted yet count); keys is the in-heap
+    # table's exact count, built again from the folder once the store was ready
+    assert restarted["restored_keys"] > 0 and restarted["applied"] == 0 and restarted["keys"] == 3
     assert restarted["engine"] == "heap" and restarted["disk_bytes"] > 0
     assert len([p for p in (env.tmp / "rt" / "realtime-stores").iterdir() if p.name.startswith("airports-")]) == 1
 
