@@ -132,8 +132,8 @@ class TopicWatermarks:
                     "create it (the source connector creates its compacted topic) or fix the topic name",
                 )
             if topic in self._ids:
-                now = self._topic_id(topic)
-                if now != self._ids[topic]:
+                now = self._topic_id(topic, during_run=True)
+                if now is not None and now != self._ids[topic]:
                     raise FatalError(
                         f"topic {topic!r} was deleted and created again while the job ran (topic id "
                         f"{self._ids[topic]}, now {now}); restart the job: it reads the new topic from its beginning "
@@ -156,10 +156,23 @@ class TopicWatermarks:
         """
         for topic in topics:
             if topic not in self._ids:
-                self._ids[topic] = self._topic_id(topic)
+                found = self._topic_id(topic)
+                assert found is not None  # at start-up an unanswered describe raises
+                self._ids[topic] = found
         return {t: self._ids[t] for t in topics}
 
-    def _topic_id(self, topic: str) -> str:
+    def _topic_id(self, topic: str, during_run: bool = False) -> str | None:
+        """Kafka's id of ``topic``.
+
+        Args:
+            topic: the topic.
+            during_run: a check while the job runs: when Kafka does not answer (a controller or a leader
+                moving, the timeout), ``None`` is returned and the next metadata refresh asks again, as
+                the JVM store's topic check does; at start-up that is an error.
+
+        Raises:
+            SetupError: the topic does not exist, or (at start-up) Kafka did not answer.
+        """
         from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
         from kernel.kafka import clients
@@ -172,6 +185,9 @@ class TopicWatermarks:
         except KafkaException as exc:
             if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise SetupError(f"topic {topic!r} does not exist", "create it or fix the topic name") from exc
+            if during_run:
+                log.warning("topic=%s id not checked this time: Kafka did not answer (%s)", topic, exc)
+                return None
             raise SetupError(f"Kafka did not describe topic {topic!r}: {exc}") from exc
         return str(description.topic_id)
 

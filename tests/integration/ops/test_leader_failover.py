@@ -72,7 +72,10 @@ def _every_broker_back(brokers: BrokerCluster) -> Iterator[None]:
 
 
 def _replication(conf: dict[str, Any], topic: str) -> tuple[set[int], str]:
-    meta = cluster_metadata(conf).topics[topic]
+    deadline = time.monotonic() + 30
+    while (meta := cluster_metadata(conf).topics.get(topic)) is None:  # a new topic's metadata spreads to every broker
+        assert time.monotonic() < deadline, f"topic {topic} not in the metadata 30 s after its creation"
+        time.sleep(0.2)
     return {len(p.replicas) for p in meta.partitions.values()}, topic_configs(conf, topic)["min.insync.replicas"]
 
 
