@@ -26,7 +26,9 @@ import java.util.logging.Logger;
  * larger than the heap works. The latest values are also kept in an in-heap table ({@link SnapshotTable})
  * while they fit {@code max_bytes}: a lookup of the latest value is then a hash-map read (a few hundred
  * nanoseconds, against microseconds for RocksDB). A snapshot that outgrows it drops the table and is
- * served from RocksDB alone, with a log line; {@code max_bytes: 0} never keeps one.
+ * served from RocksDB alone, with a log line; {@code max_bytes: 0} never keeps one. A load writes RocksDB
+ * alone (one copy per record, as Kafka Streams' restore); the in-heap table is built from it once the
+ * store is ready.
  *
  * <p><b>Readiness gate.</b> {@link #awaitReady} returns once the consumer reached the end offsets the
  * topics had when it started. After that the store is <i>eventually fresh</i>: an update is visible once

@@ -133,10 +133,11 @@ final class StoreLoader implements Runnable {
           spec.name(), spec.fingerprint(), topicIds);
     }
     store.streamTimeMs = state.streamTime();
+    // a load (from empty, or the tail after a restart) writes RocksDB alone, one copy per record; the in-heap
+    // table is built from RocksDB once the store is ready (lookups read RocksDB meanwhile)
+    heapToRebuild = store.heap != null;
+    store.heap = null;
     if (!state.offsets().isEmpty()) {
-      // ready from RocksDB at once; the in-heap table is built again once the store is ready
-      heapToRebuild = store.heap != null;
-      store.heap = null;
       store.restoredKeys = state.estimatedKeys();
       SnapshotStore.log(String.format("snapshot %s: about %d keys restored from %s, reading the topics from %s",
           spec.name(), store.restoredKeys, folder, state.offsets()));
@@ -145,7 +146,7 @@ final class StoreLoader implements Runnable {
   }
 
   /**
-   * The in-heap table of a restored store, from RocksDB, until it no longer fits; lookups read RocksDB
+   * The in-heap table, from RocksDB once the store is ready, until it no longer fits; lookups read RocksDB
    * meanwhile. Runs on this thread between two polls, so the table is exactly the store's state.
    */
   private void rebuildHeap(RocksState state) {
