@@ -235,15 +235,15 @@ class StoreBench(PeerBench):
         from stream_app.job import StreamJob
 
         label = size_label(keys)
-        ref = self.topics.name("ref")
-        self.topics.adopt(ref)
+        ref, loaded_events = self.topics.name("ref"), self.topics.name("unused")
+        self.topics.adopt(ref, loaded_events)  # the loader writes one event there: dropped with the rest
         self.ks_run(
             f"load-loaded-{label}",
             "load",
             f"--n={keys}",
             "--e=1",
             f"--ref-topic={ref}",
-            f"--events-topic={self.topics.name('unused')}",
+            f"--events-topic={loaded_events}",
         )
         events, out = self.topics.create("ks_iq_events"), self.topics.output("ks_iq_out")
         port = free_port()

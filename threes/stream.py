@@ -28,13 +28,6 @@ def _stream(config: Path):  # the pipeline model is built at runtime
     return pipeline
 
 
-def _jars() -> list[Path] | None:
-    """The connector jars of the local stack when resolved (offline); else Spark resolves them through Ivy."""
-    from threes.local.stack import resolved_spark_jars
-
-    return resolved_spark_jars()
-
-
 def _s3a_jars(checkpoint_location: str) -> list[Path] | None:
     """hadoop-aws and the AWS SDK bundle of the local stack for an ``s3a://`` checkpoint, when resolved.
 
@@ -67,6 +60,7 @@ def run(
     from stream_app.job import StreamJob
     from stream_app.session import spark_session
     from threes.console import fail
+    from threes.local.stack import resolved_spark_jars
 
     pipeline = _stream(config)
     if metrics_port:  # `threes run` gives one when the config has none: its readiness signal
@@ -87,7 +81,7 @@ def run(
             from stream_app.realtime import lookup_jar
 
             extra = [lookup_jar()]
-        spark = spark_session(settings, _jars(), _s3a_jars(pipeline.stream.checkpoint_location), extra)
+        spark = spark_session(settings, resolved_spark_jars(), _s3a_jars(pipeline.stream.checkpoint_location), extra)
         try:
             StreamJob(pipeline.stream, pipeline.kafka, spark, base_dir=config.parent).run(available_now)
         finally:
@@ -173,6 +167,7 @@ def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | Non
     from stream_app.snapshot.offline_query import query_offline
     from stream_app.snapshot.query_keys import QueryError
     from threes.console import fail
+    from threes.local.stack import resolved_spark_jars
 
     pipeline = _stream(config)
     stream = pipeline.stream
@@ -189,7 +184,7 @@ def query_snapshot(config: Path, snapshot: str, key: list[str], as_of: str | Non
     settings = stream.spark.model_copy(update={"master": "local[1]", "app_name": "threes-query"})
     spark = None
     try:
-        spark = spark_session(settings, _jars(), _s3a_jars(stream.checkpoint_location))
+        spark = spark_session(settings, resolved_spark_jars(), _s3a_jars(stream.checkpoint_location))
         code, doc = query_offline(stream, pipeline.kafka, spark, config.parent, snapshot, key, as_of)
     except QueryError as exc:
         raise fail(ThreesError(str(exc)), 2 if exc.status < 500 else 3) from None

@@ -29,6 +29,10 @@ import org.apache.avro.io.EncoderFactory;
  * the key body the job's {@code to_avro} writes for the same values, so a query finds what a lookup finds.
  */
 final class JsonValues {
+  /** One reader per schema, shared by the query threads (Avro caches its resolution per reader). */
+  private static final java.util.Map<Schema, GenericDatumReader<Object>> READERS =
+      new java.util.concurrent.ConcurrentHashMap<>();
+
   private JsonValues() {}
 
   /** Append {@code s} as a JSON string. */
@@ -56,7 +60,8 @@ final class JsonValues {
 
   /** Append the value body {@code body} of {@code schema} as JSON. */
   static void body(StringBuilder out, Schema schema, byte[] body) throws IOException {
-    Object datum = new GenericDatumReader<Object>(schema).read(null, DecoderFactory.get().binaryDecoder(body, null));
+    GenericDatumReader<Object> reader = READERS.computeIfAbsent(schema, GenericDatumReader::new);
+    Object datum = reader.read(null, DecoderFactory.get().binaryDecoder(body, null));
     value(out, schema, datum);
   }
 

@@ -404,7 +404,8 @@ public final class RocksState implements AutoCloseable {
     cache.close();
   }
 
-  private static void delete(Path dir) throws IOException {
+  /** Delete {@code dir} and everything under it (nothing when it does not exist). */
+  static void delete(Path dir) throws IOException {
     if (!Files.exists(dir)) {
       return;
     }

@@ -77,17 +77,6 @@ public final class SnapshotTable {
     return entries.get(ByteBuffer.wrap(key));
   }
 
-  /** Visit every entry (key body, value body); for {@link StoreFile}, from the one writer thread. */
-  void forEach(java.util.function.BiConsumer<byte[], byte[]> visitor) {
-    entries.forEach((k, v) -> visitor.accept(k.array(), v));
-  }
-
-  /** Remove every entry (a store file that could not be read whole). */
-  void clear() {
-    entries.clear();
-    bytes.set(0);
-  }
-
   /** Keys held. */
   public int size() {
     return entries.size();

@@ -63,6 +63,7 @@ final class StoreLoader implements Runnable {
   private SingleObjectCodec keys;
   private SingleObjectCodec values;
   private boolean heapToRebuild;
+  private boolean temporary; // the store's folder is deleted at close (no state folder, or another JVM's lock)
 
   StoreLoader(SnapshotStore store) {
     this.store = store;
@@ -124,11 +125,13 @@ final class StoreLoader implements Runnable {
 
   private RocksState open(Map<String, String> topicIds) throws IOException {
     Path folder = store.folder();
+    temporary = store.temporary();
     RocksState state;
     try {
       state = RocksState.open(folder, spec.name(), spec.fingerprint(), topicIds);
     } catch (RocksState.StoreLockedException e) { // two executors of one host: the second keeps its own
       LOG.warning(e.getMessage() + "; this JVM keeps a temporary store instead");
+      temporary = true;
       state = RocksState.open(java.nio.file.Files.createTempDirectory("threes-state-" + spec.name() + "-"),
           spec.name(), spec.fingerprint(), topicIds);
     }
@@ -341,11 +344,9 @@ final class StoreLoader implements Runnable {
       LOG.log(Level.WARNING, "snapshot " + spec.name() + ": cannot checkpoint at close", e);
     }
     state.close();
-    if (store.temporary()) {
-      try (var walk = java.nio.file.Files.walk(state.dir())) {
-        for (Path p : walk.sorted(java.util.Comparator.reverseOrder()).toList()) {
-          java.nio.file.Files.deleteIfExists(p);
-        }
+    if (temporary) {
+      try {
+        RocksState.delete(state.dir());
       } catch (IOException e) {
         LOG.fine("snapshot " + spec.name() + ": cannot delete " + state.dir() + ": " + e);
       }
